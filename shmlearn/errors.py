@@ -1,0 +1,27 @@
+"""The three ways a run ends badly, each with its own CLI exit code (DESIGN.md, output contract)."""
+
+
+class BadInput(Exception):
+    """Input the user can fix: a flag, file or value. Exit code 2, one line, no traceback.
+
+    The message must name the flag, file or value and say what is expected.
+    """
+
+    exit_code = 2
+
+
+class Diverged(Exception):
+    """The loss went NaN/inf. Exit code 3; the message names the step and the rank that saw it first."""
+
+    exit_code = 3
+
+    def __init__(self, message: str, *, step: int, rank: int):
+        super().__init__(message)
+        self.step = step
+        self.rank = rank
+
+
+class WorkerFailed(Exception):
+    """A worker died, hung or raised. Exit code 1; the message names the rank and why."""
+
+    exit_code = 1
