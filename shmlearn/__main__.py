@@ -1,0 +1,5 @@
+import sys
+
+from shmlearn.cli import main
+
+sys.exit(main())

@@ -1,0 +1,110 @@
+"""Command line: each subcommand only builds a config and calls the library.
+
+Exit codes (DESIGN.md): 0 completed, 1 a worker failed, 2 bad input, 3 diverged.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import dataclasses
+import inspect
+import sys
+from typing import Dict, List, Optional
+
+from shmlearn.config import TrainConfig, load_yaml
+from shmlearn.errors import BadInput, Diverged, WorkerFailed
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line, exit 2, no usage dump
+        self.exit(2, f"shmlearn: error: {message} (see `{self.prog} --help`)\n")
+
+
+def field_docs(cls) -> Dict[str, str]:
+    """The docstring under each dataclass field: one source for the code and for --help."""
+    tree = ast.parse(inspect.getsource(cls))
+    body = tree.body[0].body
+    docs = {}
+    for node, nxt in zip(body, body[1:]):
+        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[node.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
+    docs = field_docs(cls)
+    for f in dataclasses.fields(cls):
+        flag = "--" + f.name.replace("_", "-")
+        help_ = docs.get(f.name, "") + ("" if f.default is None else f" [default: {f.default}]")
+        t = str(f.type)
+        if "bool" in t:
+            if f.default:
+                p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
+                               const=False, default=argparse.SUPPRESS, help=help_)
+            else:
+                p.add_argument(flag, dest=f.name, action="store_const", const=True,
+                               default=argparse.SUPPRESS, help=help_)
+            continue
+        typ = int if "int" in t else float if "float" in t else str
+        p.add_argument(flag, dest=f.name, type=typ, default=argparse.SUPPRESS, help=help_,
+                       metavar=f.name.upper())
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="shmlearn", description="Data-parallel training, and the tools to study it.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    t = sub.add_parser("train", help="train one model on N workers",
+                       description="Train one model on N workers with a synchronization strategy; "
+                                   "writes a run directory (config, metrics, eval, summary, trace).")
+    t.add_argument("--config", metavar="FILE.yaml", help="YAML file of any of these flags; flags win")
+    _add_config_flags(t)
+    return p
+
+
+def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+    values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values.update({k: v for k, v in vars(ns).items() if k not in ("command", "config")})
+    return TrainConfig.from_dict(values, source=f"--config {ns.config}" if ns.config else "config")
+
+
+def _is_lead() -> bool:
+    from shmlearn.launch import detect_env
+    env = detect_env()
+    return env is None or env.rank == 0
+
+
+def cmd_train(ns: argparse.Namespace) -> int:
+    from shmlearn.train import train
+    result = train(config_from_args(ns))
+    if _is_lead():
+        s = result.summary
+        acc = s.get("test_accuracy")
+        print(f"test accuracy {acc:.4f} (best {s['best_test_accuracy']:.4f})" if acc is not None
+              else f"test loss {s['test_loss']:.6f}", end="")
+        print(f" | final loss {s['final_loss']:.4f} | {s['steps']} steps x {s['workers']} workers, "
+              f"{s['samples_seen']} samples in {s['wall_time_s']:.2f} s "
+              f"({s['samples_per_s']:.0f} samples/s) | {result.run_dir}")
+    return 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ns = build_parser().parse_args(argv)
+    try:
+        return {"train": cmd_train}[ns.command](ns)
+    except BadInput as e:
+        print(f"shmlearn: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Diverged as e:
+        print(f"shmlearn: {e}", file=sys.stderr)
+        return e.exit_code
+    except WorkerFailed as e:
+        print(f"shmlearn: failed: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        print("shmlearn: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

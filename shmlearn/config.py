@@ -1,0 +1,168 @@
+"""Typed run configuration: one keyword-only dataclass, YAML in and out, validated once up front.
+
+The CLI only fills a TrainConfig; experiments and sweeps build TrainConfigs in Python. Every
+field has a docstring because `shmlearn train --help` is generated from them.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Optional
+
+import yaml
+
+from shmlearn.errors import BadInput
+
+STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp")
+DEVICES = ("cpu", "cuda", "auto")
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    model: str = "mlp"
+    """Model name (shmlearn.models.MODELS)."""
+    dataset: str = "digits"
+    """Dataset name (shmlearn.data.DATASETS)."""
+    data_dir: Optional[str] = None
+    """Folder holding the dataset's files (IDX, CIFAR batches, tiny-imagenet-200)."""
+    workers: Optional[int] = None
+    """Gradient-computing workers. Local default 2; under torchrun/mpirun/srun the launcher's world
+    size (minus one with --ps-dedicated)."""
+    device: str = "auto"
+    """cpu, cuda (one process per GPU, NCCL) or auto (cuda when present)."""
+    threads: Optional[int] = None
+    """Intra-op threads per CPU worker. Default: the cores divided among the processes, at least 1."""
+    strategy: str = "allreduce"
+    """allreduce (gradient all-reduce), ps (parameter server), weight-avg, or ddp (torch DDP)."""
+    avg_period: int = 1
+    """weight-avg: average the weights every K local steps (K=1 is the paper's Eq. 2.2)."""
+    ps_dedicated: bool = False
+    """ps: one extra process (rank 0) only serves, as in the paper; default rank 0 also computes."""
+    batch_size: int = 32
+    """Samples per worker per step."""
+    lr: float = 0.05
+    """Learning rate, applied to the gradient averaged over all workers."""
+    optimizer: str = "momentum"
+    """sgd, momentum, nesterov, adagrad, rmsprop, adam, adamax, adadelta, nadam, adamw."""
+    momentum: Optional[float] = None
+    """Momentum for sgd/momentum/nesterov/rmsprop. Default 0.9 for momentum and nesterov, else 0."""
+    weight_decay: float = 0.0
+    """L2 penalty (the seed's AlexNet uses 0.004)."""
+    init: str = "default"
+    """default (torch's init) or uniform:A (every parameter uniform in [-A, A])."""
+    samples: Optional[int] = None
+    """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
+    epochs: Optional[float] = None
+    """Instead of --samples: passes over the training set (default 20 when neither is given)."""
+    eval_every: Optional[float] = None
+    """Evaluate the full test set every this many seconds of training."""
+    eval_points: Optional[int] = None
+    """Evaluate the full test set at this many evenly spaced steps (default 10)."""
+    log_every: int = 10
+    """Write a metrics.jsonl line every this many steps (the loss is checked every step)."""
+    timeout: float = 300.0
+    """Seconds a collective may wait before the run is brought down naming the rank."""
+    seed: int = 0
+    """Seed for weights, data order and augmentation; shared by all ranks."""
+    out: Optional[str] = None
+    """Run directory. Default runs/<date>-<model>-<dataset>-<strategy>-w<workers>."""
+    progress: bool = True
+    """Show a progress bar on rank 0."""
+
+    def budget_samples(self, train_size: int) -> int:
+        """Total sample budget implied by --samples or --epochs."""
+        if self.samples is not None:
+            return self.samples
+        return int((self.epochs if self.epochs is not None else 20) * train_size)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Dict[str, Any], *, source: str = "config") -> "TrainConfig":
+        known = {f.name for f in fields(cls)}
+        for k in d:
+            if k.replace("-", "_") not in known:
+                raise BadInput(f"{source}: unknown key '{k}'; known keys: {', '.join(sorted(known))}")
+        return cls(**{k.replace("-", "_"): v for k, v in d.items()})
+
+
+def load_yaml(path: str) -> Dict[str, Any]:
+    """Read a --config file into a dict of TrainConfig fields (not yet validated)."""
+    if not os.path.isfile(path):
+        raise BadInput(f"--config {path}: no such file")
+    try:
+        with open(path) as f:
+            d = yaml.safe_load(f) or {}
+    except yaml.YAMLError as e:
+        raise BadInput(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
+    if not isinstance(d, dict):
+        raise BadInput(f"--config {path}: expected a mapping of flag names to values")
+    return d
+
+
+def save_yaml(cfg: TrainConfig, path: str) -> None:
+    with open(path, "w") as f:
+        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+
+
+def _positive(name: str, value, *, allow_zero: bool = False) -> None:
+    if value is None:
+        return
+    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value)
+    if bad or value < 0 or (value == 0 and not allow_zero):
+        raise BadInput(f"--{name} {value}: expected a number {'>= 0' if allow_zero else '> 0'}")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Everything that can be checked without the data. Raises BadInput with one line."""
+    from shmlearn.models import MODELS
+    from shmlearn.data import DATASETS
+    from shmlearn.optim import OPTIMIZERS
+
+    if cfg.model not in MODELS:
+        raise BadInput(f"--model {cfg.model}: unknown model; choose one of {', '.join(MODELS)}")
+    if cfg.dataset not in DATASETS:
+        raise BadInput(f"--dataset {cfg.dataset}: unknown dataset; choose one of {', '.join(DATASETS)}")
+    if cfg.strategy not in STRATEGIES:
+        raise BadInput(f"--strategy {cfg.strategy}: choose one of {', '.join(STRATEGIES)}")
+    if cfg.device not in DEVICES:
+        raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
+    if cfg.optimizer not in OPTIMIZERS:
+        raise BadInput(f"--optimizer {cfg.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
+    for name in ("workers", "threads", "batch_size", "avg_period", "samples", "eval_points", "log_every"):
+        v = getattr(cfg, name)
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
+            raise BadInput(f"--{name.replace('_', '-')} {v}: expected a whole number > 0")
+    _positive("lr", cfg.lr)
+    _positive("epochs", cfg.epochs)
+    _positive("eval-every", cfg.eval_every)
+    _positive("timeout", cfg.timeout)
+    _positive("weight-decay", cfg.weight_decay, allow_zero=True)
+    if cfg.momentum is not None:
+        _positive("momentum", cfg.momentum, allow_zero=True)
+        if cfg.momentum >= 1:
+            raise BadInput(f"--momentum {cfg.momentum}: expected a number in [0, 1)")
+    if cfg.samples is not None and cfg.epochs is not None:
+        raise BadInput("--samples and --epochs: give one budget, not both")
+    if cfg.eval_every is not None and cfg.eval_points is not None:
+        raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
+    if cfg.ps_dedicated and cfg.strategy != "ps":
+        raise BadInput(f"--ps-dedicated: only for --strategy ps, not {cfg.strategy}")
+    if cfg.avg_period != 1 and cfg.strategy != "weight-avg":
+        raise BadInput(f"--avg-period: only for --strategy weight-avg, not {cfg.strategy}")
+    _check_init(cfg.init)
+
+
+def _check_init(init: str) -> None:
+    kind, _, arg = init.partition(":")
+    ok = init == "default"
+    if kind == "uniform":
+        try:
+            ok = float(arg) > 0
+        except ValueError:
+            ok = False
+    if not ok:
+        raise BadInput(f"--init {init}: expected 'default' or 'uniform:A' with A > 0")

@@ -1,0 +1,216 @@
+"""Start the workers, or adopt the ones a launcher started.
+
+* Under torchrun (RANK/WORLD_SIZE), mpirun (OMPI_COMM_WORLD_* or PMI_*) or srun (SLURM_* of a
+  job step) this process IS one rank: detect it and never spawn again.
+* Otherwise `--workers N` starts N local processes (plus one with --ps-dedicated), Gloo on CPU,
+  one process per GPU with NCCL on CUDA, and watches them: the first rank that dies or fails
+  brings the others down, and the message names it.
+"""
+from __future__ import annotations
+
+import ctypes
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import signal
+import socket
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from multiprocessing.connection import wait
+from typing import Dict, Mapping, Optional, Tuple
+
+from shmlearn.errors import BadInput, Diverged, WorkerFailed
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where this process sits in the job."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    launcher: str
+    """local, torchrun, mpirun or srun."""
+    master_addr: str = "127.0.0.1"
+    master_port: int = 29500
+
+    @property
+    def init_method(self) -> str:
+        return f"tcp://{self.master_addr}:{self.master_port}"
+
+
+def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
+    for n in names:
+        if n in env:
+            return int(env[n])
+    return None
+
+
+def _first_host(nodelist: str) -> str:
+    """First host of a SLURM nodelist: 'node[03-05,07],gpu1' -> 'node03'."""
+    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
+    if "[" not in head:
+        return head
+    prefix, rest = head.split("[", 1)
+    first = rest.split("]")[0].split(",")[0].split("-")[0]
+    return prefix + first
+
+
+def _port_from(job_id: str) -> int:
+    # Every rank derives the same port from the job id, so none has to tell the others.
+    return 20000 + (sum(ord(c) * 31 ** i for i, c in enumerate(job_id)) % 20000)
+
+
+def detect_env(env: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
+    """The launcher's view of this process, or None when no launcher started it."""
+    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or anything that speaks env://
+        return DistEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
+                       local_rank=_int(env, "LOCAL_RANK") or 0,
+                       local_world_size=_int(env, "LOCAL_WORLD_SIZE") or int(env["WORLD_SIZE"]),
+                       launcher="torchrun", master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(env.get("MASTER_PORT", 29500)))
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:  # Open MPI; MPICH/Intel MPI (PMI)
+        ompi = "OMPI_COMM_WORLD_RANK" in env
+        world = _int(env, "OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE")
+        job = env.get("OMPI_MCA_orte_ess_jobid") or env.get("OMPI_MCA_ess_base_jobid") \
+            or env.get("PMI_JOBID") or env.get("PMIX_NAMESPACE") or "shmlearn"
+        return DistEnv(rank=_int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK"), world_size=world,
+                       local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID") or 0,
+                       local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS") or world,
+                       launcher="mpirun", master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                       master_port=int(env.get("MASTER_PORT") or _port_from(job)))
+    # SLURM_STEP_NUM_TASKS is set by srun for its job step, not in an sbatch script itself, so a
+    # batch script that calls `shmlearn train` directly is not mistaken for rank 0 of N.
+    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
+        world = int(env["SLURM_STEP_NUM_TASKS"])
+        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
+        addr = env.get("MASTER_ADDR") or ("127.0.0.1" if env.get("SLURM_STEP_NUM_NODES", "1") == "1"
+                                          else _first_host(nodes))
+        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=world,
+                       local_rank=_int(env, "SLURM_LOCALID") or 0,
+                       local_world_size=_int(env, "SLURM_STEP_TASKS_PER_NODE_INT") or world,
+                       launcher="srun", master_addr=addr,
+                       master_port=int(env.get("MASTER_PORT") or _port_from(
+                           env.get("SLURM_JOB_ID", "0") + "." + env.get("SLURM_STEP_ID", "0"))))
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+# --- local spawning ---------------------------------------------------------------------------
+
+def _die_with_parent() -> None:
+    """Linux: have the kernel SIGTERM this worker if the launching process dies, so a killed
+    launcher never leaves orphans blocked in a collective."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _child(cfg_dict: dict, env: DistEnv, q) -> None:
+    _die_with_parent()
+    from shmlearn.config import TrainConfig
+    from shmlearn.train import run_worker
+    try:
+        result = run_worker(TrainConfig(**cfg_dict), env)
+        q.put(("ok", env.rank, result.summary if env.rank == 0 else None, result.run_dir))
+        code = 0
+    except (BadInput, Diverged) as e:
+        kind = "bad_input" if isinstance(e, BadInput) else "diverged"
+        extra = (e.step, e.rank) if isinstance(e, Diverged) else None
+        q.put((kind, env.rank, str(e), extra))
+        code = e.exit_code
+    except BaseException as e:  # noqa: BLE001 - anything else is a worker failure, reported by rank
+        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
+        q.put(("failed", env.rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}", None))
+        code = 1
+    # Let the queue's feeder thread flush before exiting.
+    q.close()
+    q.join_thread()
+    sys.exit(code)
+
+
+def spawn(cfg, world_size: int, *, grace_s: float = 10.0) -> Tuple[Optional[dict], Optional[str]]:
+    """Run `world_size` local workers; return rank 0's (summary, run_dir) or raise the first
+    error as BadInput / Diverged / WorkerFailed, naming the rank."""
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs: Dict[int, mp.Process] = {}
+    for r in range(world_size):
+        env = DistEnv(rank=r, world_size=world_size, local_rank=r, local_world_size=world_size,
+                      launcher="local", master_port=port)
+        p = ctx.Process(target=_child, args=(cfg.to_dict(), env, q), name=f"shmlearn-rank{r}", daemon=False)
+        p.start()
+        procs[r] = p
+    outcomes: Dict[int, tuple] = {}
+    first_bad: Optional[tuple] = None
+    deadline = None
+    try:
+        while any(p.is_alive() for p in procs.values()):
+            wait([p.sentinel for p in procs.values() if p.is_alive()], timeout=0.5)
+            _drain(q, outcomes)
+            for r, p in procs.items():
+                if not p.is_alive() and r not in outcomes and p.exitcode not in (0, None):
+                    _drain(q, outcomes)  # its report may have arrived just now
+                    if r not in outcomes:
+                        why = (f"killed by signal {-p.exitcode}" if p.exitcode < 0
+                               else f"exited with code {p.exitcode}")
+                        outcomes[r] = ("failed", r, f"worker died ({why})", None)
+            bad = sorted((o for o in outcomes.values() if o[0] != "ok"),
+                         key=lambda o: ({"failed": 0, "bad_input": 1, "diverged": 2}[o[0]], o[1]))
+            if bad and first_bad is None:
+                first_bad = bad[0]
+                # Others stop on their own after a divergence (same step) or bad input (before
+                # any collective); a failure leaves them blocked in a collective: stop them now.
+                deadline = time.monotonic() + (1.0 if first_bad[0] == "failed" else grace_s)
+            if deadline is not None and time.monotonic() > deadline:
+                break
+    except KeyboardInterrupt:
+        _terminate(procs)
+        raise
+    _terminate(procs)
+    _drain(q, outcomes)
+    if first_bad is None:
+        bad = [o for o in outcomes.values() if o[0] != "ok"]
+        first_bad = bad[0] if bad else None
+    if first_bad is not None:
+        kind, rank, msg, extra = first_bad
+        if kind == "bad_input":
+            raise BadInput(msg)
+        if kind == "diverged":
+            raise Diverged(msg, step=extra[0], rank=extra[1])
+        raise WorkerFailed(f"rank {rank}: {msg}")
+    ok = outcomes.get(0)
+    if ok is None:
+        raise WorkerFailed("rank 0: ended without reporting a result")
+    return ok[2], ok[3]
+
+
+def _drain(q, outcomes: Dict[int, tuple]) -> None:
+    while True:
+        try:
+            o = q.get_nowait()
+        except queue_mod.Empty:
+            return
+        outcomes.setdefault(o[1], o)
+
+
+def _terminate(procs: Dict[int, mp.Process]) -> None:
+    for p in procs.values():
+        if p.is_alive():
+            p.terminate()
+    for p in procs.values():
+        p.join(timeout=5)
+        if p.is_alive():
+            p.kill()
+            p.join()

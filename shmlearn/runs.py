@@ -1,0 +1,83 @@
+"""The run directory: the output contract that tests, sweeps and reports read (DESIGN.md).
+
+    config.yaml    the resolved TrainConfig
+    metrics.jsonl  one line per logged step: step, samples, time_s, loss, phase_s
+    eval.jsonl     one line per evaluation: step, time_s, samples, test_loss, test_accuracy
+    summary.json   the run's result (see `summarize`)
+    trace.json     Chrome trace of every rank's phases (opens in Perfetto)
+
+Only rank 0 writes. JSONL lines are flushed as they are written, so a killed run keeps its curve.
+summary.json is written last, atomically (temp file + rename): a reader never sees half of one.
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Dict, List, Optional
+
+from shmlearn.config import TrainConfig, save_yaml
+from shmlearn.errors import BadInput
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
+
+
+def default_run_dir(cfg: TrainConfig, workers: int) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return os.path.join("runs", f"{stamp}-{cfg.model}-{cfg.dataset}-{cfg.strategy}-w{workers}")
+
+
+def check_out_dir(path: str) -> None:
+    """Refuse to write over an earlier run: nothing already written is lost."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BadInput(f"--out {path}: exists and is not a directory")
+    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in RUN_FILES):
+        raise BadInput(f"--out {path}: already holds a run; choose another directory")
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class RunDir:
+    def __init__(self, path: str, cfg: TrainConfig):
+        self.path = path
+        os.makedirs(path, exist_ok=True)
+        save_yaml(cfg, os.path.join(path, "config.yaml"))
+        self._metrics = open(os.path.join(path, "metrics.jsonl"), "w", buffering=1)
+        self._eval = open(os.path.join(path, "eval.jsonl"), "w", buffering=1)
+
+    def log_metrics(self, row: Dict[str, Any]) -> None:
+        self._metrics.write(json.dumps(row) + "\n")
+
+    def log_eval(self, row: Dict[str, Any]) -> None:
+        self._eval.write(json.dumps(row) + "\n")
+
+    def write_trace(self, trace: dict) -> None:
+        with open(os.path.join(self.path, "trace.json"), "w") as f:
+            json.dump(trace, f)
+
+    def write_summary(self, summary: Dict[str, Any]) -> None:
+        write_json_atomic(os.path.join(self.path, "summary.json"), summary)
+
+    def close(self) -> None:
+        self._metrics.close()
+        self._eval.close()
+
+
+def loss_area(times: List[float], losses: List[float]) -> Optional[float]:
+    """Trapezoid area under the training loss over training seconds (the paper's selection
+    metric, seed 000): small when the loss falls low and falls fast."""
+    if len(times) < 2:
+        return None
+    return sum((t1 - t0) * (l0 + l1) / 2 for t0, t1, l0, l1 in zip(times, times[1:], losses, losses[1:]))
+
+
+def read_jsonl(path: str) -> List[Dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]

@@ -1,0 +1,45 @@
+"""torch's DistributedDataParallel, unchanged: the reference users know.
+
+DDP all-reduces gradient buckets during backward, overlapped with it, so its communication
+cannot be timed apart from compute: this strategy reports `compute` (forward + backward +
+overlapped all-reduce) and `update` only.
+"""
+from __future__ import annotations
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from shmlearn.sync.base import SyncStrategy
+from shmlearn.timing import PhaseTimer
+
+
+class DDP(SyncStrategy):
+    name = "ddp"
+
+    def setup(self, model, optimizer, group=None) -> None:
+        self.model, self.optimizer = model, optimizer
+        if group is not None:
+            self.group = group
+        device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
+        # DDP broadcasts rank 0's weights and buffers at construction; gradient_as_bucket_view
+        # saves the copy between .grad and the communication buckets.
+        self._ddp = DistributedDataParallel(model, device_ids=device_ids, process_group=self.group,
+                                            gradient_as_bucket_view=True)
+
+    @property
+    def module(self) -> torch.nn.Module:
+        return self._ddp
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def sync_buffers(self) -> None:
+        pass  # DDP already broadcasts rank 0's buffers before every forward
+
+    def step(self, timer: PhaseTimer) -> None:
+        with timer.phase("update"):
+            self.optimizer.step()
+
+
+def model_device(model: torch.nn.Module) -> torch.device:
+    return next(model.parameters()).device

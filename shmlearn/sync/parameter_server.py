@@ -1,0 +1,65 @@
+"""The paper's parameter server (seed 001, paper §6): rank 0 holds the master weights.
+
+Each step: every worker's gradient is gathered to rank 0 (phase `gather`), rank 0 averages them
+(`average`), applies the optimizer (`update`) and broadcasts the new weights to all (`broadcast`).
+Only rank 0's optimizer state is ever used. With `dedicated=True` rank 0 computes no gradient
+and only serves, as in the paper; otherwise it also works as a worker (one process fewer).
+
+Cost: rank 0 receives (N-1) full gradients and sends N-1 weight copies per step, so the server's
+link carries 2(N-1)x the model per step against all-reduce's ~2x per rank; this is the scaling
+limit the paper's Fig. 6.4-6.6 show.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.sync.base import SyncStrategy
+from shmlearn.timing import PhaseTimer
+
+
+class ParameterServer(SyncStrategy):
+    name = "ps"
+
+    def __init__(self, *, rank: int, world_size: int, group=None, dedicated: bool = False):
+        super().__init__(rank=rank, world_size=world_size, group=group)
+        if dedicated and world_size < 2:
+            raise ValueError("a dedicated parameter server needs at least 2 processes")
+        self.dedicated = dedicated
+        self._gathered = None  # rank 0: (world, n) receive buffer, allocated once
+
+    @property
+    def computes(self) -> bool:
+        return not (self.dedicated and self.rank == 0)
+
+    @property
+    def compute_ranks(self) -> int:
+        return self.world_size - 1 if self.dedicated else self.world_size
+
+    def setup(self, model, optimizer, group=None) -> None:
+        super().setup(model, optimizer, group)
+        if self.rank == 0 and self.world_size > 1:
+            self._gathered = torch.empty((self.world_size, self.grads_flat.numel()),
+                                         dtype=self.grads_flat.dtype, device=self.grads_flat.device)
+
+    def step(self, timer: PhaseTimer) -> None:
+        if self.world_size == 1:
+            with timer.phase("update"):
+                self.optimizer.step()
+            return
+        server = self.rank == 0
+        with timer.phase("gather"):
+            dist.gather(self.grads_flat, list(self._gathered.unbind(0)) if server else None,
+                        dst=0, group=self.group)
+        if server:
+            with timer.phase("average"):
+                # A dedicated server's own row holds no gradient: average the workers' rows only.
+                first = 1 if self.dedicated else 0
+                torch.mean(self._gathered[first:], dim=0, out=self.grads_flat)
+            with timer.phase("update"):
+                self.optimizer.step()
+        with timer.phase("broadcast"):
+            dist.broadcast(self.params_flat, src=0, group=self.group)
+
+    def state_dict(self) -> dict:
+        return {"dedicated": self.dedicated}

@@ -1,0 +1,80 @@
+"""Weight-averaged data parallelism (paper Eq. 2.2), generalized to "average every K local steps".
+
+Each worker applies its own gradient with its own optimizer; every K steps the weights are
+averaged by one all-reduce of the flat weight buffer:
+
+    w <- (1/N) sum_i (w_i - lr * g_i)
+
+K=1 is the paper's scheme: with plain SGD it equals gradient averaging exactly (Eq. 2.3).
+K>1 is local SGD: N-fold less communication, at the price of replicas drifting between rounds.
+
+Optimizer state (momentum, Adam moments) stays local and is NOT averaged: averaging it would
+double the traffic of every round, and momentum is linear in the gradients, so with heavy-ball
+SGD and K=1 the averaged weights still follow gradient-averaged momentum SGD exactly. Adaptive
+optimizers' per-worker state does diverge; that is part of what this mode studies.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch.distributed as dist
+
+from shmlearn.sync.base import SyncStrategy
+from shmlearn.timing import PhaseTimer
+
+
+class WeightAveraging(SyncStrategy):
+    name = "weight-avg"
+
+    def __init__(self, *, rank: int, world_size: int, group=None, period: int = 1):
+        super().__init__(rank=rank, world_size=world_size, group=group)
+        if period < 1:
+            raise ValueError("averaging period must be >= 1")
+        self.period = period
+        self.local_steps = 0
+        self.rounds = 0
+
+    @property
+    def in_sync(self) -> bool:
+        return self.local_steps % self.period == 0
+
+    def _average(self) -> None:
+        dist.all_reduce(self.params_flat, group=self.group)
+        self.params_flat.div_(self.world_size)
+        self.rounds += 1
+
+    def step(self, timer: PhaseTimer) -> None:
+        with timer.phase("update"):
+            self.optimizer.step()
+        self.local_steps += 1
+        if self.world_size > 1 and self.in_sync:
+            with timer.phase("allreduce"):
+                self._average()
+
+    @contextmanager
+    def eval_weights(self):
+        """Between rounds the replicas differ: evaluate their average (what training would
+        produce at the next round), then give each worker its own weights back."""
+        self.sync_buffers()
+        if self.world_size == 1 or self.in_sync:
+            yield
+            return
+        local = self.params_flat.clone()
+        dist.all_reduce(self.params_flat, group=self.group)
+        self.params_flat.div_(self.world_size)
+        try:
+            yield
+        finally:
+            self.params_flat.copy_(local)
+
+    def finish(self) -> None:
+        # A run whose step count is not a multiple of K ends between rounds: one last average so
+        # the final model is one model.
+        if self.world_size > 1 and not self.in_sync:
+            self._average()
+
+    def state_dict(self) -> dict:
+        return {"period": self.period, "local_steps": self.local_steps, "rounds": self.rounds}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.local_steps, self.rounds = d["local_steps"], d["rounds"]

@@ -1,0 +1,26 @@
+"""Loss and accuracy by task. Models output raw logits/values; the task decides what they mean."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+
+
+def loss_fn(task: str, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    if task == "classification":
+        return F.cross_entropy(out, y, reduction=reduction)
+    if task == "binary":
+        # The paper's single sigmoid neuron is trained on the L2 loss of its sigmoid output
+        # (seed 000 plots "L2 loss"), not on binary cross-entropy.
+        return F.mse_loss(torch.sigmoid(out), y, reduction=reduction)
+    return F.mse_loss(out, y, reduction=reduction)
+
+
+def correct(task: str, out: torch.Tensor, y: torch.Tensor) -> Optional[torch.Tensor]:
+    """Number of correct predictions in the batch, or None where accuracy has no meaning."""
+    if task == "classification":
+        return (out.argmax(1) == y).sum()
+    if task == "binary":
+        return ((out >= 0).to(y.dtype) == y).sum()
+    return None

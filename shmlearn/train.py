@@ -1,0 +1,311 @@
+"""THE training loop, shared by every strategy, experiment and sweep.
+
+    config -> launch -> (data, model, strategy) -> this loop -> run directory
+
+Per step: data -> compute (forward, backward) -> one small control all-reduce (loss, which ranks
+saw a non-finite loss, whether rank 0 wants an evaluation) -> strategy.step (sync + update).
+The control all-reduce is what keeps ranks in lockstep: every rank stops on a NaN at the same
+step, before the bad gradient is applied, and evaluates at the same steps.
+"""
+from __future__ import annotations
+
+import datetime
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.config import TrainConfig, validate
+from shmlearn.data import Dataset, load_dataset, normalizer
+from shmlearn.data.loader import ShardedLoader
+from shmlearn.errors import BadInput, Diverged
+from shmlearn.launch import DistEnv, detect_env, free_port, spawn
+from shmlearn.models import apply_init, build_model
+from shmlearn.optim import build_optimizer
+from shmlearn.runs import RunDir, check_out_dir, default_run_dir, loss_area
+from shmlearn.sync import SyncStrategy, build_strategy
+from shmlearn.tasks import correct, loss_fn
+from shmlearn.timing import PhaseTimer, chrome_trace
+
+
+@dataclass
+class RunResult:
+    status: str
+    """completed | diverged | failed"""
+    run_dir: Optional[str]
+    summary: Dict[str, Any]
+    model: Optional[torch.nn.Module] = None
+    """This rank's final model (in-process runs only: workers=1 or under a launcher)."""
+
+
+# --- entry point -----------------------------------------------------------------------------
+
+def train(cfg: TrainConfig) -> RunResult:
+    """Train as the config says: spawn local workers, or be one rank under a launcher.
+
+    Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
+    validate(cfg)
+    env = detect_env()
+    if env is not None:
+        return run_worker(cfg, env)
+    world = (cfg.workers or 2) + (1 if cfg.ps_dedicated else 0)
+    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
+    check_out_dir(cfg.out)
+    if _device_type(cfg.device) == "cuda" and world > torch.cuda.device_count():
+        raise BadInput(f"--workers {cfg.workers}: {world} processes need {world} GPUs, "
+                       f"{torch.cuda.device_count()} present")
+    if world == 1:
+        return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                       launcher="local", master_port=free_port()))
+    summary, run_dir = spawn(cfg, world)
+    return RunResult(status=summary["status"], run_dir=run_dir, summary=summary)
+
+
+def _device_type(device: str) -> str:
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise BadInput("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
+    return device
+
+
+# --- one rank --------------------------------------------------------------------------------
+
+def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
+    validate(cfg)
+    dedicated = int(cfg.ps_dedicated)
+    compute = env.world_size - dedicated
+    if compute < 1:
+        raise BadInput("--ps-dedicated: needs at least 2 processes (1 server + 1 worker)")
+    if cfg.workers is not None and cfg.workers != compute:
+        raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
+                       f"({compute} workers{' + 1 server' if dedicated else ''}); drop --workers or match it")
+    cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
+    if env.rank == 0 and env.launcher != "local":
+        check_out_dir(cfg.out)
+
+    device = torch.device(_device_type(cfg.device))
+    if device.type == "cuda":
+        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
+
+    # Everything that can fail on bad input happens here, before any collective, on every rank.
+    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    budget = cfg.budget_samples(len(data.train_x))
+    steps = budget // (compute * cfg.batch_size)
+    if steps == 0:
+        raise BadInput(f"--samples {budget}: smaller than one step of {compute} workers x "
+                       f"{cfg.batch_size} samples")
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg.model, data.spec)
+    apply_init(model, cfg.init)
+    data = data.to(device)
+    strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,
+                              avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
+    loader = None
+    if strategy.computes:
+        loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
+                               shard=env.rank - dedicated, num_shards=compute, seed=cfg.seed,
+                               normalize=normalizer(data, device))
+    else:  # the server validates the layout too, so it fails with the workers, not after them
+        ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size, shard=0,
+                      num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device))
+
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    owns_group = not dist.is_initialized()
+    if owns_group:
+        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank,
+                                world_size=env.world_size,
+                                timeout=datetime.timedelta(seconds=cfg.timeout))
+    try:
+        model.to(device)
+        optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
+                                    momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        strategy.setup(model, optimizer)
+        return _Loop(cfg, env, data, model, strategy, loader, steps, budget, device).run()
+    finally:
+        if owns_group:
+            dist.destroy_process_group()
+
+
+class _Loop:
+    """State of one rank's training run; `run()` is the loop itself."""
+
+    def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, loader, steps, budget, device):
+        self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
+        self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
+        self.task = data.spec.task
+        self.normalize = normalizer(data, device)
+        self.timer = PhaseTimer(device, env.rank)
+        self.lead = env.rank == 0
+        self.run = RunDir(cfg.out, cfg) if self.lead else None
+        self.step_times: List[float] = []
+        self.step_losses: List[float] = []
+        self.evals: List[Dict[str, Any]] = []
+        self.eval_s = 0.0
+        self.samples_per_step = strategy.compute_ranks * cfg.batch_size
+        eval_points = cfg.eval_points or (None if cfg.eval_every else 10)
+        self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
+                        if eval_points else set())
+
+    # -- the loop ------------------------------------------------------------------------------
+    def run(self) -> RunResult:
+        cfg, env = self.cfg, self.env
+        if self.lead and self.budget % self.samples_per_step:
+            print(f"shmlearn: budget {self.budget} samples is not a multiple of {self.strategy.compute_ranks} "
+                  f"workers x {cfg.batch_size}; running {self.steps} steps = "
+                  f"{self.steps * self.samples_per_step} samples", flush=True)
+        bar = _progress(self.steps) if (self.lead and cfg.progress) else None
+        self._evaluate(step=0, train_s=0.0)
+        status, diverged = "completed", None
+        t0 = time.perf_counter()
+        last_eval_s = 0.0
+        for step in range(self.steps):
+            loss = self._forward_backward(step)
+            train_s = time.perf_counter() - t0 - self.eval_s
+            want_eval = bool(cfg.eval_every and self.lead and train_s - last_eval_s >= cfg.eval_every)
+            mean_loss, bad_ranks, eval_now = self._control(loss, want_eval)
+            if bad_ranks:
+                status, diverged = "diverged", (step, bad_ranks[0], mean_loss)
+                break
+            self.strategy.step(self.timer)
+            self.timer.step_done()
+            train_s = time.perf_counter() - t0 - self.eval_s
+            self.step_times.append(train_s)
+            self.step_losses.append(mean_loss)
+            done = step + 1
+            if self.lead and (done % cfg.log_every == 0 or done == self.steps):
+                self._log(done, train_s, mean_loss)
+            if bar is not None:
+                bar.update(1)
+                if done % cfg.log_every == 0 or done == self.steps:
+                    acc = self.evals[-1]["test_accuracy"] if self.evals else None
+                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{done * self.samples_per_step / max(train_s, 1e-9):.0f}",
+                                    acc="-" if acc is None else f"{acc:.4f}", refresh=False)
+            if eval_now or done in self.eval_at:
+                e0 = time.perf_counter()
+                self._evaluate(step=done, train_s=train_s)
+                last_eval_s = train_s
+                self.eval_s += time.perf_counter() - e0
+        if bar is not None:
+            bar.close()
+        self.strategy.finish()
+        return self._finish(status, diverged)
+
+    def _forward_backward(self, step: int) -> Optional[torch.Tensor]:
+        if not self.strategy.computes:
+            return None
+        with self.timer.phase("data"):
+            x, y = self.loader.batch(step)
+        with self.timer.phase("compute"):
+            self.strategy.zero_grad()
+            loss = loss_fn(self.task, self.strategy.module(x), y)
+            loss.backward()
+        return loss.detach()
+
+    def _control(self, loss: Optional[torch.Tensor], want_eval: bool):
+        """One all-reduce of [loss, non-finite flag per rank, eval request]; this syncs the GPU.
+        Returns (mean loss over workers, ranks whose loss was not finite, evaluate now?)."""
+        w = self.env.world_size
+        ctrl = torch.zeros(w + 2, dtype=torch.float64, device=self.device)
+        if loss is not None:
+            finite = torch.isfinite(loss)
+            ctrl[0] = torch.where(finite, loss.double(), torch.zeros((), dtype=torch.float64, device=self.device))
+            ctrl[1 + self.env.rank] = (~finite).double()
+        ctrl[w + 1] = float(want_eval)
+        if w > 1:
+            dist.all_reduce(ctrl)
+        vals = ctrl.tolist()
+        bad = [r for r in range(w) if vals[1 + r] > 0]
+        return vals[0] / self.strategy.compute_ranks, bad, vals[w + 1] > 0
+
+    @torch.no_grad()
+    def _evaluate(self, *, step: int, train_s: float) -> None:
+        """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
+        all-reduced, so no sample is skipped or counted twice."""
+        model, w, r = self.strategy.model, self.env.world_size, self.env.rank
+        with self.timer.phase("eval"), self.strategy.eval_weights():
+            model.eval()
+            x = self.data.test_x.tensor_split(w)[r]
+            y = self.data.test_y.tensor_split(w)[r]
+            sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+            for i in range(0, len(x), 1024):
+                out = model(self.normalize(x[i:i + 1024]))
+                yb = y[i:i + 1024]
+                sums[0] += loss_fn(self.task, out, yb, reduction="sum").double()
+                c = correct(self.task, out, yb)
+                if c is not None:
+                    sums[1] += c
+            sums[2] = len(x)
+            if w > 1:
+                dist.all_reduce(sums)
+            model.train()
+        loss_sum, n_correct, n = sums.tolist()
+        row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
+               "test_loss": loss_sum / n,
+               "test_accuracy": None if self.task == "regression" else n_correct / n}
+        self.evals.append(row)
+        if self.lead:
+            self.run.log_eval(row)
+
+    def _log(self, done: int, train_s: float, loss: float) -> None:
+        window = self.timer.take_phase_totals()
+        n = self.cfg.log_every if done % self.cfg.log_every == 0 else done % self.cfg.log_every
+        self.run.log_metrics({"step": done, "samples": done * self.samples_per_step,
+                              "time_s": round(train_s, 6), "loss": loss,
+                              "phase_s": {k: v / n for k, v in window.items() if k != "eval"}})
+
+    def _finish(self, status: str, diverged) -> RunResult:
+        cfg, env = self.cfg, self.env
+        events = self.timer.trace_events()
+        gathered = [None] * env.world_size if self.lead else None
+        if env.world_size > 1:
+            dist.gather_object(events, gathered, dst=0)
+        else:
+            gathered = [events]
+        steps_done = len(self.step_losses)
+        wall = self.step_times[-1] if self.step_times else 0.0
+        finite = [l for l in self.step_losses if math.isfinite(l)]
+        accs = [e["test_accuracy"] for e in self.evals if e["test_accuracy"] is not None]
+        summary = {
+            "status": status, "strategy": cfg.strategy, "workers": self.strategy.compute_ranks,
+            "processes": env.world_size, "launcher": env.launcher, "model": cfg.model,
+            "dataset": cfg.dataset, "optimizer": cfg.optimizer, "batch_size": cfg.batch_size,
+            "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
+            "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
+            "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
+            "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
+            "min_loss": min(finite) if finite else None,
+            "loss_area": loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses)
+            if status == "completed" else None,
+            "test_loss": self.evals[-1]["test_loss"] if self.evals else None,
+            "test_accuracy": self.evals[-1]["test_accuracy"] if self.evals else None,
+            "best_test_accuracy": max(accs) if accs else None,
+            "samples_per_s": steps_done * self.samples_per_step / wall if wall > 0 else None,
+            "phase_s": self.timer.mean_per_step(),
+            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            "torch_version": torch.__version__,
+        }
+        if diverged is not None:
+            step, rank, _ = diverged
+            summary.update(diverged_step=step, diverged_rank=rank)
+        if self.lead:
+            self.run.write_trace(chrome_trace(gathered))
+            self.run.write_summary(summary)
+            self.run.close()
+        if diverged is not None:
+            step, rank, _ = diverged
+            raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
+                           f"(lr {cfg.lr}); run directory {cfg.out}", step=step, rank=rank)
+        return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model)
+
+
+def _progress(total: int):
+    from tqdm import tqdm
+    return tqdm(total=total, desc="train", unit="step", mininterval=0.5, dynamic_ncols=True)
