@@ -144,7 +144,7 @@ class _Loop:
         self.normalize = normalizer(data, device)
         self.timer = PhaseTimer(device, env.rank)
         self.lead = env.rank == 0
-        self.run = RunDir(cfg.out, cfg) if self.lead else None
+        self.rundir = RunDir(cfg.out, cfg) if self.lead else None
         self.step_times: List[float] = []
         self.step_losses: List[float] = []
         self.evals: List[Dict[str, Any]] = []
@@ -252,12 +252,12 @@ class _Loop:
                "test_accuracy": None if self.task == "regression" else n_correct / n}
         self.evals.append(row)
         if self.lead:
-            self.run.log_eval(row)
+            self.rundir.log_eval(row)
 
     def _log(self, done: int, train_s: float, loss: float) -> None:
         window = self.timer.take_phase_totals()
         n = self.cfg.log_every if done % self.cfg.log_every == 0 else done % self.cfg.log_every
-        self.run.log_metrics({"step": done, "samples": done * self.samples_per_step,
+        self.rundir.log_metrics({"step": done, "samples": done * self.samples_per_step,
                               "time_s": round(train_s, 6), "loss": loss,
                               "phase_s": {k: v / n for k, v in window.items() if k != "eval"}})
 
@@ -296,9 +296,9 @@ class _Loop:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)
         if self.lead:
-            self.run.write_trace(chrome_trace(gathered))
-            self.run.write_summary(summary)
-            self.run.close()
+            self.rundir.write_trace(chrome_trace(gathered))
+            self.rundir.write_summary(summary)
+            self.rundir.close()
         if diverged is not None:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
