@@ -1,0 +1,35 @@
+"""Datasets by name: `load_dataset("cifar10", "/data/cifar")` returns a whole `Dataset` in memory.
+
+Built-in datasets (digits, synthetic, step, line) read no files and ignore `data_dir`; the file
+datasets ignore `seed` (their split is the one the files define).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Optional
+
+from ..errors import BadInput
+from . import builtin
+from .base import Dataset, DataSpec, normalizer
+from .idx import load_mnist_like
+
+__all__ = ["DATASETS", "Dataset", "DataSpec", "load_dataset", "normalizer"]
+
+# name -> loader(data_dir, seed)
+_LOADERS: Dict[str, Callable[[Optional[str], int], Dataset]] = {
+    "digits": lambda data_dir, seed: builtin.digits(),
+    "fashion-mnist": lambda data_dir, seed: load_mnist_like("fashion-mnist", data_dir),
+    "mnist": lambda data_dir, seed: load_mnist_like("mnist", data_dir),
+    "synthetic": lambda data_dir, seed: builtin.synthetic(seed),
+    "step": lambda data_dir, seed: builtin.step(seed),
+    "line": lambda data_dir, seed: builtin.line(seed),
+}
+
+DATASETS = tuple(_LOADERS)
+
+
+def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0) -> Dataset:
+    """Load dataset `name` whole. Every problem with the name, the folder or a file raises
+    BadInput with one line naming it."""
+    if name not in _LOADERS:
+        raise BadInput(f"--dataset {name}: unknown dataset; choose one of {', '.join(DATASETS)}")
+    return _LOADERS[name](None if data_dir is None else str(data_dir), seed)
