@@ -10,6 +10,7 @@ from typing import Callable, Dict, Optional
 from ..errors import BadInput
 from . import builtin
 from .base import Dataset, DataSpec, normalizer
+from .cifar import load_cifar10
 from .idx import load_mnist_like
 
 __all__ = ["DATASETS", "Dataset", "DataSpec", "load_dataset", "normalizer"]
@@ -19,6 +20,7 @@ _LOADERS: Dict[str, Callable[[Optional[str], int], Dataset]] = {
     "digits": lambda data_dir, seed: builtin.digits(),
     "fashion-mnist": lambda data_dir, seed: load_mnist_like("fashion-mnist", data_dir),
     "mnist": lambda data_dir, seed: load_mnist_like("mnist", data_dir),
+    "cifar10": lambda data_dir, seed: load_cifar10(data_dir),
     "synthetic": lambda data_dir, seed: builtin.synthetic(seed),
     "step": lambda data_dir, seed: builtin.step(seed),
     "line": lambda data_dir, seed: builtin.line(seed),
