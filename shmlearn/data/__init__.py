@@ -12,6 +12,7 @@ from . import builtin
 from .base import Dataset, DataSpec, normalizer
 from .cifar import load_cifar10
 from .idx import load_mnist_like
+from .tiny_imagenet import load_tiny_imagenet
 
 __all__ = ["DATASETS", "Dataset", "DataSpec", "load_dataset", "normalizer"]
 
@@ -21,6 +22,7 @@ _LOADERS: Dict[str, Callable[[Optional[str], int], Dataset]] = {
     "fashion-mnist": lambda data_dir, seed: load_mnist_like("fashion-mnist", data_dir),
     "mnist": lambda data_dir, seed: load_mnist_like("mnist", data_dir),
     "cifar10": lambda data_dir, seed: load_cifar10(data_dir),
+    "tiny-imagenet": lambda data_dir, seed: load_tiny_imagenet(data_dir),
     "synthetic": lambda data_dir, seed: builtin.synthetic(seed),
     "step": lambda data_dir, seed: builtin.step(seed),
     "line": lambda data_dir, seed: builtin.line(seed),

@@ -9,7 +9,7 @@ from shmlearn.errors import BadInput
 
 
 def test_registry_names_and_unknown():
-    assert {"digits", "fashion-mnist", "mnist", "cifar10",
+    assert {"digits", "fashion-mnist", "mnist", "cifar10", "tiny-imagenet",
             "synthetic", "step", "line"} <= set(DATASETS)
     with pytest.raises(BadInput, match=r"^--dataset foo: unknown dataset; choose one of digits, "):
         load_dataset("foo")
