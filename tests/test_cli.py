@@ -1,0 +1,168 @@
+"""The `shmlearn train` command end to end: defaults, budget arithmetic, bad input, divergence.
+
+Each test runs the real CLI in a subprocess, as a user would, and reads the run directory.
+"""
+import gzip
+import json
+import os
+import struct
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+CONTRACT_KEYS = {"status", "strategy", "workers", "batch_size", "lr", "samples_seen", "steps",
+                 "wall_time_s", "final_loss", "min_loss", "loss_area", "test_accuracy",
+                 "best_test_accuracy", "samples_per_s", "phase_s", "device", "torch_version"}
+
+
+def shmlearn(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def summary(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_default_run_learns_digits_within_a_minute(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    r = shmlearn("train", "--out", str(out), "--no-progress")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert CONTRACT_KEYS <= s.keys()
+    assert (s["status"], s["strategy"], s["workers"], s["dataset"]) == ("completed", "allreduce", 2, "digits")
+    assert s["test_accuracy"] >= 0.95
+    assert f"test accuracy {s['test_accuracy']:.4f}" in r.stdout
+    assert elapsed < 60, f"default run took {elapsed:.1f} s"
+    # metrics, eval and the trace hold what the contract says
+    metrics = [json.loads(l) for l in open(out / "metrics.jsonl")]
+    assert metrics[-1]["step"] == s["steps"] and {"samples", "time_s", "loss", "phase_s"} <= metrics[0].keys()
+    evals = [json.loads(l) for l in open(out / "eval.jsonl")]
+    assert evals[0]["samples"] == 0 and evals[-1]["test_accuracy"] == s["test_accuracy"]
+    assert set(s["phase_s"]) == {"data", "compute", "allreduce", "update"}
+    trace = json.load(open(out / "trace.json"))
+    assert {e["pid"] for e in trace["traceEvents"] if e["ph"] == "X"} == {0, 1}
+    assert s["loss_area"] > 0 and s["min_loss"] <= s["final_loss"]
+
+
+def test_sample_budget_gives_exact_steps(tmp_path):
+    out = tmp_path / "run"
+    r = shmlearn("train", "--samples", "307200", "--batch-size", "128", "--workers", "4",
+                 "--eval-points", "1", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert (s["steps"], s["samples_seen"], s["workers"]) == (600, 307200, 4)
+    assert "not a multiple" not in r.stdout
+
+
+def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path):
+    out = tmp_path / "run"
+    r = shmlearn("train", "--samples", "1000", "--batch-size", "32", "--workers", "1",
+                 "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert (s["steps"], s["samples_seen"], s["budget_samples"]) == (31, 992, 1000)
+    assert "not a multiple" in r.stdout and "31 steps = 992 samples" in r.stdout
+
+
+def test_nan_loss_diverges_with_exit_3_on_every_rank(tmp_path):
+    out = tmp_path / "run"
+    r = shmlearn("train", "--lr", "1e6", "--workers", "2", "--out", str(out), "--no-progress")
+    assert r.returncode == 3, r.stderr
+    s = summary(out)
+    assert s["status"] == "diverged" and s["loss_area"] is None
+    assert s["diverged_step"] < 10 and s["steps"] == s["diverged_step"]
+    assert f"at step {s['diverged_step']} on rank {s['diverged_rank']}" in r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def _idx(path, arr, dtype_code=0x08, gz=False):
+    data = struct.pack(">BBBB", 0, 0, dtype_code, arr.ndim) + struct.pack(f">{arr.ndim}I", *arr.shape) \
+        + arr.astype(np.uint8).tobytes()
+    (gzip.open if gz else open)(path, "wb").write(data)
+
+
+@pytest.fixture
+def mnist_dir(tmp_path):
+    d = tmp_path / "mnist"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    for split, n in (("train", 64), ("t10k", 16)):
+        _idx(d / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        _idx(d / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+    return d
+
+
+BAD_INPUTS = [
+    (["--model", "nosuchnet"], "--model nosuchnet"),
+    (["--dataset", "nosuchdata"], "--dataset nosuchdata"),
+    (["--dataset", "mnist", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
+    (["--lr", "0"], "--lr 0"),
+    (["--lr", "-0.5"], "--lr -0.5"),
+    (["--lr", "abc"], "--lr"),
+    (["--batch-size", "1000", "--workers", "2"], "--batch-size 1000"),
+    (["--init", "uniform:x"], "--init uniform:x"),
+    (["--samples", "10", "--epochs", "2"], "--samples"),
+]
+
+
+@pytest.mark.parametrize("args,needle", BAD_INPUTS, ids=[a[1] for a in BAD_INPUTS])
+def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
+    r = shmlearn("train", *args, "--out", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+def test_truncated_idx_exits_2_on_every_worker(mnist_dir, tmp_path):
+    f = mnist_dir / "train-images-idx3-ubyte"
+    f.write_bytes(f.read_bytes()[:1000])
+    r = shmlearn("train", "--dataset", "mnist", "--data-dir", str(mnist_dir), "--model", "lenet",
+                 "--workers", "2", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "train-images-idx3-ubyte" in lines[0] and "truncated" in lines[0], r.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
+
+
+def test_malformed_cifar_exits_2(tmp_path):
+    d = tmp_path / "cifar-10-batches-bin"
+    d.mkdir()
+    for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
+        (d / name).write_bytes(b"\x01" * 3000)  # not a multiple of the 3073-byte record
+    r = shmlearn("train", "--dataset", "cifar10", "--data-dir", str(d), "--workers", "1",
+                 "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "data_batch_1.bin" in r.stderr
+
+
+def test_existing_run_is_never_overwritten(tmp_path):
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "summary.json").write_text('{"status": "completed"}')
+    r = shmlearn("train", "--out", str(out))
+    assert r.returncode == 2 and "already holds a run" in r.stderr
+    assert (out / "summary.json").read_text() == '{"status": "completed"}'
+
+
+def test_config_file_gives_flags_and_flags_win(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("workers: 1\nbatch_size: 16\nsamples: 320\nlr: 0.01\n")
+    out = tmp_path / "run"
+    r = shmlearn("train", "--config", str(cfg), "--lr", "0.02", "--out", str(out), "--no-progress")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert (s["workers"], s["batch_size"], s["steps"], s["lr"]) == (1, 16, 20, 0.02)
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("wrokers: 2\n")
+    r = shmlearn("train", "--config", str(bad))
+    assert r.returncode == 2 and "wrokers" in r.stderr
