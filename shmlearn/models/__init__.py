@@ -4,7 +4,8 @@ Models know nothing about distribution, losses or devices: they take a float bat
 (N, *spec.input_shape) and return raw scores, (N, num_outputs) logits for classification and an
 (N, 1) logit or value for binary and regression. Every fully connected layer is built by the
 `linear` class, so the bias-folded layer of seed 002 §4 (nn/folded_linear.py) can replace
-nn.Linear without touching the models.
+nn.Linear without touching the models. ReLUs after a `linear` layer are not in-place, because
+a substituted layer may save its output for backward; those after convolutions are.
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def build_alexnet_small(spec: DataSpec, linear: type) -> nn.Module:
     layers.append(nn.Flatten())
     width = c * (h // 8) * (w // 8)  # three floor-halvings == one floor division by 8
     for hidden in SMALL_FC:
-        layers += [linear(width, hidden), nn.ReLU(inplace=True)]
+        layers += [linear(width, hidden), nn.ReLU()]
         width = hidden
     layers.append(linear(width, spec.num_outputs))  # softmax lives in the loss
     return nn.Sequential(*layers)
@@ -65,7 +65,7 @@ def build_alexnet(spec: DataSpec, linear: type) -> nn.Module:
     layers += [nn.AdaptiveAvgPool2d((ph, pw)), nn.Flatten()]
     width = c * ph * pw
     for hidden in ALEX_FC:
-        layers += [linear(width, hidden), nn.ReLU(inplace=True)]
+        layers += [linear(width, hidden), nn.ReLU()]
         width = hidden
     layers.append(linear(width, spec.num_outputs))
     return nn.Sequential(*layers)

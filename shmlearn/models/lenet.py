@@ -23,6 +23,6 @@ def build_lenet(spec: DataSpec, linear: type) -> nn.Module:
         layers += [nn.Conv2d(c, out, 5, padding=2), nn.ReLU(inplace=True), nn.MaxPool2d(2)]
         c = out
     layers += [nn.Flatten(),
-               linear(c * (h // 4) * (w // 4), HIDDEN), nn.ReLU(inplace=True),
+               linear(c * (h // 4) * (w // 4), HIDDEN), nn.ReLU(),
                linear(HIDDEN, spec.num_outputs)]
     return nn.Sequential(*layers)

@@ -14,7 +14,7 @@ def build_mlp(spec: DataSpec, linear: type) -> nn.Module:
     layers: list = [nn.Flatten()]
     width = flat_features(spec)
     for hidden in HIDDEN:
-        layers += [linear(width, hidden), nn.ReLU(inplace=True)]
+        layers += [linear(width, hidden), nn.ReLU()]
         width = hidden
     layers.append(linear(width, spec.num_outputs))
     return nn.Sequential(*layers)

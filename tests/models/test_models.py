@@ -58,6 +58,20 @@ class MarkedLinear(nn.Linear):
     """Stands in for the bias-folded layer of nn/folded_linear.py."""
 
 
+class OutputSavingLinear(nn.Linear):
+    """A substituted layer whose backward needs its own output (tanh saves it): an in-place
+    ReLU after it would make backward raise."""
+
+    def forward(self, x):
+        return torch.tanh(super().forward(x))
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_substituted_linear_may_save_its_output(name):
+    model = build_model(name, IMAGES["digits"], linear=OutputSavingLinear)
+    model(torch.randn(2, 1, 8, 8)).sum().backward()
+
+
 @pytest.mark.parametrize("name", MODELS)
 def test_linear_class_builds_every_fully_connected_layer(name):
     model = build_model(name, IMAGES["digits"], linear=MarkedLinear)
