@@ -1,0 +1,107 @@
+"""Launcher detection, and real multi-process runs under torchrun, mpirun and an srun-shaped env."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from shmlearn.launch import _first_host, detect_env, free_port
+
+ARGS = ["train", "--epochs", "2", "--eval-points", "1", "--no-progress"]
+
+
+def test_no_launcher_means_none():
+    assert detect_env({}) is None
+    # inside an sbatch script (no srun step) shmlearn must not think it is rank 0 of N
+    assert detect_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_JOB_ID": "7"}) is None
+
+
+def test_torchrun_env():
+    e = detect_env({"RANK": "3", "WORLD_SIZE": "8", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
+                    "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1234"})
+    assert (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher) == (3, 8, 1, 2, "torchrun")
+    assert e.init_method == "tcp://10.0.0.1:1234"
+
+
+def test_openmpi_and_pmi_env():
+    e = detect_env({"OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "4",
+                    "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2",
+                    "OMPI_MCA_ess_base_jobid": "12345"})
+    assert (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher) == (1, 4, 1, 2, "mpirun")
+    e2 = detect_env({"OMPI_COMM_WORLD_RANK": "0", "OMPI_COMM_WORLD_SIZE": "4",
+                     "OMPI_MCA_ess_base_jobid": "12345"})
+    assert e.master_port == e2.master_port  # ranks agree on the port without talking
+    p = detect_env({"PMI_RANK": "2", "PMI_SIZE": "3", "MPI_LOCALRANKID": "0"})
+    assert (p.rank, p.world_size, p.launcher) == (2, 3, "mpirun")
+
+
+def test_srun_env_and_nodelist():
+    e = detect_env({"SLURM_PROCID": "5", "SLURM_STEP_NUM_TASKS": "8", "SLURM_LOCALID": "1",
+                    "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[07-08]",
+                    "SLURM_JOB_ID": "99", "SLURM_STEP_ID": "0"})
+    assert (e.rank, e.world_size, e.local_rank, e.launcher, e.master_addr) == (5, 8, 1, "srun", "gpu07")
+    assert _first_host("node[03-05,07],gpu1") == "node03"
+    assert _first_host("a1,b2") == "a1"
+    assert _first_host("n[1,4]") == "n1"
+
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+def _summary(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def test_torchrun_runs_unchanged(tmp_path):
+    out = str(tmp_path / "run")
+    r = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                        "--master-port", str(free_port()), "-m", "shmlearn", *ARGS, "--out", out],
+                       capture_output=True, text=True, timeout=300, env=_clean_env())
+    assert r.returncode == 0, r.stderr[-2000:]
+    s = _summary(out)
+    assert (s["launcher"], s["workers"], s["status"]) == ("torchrun", 2, "completed")
+    assert r.stdout.count("test accuracy") == 1  # only rank 0 prints the result
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="needs Open MPI's mpirun (apt-get install openmpi-bin)")
+def test_mpirun_runs_unchanged(tmp_path):
+    out = str(tmp_path / "run")
+    cmd = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PYTHONUNBUFFERED", "-x", "PATH",
+           sys.executable, "-m", "shmlearn", *ARGS, "--out", out]
+    if os.geteuid() == 0:
+        cmd[1:1] = ["--allow-run-as-root"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
+                       env=_clean_env(MASTER_PORT=str(free_port())))
+    assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
+    s = _summary(out)
+    assert (s["launcher"], s["workers"], s["processes"]) == ("mpirun", 2, 2)
+
+
+def test_srun_shaped_environment(tmp_path):
+    """What srun gives each task is its environment; two processes with srun's variables must
+    find each other (the real srun is not installable here)."""
+    out, port = str(tmp_path / "run"), str(free_port())
+    procs = [subprocess.Popen([sys.executable, "-m", "shmlearn", *ARGS, "--out", out],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=_clean_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_STEP_NUM_TASKS="2",
+                                             SLURM_STEP_NUM_NODES="1", SLURM_JOB_ID="42", SLURM_STEP_ID="0",
+                                             MASTER_PORT=port))
+             for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-1000:] for o in outs]
+    s = _summary(out)
+    assert (s["launcher"], s["workers"]) == ("srun", 2)
+
+
+def test_workers_flag_must_match_launcher(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "shmlearn", *ARGS, "--workers", "3", "--out", str(tmp_path / "r")],
+                       capture_output=True, text=True, timeout=120,
+                       env=_clean_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port())))
+    assert r.returncode == 2 and "--workers 3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
