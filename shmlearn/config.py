@@ -46,6 +46,10 @@ class TrainConfig:
     """Learning rate, applied to the gradient averaged over all workers."""
     optimizer: str = "momentum"
     """sgd, momentum, nesterov, adagrad, rmsprop, adam, adamax, adadelta, nadam, adamw."""
+    lr_schedule: str = "linear"
+    """linear or cosine (decay to zero at the last step), or constant (the paper's experiments)."""
+    warmup: int = 0
+    """Steps of linear learning-rate warmup before the schedule."""
     momentum: Optional[float] = None
     """Momentum for sgd/momentum/nesterov/rmsprop. Default 0.9 for momentum and nesterov, else 0."""
     weight_decay: float = 0.0
@@ -132,6 +136,11 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
     if cfg.optimizer not in OPTIMIZERS:
         raise BadInput(f"--optimizer {cfg.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
+    from shmlearn.optim import SCHEDULES
+    if cfg.lr_schedule not in SCHEDULES:
+        raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
+    if not isinstance(cfg.warmup, int) or cfg.warmup < 0:
+        raise BadInput(f"--warmup {cfg.warmup}: expected a whole number >= 0")
     for name in ("workers", "threads", "batch_size", "avg_period", "samples", "eval_points", "log_every"):
         v = getattr(cfg, name)
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):

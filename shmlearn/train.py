@@ -25,7 +25,7 @@ from shmlearn.data.loader import ShardedLoader
 from shmlearn.errors import BadInput, Diverged
 from shmlearn.launch import DistEnv, detect_env, free_port, spawn
 from shmlearn.models import apply_init, build_model
-from shmlearn.optim import build_optimizer
+from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, loss_area
 from shmlearn.sync import SyncStrategy, build_strategy
 from shmlearn.tasks import correct, loss_fn
@@ -128,7 +128,8 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
                                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         strategy.setup(model, optimizer)
-        return _Loop(cfg, env, data, model, strategy, loader, steps, budget, device).run()
+        schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
+        return _Loop(cfg, env, data, model, strategy, schedule, loader, steps, budget, device).run()
     finally:
         if owns_group:
             dist.destroy_process_group()
@@ -137,8 +138,10 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
 class _Loop:
     """State of one rank's training run; `run()` is the loop itself."""
 
-    def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, loader, steps, budget, device):
+    def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, schedule, loader, steps,
+                 budget, device):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
+        self.schedule = schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
         self.normalize = normalizer(data, device)
@@ -175,6 +178,7 @@ class _Loop:
                 status, diverged = "diverged", (step, bad_ranks[0], mean_loss)
                 break
             self.strategy.step(self.timer)
+            self.schedule.step()
             self.timer.step_done()
             train_s = time.perf_counter() - t0 - self.eval_s
             self.step_times.append(train_s)
