@@ -54,6 +54,8 @@ class TrainConfig:
     """Momentum for sgd/momentum/nesterov/rmsprop. Default 0.9 for momentum and nesterov, else 0."""
     weight_decay: float = 0.0
     """L2 penalty (the seed's AlexNet uses 0.004)."""
+    folded_linear: bool = False
+    """Build every fully connected layer as a bias-folded FoldedLinear (paper §4) instead of nn.Linear."""
     init: str = "default"
     """default (torch's init) or uniform:A (every parameter uniform in [-A, A])."""
     samples: Optional[int] = None

@@ -25,6 +25,7 @@ from shmlearn.data.loader import ShardedLoader
 from shmlearn.errors import BadInput, Diverged
 from shmlearn.launch import DistEnv, detect_env, free_port, spawn
 from shmlearn.models import apply_init, build_model
+from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, loss_area
 from shmlearn.sync import SyncStrategy, build_strategy
@@ -103,7 +104,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         raise BadInput(f"--samples {budget}: smaller than one step of {compute} workers x "
                        f"{cfg.batch_size} samples")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.spec)
+    model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
     apply_init(model, cfg.init)
     data = data.to(device)
     strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,

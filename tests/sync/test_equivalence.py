@@ -95,3 +95,21 @@ def _dedicated_worker(rank, world, port, tmp, cases):
     res = run_worker(cfg, env)
     torch.save(_flat(res.model), os.path.join(tmp, f"case0-rank{rank}.pt"))
     dist.destroy_process_group()
+
+
+def test_folded_linear_trains_like_nn_linear(tmp_path):
+    """--folded-linear changes the memory layout of the FC layers, not the maths (issue 8)."""
+    def run(folded):
+        cfg = _cfg(os.path.join(tmp_path, f"f{folded}"), 1, 16, optimizer="momentum", folded_linear=folded)
+        env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
+                      master_port=free_port())
+        return run_worker(cfg, env)
+    plain, folded = run(False), run(True)
+    assert any(type(m).__name__ == "FoldedLinear" for m in folded.model.modules())
+    pairs = [(a, b) for a, b in zip(plain.model.modules(), folded.model.modules())
+             if isinstance(a, torch.nn.Linear)]
+    assert pairs and all(type(b).__name__ == "FoldedLinear" for _, b in pairs)
+    for a, b in pairs:  # FoldedLinear's .weight and .bias are views of its one [b | W] parameter
+        torch.testing.assert_close(b.weight, a.weight, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b.bias, a.bias, rtol=1e-4, atol=1e-5)
+    assert folded.summary["final_loss"] == pytest.approx(plain.summary["final_loss"], rel=1e-4)
