@@ -50,21 +50,33 @@ def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
                        metavar=f.name.upper())
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="shmlearn", description="Data-parallel training, and the tools to study it.")
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+def _register_train(sub) -> None:
     t = sub.add_parser("train", help="train one model on N workers",
                        description="Train one model on N workers with a synchronization strategy; "
                                    "writes a run directory (config, metrics, eval, summary, trace).")
     t.add_argument("--config", metavar="FILE.yaml", help="YAML file of any of these flags; flags win")
     _add_config_flags(t)
+    t.set_defaults(func=cmd_train)
+
+
+def _registrars():
+    """Each subcommand registers itself: register(subparsers) adds a parser with
+    set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
+    return [_register_train]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(prog="shmlearn", description="Data-parallel training, and the tools to study it.")
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    for register in _registrars():
+        register(sub)
     return p
 
 
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
     values = {k.replace("-", "_"): v for k, v in values.items()}
-    values.update({k: v for k, v in vars(ns).items() if k not in ("command", "config")})
+    values.update({k: v for k, v in vars(ns).items() if k not in ("command", "config", "func")})
     return TrainConfig.from_dict(values, source=f"--config {ns.config}" if ns.config else "config")
 
 
@@ -91,7 +103,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
 def main(argv: Optional[List[str]] = None) -> int:
     ns = build_parser().parse_args(argv)
     try:
-        return {"train": cmd_train}[ns.command](ns)
+        return ns.func(ns)
     except BadInput as e:
         print(f"shmlearn: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -16,6 +16,10 @@ import yaml
 from shmlearn.errors import BadInput
 
 STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp")
+DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
+                  "synthetic": 10, "step": 1, "line": 20}
+"""Budget when neither --samples nor --epochs is given: enough for the default model to learn the
+dataset well on a laptop (digits: 20 x 1437 samples; Fashion-MNIST: 2 x 60,000)."""
 DEVICES = ("cpu", "cuda", "auto")
 
 
@@ -61,7 +65,8 @@ class TrainConfig:
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
     epochs: Optional[float] = None
-    """Instead of --samples: passes over the training set (default 20 when neither is given)."""
+    """Instead of --samples: passes over the training set. Default per dataset: digits 20,
+    fashion-mnist/mnist 2, cifar10/tiny-imagenet/synthetic 10, step 1, line 20."""
     eval_every: Optional[float] = None
     """Evaluate the full test set every this many seconds of training."""
     eval_points: Optional[int] = None
@@ -81,7 +86,7 @@ class TrainConfig:
         """Total sample budget implied by --samples or --epochs."""
         if self.samples is not None:
             return self.samples
-        return int((self.epochs if self.epochs is not None else 20) * train_size)
+        return int((self.epochs if self.epochs is not None else DEFAULT_EPOCHS.get(self.dataset, 10)) * train_size)
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)

@@ -166,3 +166,19 @@ def test_config_file_gives_flags_and_flags_win(tmp_path):
     bad.write_text("wrokers: 2\n")
     r = shmlearn("train", "--config", str(bad))
     assert r.returncode == 2 and "wrokers" in r.stderr
+
+
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+@pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs Debian's dataset-fashion-mnist")
+def test_fashion_mnist_lenet_two_workers_reaches_088_in_two_minutes(tmp_path):
+    out = tmp_path / "run"
+    t0 = time.monotonic()
+    r = shmlearn("train", "--dataset", "fashion-mnist", "--model", "lenet", "--workers", "2",
+                 "--out", str(out), "--no-progress")
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["test_accuracy"] >= 0.88, s
+    assert elapsed < 120, f"took {elapsed:.0f} s"
