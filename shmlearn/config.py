@@ -75,6 +75,10 @@ class TrainConfig:
     """Write a metrics.jsonl line every this many steps (the loss is checked every step)."""
     timeout: float = 300.0
     """Seconds a collective may wait before the run is brought down naming the rank."""
+    checkpoint_every: Optional[str] = None
+    """Checkpoint every N steps ("200") or every N seconds of training ("30s"); also at the end."""
+    resume: bool = False
+    """Continue the run in --out from its newest good checkpoint (start fresh if it has none)."""
     seed: int = 0
     """Seed for weights, data order and augmentation; shared by all ranks."""
     out: Optional[str] = None
@@ -143,6 +147,10 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
     if cfg.optimizer not in OPTIMIZERS:
         raise BadInput(f"--optimizer {cfg.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
+    if cfg.checkpoint_every is not None:
+        checkpoint_period(cfg.checkpoint_every)
+    if cfg.resume and not cfg.out:
+        raise BadInput("--resume: needs --out DIR, the run directory to continue")
     from shmlearn.optim import SCHEDULES
     if cfg.lr_schedule not in SCHEDULES:
         raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
@@ -170,6 +178,18 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.avg_period != 1 and cfg.strategy != "weight-avg":
         raise BadInput(f"--avg-period: only for --strategy weight-avg, not {cfg.strategy}")
     _check_init(cfg.init)
+
+
+def checkpoint_period(spec) -> tuple:
+    """'200' -> (200, 'steps'); '30s' -> (30.0, 'seconds')."""
+    text = str(spec).strip()
+    try:
+        value = float(text[:-1]) if text.endswith("s") else int(text)
+    except ValueError:
+        value = 0
+    if value <= 0:
+        raise BadInput(f"--checkpoint-every {spec}: expected a number of steps (200) or seconds (30s), > 0")
+    return (value, "seconds") if text.endswith("s") else (value, "steps")
 
 
 def _check_init(init: str) -> None:

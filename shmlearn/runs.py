@@ -45,12 +45,21 @@ def write_json_atomic(path: str, obj: Any) -> None:
 
 
 class RunDir:
-    def __init__(self, path: str, cfg: TrainConfig):
+    def __init__(self, path: str, cfg: TrainConfig, *, keep_until: Optional[int] = None):
+        """keep_until: resuming from this step; rows logged after it will be logged again, so
+        they are dropped (a crash between log and checkpoint must not leave duplicates)."""
         self.path = path
         os.makedirs(path, exist_ok=True)
         save_yaml(cfg, os.path.join(path, "config.yaml"))
-        self._metrics = open(os.path.join(path, "metrics.jsonl"), "w", buffering=1)
-        self._eval = open(os.path.join(path, "eval.jsonl"), "w", buffering=1)
+        if keep_until is not None:
+            for name in ("metrics.jsonl", "eval.jsonl"):
+                _truncate_after(os.path.join(path, name), keep_until)
+            summary = os.path.join(path, "summary.json")
+            if os.path.exists(summary):
+                os.remove(summary)  # describes the interrupted attempt, not this one
+        mode = "a" if keep_until is not None else "w"
+        self._metrics = open(os.path.join(path, "metrics.jsonl"), mode, buffering=1)
+        self._eval = open(os.path.join(path, "eval.jsonl"), mode, buffering=1)
 
     def log_metrics(self, row: Dict[str, Any]) -> None:
         self._metrics.write(json.dumps(row) + "\n")
@@ -76,6 +85,23 @@ def loss_area(times: List[float], losses: List[float]) -> Optional[float]:
     if len(times) < 2:
         return None
     return sum((t1 - t0) * (l0 + l1) / 2 for t0, t1, l0, l1 in zip(times, times[1:], losses, losses[1:]))
+
+
+def _truncate_after(path: str, step: int) -> None:
+    if not os.path.exists(path):
+        return
+    keep = []
+    with open(path) as f:
+        for line in f:
+            try:
+                if json.loads(line)["step"] <= step:
+                    keep.append(line if line.endswith("\n") else line + "\n")
+            except (ValueError, KeyError):
+                break  # a torn last line from a kill
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        f.writelines(keep)
+    os.replace(tmp, path)
 
 
 def read_jsonl(path: str) -> List[Dict[str, Any]]:

@@ -22,7 +22,10 @@ import torch.distributed as dist
 from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
-from shmlearn.errors import BadInput, Diverged
+from shmlearn import checkpoint as ckpt
+from shmlearn.config import checkpoint_period
+from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, detect_env, free_port, spawn
 from shmlearn.models import apply_init, build_model
 from shmlearn.nn import FoldedLinear
@@ -55,7 +58,8 @@ def train(cfg: TrainConfig) -> RunResult:
         return run_worker(cfg, env)
     world = (cfg.workers or 2) + (1 if cfg.ps_dedicated else 0)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
-    check_out_dir(cfg.out)
+    if not cfg.resume:
+        check_out_dir(cfg.out)
     if _device_type(cfg.device) == "cuda" and world > torch.cuda.device_count():
         raise BadInput(f"--workers {cfg.workers}: {world} processes need {world} GPUs, "
                        f"{torch.cuda.device_count()} present")
@@ -86,7 +90,10 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
                        f"({compute} workers{' + 1 server' if dedicated else ''}); drop --workers or match it")
     cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
-    if env.rank == 0 and env.launcher != "local":
+    # Elastic restart: torchrun starts the same command again; it must continue, not restart.
+    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+        cfg = replace(cfg, resume=True)
+    if env.rank == 0 and env.launcher != "local" and not cfg.resume:
         check_out_dir(cfg.out)
 
     device = torch.device(_device_type(cfg.device))
@@ -106,17 +113,13 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
     apply_init(model, cfg.init)
-    data = data.to(device)
     strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,
                               avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
-    loader = None
-    if strategy.computes:
-        loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
-                               shard=env.rank - dedicated, num_shards=compute, seed=cfg.seed,
-                               normalize=normalizer(data, device))
-    else:  # the server validates the layout too, so it fails with the workers, not after them
-        ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size, shard=0,
-                      num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device))
+    data = data.to(device)
+    # The server builds a loader too, so a bad layout fails on every rank, not on workers only.
+    loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
+                           shard=max(env.rank - dedicated, 0), num_shards=compute, seed=cfg.seed,
+                           normalize=normalizer(data, device))
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
@@ -125,63 +128,104 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
                                 world_size=env.world_size,
                                 timeout=datetime.timedelta(seconds=cfg.timeout))
     try:
+        check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
                                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         strategy.setup(model, optimizer)
+        check_replicas(strategy.params_flat if strategy.params_flat is not None
+                       else torch.cat([p.detach().reshape(-1) for p in model.parameters()]), env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
-        return _Loop(cfg, env, data, model, strategy, schedule, loader, steps, budget, device).run()
+        loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
+                     loader if strategy.computes else None, steps, budget, device)
+        return loop.run()
     finally:
         if owns_group:
             dist.destroy_process_group()
 
 
+# Fields that may differ between the original run and its resumption, or between ranks.
+_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers")
+
+
+def _agreed_fields(cfg: TrainConfig) -> dict:
+    return {k: v for k, v in cfg.to_dict().items() if k not in _FREE_FIELDS}
+
+
 class _Loop:
     """State of one rank's training run; `run()` is the loop itself."""
 
-    def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, schedule, loader, steps,
-                 budget, device):
+    def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
+                 loader, steps, budget, device):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
-        self.schedule = schedule
+        self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
         self.normalize = normalizer(data, device)
         self.timer = PhaseTimer(device, env.rank)
         self.lead = env.rank == 0
-        self.rundir = RunDir(cfg.out, cfg) if self.lead else None
         self.step_times: List[float] = []
         self.step_losses: List[float] = []
         self.evals: List[Dict[str, Any]] = []
         self.eval_s = 0.0
+        self.checkpoint_s = 0.0
+        self.last_eval_s = 0.0
+        self.last_ckpt_s = 0.0
         self.samples_per_step = strategy.compute_ranks * cfg.batch_size
         eval_points = cfg.eval_points or (None if cfg.eval_every else 10)
         self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
                         if eval_points else set())
+        self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
+        self.start_step = self._resume() if cfg.resume else 0
+        self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if cfg.resume else None) \
+            if self.lead else None
+        self.fault = Fault.from_env(resumed=self.start_step > 0)
+        self.heartbeat = Heartbeat(env.rank, env.world_size)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
-        cfg, env = self.cfg, self.env
-        if self.lead and self.budget % self.samples_per_step:
+        try:
+            return self._run()
+        except (BadInput, Diverged):
+            raise
+        except Exception as e:  # noqa: BLE001 - name the rank that stalled the collective, if any
+            who = self.heartbeat.laggards()
+            if who:
+                raise WorkerFailed(f"{who} stopped responding; rank {self.env.rank} gave up waiting "
+                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
+            raise
+        finally:
+            self.heartbeat.stop()
+
+    def _run(self) -> RunResult:
+        cfg = self.cfg
+        if self.lead and self.budget % self.samples_per_step and self.start_step == 0:
             print(f"shmlearn: budget {self.budget} samples is not a multiple of {self.strategy.compute_ranks} "
                   f"workers x {cfg.batch_size}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)
-        bar = _progress(self.steps) if (self.lead and cfg.progress) else None
-        self._evaluate(step=0, train_s=0.0)
+        bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
+        if self.start_step == 0:
+            self._evaluate(step=0, train_s=0.0)
         status, diverged = "completed", None
-        t0 = time.perf_counter()
-        last_eval_s = 0.0
-        for step in range(self.steps):
+        resumed_s = self.step_times[-1] if self.step_times else 0.0
+        t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
+        for step in range(self.start_step, self.steps):
+            self.heartbeat.step = step
             loss = self._forward_backward(step)
-            train_s = time.perf_counter() - t0 - self.eval_s
-            want_eval = bool(cfg.eval_every and self.lead and train_s - last_eval_s >= cfg.eval_every)
-            mean_loss, bad_ranks, eval_now = self._control(loss, want_eval)
+            if self.fault is not None:
+                loss = self.fault.fire(self.env.rank, step, loss)
+            train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
+            want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
+            want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
+                             and train_s - self.last_ckpt_s >= self.ckpt_every[0])
+            mean_loss, bad_ranks, eval_now, ckpt_now = self._control(loss, want_eval, want_ckpt)
             if bad_ranks:
                 status, diverged = "diverged", (step, bad_ranks[0], mean_loss)
                 break
             self.strategy.step(self.timer)
             self.schedule.step()
             self.timer.step_done()
-            train_s = time.perf_counter() - t0 - self.eval_s
+            train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
             self.step_times.append(train_s)
             self.step_losses.append(mean_loss)
             done = step + 1
@@ -196,12 +240,77 @@ class _Loop:
             if eval_now or done in self.eval_at:
                 e0 = time.perf_counter()
                 self._evaluate(step=done, train_s=train_s)
-                last_eval_s = train_s
+                self.last_eval_s = train_s
                 self.eval_s += time.perf_counter() - e0
+            if done < self.steps and (ckpt_now or (self.ckpt_every and self.ckpt_every[1] == "steps"
+                                                   and done % self.ckpt_every[0] == 0)):
+                self._checkpoint(done, train_s)
         if bar is not None:
             bar.close()
         self.strategy.finish()
+        if self.ckpt_every and status == "completed":
+            self._checkpoint(len(self.step_losses), self.step_times[-1] if self.step_times else 0.0)
         return self._finish(status, diverged)
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    def _state(self, step: int) -> dict:
+        return {"step": step, "world_size": self.env.world_size, "config": _agreed_fields(self.cfg),
+                "model": self.strategy.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "strategy": self.strategy.state_dict(), "schedule": self.schedule.state_dict(),
+                "rng": {"torch": torch.get_rng_state(),
+                        "cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None},
+                "loop": {"step_times": self.step_times, "step_losses": self.step_losses,
+                         "evals": self.evals, "eval_s": self.eval_s, "checkpoint_s": self.checkpoint_s,
+                         "last_eval_s": self.last_eval_s, "last_ckpt_s": self.last_ckpt_s}}
+
+    def _checkpoint(self, step: int, train_s: float) -> None:
+        """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete."""
+        c0 = time.perf_counter()
+        os.makedirs(ckpt.step_dir(self.cfg.out, step), exist_ok=True)
+        self.last_ckpt_s = train_s
+        ckpt.write_file(os.path.join(ckpt.step_dir(self.cfg.out, step), f"rank{self.env.rank}.ckpt"),
+                        self._state(step))
+        if self.env.world_size > 1:
+            dist.barrier()
+        if self.lead:
+            ckpt.mark_complete(self.cfg.out, step, self.env.world_size)
+            ckpt.prune(self.cfg.out)
+        self.checkpoint_s += time.perf_counter() - c0
+
+    def _resume(self) -> int:
+        """Load the newest checkpoint that every rank can read; 0 if the run has none."""
+        w, r = self.env.world_size, self.env.rank
+        found = [ckpt.candidates(self.cfg.out) if self.lead else None]
+        if w > 1:
+            dist.broadcast_object_list(found, src=0)
+        problems = []
+        for step in found[0]:
+            state, why = ckpt.load_rank(self.cfg.out, step, r, map_location=self.device)
+            if state is not None and (state["world_size"] != w or state["config"] != _agreed_fields(self.cfg)):
+                state, why = None, _mismatch(state, w, _agreed_fields(self.cfg))
+            ok = torch.tensor([0.0 if state is None else 1.0])
+            if w > 1:
+                dist.all_reduce(ok, op=dist.ReduceOp.MIN)
+            if ok.item() == 1.0:
+                if problems and self.lead:
+                    print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
+                self._load(state)
+                return step
+            problems.append(why or f"step {step}: another rank's file is unusable")
+        if found[0] or (self.lead and ckpt.any_started(self.cfg.out)):
+            raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems) or 'none complete'})")
+        return 0
+
+    def _load(self, state: dict) -> None:
+        self.strategy.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+        if state["rng"]["cuda"] is not None and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+        for k, v in state["loop"].items():
+            setattr(self, k, v)
 
     def _forward_backward(self, step: int) -> Optional[torch.Tensor]:
         if not self.strategy.computes:
@@ -214,21 +323,23 @@ class _Loop:
             loss.backward()
         return loss.detach()
 
-    def _control(self, loss: Optional[torch.Tensor], want_eval: bool):
-        """One all-reduce of [loss, non-finite flag per rank, eval request]; this syncs the GPU.
-        Returns (mean loss over workers, ranks whose loss was not finite, evaluate now?)."""
+    def _control(self, loss: Optional[torch.Tensor], want_eval: bool, want_ckpt: bool):
+        """One all-reduce of [loss, non-finite flag per rank, eval request, checkpoint request];
+        this syncs the GPU. Returns (mean loss over workers, ranks whose loss was not finite,
+        evaluate now?, checkpoint now?): rank 0's clock decides for everyone."""
         w = self.env.world_size
-        ctrl = torch.zeros(w + 2, dtype=torch.float64, device=self.device)
+        ctrl = torch.zeros(w + 3, dtype=torch.float64, device=self.device)
         if loss is not None:
             finite = torch.isfinite(loss)
             ctrl[0] = torch.where(finite, loss.double(), torch.zeros((), dtype=torch.float64, device=self.device))
             ctrl[1 + self.env.rank] = (~finite).double()
         ctrl[w + 1] = float(want_eval)
+        ctrl[w + 2] = float(want_ckpt)
         if w > 1:
             dist.all_reduce(ctrl)
         vals = ctrl.tolist()
         bad = [r for r in range(w) if vals[1 + r] > 0]
-        return vals[0] / self.strategy.compute_ranks, bad, vals[w + 1] > 0
+        return vals[0] / self.strategy.compute_ranks, bad, vals[w + 1] > 0, vals[w + 2] > 0
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
@@ -285,6 +396,7 @@ class _Loop:
             "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
+            "checkpoint_time_s": self.checkpoint_s, "resumed_from_step": self.start_step or None,
             "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
             "min_loss": min(finite) if finite else None,
             "loss_area": loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses)
@@ -311,6 +423,13 @@ class _Loop:
         return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model)
 
 
-def _progress(total: int):
+def _progress(total: int, initial: int = 0):
     from tqdm import tqdm
-    return tqdm(total=total, desc="train", unit="step", mininterval=0.5, dynamic_ncols=True)
+    return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=0.5, dynamic_ncols=True)
+
+
+def _mismatch(state: dict, world_size: int, fields: dict) -> str:
+    if state["world_size"] != world_size:
+        return f"step {state['step']}: written by {state['world_size']} processes, this run has {world_size}"
+    diff = [k for k in fields if state["config"].get(k) != fields[k]]
+    return f"step {state['step']}: written with different {', '.join(diff)}"

@@ -1,0 +1,150 @@
+"""Keeping ranks honest: agreement at setup, a heartbeat that names a hung rank, fault injection.
+
+* `check_agreement`: before the first broadcast, every rank shows the others its config, its
+  dataset's fingerprint and its model's parameter shapes (one all_gather_object); after the
+  broadcast, a hash of the weights. A rank that differs is named on every rank (exit 2) instead of
+  a broadcast of mismatched buffers hanging or crashing.
+* `Heartbeat`: a daemon thread posts this rank's step to the process group's store once a second
+  (never on the hot path). When a collective times out, the ranks that are still alive read the
+  others' last steps and name the one that is behind.
+* `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise) makes one rank misbehave at
+  one step, so the reliability tests exercise the real code paths. It fires only in a fresh run,
+  never after a resume or an elastic restart.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.errors import BadInput
+
+
+def _digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(repr(p).encode())
+    return h.hexdigest()[:16]
+
+
+def data_fingerprint(data) -> str:
+    """Sizes, shape, and a sample of values: cheap, and different files practically never match."""
+    def sample(t: torch.Tensor):
+        flat = t.reshape(-1)
+        idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat))).long()
+        return flat[idx].double().sum().item()
+    return _digest(data.spec, tuple(data.train_x.shape), tuple(data.test_x.shape),
+                   sample(data.train_x), sample(data.train_y), sample(data.test_x), sample(data.test_y))
+
+
+def check_agreement(cfg_dict: dict, data, model: torch.nn.Module, rank: int, world_size: int) -> None:
+    """Every rank raises the same BadInput if any rank's config, data or model differs."""
+    if world_size == 1:
+        return
+    mine = {"config": _digest(sorted(cfg_dict.items())), "dataset": data_fingerprint(data),
+            "model": _digest([(n, tuple(p.shape)) for n, p in model.named_parameters()])}
+    everyone = [None] * world_size
+    dist.all_gather_object(everyone, mine)
+    for what in ("config", "dataset", "model"):
+        odd = [r for r in range(world_size) if everyone[r][what] != everyone[0][what]]
+        if odd:
+            raise BadInput(f"rank{'s' if len(odd) > 1 else ''} {', '.join(map(str, odd))} "
+                           f"{'have' if len(odd) > 1 else 'has'} a different {what} from rank 0 "
+                           f"(same command, files and code on every rank?)")
+
+
+def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
+    """After the initial broadcast every replica must hold rank 0's weights, bit for bit."""
+    if world_size == 1:
+        return
+    h = torch.tensor([float(params_flat.double().sum()), float(params_flat.double().abs().sum())],
+                     dtype=torch.float64, device=params_flat.device)
+    lo, hi = h.clone(), h.clone()
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    if not torch.equal(lo, hi):
+        raise RuntimeError("replicas differ after the initial broadcast")
+
+
+class Heartbeat:
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):
+        self.rank, self.world_size, self.step = rank, world_size, -1
+        self._store = None
+        if world_size > 1:
+            try:
+                self._store = dist.distributed_c10d._get_default_store()
+            except Exception:  # noqa: BLE001 - no store: hangs are still ended by the timeout
+                self._store = None
+        self._stop = threading.Event()
+        if self._store is not None:
+            self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+            self._thread.start()
+
+    def _run(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                self._store.set(f"shmlearn/hb/{self.rank}", f"{self.step} {time.time():.3f}")
+            except Exception:  # noqa: BLE001 - the store's host died; the collective will say so
+                return
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def laggards(self) -> str:
+        """Who is behind, from the others' last posts: 'rank 1 (last at step 4, 11 s ago)'."""
+        if self._store is None:
+            return ""
+        seen: Dict[int, tuple] = {}
+        for r in range(self.world_size):
+            key = f"shmlearn/hb/{r}"
+            try:
+                if self._store.check([key]):
+                    step, t = self._store.get(key).decode().split()
+                    seen[r] = (int(step), float(t))
+            except Exception:  # noqa: BLE001
+                return ""
+        now = time.time()
+        missing = [r for r in range(self.world_size) if r not in seen]
+        if not seen:
+            return ""
+        front = max(s for s, _ in seen.values())
+        behind = [r for r, (s, _) in seen.items() if s < front] + missing
+        stale = [r for r, (_, t) in seen.items() if now - t > 5 and r not in behind]
+        names = sorted(set(behind + stale))
+        return ", ".join(f"rank {r} (" + (f"last at step {seen[r][0]}, {now - seen[r][1]:.0f} s ago"
+                                          if r in seen else "never reported") + ")" for r in names)
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    rank: int
+    step: int
+
+    @staticmethod
+    def from_env(resumed: bool) -> Optional["Fault"]:
+        spec = os.environ.get("SHMLEARN_FAULT")
+        if not spec or resumed or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
+            return None
+        kind, rank, step = spec.split(":")
+        if kind not in ("kill", "sleep", "nan", "raise"):
+            raise BadInput(f"SHMLEARN_FAULT={spec}: kind must be kill, sleep, nan or raise")
+        return Fault(kind, int(rank), int(step))
+
+    def fire(self, rank: int, step: int, loss: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if rank != self.rank or step != self.step:
+            return loss
+        if self.kind == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "sleep":
+            time.sleep(3600)
+        if self.kind == "raise":
+            raise RuntimeError(f"injected fault at step {step}")
+        return loss * float("nan") if loss is not None else loss
