@@ -62,7 +62,8 @@ def _register_train(sub) -> None:
 def _registrars():
     """Each subcommand registers itself: register(subparsers) adds a parser with
     set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
-    return [_register_train]
+    from shmlearn.bench import register as register_bench
+    return [_register_train, register_bench]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,311 @@
+"""`shmlearn bench comm`: latency and bus bandwidth of the collectives against message size and
+worker count, on real process groups (Gloo on CPU processes, NCCL with one process per GPU).
+
+Conventions are nccl-tests' (its doc/PERFORMANCE.md), so the numbers compare with published ones:
+
+* `bytes` is the size nccl-tests calls "size": the buffer of all_reduce, reduce and broadcast;
+  the whole (W-chunk) output of all_gather and gather; the whole input of reduce_scatter.
+* algbw = bytes / time. busbw = algbw x factor(W): the rate each rank's link must carry for the
+  operation to take that long in an optimal algorithm, comparable across W:
+  all_reduce 2(W-1)/W; reduce_scatter, all_gather, gather (W-1)/W; broadcast, reduce 1.
+
+Method per (W, op, size): fresh random data (never zeros: they can run faster than real data);
+`warmup` untimed calls; then each timed call is preceded by a refill of the buffers that the
+collective modifies in place (untimed) and a barrier, and timed by perf_counter on CPU or CUDA
+events on GPU. A call's time is the slowest rank's (the collective is done when every rank is);
+the JSON keeps the median and the spread over calls.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import torch
+
+from shmlearn.bench.common import (check_backend, environment, format_size, init_group, parse_int_list,
+                                   parse_size, run_ranks, stats, sync, try_pyplot)
+from shmlearn.errors import BadInput
+
+OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
+
+BUS_FACTOR = {  # nccl-tests doc/PERFORMANCE.md
+    "all_reduce": ("2(W-1)/W", lambda w: 2 * (w - 1) / w),
+    "reduce_scatter": ("(W-1)/W", lambda w: (w - 1) / w),
+    "all_gather": ("(W-1)/W", lambda w: (w - 1) / w),
+    "gather": ("(W-1)/W", lambda w: (w - 1) / w),
+    "broadcast": ("1", lambda w: 1.0),
+    "reduce": ("1", lambda w: 1.0),
+}
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+
+
+def default_sizes(min_size: int = 4 << 10, max_size: int = 256 << 20, factor: int = 4) -> List[int]:
+    """min_size, min_size*factor, ... up to max_size (inclusive)."""
+    sizes, s = [], min_size
+    while s <= max_size:
+        sizes.append(s)
+        s *= factor
+    return sizes
+
+
+@dataclass(kw_only=True)
+class CommConfig:
+    backend: str = "gloo"
+    """gloo (CPU processes) or nccl (one process per GPU)."""
+    workers: List[int] = field(default_factory=lambda: [2, 3, 4])
+    """World sizes to measure; each is a fresh process group."""
+    ops: List[str] = field(default_factory=lambda: list(OPS))
+    sizes: List[int] = field(default_factory=default_sizes)
+    """Message sizes in bytes, nccl-tests convention (see the module docstring)."""
+    dtype: str = "float32"
+    warmup: int = 3
+    """Untimed calls before timing (connection setup, allocator, NCCL channel setup)."""
+    iters: int = 20
+    """Timed calls at most."""
+    min_iters: int = 5
+    """Timed calls at least, even when one call takes longer than budget_s allows."""
+    budget_s: float = 2.0
+    """Seconds of timed calls per (W, op, size): large messages on slow links get fewer calls."""
+    threads: Optional[int] = None
+    """CPU: intra-op threads per process (default: cores / W, at least 1)."""
+
+
+def _buffers(op: str, nbytes: int, world: int, rank: int, dtype, device) -> Dict[str, Any]:
+    elem = torch.tensor([], dtype=dtype).element_size()
+    count = max(world, nbytes // elem // world * world)  # divisible by W: chunked ops need it
+    chunk = count // world
+    gen = torch.Generator(device="cpu").manual_seed(1234 + rank)
+    rnd = lambda n: torch.randn(n, generator=gen, dtype=torch.float32).to(dtype=dtype, device=device)  # noqa: E731
+    b: Dict[str, Any] = {"count": count, "bytes": count * elem}
+    if op in ("all_reduce", "reduce", "broadcast"):
+        b["buf"] = rnd(count)
+        b["src"] = b["buf"].clone()  # in-place reductions would grow without bound: refill
+    elif op == "all_gather":
+        b["inp"], b["out"] = rnd(chunk), torch.empty(count, dtype=dtype, device=device)
+    elif op == "reduce_scatter":
+        b["inp"], b["out"] = rnd(count), torch.empty(chunk, dtype=dtype, device=device)
+        b["src"] = b["inp"].clone()  # Gloo may reduce in the input buffer
+    elif op == "gather":
+        b["inp"] = rnd(chunk)
+        b["out"] = list(torch.empty(count, dtype=dtype, device=device).chunk(world)) if rank == 0 else None
+    return b
+
+
+def _call(op: str, b: Dict[str, Any]) -> None:
+    import torch.distributed as dist
+    if op == "all_reduce":
+        dist.all_reduce(b["buf"])
+    elif op == "reduce":
+        dist.reduce(b["buf"], dst=0)
+    elif op == "broadcast":
+        dist.broadcast(b["buf"], src=0)
+    elif op == "all_gather":
+        dist.all_gather_into_tensor(b["out"], b["inp"])
+    elif op == "reduce_scatter":
+        dist.reduce_scatter_tensor(b["out"], b["inp"])
+    elif op == "gather":
+        dist.gather(b["inp"], b["out"], dst=0)
+
+
+def _refill(op: str, b: Dict[str, Any]) -> None:
+    if op in ("all_reduce", "reduce", "broadcast"):
+        b["buf"].copy_(b["src"])
+    elif op == "reduce_scatter":
+        b["inp"].copy_(b["src"])
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict) -> Optional[List[dict]]:
+    import torch.distributed as dist
+    c = CommConfig(**cfg)
+    # torch >= 2.12 renames the *_tensor collectives; the old names still work back to 2.4.
+    warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed")
+    device = init_group(c.backend, rank, world, port)
+    if device.type == "cpu":
+        torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
+    dtype = DTYPES[c.dtype]
+    flag = torch.zeros(1, device=device)
+
+    def barrier() -> None:  # a tiny all-reduce, then drain the stream: every rank starts together
+        dist.all_reduce(flag)
+        sync(device)
+
+    def timed(op: str, b: dict) -> float:
+        _refill(op, b)
+        barrier()
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            _call(op, b)
+            end.record()
+            end.synchronize()
+            return start.elapsed_time(end) / 1e3
+        t0 = time.perf_counter()
+        _call(op, b)  # Gloo calls without async_op block until done
+        return time.perf_counter() - t0
+
+    rows = []
+    try:
+        for op in c.ops:
+            for size in c.sizes:
+                b = _buffers(op, size, world, rank, dtype, device)
+                warm = [timed(op, b) for _ in range(c.warmup)]
+                # Every rank must run the same number of calls: decide from the slowest warmup.
+                t = torch.tensor([max(warm) if warm else 0.0], dtype=torch.float64, device=device)
+                dist.all_reduce(t, op=dist.ReduceOp.MAX)
+                per_call = max(t.item(), 1e-9)
+                n = int(min(c.iters, max(c.min_iters, math.ceil(c.budget_s / per_call))))
+                times = torch.tensor([timed(op, b) for _ in range(n)], dtype=torch.float64, device=device)
+                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call ends when the slowest rank is done
+                if rank == 0:
+                    s = stats(times.tolist())
+                    factor = BUS_FACTOR[op][1](world)
+                    rows.append({"op": op, "world_size": world, "bytes": b["bytes"], "count": b["count"],
+                                 "dtype": c.dtype, "iters": n, "warmup": c.warmup, "time_s": s,
+                                 "algbw_GBps": b["bytes"] / s["median"] / 1e9,
+                                 "busbw_GBps": b["bytes"] / s["median"] / 1e9 * factor})
+                del b
+                if device.type == "cuda":
+                    torch.cuda.empty_cache()
+    finally:
+        dist.destroy_process_group()
+    return rows if rank == 0 else None
+
+
+def run(cfg: CommConfig, *, log=print) -> Dict[str, Any]:
+    """Measure every (W, op, size) of `cfg`; return the JSON document (see the module docstring)."""
+    check_backend(cfg.backend, cfg.workers)
+    bad = [o for o in cfg.ops if o not in OPS]
+    if bad:
+        raise BadInput(f"--ops {','.join(bad)}: unknown; choose from {','.join(OPS)}")
+    if cfg.dtype not in DTYPES:
+        raise BadInput(f"--dtype {cfg.dtype}: choose one of {', '.join(DTYPES)}")
+    doc: Dict[str, Any] = {"benchmark": "comm", "schema": 1, "env": environment(cfg.backend),
+                           "config": asdict(cfg),
+                           "bus_factor": {op: f for op, (f, _) in BUS_FACTOR.items()},
+                           "size_convention": "nccl-tests: buffer of all_reduce/reduce/broadcast, "
+                                              "total output of all_gather/gather, total input of reduce_scatter",
+                           "results": []}
+    for w in cfg.workers:
+        t0 = time.perf_counter()
+        rows = run_ranks(_worker, w, (asdict(cfg),))[0]
+        doc["results"].extend(rows)
+        log(f"bench comm: {cfg.backend} W={w}: {len(rows)} points in {time.perf_counter() - t0:.1f} s")
+    doc["env"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return doc
+
+
+def table(doc: Dict[str, Any]) -> str:
+    """One line per (op, W, size): median latency, spread, algbw, busbw."""
+    lines = [f"{'op':<15}{'W':>3}{'size':>8}{'median us':>12}{'min-max us':>20}{'algbw GB/s':>12}"
+             f"{'busbw GB/s':>12}{'n':>4}"]
+    for r in doc["results"]:
+        t = r["time_s"]
+        spread = f"{t['min'] * 1e6:.1f}-{t['max'] * 1e6:.1f}"
+        lines.append(f"{r['op']:<15}{r['world_size']:>3}{format_size(r['bytes']):>8}{t['median'] * 1e6:>12.1f}"
+                     f"{spread:>20}{r['algbw_GBps']:>12.3f}"
+                     f"{r['busbw_GBps']:>12.3f}{t['n']:>4}")
+    return "\n".join(lines)
+
+
+def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
+    """Latency and busbw against size, one panel row per op, one line per W; None without matplotlib."""
+    plt = try_pyplot()
+    if plt is None:
+        return None
+    ops = [o for o in OPS if any(r["op"] == o for r in doc["results"])]
+    fig, axes = plt.subplots(len(ops), 2, figsize=(11, 2.8 * len(ops)), squeeze=False)
+    for i, op in enumerate(ops):
+        for w in sorted({r["world_size"] for r in doc["results"] if r["op"] == op}):
+            rs = sorted((r for r in doc["results"] if r["op"] == op and r["world_size"] == w),
+                        key=lambda r: r["bytes"])
+            x = [r["bytes"] for r in rs]
+            med = [r["time_s"]["median"] * 1e6 for r in rs]
+            lo = [r["time_s"]["p25"] * 1e6 for r in rs]
+            hi = [r["time_s"]["p75"] * 1e6 for r in rs]
+            line, = axes[i][0].plot(x, med, marker="o", ms=3, label=f"W={w}")
+            axes[i][0].fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
+            axes[i][1].plot(x, [r["busbw_GBps"] for r in rs], marker="o", ms=3, label=f"W={w}")
+        axes[i][0].set(xscale="log", yscale="log", ylabel=f"{op}\nlatency (us)")
+        axes[i][1].set(xscale="log", ylabel="busbw (GB/s)")
+        for ax in axes[i]:
+            ax.grid(True, which="both", alpha=0.3)
+        axes[i][0].legend(fontsize=7)
+    axes[-1][0].set_xlabel("message size (bytes, nccl-tests convention)")
+    axes[-1][1].set_xlabel("message size (bytes, nccl-tests convention)")
+    e = doc["env"]
+    fig.suptitle(f"bench comm: {e['backend']} on {e['device']} (torch {e['torch_version']}, {e['date'][:10]})"
+                 "\nmedian latency, band = quartiles", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "comm", help="latency and bus bandwidth of the collectives vs size and workers",
+        description="Time all_reduce, reduce, gather, broadcast, all_gather and reduce_scatter on real "
+                    "process groups (nccl-tests conventions for size and busbw). Writes JSON and a plot.")
+    p.add_argument("--backend", default="gloo", help="gloo (CPU processes) or nccl (one process per GPU) [gloo]")
+    p.add_argument("--workers", default=None,
+                   help="world sizes, e.g. 2,3,4 or 1-2 [gloo: 2,3,4; nccl: 1 to the GPU count]")
+    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
+    p.add_argument("--sizes", default=None, help="explicit sizes, e.g. 4K,64K,1M (overrides the range)")
+    p.add_argument("--min-size", default="4K", help="smallest size of the range [4K]")
+    p.add_argument("--max-size", default="256M", help="largest size of the range [256M]")
+    p.add_argument("--size-factor", type=int, default=4, help="ratio between sizes of the range: 2 or 4 [4]")
+    p.add_argument("--dtype", default="float32", help=f"{', '.join(DTYPES)} [float32]")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per point [3]")
+    p.add_argument("--iters", type=int, default=20, help="timed calls per point, at most [20]")
+    p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, at least [5]")
+    p.add_argument("--budget-s", type=float, default=2.0, help="seconds of timed calls per point [2]")
+    p.add_argument("--out", default="comm.json", help="JSON file to write [comm.json]")
+    p.add_argument("--plot", default=None, help="PNG to write [the --out path with .png]")
+    p.add_argument("--no-plot", action="store_true", help="write no plot")
+    p.set_defaults(func=cmd_comm)
+
+
+def config_from_args(ns) -> CommConfig:
+    if ns.workers is None:
+        n = torch.cuda.device_count() if ns.backend == "nccl" and torch.cuda.is_available() else 0
+        workers = list(range(1, max(n, 1) + 1)) if ns.backend == "nccl" else [2, 3, 4]
+    else:
+        workers = parse_int_list(ns.workers, flag="--workers")
+    if ns.sizes:
+        sizes = [parse_size(s) for s in ns.sizes.split(",") if s.strip()]
+    else:
+        lo, hi = parse_size(ns.min_size, flag="--min-size"), parse_size(ns.max_size, flag="--max-size")
+        if ns.size_factor < 2:
+            raise BadInput(f"--size-factor {ns.size_factor}: must be at least 2")
+        if hi < lo:
+            raise BadInput(f"--max-size {ns.max_size}: smaller than --min-size {ns.min_size}")
+        sizes = default_sizes(lo, hi, ns.size_factor)
+    for flag, v in (("--warmup", ns.warmup), ("--iters", ns.iters), ("--min-iters", ns.min_iters)):
+        if v < (0 if flag == "--warmup" else 1):
+            raise BadInput(f"{flag} {v}: must be {'>= 0' if flag == '--warmup' else '>= 1'}")
+    return CommConfig(backend=ns.backend, workers=workers, ops=[o for o in ns.ops.split(",") if o],
+                      sizes=sizes, dtype=ns.dtype, warmup=ns.warmup, iters=ns.iters,
+                      min_iters=min(ns.min_iters, ns.iters), budget_s=ns.budget_s)
+
+
+def cmd_comm(ns) -> int:
+    cfg = config_from_args(ns)
+    doc = run(cfg)
+    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+    with open(ns.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(table(doc))
+    print(f"wrote {ns.out}")
+    if not ns.no_plot:
+        png = plot(doc, ns.plot or os.path.splitext(ns.out)[0] + ".png")
+        print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
+    return 0

@@ -1,0 +1,232 @@
+"""What every benchmark shares: starting ranks, recording the machine, sizes and statistics.
+
+DESIGN.md Style 7: a benchmark records evidence (device, driver, torch version, date, n runs,
+median and spread), so every JSON written under bench/ starts with `environment()`.
+"""
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import platform
+import queue as queue_mod
+import re
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from shmlearn.errors import BadInput, WorkerFailed
+
+_UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
+          "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
+
+
+def parse_size(text: str, *, flag: str = "--sizes") -> int:
+    """'4K' -> 4096, '256M' -> 268435456, '1000' -> 1000 (binary units: K = 1024 bytes)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", text)
+    if not m or m.group(2).upper() not in _UNITS:
+        raise BadInput(f"{flag} {text}: not a size; write bytes or a number with K, M or G (4K, 256M)")
+    n = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if n <= 0:
+        raise BadInput(f"{flag} {text}: must be positive")
+    return n
+
+
+def format_size(n: float) -> str:
+    for unit, div in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= div:
+            v = n / div
+            return f"{v:.0f}{unit}" if v == int(v) else f"{v:.1f}{unit}"
+    return f"{int(n)}B"
+
+
+def parse_int_list(text: str, *, flag: str) -> List[int]:
+    """'1,2,4' or '1-4' (inclusive) or a mix: '1-3,8'."""
+    out: List[int] = []
+    try:
+        for part in text.split(","):
+            if "-" in part:
+                a, b = part.split("-")
+                out.extend(range(int(a), int(b) + 1))
+            elif part.strip():
+                out.append(int(part))
+    except ValueError:
+        raise BadInput(f"{flag} {text}: expected integers like 2,3,4 or 1-4") from None
+    if not out or min(out) < 1:
+        raise BadInput(f"{flag} {text}: expected positive integers like 2,3,4 or 1-4")
+    return sorted(set(out))
+
+
+def stats(values: Sequence[float]) -> Dict[str, float]:
+    """Median and spread (min, quartiles, max) of repeated timings, in the values' unit."""
+    v = sorted(values)
+    n = len(v)
+
+    def q(p: float) -> float:  # linear interpolation between closest ranks
+        x = p * (n - 1)
+        lo = int(x)
+        hi = min(lo + 1, n - 1)
+        return v[lo] + (v[hi] - v[lo]) * (x - lo)
+
+    return {"median": q(0.5), "min": v[0], "p25": q(0.25), "p75": q(0.75), "max": v[-1], "n": n}
+
+
+# --- the machine -------------------------------------------------------------------------------
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _nvidia_driver() -> Optional[str]:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=20)
+        return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
+    except (OSError, subprocess.SubprocessError, IndexError):
+        return None
+
+
+def environment(backend: str) -> Dict[str, Any]:
+    """Device, driver, torch version, backend, date: what a reader needs to trust a number."""
+    cuda = backend == "nccl" and torch.cuda.is_available()
+    env = {
+        "device": torch.cuda.get_device_name(0) if cuda else _cpu_model(),
+        "device_count": torch.cuda.device_count() if cuda else None,
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "driver": _nvidia_driver() if cuda else None,
+        "cuda": torch.version.cuda if cuda else None,
+        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "backend": backend,
+        "host": platform.node(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        # Other processes on the machine bend CPU timings; the load says how busy it was.
+        "loadavg_start": list(os.getloadavg()) if hasattr(os, "getloadavg") else None,
+    }
+    return env
+
+
+def check_backend(backend: str, workers: Sequence[int]) -> None:
+    """Say exactly what is wrong before spawning anything."""
+    if backend not in ("gloo", "nccl"):
+        raise BadInput(f"--backend {backend}: choose gloo (CPU processes) or nccl (one process per GPU)")
+    if backend == "nccl":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if max(workers) > n:
+            raise BadInput(f"--workers {max(workers)}: nccl needs one GPU per process, {n} present")
+
+
+# --- ranks -------------------------------------------------------------------------------------
+
+def _rank_main(fn: Callable, rank: int, world: int, port: int, args: tuple, q) -> None:
+    from shmlearn.launch import _die_with_parent
+    _die_with_parent()
+    try:
+        result = fn(rank, world, port, *args)
+        q.put(("ok", rank, result))
+        code = 0
+    except BaseException as e:  # noqa: BLE001 - reported by rank to the parent
+        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
+        q.put(("failed", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"))
+        code = 1
+    q.close()
+    q.join_thread()
+    sys.exit(code)
+
+
+def run_ranks(fn: Callable, world: int, args: tuple = (), *, timeout_s: float = 1800.0) -> List[Any]:
+    """Start `world` processes running fn(rank, world, port, *args) and return their results by
+    rank. The first rank that fails stops the others (they would block in a collective)."""
+    from shmlearn.launch import free_port
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    port = free_port()
+    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, args, q), daemon=False)
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    results: Dict[int, Any] = {}
+    failed: Optional[str] = None
+    deadline = time.monotonic() + timeout_s
+    try:
+        while len(results) < world and failed is None:
+            try:
+                kind, rank, payload = q.get(timeout=0.5)
+            except queue_mod.Empty:
+                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)
+                        and r not in results]
+                if dead:
+                    try:  # its report may still be in the pipe
+                        kind, rank, payload = q.get(timeout=2.0)
+                    except queue_mod.Empty:
+                        failed = f"rank {dead[0]}: died (exit code {procs[dead[0]].exitcode})"
+                        break
+                elif time.monotonic() > deadline:
+                    failed = f"timed out after {timeout_s:.0f} s"
+                    break
+                else:
+                    continue
+            if kind == "ok":
+                results[rank] = payload
+            else:
+                failed = f"rank {rank}: {payload}"
+    finally:
+        for p in procs:
+            p.join(timeout=10 if failed is None else 0.5)
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    if failed is not None:
+        raise WorkerFailed(failed)
+    return [results[r] for r in range(world)]
+
+
+def init_group(backend: str, rank: int, world: int, port: int, timeout_s: float = 300.0) -> torch.device:
+    """Join the process group; return this rank's device (cuda:rank for nccl, cpu for gloo)."""
+    import torch.distributed as dist
+    device = torch.device("cpu")
+    kwargs = {}
+    if backend == "nccl":
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+    return device
+
+
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def try_pyplot():
+    """matplotlib's pyplot on the Agg backend, or None (plots are skipped, JSON is still written)."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        return plt
+    except ImportError:
+        return None
