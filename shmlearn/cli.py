@@ -63,7 +63,9 @@ def _registrars():
     """Each subcommand registers itself: register(subparsers) adds a parser with
     set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
     from shmlearn.bench import register as register_bench
-    return [_register_train, register_bench]
+    from shmlearn.report.cli import register as register_report
+    from shmlearn.sweep import register as register_sweep
+    return [_register_train, register_bench, register_sweep, register_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

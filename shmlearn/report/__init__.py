@@ -1,0 +1,54 @@
+"""Figures (matplotlib, PNG) and one self-contained HTML page for a run, runs side by side, or a
+sweep. `write_report(paths)` is the whole API; the CLI is `shmlearn report PATH...`.
+
+    load.py           read run and sweep directories
+    mpl.py            the Agg backend and PNG bytes
+    run_figures.py    loss / accuracy vs time, phase bars (one run or several overlaid)
+    sweep_figures.py  heat maps, sorted-area histograms, phases and throughput vs workers
+    html.py           the page: inline CSS, base64 images, no script
+    pages.py          what goes on each kind of page
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Sequence
+
+from shmlearn.errors import BadInput
+
+__all__ = ["write_report"]
+
+
+def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
+    """Write the HTML page for `paths` (one sweep directory, or run directories) and return its
+    path. One path also gets its figures as PATH/figures/NAME.png."""
+    from .load import is_run, is_sweep, load_run, load_sweep
+    from .pages import runs_page, sweep_page
+
+    paths = [str(p) for p in paths]
+    if not paths:
+        raise BadInput("report: give a run or sweep directory")
+    for p in paths:
+        if not os.path.isdir(p):
+            raise BadInput(f"{p}: no such directory")
+    sweeps = [p for p in paths if is_sweep(p)]
+    if sweeps and len(paths) > 1:
+        raise BadInput(f"{sweeps[0]}: a sweep directory is reported on its own; give it alone")
+    if sweeps:
+        page, figs = sweep_page(load_sweep(sweeps[0]))
+    else:
+        for p in paths:
+            if not is_run(p):
+                raise BadInput(f"{p}: neither a run directory (metrics.jsonl) nor a sweep (results.jsonl)")
+        page, figs = runs_page([load_run(p) for p in paths])
+    if len(paths) == 1:
+        fig_dir = os.path.join(paths[0], "figures")
+        os.makedirs(fig_dir, exist_ok=True)
+        for name, data in figs.items():
+            with open(os.path.join(fig_dir, f"{name}.png"), "wb") as f:
+                f.write(data)
+    out = out or (os.path.join(paths[0], "report.html") if len(paths) == 1 else "report.html")
+    tmp = f"{out}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(page.render())
+    os.replace(tmp, out)
+    return out

@@ -1,0 +1,155 @@
+"""The three pages: one run, several runs side by side, one sweep. Each returns the Page and the
+named PNGs it drew (written beside the page as PATH/figures/NAME.png by write_report)."""
+from __future__ import annotations
+
+import os
+import time
+from typing import Dict, List, Tuple
+
+from . import run_figures as rf
+from . import sweep_figures as sf
+from .html import Page, fmt
+from .load import Run, SweepData
+
+Figs = Dict[str, bytes]
+SUMMARY_ROWS = (("status", "status"), ("strategy", "strategy"), ("workers", "workers"), ("model", "model"),
+                ("dataset", "dataset"), ("batch per worker", "batch_size"), ("learning rate", "lr"),
+                ("optimizer", "optimizer"), ("steps", "steps"), ("samples seen", "samples_seen"),
+                ("training time (s)", "wall_time_s"), ("samples/s", "samples_per_s"),
+                ("final loss", "final_loss"), ("min loss", "min_loss"), ("loss area (loss x s)", "loss_area"),
+                ("test accuracy", "test_accuracy"), ("best test accuracy", "best_test_accuracy"),
+                ("test loss", "test_loss"), ("device", "device"), ("torch", "torch_version"))
+
+
+def _keep(figs: Figs, name: str, data) -> bytes:
+    if data:
+        figs[name] = data
+    return data
+
+
+def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
+    one = len(runs) == 1
+    page = Page(f"shmlearn run {os.path.basename(os.path.normpath(runs[0].path))}" if one
+                else f"shmlearn: {len(runs)} runs side by side")
+    figs: Figs = {}
+    page.h2("Summary")
+    page.table(["", *(r.label for r in runs)],
+               [[name, *(fmt(r.summary.get(key, r.config.get(key))) for r in runs)] for name, key in SUMMARY_ROWS])
+    for r in runs:
+        if r.status == "diverged":
+            page.p(f"{r.label}: diverged at step {r.summary.get('diverged_step')} "
+                   f"(rank {r.summary.get('diverged_rank')}); no loss area.", "note")
+        elif r.status == "incomplete":
+            page.p(f"{r.label}: no summary.json (still running, or stopped); curves as far as they go.", "note")
+    page.h2("Curves and phases")
+    page.figures([(_keep(figs, "loss", rf.loss_vs_time(runs)), "training loss against training time"),
+                  (_keep(figs, "accuracy", rf.accuracy_vs_time(runs)), "test accuracy against training time"),
+                  (_keep(figs, "phases", rf.phases(runs)), "mean time per step by phase (rank 0)")])
+    page.h2("Configuration")
+    keys = sorted({k for r in runs for k in r.config})
+    page.table(["", *(r.label for r in runs)], [[k, *(fmt(r.config.get(k)) for r in runs)] for k in keys])
+    page.p(f"Run directories: {', '.join(r.path for r in runs)}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
+    return page, figs
+
+
+def _group_key(row, others):
+    return tuple(row["config"].get(a) for a in others)
+
+
+def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
+    spec, w = sw.spec, sw.winners
+    fixed = spec.get("fixed", {})
+    page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
+    figs: Figs = {}
+    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "diverged")}
+    page.p(f"{len(sw.rows)} of {len(spec.get('trials', sw.rows))} trials finished ({n['completed']} completed, "
+           f"{n['diverged']} diverged) on {spec.get('device', '?')}, {spec.get('parallel', '?')} at a time. "
+           f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
+           f"{w['threshold']:g}, then take the least loss area (training loss integrated over training seconds)."
+           , "note")
+    if spec.get("command"):
+        page.pre("shmlearn " + " ".join(spec["command"][1:]))
+    for note in sw.notes:
+        page.p(note, "note")
+    axes = spec.get("axes", {})
+    page.table(["flag", "values"], [[k, ", ".join(map(str, v))] for k, v in axes.items()]
+               + [[k, str(v)] for k, v in fixed.items()])
+
+    page.h2("Winners (paper Table 5.1)")
+    header = ["#Workers", "Batch Size", "Learn Rate", "loss area (loss x s)", "min loss", "test accuracy",
+              "training s", "survivors"]
+    rows = []
+    for k, info in w["by_workers"].items():
+        e = info["winner"] or {}
+        rows.append([k, fmt(e.get("batch_size")), fmt(e.get("lr")), fmt(e.get("loss_area")), fmt(e.get("min_loss")),
+                     fmt(e.get("test_accuracy")), fmt(e.get("wall_time_s"), ".2f"),
+                     f"{info['survivors']}/{info['trials']}" + (f" ({info['reason']})" if info["reason"] else "")])
+    page.table(header, rows, left=0)
+    o = w["overall"]
+    page.p("Overall best: " + ("none" if not o else f"{o['workers']} workers, batch {o['batch_size']}, lr {o['lr']:g} "
+                                                    f"(loss area {o['loss_area']:.4g})."))
+    if w.get("by_target") is not None:
+        a = w["target_accuracy"]
+        page.h3(f"Least training time to test accuracy {a:g}")
+        page.table(["#Workers", "Batch Size", "Learn Rate", f"seconds to {a:g}", "final test accuracy"],
+                   [[k, fmt((i["winner"] or {}).get("batch_size")), fmt((i["winner"] or {}).get("lr")),
+                     fmt((i["winner"] or {}).get("time_to_target_s"), ".3f") if i["winner"] else i["reason"],
+                     fmt((i["winner"] or {}).get("test_accuracy"))] for k, i in w["by_target"].items()], left=0)
+
+    others = [a for a in spec.get("axis_order", []) if a not in ("workers", "batch_size", "lr")]
+    by_w: Dict[int, list] = {}
+    for r in sw.rows:
+        by_w.setdefault(r["config"]["workers"], []).append(r)
+    page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
+    page.p("Empty cells diverged. Red outline: the winner. '>thr': minimum loss above the threshold.", "note")
+    items = []
+    for wk in sorted(by_w):
+        win = w["by_workers"][str(wk)]["winner"]
+        groups: Dict[tuple, list] = {}
+        for r in by_w[wk]:
+            groups.setdefault(_group_key(r, others), []).append(r)
+        for g, rs in groups.items():
+            tag = "".join(f"-{a}{v}" for a, v in zip(others, g))
+            extra = "".join(f", {a} {v}" for a, v in zip(others, g))
+            items.append((_keep(figs, f"heatmap-w{wk}{tag}", sf.heatmap(
+                rs, threshold=w["threshold"], winner_id=win and win["id"],
+                title=f"Loss area, {sf._workers(wk)}{extra}")), f"{sf._workers(wk)}{extra}"))
+    page.figures(items)
+    page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
+    page.figures([(_keep(figs, f"areas-w{wk}", sf.area_histogram(
+        by_w[wk], threshold=w["threshold"], winner=w["by_workers"][str(wk)]["winner"], workers=wk)),
+        sf._workers(wk)) for wk in sorted(by_w)])
+
+    winner_runs: Dict[int, Run] = {}
+    for k, info in w["by_workers"].items():
+        if info["winner"]:
+            row = next(r for r in sw.rows if r["id"] == info["winner"]["id"])
+            run = sw.run(row)
+            if run:
+                winner_runs[int(k)] = run
+    page.h2("Each worker count's winner (paper Fig. 6.2-6.6)")
+    wr = [winner_runs[k] for k in sorted(winner_runs)]
+    page.figures([(_keep(figs, "winners-loss", rf.loss_vs_time(wr, "Training loss of each worker count's winner")),
+                   "training loss against time"),
+                  (_keep(figs, "winners-accuracy", rf.accuracy_vs_time(wr, "Test accuracy of each worker count's winner")),
+                   "test accuracy against time"),
+                  (_keep(figs, "phases-vs-workers", sf.phases_vs_workers(winner_runs)),
+                   "mean phase time per step against workers"),
+                  (_keep(figs, "throughput-vs-workers", sf.throughput_vs_workers(sw.rows)),
+                   "throughput and scaling efficiency against workers (all completed runs)")])
+    for k in sorted(winner_runs):
+        r = winner_runs[k]
+        page.h3(f"{r.label}: its own plots ({os.path.relpath(r.path, sw.path)})")
+        page.figures([(rf.loss_vs_time([r]), "loss"), (rf.accuracy_vs_time([r]), "test accuracy"),
+                      (rf.phases([r]), "phases")])
+
+    page.h2("All trials")
+    page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", "test acc",
+                "training s", "samples/s"],
+               [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
+                 *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
+                 fmt(r["summary"].get("loss_area")), fmt(r["summary"].get("test_accuracy")),
+                 fmt(r["summary"].get("wall_time_s"), ".2f"), fmt(r["summary"].get("samples_per_s"), ".0f")]
+                for r in sw.rows], left=2)
+    page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
+    return page, figs

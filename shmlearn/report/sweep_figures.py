@@ -1,0 +1,143 @@
+"""A sweep's figures: per worker count the batch x lr heat map of loss areas (paper Fig. 5.5-5.8)
+and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker counts the winners' phase
+times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+from matplotlib.patches import Rectangle
+
+from .load import Run
+from .mpl import figure, png
+from .run_figures import PHASE_ORDER
+
+Row = Dict[str, Any]
+
+
+def _workers(n) -> str:
+    return f"{n} worker{'s' if n != 1 else ''}"
+
+
+def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str) -> Optional[bytes]:
+    """Batch size (rows) x learning rate (columns), cell = loss area. Diverged runs are empty
+    cells, as in the paper; runs above the loss threshold are shown but marked."""
+    if not rows:
+        return None
+    batches = sorted({r["config"]["batch_size"] for r in rows})
+    lrs = sorted({r["config"]["lr"] for r in rows})
+    area = np.full((len(batches), len(lrs)), np.nan)
+    cell: Dict[tuple, Row] = {}
+    for r in rows:
+        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+        cell[i, j] = r
+        if r["status"] == "completed" and r["summary"].get("loss_area") is not None:
+            area[i, j] = r["summary"]["loss_area"]
+    fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
+    im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto")
+    fig.colorbar(im, ax=ax, label="loss area (loss x s)")
+    for (i, j), r in cell.items():
+        if r["status"] != "completed":
+            ax.text(j, i, "diverged" if r["status"] == "diverged" else r["status"], ha="center", va="center",
+                    fontsize=7, color="0.4")
+            continue
+        over = (r["summary"].get("min_loss") or math.inf) > threshold
+        light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
+        ax.text(j, i, f"{area[i, j]:.3g}" + ("\n>thr" if over else ""), ha="center", va="center", fontsize=7,
+                color="red" if over else "black" if light else "white")
+        if r["id"] == winner_id:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
+    ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs])
+    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+    ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
+    return png(fig)
+
+
+def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[str, Any]], workers: int) -> Optional[bytes]:
+    """Loss areas of one worker count's runs, sorted by minimum training loss (lowest first);
+    diverged runs last with no bar. The winner is named in the title, as in the paper."""
+    if not rows:
+        return None
+    done = sorted((r for r in rows if r["status"] == "completed" and r["summary"].get("loss_area") is not None),
+                  key=lambda r: r["summary"]["min_loss"])
+    rest = [r for r in rows if r not in done]
+    order = done + rest
+    fig, ax = figure(max(6.0, 1.5 + 0.32 * len(order)), 4.4)
+    colors, heights = [], []
+    for r in order:
+        ok = r in done
+        heights.append(r["summary"]["loss_area"] if ok else 0.0)
+        colors.append("tab:orange" if winner and r["id"] == winner["id"] else
+                      "tab:blue" if ok and r["summary"]["min_loss"] <= threshold else "0.7")
+    x = np.arange(len(order))
+    ax.bar(x, heights, color=colors)
+    for xi, r in zip(x, order):
+        if r not in done:
+            ax.text(xi, 0, r["status"], rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
+    ax.set_xticks(x, [f"b{r['config']['batch_size']} lr{r['config']['lr']:g}" for r in order],
+                  rotation=90, fontsize=7)
+    win = (f"winner: batch {winner['batch_size']}, lr {winner['lr']:g} (area {winner['loss_area']:.3g})"
+           if winner else "no winner")
+    ax.set(title=f"{_workers(workers)}: {win}",
+           xlabel=f"runs sorted by minimum training loss, lowest first (grey: min loss > {threshold:g})",
+           ylabel="loss area (loss x s)")
+    ax.grid(axis="y", alpha=0.3)
+    return png(fig)
+
+
+def phases_vs_workers(runs: Dict[int, Run]) -> Optional[bytes]:
+    """Mean milliseconds per step of each phase against the worker count, one panel per phase,
+    from each worker count's winning run (paper Fig. 6.4-6.6: average, gather, broadcast)."""
+    runs = {w: r for w, r in runs.items() if r.summary.get("phase_s")}
+    if not runs:
+        return None
+    names = [p for p in PHASE_ORDER if any(p in r.summary["phase_s"] for r in runs.values())]
+    cols = min(3, len(names))
+    rows_ = math.ceil(len(names) / cols)
+    fig, axes = figure(3.2 * cols, 2.7 * rows_ + 0.4, nrows=rows_, ncols=cols, squeeze=False)
+    ws = sorted(runs)
+    for k, name in enumerate(names):
+        ax = axes[k // cols][k % cols]
+        pts = [(w, 1e3 * runs[w].summary["phase_s"][name]) for w in ws if name in runs[w].summary["phase_s"]]
+        ax.plot(*zip(*pts), marker="o")
+        for w, v in pts:
+            ax.annotate(f"b{runs[w].summary.get('batch_size')}", (w, v), fontsize=6, xytext=(3, 3),
+                        textcoords="offset points")
+        ax.set(title=name, xlabel="workers", ylabel="ms per step")
+        ax.set_xticks(ws)
+        ax.set_ylim(bottom=0)
+        ax.grid(alpha=0.3)
+    for k in range(len(names), rows_ * cols):
+        axes[k // cols][k % cols].axis("off")
+    fig.suptitle("Mean phase time per step, each worker count's winner (label: batch per worker)")
+    return png(fig)
+
+
+def throughput_vs_workers(rows: List[Row]) -> Optional[bytes]:
+    """Training samples/s against workers, one line per batch size (median over the lrs), and
+    scaling efficiency = throughput(W) / (W / W0 x throughput(W0)), W0 the fewest workers."""
+    pts: Dict[int, Dict[int, List[float]]] = {}
+    for r in rows:
+        s = r["summary"]
+        if r["status"] == "completed" and s.get("samples_per_s"):
+            pts.setdefault(r["config"]["batch_size"], {}).setdefault(r["config"]["workers"], []).append(s["samples_per_s"])
+    if not pts:
+        return None
+    fig, (a1, a2) = figure(10.0, 4.2, ncols=2)
+    all_w = sorted({w for by_w in pts.values() for w in by_w})
+    for b in sorted(pts):
+        ws = sorted(pts[b])
+        thr = [float(np.median(pts[b][w])) for w in ws]
+        a1.plot(ws, thr, marker="o", label=f"batch {b}")
+        eff = [100 * t / (w / ws[0] * thr[0]) for w, t in zip(ws, thr)]
+        a2.plot(ws, eff, marker="o", label=f"batch {b}")
+    a1.set(title="Throughput (median over learning rates)", xlabel="workers", ylabel="training samples/s")
+    a2.set(title=f"Scaling efficiency vs {_workers(all_w[0])}", xlabel="workers", ylabel="efficiency (%)")
+    a2.axhline(100, color="0.6", lw=0.8, ls="--")
+    for a in (a1, a2):
+        a.set_xticks(all_w)
+        a.set_ylim(bottom=0)
+        a.grid(alpha=0.3)
+        a.legend(fontsize=8)
+    return png(fig)
