@@ -1,0 +1,289 @@
+"""Sweeps: grid expansion, the paper's winner rule on hand-made results, the result store, and
+real sweeps on digits (resume skips finished trials; a SIGKILL mid-sweep loses nothing).
+
+Real sweeps use softmax on digits with a few thousand samples: each 1-worker trial trains in
+under a second; a 2-worker trial costs ~10 s, mostly its two fresh worker interpreters."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shmlearn.errors import BadInput
+from shmlearn.sweep import (ResultStore, expand_grid, parse_values, pick_winners, split_axes, trial_id,
+                            winners_table)
+
+
+def shmlearn(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def results(path):
+    with open(os.path.join(path, "results.jsonl"), "rb") as f:
+        data = f.read()
+    assert data.endswith(b"\n"), "results.jsonl must end with a whole line"
+    return [json.loads(line) for line in data.splitlines()]
+
+
+# --- grid ----------------------------------------------------------------------------------
+
+def test_float_range_is_exact_and_inclusive():
+    assert parse_values("lr", "0.1:0.9:0.1") == [0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
+    assert parse_values("lr", "1e-3:3e-3:1e-3") == [0.001, 0.002, 0.003]
+    assert parse_values("lr", "0.5:0.1:-0.2") == [0.5, 0.3, 0.1]
+    assert parse_values("lr", "0.1:1:0.4") == [0.1, 0.5, 0.9]  # a step that misses STOP stops before it
+
+
+def test_int_lists_ranges_and_mixes():
+    assert parse_values("batch_size", "16,32:128:32") == [16, 32, 64, 96, 128]
+    assert parse_values("workers", "1:4") == [1, 2, 3, 4]
+    assert parse_values("workers", "1,2,2,1") == [1, 2]  # duplicates dropped, order kept
+    assert parse_values("strategy", "allreduce,ps") == ["allreduce", "ps"]
+    assert parse_values("lr", [0.1, "0.2:0.3:0.1"]) == [0.1, 0.2, 0.3]  # YAML list
+
+
+@pytest.mark.parametrize("name,text", [("lr", "0.1:0.9:0"), ("lr", "0.1:0.9"), ("lr", "0.9:0.1:0.1"),
+                                       ("lr", "fast"), ("batch_size", "1.5"), ("lr", "0.1,,0.2"),
+                                       ("batch_size", "nan")])
+def test_bad_values_are_bad_input(name, text):
+    with pytest.raises(BadInput, match="--" + name.replace("_", "-")):
+        parse_values(name, text)
+
+
+def test_grid_order_ids_and_threads():
+    fixed, axes = split_axes({"workers": "1,2", "batch_size": "16,32", "lr": "0.1,0.5",
+                              "strategy": "allreduce,ps", "samples": "2048", "model": "softmax"})
+    assert fixed == {"samples": 2048, "model": "softmax"}
+    trials = expand_grid(fixed, axes)
+    assert len(trials) == 16
+    # workers outermost, then batch, then lr, then the other axes
+    assert [(t.workers, t.batch_size, t.lr, t.strategy) for t in trials[:3]] == [
+        (1, 16, 0.1, "allreduce"), (1, 16, 0.1, "ps"), (1, 16, 0.5, "allreduce")]
+    assert all(t.threads == 1 and t.progress is False and t.samples == 2048 for t in trials)
+    ids = [trial_id(t) for t in trials]
+    assert len(set(ids)) == 16 and ids == [trial_id(t) for t in expand_grid(fixed, axes)]
+    assert ids[0].startswith("w1-b16-lr0.1-")
+    other = expand_grid({**fixed, "seed": 1}, axes)
+    assert not set(ids) & {trial_id(t) for t in other}  # any field that shapes a run changes the id
+
+
+def test_grid_validates_every_trial_up_front():
+    with pytest.raises(BadInput, match="--samples 32: smaller than one step of 2 workers x 32"):
+        expand_grid({"samples": 32}, {"workers": [1, 2], "batch_size": [16, 32]})
+    with pytest.raises(BadInput, match="--model"):
+        expand_grid({"model": "nope"}, {"lr": [0.1, 0.2]})
+
+
+# --- winners on hand-made results -----------------------------------------------------------
+
+def row(w, b, lr, status="completed", min_loss=0.5, area=1.0, acc=0.9, wall=10.0, curve=None):
+    summary = {"status": status, "workers": w, "batch_size": b, "lr": lr, "min_loss": min_loss,
+               "loss_area": area if status == "completed" else None, "test_accuracy": acc, "wall_time_s": wall}
+    return {"id": f"w{w}-b{b}-lr{lr}", "status": status, "config": {"workers": w, "batch_size": b, "lr": lr},
+            "summary": summary, "run_dir": f"trials/w{w}-b{b}-lr{lr}", "eval_curve": curve or []}
+
+
+def test_threshold_rule_drops_low_area_runs_that_did_not_learn():
+    rows = [row(1, 16, 0.1, min_loss=1.0, area=5.0),
+            row(1, 32, 0.1, min_loss=2.0, area=1.0),    # least area, but min loss above 1.8
+            row(1, 64, 0.1, min_loss=1.8, area=3.0),    # exactly at the threshold survives
+            row(1, 128, 0.1, "diverged", min_loss=0.1)]  # diverged: a result, never a winner
+    w = pick_winners(rows, threshold=1.8)
+    info = w["by_workers"]["1"]
+    assert (info["winner"]["batch_size"], info["survivors"], info["diverged"], info["trials"]) == (64, 2, 1, 4)
+    assert pick_winners(rows, threshold=1.0)["by_workers"]["1"]["winner"]["batch_size"] == 16
+    assert pick_winners(rows, threshold=10)["by_workers"]["1"]["winner"]["batch_size"] == 32
+
+
+def test_ties_break_by_min_loss_then_time_then_grid_order():
+    tie = [row(2, 16, 0.1, min_loss=0.5, area=2.0), row(2, 32, 0.1, min_loss=0.4, area=2.0)]
+    assert pick_winners(tie)["by_workers"]["2"]["winner"]["batch_size"] == 32
+    tie = [row(2, 16, 0.1, wall=9.0), row(2, 32, 0.1, wall=8.0)]
+    assert pick_winners(tie)["by_workers"]["2"]["winner"]["batch_size"] == 32
+    tie = [row(2, 64, 0.1), row(2, 32, 0.1)]
+    assert pick_winners(tie)["by_workers"]["2"]["winner"]["batch_size"] == 64
+
+
+def test_all_diverged_and_no_survivor_have_no_winner_and_say_why():
+    rows = [row(1, 16, 0.1, area=3.0), row(2, 16, 0.1, "diverged"), row(2, 32, 0.1, "diverged"),
+            row(4, 16, 0.1, min_loss=2.5), row(4, 32, 0.1, min_loss=2.1, area=0.5)]
+    w = pick_winners(rows, threshold=1.8)
+    assert w["by_workers"]["2"]["winner"] is None and w["by_workers"]["2"]["reason"] == "all 2 diverged"
+    assert w["by_workers"]["4"]["winner"] is None
+    assert w["by_workers"]["4"]["reason"] == "no run reached min loss <= 1.8 (best 2.1)"
+    assert w["overall"]["workers"] == 1  # the only worker count with a winner
+    table = winners_table(w)
+    assert "#Workers  Batch Size  Learn Rate" in table and "all 2 diverged" in table
+    assert pick_winners([row(1, 16, 0.1, "diverged")])["overall"] is None
+
+
+def test_overall_best_is_least_area_across_worker_counts():
+    rows = [row(1, 16, 0.1, area=4.0), row(1, 32, 0.1, area=3.0), row(2, 16, 0.1, area=2.5),
+            row(4, 16, 0.1, area=2.0, min_loss=1.9)]
+    w = pick_winners(rows)
+    assert (w["overall"]["workers"], w["overall"]["loss_area"]) == (2, 2.5)
+
+
+def test_target_accuracy_picks_least_time_to_reach_it():
+    rows = [row(1, 16, 0.1, curve=[[0, 0.1], [2.0, 0.8], [4.0, 0.95]]),
+            row(1, 32, 0.1, curve=[[0, 0.1], [3.0, 0.95]], area=0.1),
+            row(1, 64, 0.1, curve=[[0, 0.1], [1.0, 0.5]]),                # never reaches it
+            row(2, 16, 0.1, "diverged", curve=[[0, 0.1], [0.5, 0.99]]),   # diverged runs don't count
+            row(2, 32, 0.1, curve=[[0, 0.1], [2.5, 0.96]])]
+    w = pick_winners(rows, target_accuracy=0.95)
+    assert w["by_target"]["1"]["winner"]["batch_size"] == 32
+    assert w["by_target"]["1"]["winner"]["time_to_target_s"] == 3.0
+    assert (w["overall_by_target"]["workers"], w["overall_by_target"]["time_to_target_s"]) == (2, 2.5)
+    assert pick_winners(rows, target_accuracy=0.999)["by_target"]["1"]["winner"] is None
+    assert "least training time to test accuracy 0.95" in winners_table(w)
+
+
+# --- the result store -----------------------------------------------------------------------
+
+def test_store_moves_a_torn_last_line_aside_and_keeps_appending(tmp_path):
+    path = str(tmp_path / "results.jsonl")
+    good = [json.dumps(row(1, b, 0.1)) for b in (16, 32)]
+    with open(path, "w") as f:
+        f.write(good[0] + "\n" + good[1] + "\n" + good[1][:40])  # a kill mid-write
+    store = ResultStore(path)
+    assert [r["config"]["batch_size"] for r in store.load()] == [16, 32]
+    assert "cut off" in store.notes[0]
+    assert open(path + ".torn").read() == good[1][:40] + "\n"
+    store.append(row(1, 64, 0.1))
+    assert [r["config"]["batch_size"] for r in results(tmp_path)] == [16, 32, 64]
+
+
+def test_store_ends_a_complete_unterminated_line(tmp_path):
+    path = str(tmp_path / "results.jsonl")
+    with open(path, "w") as f:
+        f.write(json.dumps(row(1, 16, 0.1)))
+    store = ResultStore(path)
+    assert len(store.load()) == 1 and not store.notes
+    store.append(row(1, 32, 0.1))
+    assert len(results(tmp_path)) == 2
+
+
+def test_store_refuses_a_bad_middle_line_and_leaves_the_file_alone(tmp_path):
+    path = str(tmp_path / "results.jsonl")
+    data = json.dumps(row(1, 16, 0.1)) + "\n{oops\n" + json.dumps(row(1, 32, 0.1)) + "\n"
+    with open(path, "w") as f:
+        f.write(data)
+    with pytest.raises(BadInput, match="results.jsonl line 2: not valid JSON"):
+        ResultStore(path).load()
+    assert open(path).read() == data
+
+
+def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path):
+    r = shmlearn("sweep", "--lr", "0.1:0.9:0", "--out", str(tmp_path / "s"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--lr 0.1:0.9:0" in r.stderr, r.stderr
+    out = tmp_path / "bad"
+    out.mkdir()
+    data = '{"id": "x", "status": "completed", "config": {}, "summary": {}}\nnot json\n{}\n'
+    (out / "results.jsonl").write_text(data)
+    r = shmlearn("sweep", "--dataset", "digits", "--model", "softmax", "--workers", "1", "--samples", "512",
+                 "--lr", "0.1,0.2", "--out", str(out))
+    assert r.returncode == 2 and "line 2: not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    assert (out / "results.jsonl").read_text() == data
+
+
+# --- real sweeps ----------------------------------------------------------------------------
+
+SMALL = ["--dataset", "digits", "--model", "softmax", "--samples", "2048", "--eval-points", "4",
+         "--workers", "1,2", "--batch-size", "16,32", "--lr", "0.1,0.5", "--parallel", "2"]
+
+
+@pytest.fixture(scope="module")
+def small_sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "s"
+    t0 = time.monotonic()
+    r = shmlearn("sweep", *SMALL, "--out", str(out))
+    return out, r, time.monotonic() - t0
+
+
+def test_sweep_writes_every_result_winners_and_report(small_sweep):
+    out, r, elapsed = small_sweep
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = results(out)
+    assert sorted((x["config"]["workers"], x["config"]["batch_size"], x["config"]["lr"]) for x in rows) == [
+        (w, b, lr) for w in (1, 2) for b in (16, 32) for lr in (0.1, 0.5)]
+    for x in rows:  # each line: config, status, summary, and its run directory, published whole
+        assert x["status"] == x["summary"]["status"] == "completed"
+        run = out / x["run_dir"]
+        assert {"config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "log.txt"} <= set(os.listdir(run))
+        assert x["summary"]["workers"] == x["config"]["workers"] and len(x["eval_curve"]) == 5
+    assert not os.listdir(out / "trials" / ".tmp")
+    winners = json.load(open(out / "winners.json"))
+    assert winners == pick_winners(rows, threshold=1.8, swept=["workers", "batch_size", "lr"])
+    assert "#Workers  Batch Size  Learn Rate" in r.stdout and "Overall best" in r.stdout
+    figs = {f: os.path.getsize(out / "figures" / f) for f in os.listdir(out / "figures")}
+    assert {"heatmap-w1.png", "heatmap-w2.png", "areas-w1.png", "areas-w2.png", "winners-loss.png",
+            "winners-accuracy.png", "phases-vs-workers.png", "throughput-vs-workers.png"} <= figs.keys()
+    assert all(size > 5000 for size in figs.values())
+    html = (out / "report.html").read_text()
+    assert html.count('src="data:image/png;base64,') >= 8 and "src=\"http" not in html and "<script" not in html
+
+
+def test_same_command_again_runs_nothing(small_sweep):
+    out, r, _ = small_sweep
+    assert r.returncode == 0
+    before = (out / "results.jsonl").read_bytes()
+    mtimes = {d: os.stat(out / "trials" / d / "summary.json").st_mtime for d in os.listdir(out / "trials")
+              if not d.startswith(".")}
+    again = shmlearn("sweep", *SMALL, "--out", str(out), "--no-report")
+    assert again.returncode == 0, again.stderr
+    assert "8 trials (8 done, 0 to run)" in again.stdout and "[1/" not in again.stdout
+    assert (out / "results.jsonl").read_bytes() == before
+    assert mtimes == {d: os.stat(out / "trials" / d / "summary.json").st_mtime for d in mtimes}
+
+
+def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, tmp_path):
+    import shutil
+    src, r, _ = small_sweep
+    assert r.returncode == 0
+    out = tmp_path / "copy"
+    shutil.copytree(src, out)
+    data = (out / "results.jsonl").read_bytes()
+    last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
+    (out / "results.jsonl").write_bytes(data[:len(data) - len(last) - 1] + last[:len(last) // 2])
+    again = shmlearn("sweep", *SMALL, "--out", str(out), "--no-report")
+    assert again.returncode == 0, again.stderr
+    assert "cut off by an interrupted write" in again.stdout
+    assert "had finished before the last sweep was stopped" in again.stdout  # its run dir was whole
+    assert "[1/" not in again.stdout  # nothing trained again
+    rows = results(out)
+    assert len(rows) == 8 and len({x["id"] for x in rows}) == 8
+
+
+def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
+    out = tmp_path / "k"
+    args = ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "16384", "--workers", "1",
+            "--batch-size", "16,32", "--lr", "0.1,0.3,0.5", "--parallel", "2", "--no-report", "--out", str(out)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    p = subprocess.Popen([sys.executable, "-m", "shmlearn", *args], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # wait for the first result, with trials still in flight
+        path = out / "results.jsonl"
+        if path.exists() and path.read_bytes().count(b"\n") >= 1:
+            break
+        time.sleep(0.05)
+    assert os.listdir(out / "trials" / ".tmp"), "trials should be in flight"
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    first = results(out)
+    assert 1 <= len(first) < 6
+    r = shmlearn(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = results(out)
+    assert len(rows) == 6 and len({x["id"] for x in rows}) == 6
+    assert rows[:len(first)] == first  # nothing written before the kill was changed
+    assert sorted((x["config"]["batch_size"], x["config"]["lr"]) for x in rows) == [
+        (b, lr) for b in (16, 32) for lr in (0.1, 0.3, 0.5)]
+    assert all(x["status"] == "completed" for x in rows)
