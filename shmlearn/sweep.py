@@ -384,17 +384,24 @@ def winners_table(w: Dict[str, Any]) -> str:
 
 # --- running trials -------------------------------------------------------------------------
 
-def _die_with_parent(sig: int) -> None:
-    try:
-        import ctypes
-        ctypes.CDLL("libc.so.6").prctl(1, sig)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+def _watch_lifeline(lifeline) -> None:
+    """Die the moment the sweep does. The sweep alone holds the pipe's write end, so its death,
+    SIGKILL included, is EOF here. (Parent-death signals don't reach us: our parent is the fork
+    server, which lives on while any trial does.) Our workers die with us (launch.py)."""
+    import threading
+
+    def watch():
+        try:
+            lifeline.recv_bytes()
+        except (EOFError, OSError):
+            pass
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, daemon=True, name="sweep-lifeline").start()
 
 
-def _run_trial(cfg_dict: Dict[str, Any], log_path: str, env: Dict[str, str], cores, conn) -> None:
+def _run_trial(cfg_dict: Dict[str, Any], log_path: str, env: Dict[str, str], cores, conn, lifeline) -> None:
     """Body of a trial process (forked from the preloaded server). Sends one (status, message)."""
-    _die_with_parent(signal.SIGKILL)  # the server exits when the sweep dies; so do we, at once
+    _watch_lifeline(lifeline)
     os.environ.update(env)
     if cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, cores)  # the workers this trial spawns inherit its cores
@@ -549,6 +556,7 @@ class Sweep:
         ctx.set_forkserver_preload(["shmlearn.sweep", "shmlearn.train", "torch._dynamo", "shmlearn.data", "sklearn.datasets",
                                     "sklearn.model_selection"])
         os.makedirs(self.tmp_dir, exist_ok=True)
+        self.lifeline, lifeline_w = ctx.Pipe(duplex=False)  # we keep the write end; see _watch_lifeline
         queue: List[Tuple[TrainConfig, int]] = [(c, 1) for c in pending]
         free = list(range(self.nslots))
         running: Dict[Any, _Running] = {}
@@ -583,6 +591,8 @@ class Sweep:
             raise
         finally:
             signal.signal(signal.SIGTERM, prev)
+            self.lifeline.close()
+            lifeline_w.close()
 
     def _start(self, ctx, cfg: TrainConfig, slots: List[int], attempt: int) -> _Running:
         tid = trial_id(cfg)
@@ -591,7 +601,7 @@ class Sweep:
         env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))} if self.cuda else {}
         cores = None if self.cuda else self._cores(slots)
         recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_run_trial, args=(cfg.to_dict(), tmp + ".log", env, cores, send),
+        p = ctx.Process(target=_run_trial, args=(cfg.to_dict(), tmp + ".log", env, cores, send, self.lifeline),
                         name=f"shmlearn-trial-{tid}")
         p.start()
         send.close()
