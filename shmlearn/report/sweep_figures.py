@@ -20,6 +20,12 @@ def _workers(n) -> str:
     return f"{n} worker{'s' if n != 1 else ''}"
 
 
+def _wide(values: np.ndarray) -> bool:
+    """A run that blew up (finite but huge loss) would flatten every other cell: go log."""
+    values = values[values > 0]
+    return len(values) > 1 and values.max() / values.min() > 100
+
+
 def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str) -> Optional[bytes]:
     """Batch size (rows) x learning rate (columns), cell = loss area. Diverged runs are empty
     cells, as in the paper; runs above the loss threshold are shown but marked."""
@@ -35,14 +41,16 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
         if r["status"] == "completed" and r["summary"].get("loss_area") is not None:
             area[i, j] = r["summary"]["loss_area"]
     fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
-    im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto")
-    fig.colorbar(im, ax=ax, label="loss area (loss x s)")
+    log = _wide(area[np.isfinite(area)])
+    im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm="log" if log else None)
+    fig.colorbar(im, ax=ax, label="loss area (loss x s)" + (", log scale" if log else ""))
     for (i, j), r in cell.items():
         if r["status"] != "completed":
             ax.text(j, i, "diverged" if r["status"] == "diverged" else r["status"], ha="center", va="center",
                     fontsize=7, color="0.4")
             continue
-        over = (r["summary"].get("min_loss") or math.inf) > threshold
+        ml = r["summary"].get("min_loss")
+        over = ml is None or ml > threshold
         light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
         ax.text(j, i, f"{area[i, j]:.3g}" + ("\n>thr" if over else ""), ha="center", va="center", fontsize=7,
                 color="red" if over else "black" if light else "white")
@@ -72,6 +80,8 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
                       "tab:blue" if ok and r["summary"]["min_loss"] <= threshold else "0.7")
     x = np.arange(len(order))
     ax.bar(x, heights, color=colors)
+    if _wide(np.array([h for h in heights if h > 0])):
+        ax.set_yscale("log")
     for xi, r in zip(x, order):
         if r not in done:
             ax.text(xi, 0, r["status"], rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
@@ -81,7 +91,7 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
            if winner else "no winner")
     ax.set(title=f"{_workers(workers)}: {win}",
            xlabel=f"runs sorted by minimum training loss, lowest first (grey: min loss > {threshold:g})",
-           ylabel="loss area (loss x s)")
+           ylabel="loss area (loss x s)" + (", log scale" if ax.get_yscale() == "log" else ""))
     ax.grid(axis="y", alpha=0.3)
     return png(fig)
 
