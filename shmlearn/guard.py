@@ -75,7 +75,9 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
 
 class Heartbeat:
     def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):
-        self.rank, self.world_size, self.step = rank, world_size, -1
+        self.rank, self.world_size = rank, world_size
+        self.step = -1
+        """The step whose per-step sync this rank has reached (set by the loop, read by the thread)."""
         self._store = None
         if world_size > 1:
             try:
@@ -118,8 +120,14 @@ class Heartbeat:
         behind = [r for r, (s, _) in seen.items() if s < front] + missing
         stale = [r for r, (_, t) in seen.items() if now - t > 5 and r not in behind]
         names = sorted(set(behind + stale))
-        return ", ".join(f"rank {r} (" + (f"last at step {seen[r][0]}, {now - seen[r][1]:.0f} s ago"
-                                          if r in seen else "never reported") + ")" for r in names)
+
+        def why(r: int) -> str:
+            if r not in seen:
+                return "never reported"
+            s, t = seen[r]
+            return (f"never reached the sync of step {front}, last at step {s}" if s < front
+                    else f"silent for {now - t:.0f} s") + f", last heartbeat {now - t:.0f} s ago"
+        return ", ".join(f"rank {r} ({why(r)})" for r in names)
 
 
 @dataclass(frozen=True)

@@ -153,7 +153,6 @@ def spawn(cfg, world_size: int, *, grace_s: float = 10.0) -> Tuple[Optional[dict
         p.start()
         procs[r] = p
     outcomes: Dict[int, tuple] = {}
-    first_bad: Optional[tuple] = None
     deadline = None
     try:
         while any(p.is_alive() for p in procs.values()):
@@ -165,26 +164,26 @@ def spawn(cfg, world_size: int, *, grace_s: float = 10.0) -> Tuple[Optional[dict
                     if r not in outcomes:
                         why = (f"killed by signal {-p.exitcode}" if p.exitcode < 0
                                else f"exited with code {p.exitcode}")
-                        outcomes[r] = ("failed", r, f"worker died ({why})", None)
-            bad = sorted((o for o in outcomes.values() if o[0] != "ok"),
-                         key=lambda o: ({"failed": 0, "bad_input": 1, "diverged": 2}[o[0]], o[1]))
-            if bad and first_bad is None:
-                first_bad = bad[0]
+                        outcomes[r] = ("died", r, f"worker died ({why})", None)
+            bad = [o for o in outcomes.values() if o[0] != "ok"]
+            if bad and deadline is None:
                 # Others stop on their own after a divergence (same step) or bad input (before
-                # any collective); a failure leaves them blocked in a collective: stop them now.
-                deadline = time.monotonic() + (1.0 if first_bad[0] == "failed" else grace_s)
+                # any collective); a death or failure leaves them blocked in a collective: give
+                # them a moment to report (a dead peer's neighbours fail at once), then stop them.
+                quick = any(o[0] in ("died", "failed") for o in bad)
+                deadline = time.monotonic() + (1.0 if quick else grace_s)
             if deadline is not None and time.monotonic() > deadline:
                 break
     except KeyboardInterrupt:
         _terminate(procs)
         raise
-    _terminate(procs)
+    _terminate(procs)  # whatever we stop here is not reported as having died
     _drain(q, outcomes)
-    if first_bad is None:
-        bad = [o for o in outcomes.values() if o[0] != "ok"]
-        first_bad = bad[0] if bad else None
-    if first_bad is not None:
-        kind, rank, msg, extra = first_bad
+    # The root cause first: a rank that died, before ranks that failed because it died.
+    order = {"died": 0, "failed": 1, "bad_input": 2, "diverged": 3}
+    bad = sorted((o for o in outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
+    if bad:
+        kind, rank, msg, extra = bad[0]
         if kind == "bad_input":
             raise BadInput(msg)
         if kind == "diverged":

@@ -210,7 +210,6 @@ class _Loop:
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
         for step in range(self.start_step, self.steps):
-            self.heartbeat.step = step
             loss = self._forward_backward(step)
             if self.fault is not None:
                 loss = self.fault.fire(self.env.rank, step, loss)
@@ -218,6 +217,7 @@ class _Loop:
             want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
             want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
                              and train_s - self.last_ckpt_s >= self.ckpt_every[0])
+            self.heartbeat.step = step  # this rank has reached step's sync
             mean_loss, bad_ranks, eval_now, ckpt_now = self._control(loss, want_eval, want_ckpt)
             if bad_ranks:
                 status, diverged = "diverged", (step, bad_ranks[0], mean_loss)
@@ -288,15 +288,16 @@ class _Loop:
             state, why = ckpt.load_rank(self.cfg.out, step, r, map_location=self.device)
             if state is not None and (state["world_size"] != w or state["config"] != _agreed_fields(self.cfg)):
                 state, why = None, _mismatch(state, w, _agreed_fields(self.cfg))
-            ok = torch.tensor([0.0 if state is None else 1.0])
-            if w > 1:
-                dist.all_reduce(ok, op=dist.ReduceOp.MIN)
-            if ok.item() == 1.0:
+            whys = [why]
+            if w > 1:  # every rank learns every rank's verdict, so all choose the same step
+                whys = [None] * w
+                dist.all_gather_object(whys, why)
+            if all(x is None for x in whys):
                 if problems and self.lead:
                     print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
                 self._load(state)
                 return step
-            problems.append(why or f"step {step}: another rank's file is unusable")
+            problems += [x for x in whys if x is not None]
         if found[0] or (self.lead and ckpt.any_started(self.cfg.out)):
             raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems) or 'none complete'})")
         return 0

@@ -1,0 +1,234 @@
+"""Reliability (issue 6, docs/reliability.md): kills, hangs, NaNs, damaged checkpoints, resume,
+elastic restart, disagreeing ranks, bad data files, determinism. Real processes, real Gloo."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+import torch
+
+from shmlearn import checkpoint as ckpt
+from shmlearn.launch import free_port
+
+BASE = ["train", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32",
+        "--eval-points", "2", "--no-progress"]  # 200 steps at 2 workers
+
+
+def run(args, *, fault=None, timeout=300, tag=None, launcher=None, extra_env=None):
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "SLURM_", "TORCHELASTIC")) and k not in ("RANK", "WORLD_SIZE")}
+    env.update(PYTHONUNBUFFERED="1", SHMLEARN_TEST_TAG=tag or uuid.uuid4().hex, **(extra_env or {}))
+    if fault:
+        env["SHMLEARN_FAULT"] = fault
+    cmd = (launcher or [sys.executable, "-m", "shmlearn"]) + list(args)
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def summary(out):
+    with open(os.path.join(out, "summary.json")) as f:
+        return json.load(f)
+
+
+def final_weights(out, rank=0):
+    step = ckpt.candidates(str(out))[0]
+    return ckpt.read_file(os.path.join(ckpt.step_dir(str(out), step), f"rank{rank}.ckpt"))["model"]
+
+
+def assert_same_weights(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+
+
+def processes_with_tag(tag):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    """An uninterrupted 2-worker run with checkpoints: the weights every recovery must reach."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    r = run(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    return out
+
+
+def test_resume_after_a_killed_worker_equals_uninterrupted(reference, tmp_path):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
+    r = run(args, fault="kill:1:130")
+    assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
+    assert ckpt.candidates(str(out))[0] == 120
+    r = run(args + ["--resume"])
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert (s["samples_seen"], s["steps"], s["resumed_from_step"]) == (12800, 200, 120)
+    assert_same_weights(final_weights(out), final_weights(reference))
+    steps = [json.loads(l)["step"] for l in open(out / "metrics.jsonl")]
+    assert steps == sorted(set(steps)) and steps[-1] == 200  # no duplicate or missing rows
+
+
+def test_damaged_checkpoints_fall_back_to_the_previous_good_one(reference, tmp_path):
+    for damage in ("truncate", "flip", "unrenamed"):
+        out = tmp_path / damage
+        args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
+        assert run(args, fault="kill:0:170").returncode == 1
+        newest = ckpt.step_dir(str(out), 160)
+        f = os.path.join(newest, "rank1.ckpt")
+        raw = open(f, "rb").read()
+        if damage == "truncate":
+            open(f, "wb").write(raw[: len(raw) // 2])
+        elif damage == "flip":
+            b = bytearray(raw)
+            b[-100] ^= 0x40
+            open(f, "wb").write(bytes(b))
+        else:
+            os.replace(f, f + ".tmp")
+        r = run(args + ["--resume"])
+        assert r.returncode == 0, r.stderr
+        assert "skipped damaged checkpoints" in r.stdout and "rank1.ckpt" in r.stdout
+        assert summary(out)["resumed_from_step"] == 120
+        assert_same_weights(final_weights(out), final_weights(reference))
+
+
+def test_no_good_checkpoint_is_exit_2(tmp_path):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "1", "--checkpoint-every", "100", "--out", str(out)]
+    assert run(args, fault="raise:0:150").returncode == 1
+    for step in ckpt.candidates(str(out)):
+        p = os.path.join(ckpt.step_dir(str(out), step), "rank0.ckpt")
+        open(p, "wb").write(open(p, "rb").read()[:50])
+    r = run(args + ["--resume"])
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no usable checkpoint" in r.stderr
+
+
+def test_killed_worker_without_restarts_ends_the_run_naming_it(tmp_path):
+    tag = uuid.uuid4().hex
+    t0 = time.monotonic()
+    r = run(BASE + ["--workers", "2", "--timeout", "20", "--out", str(tmp_path / "run")],
+            fault="kill:1:50", tag=tag)
+    assert r.returncode == 1 and "rank 1" in r.stderr and "signal 9" in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 20 + 30
+    time.sleep(1)
+    assert processes_with_tag(tag) == []
+
+
+def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
+    tag = uuid.uuid4().hex
+    t0 = time.monotonic()
+    r = run(BASE + ["--workers", "2", "--timeout", "8", "--out", str(tmp_path / "run")],
+            fault="sleep:1:30", tag=tag)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, r.stderr
+    assert "rank 1 (never reached the sync of step 30, last at step 29" in r.stderr and "stopped responding" in r.stderr, r.stderr
+    assert elapsed < 8 + 30, elapsed
+    time.sleep(1)
+    assert processes_with_tag(tag) == []
+
+
+def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
+    out = tmp_path / "run"
+    r = run(BASE + ["--workers", "3", "--out", str(out)], fault="nan:2:17")
+    assert r.returncode == 3, r.stderr
+    s = summary(out)
+    assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
+    assert "at step 17 on rank 2" in r.stderr
+
+
+def test_elastic_restart_after_kill_completes_with_the_same_weights(reference, tmp_path):
+    out = tmp_path / "run"
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "shmlearn"]
+    r = run(BASE + ["--checkpoint-every", "40", "--out", str(out)], fault="kill:1:130", launcher=torchrun)
+    assert r.returncode == 0, r.stderr[-3000:]
+    s = summary(out)
+    assert (s["samples_seen"], s["resumed_from_step"], s["launcher"]) == (12800, 120, "torchrun")
+    assert_same_weights(final_weights(out), final_weights(reference))
+
+
+def test_ranks_that_disagree_fail_at_setup_on_every_rank(tmp_path):
+    port = str(free_port())
+    procs = []
+    for rank, model in ((0, "mlp"), (1, "softmax")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, "-m", "shmlearn", *BASE, "--model", model,
+                                       "--out", str(tmp_path / "run")], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    outs = [p.communicate(timeout=120) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 2, err
+        assert "rank 1 has a different config from rank 0" in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("damage", ["truncated", "empty", "magic", "label"])
+def test_bad_dataset_files_fail_on_every_rank_before_any_collective(tmp_path, damage):
+    d = tmp_path / "mnist"
+    d.mkdir()
+    rng = np.random.default_rng(0)
+    import struct
+
+    def idx(path, arr):
+        open(path, "wb").write(struct.pack(">BBBB", 0, 0, 8, arr.ndim)
+                               + struct.pack(f">{arr.ndim}I", *arr.shape) + arr.astype(np.uint8).tobytes())
+    for split, n in (("train", 64), ("t10k", 16)):
+        idx(d / f"{split}-images-idx3-ubyte", rng.integers(0, 256, (n, 28, 28)))
+        idx(d / f"{split}-labels-idx1-ubyte", rng.integers(0, 10, (n,)))
+    bad = d / "train-labels-idx1-ubyte"
+    raw = bad.read_bytes()
+    bad.write_bytes({"truncated": raw[:20], "empty": b"", "magic": b"\x00\x00\x08\x09" + raw[4:],
+                     "label": raw[:8] + b"\x0c" + raw[9:]}[damage])
+    port = str(free_port())
+    procs = []
+    for rank in range(2):  # torchrun-shaped: each rank must fail on its own, before the rendezvous
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--dataset", "mnist",
+                                       "--data-dir", str(d), "--model", "softmax", "--batch-size", "8",
+                                       "--out", str(tmp_path / "run")], env=env, text=True,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+    errs = [p.communicate(timeout=60)[1] for p in procs]
+    assert [p.returncode for p in procs] == [2, 2], errs
+    assert errs[0] == errs[1] and len(errs[0].strip().splitlines()) == 1 and "train-labels-idx1-ubyte" in errs[0]
+
+
+def test_same_seed_gives_identical_losses(tmp_path):
+    losses = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        assert run(BASE + ["--workers", "2", "--out", str(out)]).returncode == 0
+        losses.append([json.loads(l)["loss"] for l in open(out / "metrics.jsonl")])
+    assert losses[0] == losses[1] and len(losses[0]) == 20
+
+
+def test_test_accuracy_counts_each_test_sample_once(tmp_path):
+    """step has 1000 test samples: 3 ranks get 334/333/333; the summary must equal a
+    single-process evaluation of the final weights over all 1000."""
+    out = tmp_path / "run"
+    r = run(["train", "--dataset", "step", "--model", "neuron", "--workers", "3", "--samples", "3000",
+             "--batch-size", "10", "--lr", "0.5", "--checkpoint-every", "1000", "--eval-points", "1",
+             "--no-progress", "--out", str(out)])
+    assert r.returncode == 0, r.stderr
+    from shmlearn.data import load_dataset
+    from shmlearn.models import build_model
+    data = load_dataset("step")
+    model = build_model("neuron", data.spec)
+    model.load_state_dict(final_weights(out))
+    with torch.no_grad():
+        n_correct = int(((model(data.test_x) >= 0).float() == data.test_y).sum())
+    assert len(data.test_x) == 1000
+    assert summary(out)["test_accuracy"] == pytest.approx(n_correct / 1000, abs=1e-12)
+    assert n_correct > 600
