@@ -97,7 +97,10 @@ class Heartbeat:
                 return
 
     def stop(self) -> None:
+        """Stop and join, so the thread is not inside a store call when the group is destroyed."""
         self._stop.set()
+        if self._store is not None:
+            self._thread.join(timeout=5)
 
     def laggards(self) -> str:
         """Who is behind, from the others' last posts: 'rank 1 (last at step 4, 11 s ago)'."""

@@ -28,7 +28,7 @@ class DDP(SyncStrategy):
 
     @property
     def module(self) -> torch.nn.Module:
-        return self._ddp
+        return self._ddp if self._ddp is not None else self.model
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -39,6 +39,11 @@ class DDP(SyncStrategy):
     def step(self, timer: PhaseTimer) -> None:
         with timer.phase("update"):
             self.optimizer.step()
+
+    def finish(self) -> None:
+        # Drop DDP's reducer now, while its process group is alive: left to the interpreter's
+        # exit it may be torn down after the group, which aborts the process.
+        self._ddp = None
 
 
 def model_device(model: torch.nn.Module) -> torch.device:
