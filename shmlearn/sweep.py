@@ -408,6 +408,7 @@ def _run_trial(cfg_dict: Dict[str, Any], log_path: str, env: Dict[str, str], cor
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
+    print(f"sweep: trial on {'GPUs ' + env['CUDA_VISIBLE_DEVICES'] if env else f'cores {cores}'}", flush=True)
     from shmlearn.errors import Diverged, WorkerFailed
     from shmlearn.train import train
     try:
