@@ -17,7 +17,7 @@ from shmlearn.errors import BadInput
 
 STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp")
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
-                  "synthetic": 10, "step": 1, "line": 20}
+                  "synthetic": 10, "step": 1, "line": 20, "line-exact": 20}
 """Budget when neither --samples nor --epochs is given: enough for the default model to learn the
 dataset well on a laptop (digits: 20 x 1437 samples; Fashion-MNIST: 2 x 60,000)."""
 DEVICES = ("cpu", "cuda", "auto")
