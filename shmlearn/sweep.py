@@ -38,7 +38,8 @@ from shmlearn.errors import BadInput
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
 """Grid order, outermost first: trials of one worker count run together and pack the slots."""
-NOT_SWEPT = ("out", "progress")
+NOT_SWEPT = ("out", "progress", "resume")
+"""Set by the sweep: each trial writes its own run directory, fresh, with no progress bar."""
 MAX_TRIALS = 100_000
 
 
@@ -158,8 +159,10 @@ def ordered_axes(axes: Dict[str, List[Any]]) -> List[str]:
 
 
 def trial_id(cfg: TrainConfig) -> str:
-    """Stable id of a trial: readable prefix + hash of every field that shapes the run."""
-    d = {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT}
+    """Stable id of a trial: readable prefix + hash of the fields that differ from TrainConfig's
+    defaults, so a field added to TrainConfig later does not change the ids of a sweep."""
+    defaults = TrainConfig().to_dict()
+    d = {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT and v != defaults[k]}
     h = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
     return f"w{cfg.workers}-b{cfg.batch_size}-lr{cfg.lr:g}-{h}"
 
@@ -754,7 +757,7 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     values = {k.replace("-", "_"): v for k, v in values.items()}
     for k in NOT_SWEPT:
         if k in values:
-            raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep; use --out for the sweep directory")
+            raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
     values.update({k: v for k, v in vars(ns).items()
                    if k not in ("command", "config", "func") and not k.startswith("sweep_")})
     fixed, axes = split_axes(values)

@@ -3,6 +3,7 @@ real sweeps on digits (resume skips finished trials; a SIGKILL mid-sweep loses n
 
 Real sweeps use softmax on digits with a few thousand samples: each 1-worker trial trains in
 under a second; a 2-worker trial costs ~10 s, mostly its two fresh worker interpreters."""
+import dataclasses
 import json
 import os
 import signal
@@ -72,6 +73,9 @@ def test_grid_order_ids_and_threads():
     assert ids[0].startswith("w1-b16-lr0.1-")
     other = expand_grid({**fixed, "seed": 1}, axes)
     assert not set(ids) & {trial_id(t) for t in other}  # any field that shapes a run changes the id
+    # where the run goes, and fields left at TrainConfig's defaults, do not
+    assert ids == [trial_id(t) for t in expand_grid({**fixed, "seed": 0, "weight_decay": 0.0}, axes)]
+    assert trial_id(dataclasses.replace(trials[0], out="elsewhere")) == ids[0]
 
 
 def test_grid_validates_every_trial_up_front():
