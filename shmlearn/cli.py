@@ -64,8 +64,9 @@ def _registrars():
     set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
     from shmlearn.bench import register as register_bench
     from shmlearn.report.cli import register as register_report
+    from shmlearn.experiments.cli import register as register_experiment
     from shmlearn.sweep import register as register_sweep
-    return [_register_train, register_bench, register_sweep, register_report]
+    return [_register_train, register_bench, register_sweep, register_report, register_experiment]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,31 @@
+"""The seed experiments, one file each, each a function of a Context that builds configs and
+runs them through the shared training loop (and the sweep where it sweeps)."""
+from __future__ import annotations
+
+import importlib
+import os
+import time
+from typing import Dict, Tuple
+
+from shmlearn.errors import BadInput
+from shmlearn.experiments.common import Context
+
+# name -> (module, one line on what it reproduces)
+EXPERIMENTS: Dict[str, Tuple[str, str]] = {
+    "single-neuron": ("single_neuron", "002 §3: a sigmoid neuron learns a step, 2-16 workers, both averaging modes"),
+    "linreg-gd": ("linreg_gd", "003 §2: y = Wx + b by gradient descent at 4 learning rates vs the closed form"),
+    "optimizers": ("optimizers", "003 §3: softmax classifier; Adam lr sweep; ten optimizers' accuracies"),
+    "cnn": ("cnn", "003 §4-5: the 2-conv CNN, batch x lr; data parallel with batch up to 8192"),
+    "alexnet-sweep": ("alexnet_sweep", "000, 002 §5-6: batch x lr x workers sweep, 307,200 samples, winners"),
+    "cpu-vs-gpu": ("cpu_vs_gpu", "004: samples/s of alexnet and resnet34, CPU vs GPU, and vs CPU threads"),
+}
+
+
+def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out: str = None) -> str:
+    if name not in EXPERIMENTS:
+        raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
+    out = out or os.path.join("experiments", f"{time.strftime('%Y%m%d-%H%M%S')}-{name}{'-quick' if quick else ''}")
+    if os.path.exists(os.path.join(out, "runs")):
+        raise BadInput(f"--out {out}: already holds an experiment; choose another directory")
+    module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
+    return module.run_experiment(Context(out=out, quick=quick, device=device))

@@ -1,0 +1,95 @@
+"""What every experiment shares: running configs through the one training loop, tables in
+Markdown and CSV, curves read back from run directories, and figures."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+from dataclasses import dataclass, replace
+from typing import Dict, List, Optional, Sequence
+
+from shmlearn.config import TrainConfig
+from shmlearn.errors import Diverged
+from shmlearn.runs import read_jsonl
+from shmlearn.train import RunResult, train
+
+
+@dataclass(frozen=True)
+class Context:
+    out: str
+    """The experiment's folder: tables, figures and one run directory per config under runs/."""
+    quick: bool = False
+    """Shrink to a few minutes on 2 CPU cores, same code path."""
+    device: str = "auto"
+
+
+def run(ctx: Context, name: str, cfg: TrainConfig) -> Dict:
+    """Train one config into ctx.out/runs/name; a diverged run is a result, not an error.
+    Returns the summary (with the in-process model under '_model' when workers == 1)."""
+    out = os.path.join(ctx.out, "runs", name)
+    cfg = replace(cfg, out=out, device=ctx.device, progress=False)
+    try:
+        result: RunResult = train(cfg)
+    except Diverged:
+        with open(os.path.join(out, "summary.json")) as f:
+            return json.load(f)
+    summary = dict(result.summary)
+    summary["_model"] = result.model
+    summary["_run_dir"] = out
+    return summary
+
+
+def curve(run_dir: str, key: str = "loss", source: str = "metrics") -> tuple:
+    """(steps, time_s, values) of a run's metrics.jsonl (loss) or eval.jsonl (test_*)."""
+    rows = read_jsonl(os.path.join(run_dir, f"{source}.jsonl"))
+    rows = [r for r in rows if r.get(key) is not None]
+    return [r["step"] for r in rows], [r["time_s"] for r in rows], [r[key] for r in rows]
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}" if (abs(v) < 1e-3 or abs(v) >= 1e5) and v != 0 else f"{v:.4f}"
+    return "" if v is None else str(v)
+
+
+def write_table(ctx: Context, name: str, rows: List[Dict], columns: Sequence[str],
+                title: Optional[str] = None) -> str:
+    """Write name.md and name.csv; return the Markdown (experiments print their main table)."""
+    os.makedirs(ctx.out, exist_ok=True)
+    with open(os.path.join(ctx.out, f"{name}.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
+        w.writeheader()
+        w.writerows(rows)
+    lines = ([f"### {title}", ""] if title else []) + [
+        "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
+    md = "\n".join(lines) + "\n"
+    with open(os.path.join(ctx.out, f"{name}.md"), "w") as f:
+        f.write(md)
+    return md
+
+
+def figure(ctx: Context, name: str):
+    """A matplotlib figure and the path it will be saved to (Agg: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=110)
+    return fig, ax, os.path.join(ctx.out, f"{name}.png")
+
+
+def save(fig, path: str) -> None:
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def fashion_or(fallback: str, data_dir: Optional[str] = None) -> tuple:
+    """(dataset, data_dir): MNIST when its files are given, Fashion-MNIST when installed, else
+    the fallback (so a quick run works anywhere)."""
+    if data_dir:
+        return "mnist", data_dir
+    if os.path.isdir("/usr/share/datasets/fashion-mnist"):
+        return "fashion-mnist", None
+    return fallback, None
