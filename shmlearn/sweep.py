@@ -590,7 +590,8 @@ class Sweep:
                 r.proc.terminate()
             for r in running.values():
                 r.proc.join(5)
-            print(f"sweep: interrupted; {len(running)} trials in flight will run again on the next run",
+            n = len(running)
+            print(f"sweep: interrupted; {n} trial{'s' if n != 1 else ''} in flight will run again on the next run",
                   file=sys.stderr, flush=True)
             raise
         finally:
