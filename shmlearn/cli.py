@@ -65,8 +65,10 @@ def _registrars():
     from shmlearn.bench import register as register_bench
     from shmlearn.report.cli import register as register_report
     from shmlearn.experiments.cli import register as register_experiment
+    from shmlearn.simulate import register as register_simulate
     from shmlearn.sweep import register as register_sweep
-    return [_register_train, register_bench, register_sweep, register_report, register_experiment]
+    return [_register_train, register_bench, register_sweep, register_report, register_experiment,
+            register_simulate]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -215,7 +215,8 @@ def table(doc: Dict[str, Any]) -> str:
 
 
 def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
-    """Latency and busbw against size, one panel row per op, one line per W; None without matplotlib."""
+    """Latency and busbw against size, one panel row per op, one line per W (busbw: W >= 2);
+    None without matplotlib."""
     plt = try_pyplot()
     if plt is None:
         return None
@@ -231,7 +232,9 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
             hi = [r["time_s"]["p75"] * 1e6 for r in rs]
             line, = axes[i][0].plot(x, med, marker="o", ms=3, label=f"W={w}")
             axes[i][0].fill_between(x, lo, hi, color=line.get_color(), alpha=0.2)
-            axes[i][1].plot(x, [r["busbw_GBps"] for r in rs], marker="o", ms=3, label=f"W={w}")
+            if w > 1:  # one rank moves nothing over a link: its "busbw" is a memory copy, off the scale
+                axes[i][1].plot(x, [r["busbw_GBps"] for r in rs], marker="o", ms=3, color=line.get_color(),
+                                label=f"W={w}")
         axes[i][0].set(xscale="log", yscale="log", ylabel=f"{op}\nlatency (us)")
         axes[i][1].set(xscale="log", ylabel="busbw (GB/s)")
         for ax in axes[i]:

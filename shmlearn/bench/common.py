@@ -100,6 +100,14 @@ def _nvidia_driver() -> Optional[str]:
         return None
 
 
+def _nccl_version() -> Optional[str]:
+    try:
+        v = torch.cuda.nccl.version()
+    except Exception:  # noqa: BLE001 - a build without NCCL
+        return None
+    return ".".join(map(str, v)) if isinstance(v, (tuple, list)) else str(v)
+
+
 def environment(backend: str) -> Dict[str, Any]:
     """Device, driver, torch version, backend, date: what a reader needs to trust a number."""
     cuda = backend == "nccl" and torch.cuda.is_available()
@@ -110,7 +118,7 @@ def environment(backend: str) -> Dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "driver": _nvidia_driver() if cuda else None,
         "cuda": torch.version.cuda if cuda else None,
-        "nccl": ".".join(map(str, torch.cuda.nccl.version())) if cuda else None,
+        "nccl": _nccl_version() if cuda else None,
         "torch_version": torch.__version__,
         "python": platform.python_version(),
         "backend": backend,
