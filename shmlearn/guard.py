@@ -38,7 +38,7 @@ def data_fingerprint(data) -> str:
     """Sizes, shape, and a sample of values: cheap, and different files practically never match."""
     def sample(t: torch.Tensor):
         flat = t.reshape(-1)
-        idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat))).long()
+        idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat)), dtype=torch.float64).long()
         return flat[idx].double().sum().item()
     return _digest(data.spec, tuple(data.train_x.shape), tuple(data.test_x.shape),
                    sample(data.train_x), sample(data.train_y), sample(data.test_x), sample(data.test_y))
