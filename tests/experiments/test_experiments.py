@@ -1,0 +1,76 @@
+"""Every experiment's --quick run, with its result checked (issue 4, acceptance 1)."""
+import csv
+import os
+
+import pytest
+
+from shmlearn.experiments import EXPERIMENTS, run_experiment
+
+
+def rows(out, name):
+    with open(os.path.join(out, f"{name}.csv")) as f:
+        return list(csv.DictReader(f))
+
+
+def test_linreg_recovers_w_and_b(tmp_path):
+    md = run_experiment("linreg-gd", quick=True, device="cpu", out=str(tmp_path))
+    assert "| lr |" in md
+    r = {float(x["lr"]): x for x in rows(tmp_path, "linreg_gd")}
+    assert set(r) == {0.1, 0.01, 0.001, 0.0001}
+    assert abs(float(r[0.1]["W"]) + 1) < 1e-3 and abs(float(r[0.1]["b"]) - 1) < 1e-3
+    closed = rows(tmp_path, "closed_form")[0]
+    assert abs(float(closed["W"]) + 1) < 1e-9 and float(closed["R^2"]) == pytest.approx(1.0)
+    assert os.path.getsize(tmp_path / "linreg_loss.png") > 1000
+
+
+def test_single_neuron_loss_falls_in_both_modes_at_every_worker_count(tmp_path):
+    run_experiment("single-neuron", quick=True, device="cpu", out=str(tmp_path))
+    table = rows(tmp_path, "single_neuron")
+    assert {(int(r["workers"]), r["mode"]) for r in table} == {
+        (w, m) for w in (2, 4) for m in ("gradient averaging", "weight averaging")}
+    for r in table:
+        assert float(r["last 10% loss"]) < float(r["first 10% loss"]), r
+    assert all(os.path.exists(tmp_path / f"single_neuron_w{w}.png") for w in (2, 4))
+
+
+def test_optimizers_table_has_ten_rows_of_accuracies(tmp_path):
+    run_experiment("optimizers", quick=True, device="cpu", out=str(tmp_path))
+    table = rows(tmp_path, "optimizers")
+    assert len(table) == 10 and len({r["optimizer"] for r in table}) == 10
+    for r in table:
+        assert 0 < float(r["train accuracy"]) <= 1 and 0 < float(r["validation accuracy"]) <= 1
+    assert len(rows(tmp_path, "adam_lr")) == 4
+
+
+def test_cnn_grid_and_data_parallel_rows(tmp_path):
+    run_experiment("cnn", quick=True, device="cpu", out=str(tmp_path))
+    grid = rows(tmp_path, "cnn_batch_lr")
+    assert len(grid) == 9 and max(float(r["test accuracy"]) for r in grid) > 0.5
+    dp = rows(tmp_path, "cnn_data_parallel")
+    assert [int(r["global batch"]) for r in dp] == [256, 1024] and all(int(r["workers"]) == 2 for r in dp)
+
+
+def test_cpu_vs_gpu_reports_every_thread_count(tmp_path):
+    run_experiment("cpu-vs-gpu", quick=True, device="cpu", out=str(tmp_path))
+    threads = rows(tmp_path, "cpu_threads")
+    cores = os.cpu_count()
+    expected = sorted({1 << i for i in range(cores.bit_length()) if (1 << i) <= cores} | {cores})
+    assert [int(r["threads"]) for r in threads] == expected
+    assert all(float(r["samples/s"]) > 0 for r in threads)
+    log = open(tmp_path / "epoch_log.txt").read()
+    assert "Finished Epoch[1 of 2]: [Training] loss = " in log and "samples/s);" in log
+
+
+def test_alexnet_sweep_writes_winners_and_report(tmp_path):
+    table = run_experiment("alexnet-sweep", quick=True, device="cpu", out=str(tmp_path))
+    assert "Winners" in table
+    assert (tmp_path / "winners.json").exists() and (tmp_path / "report.html").exists()
+    with open(tmp_path / "results.jsonl") as f:
+        assert sum(1 for _ in f) == 8
+
+
+def test_unknown_experiment_is_bad_input():
+    from shmlearn.errors import BadInput
+    with pytest.raises(BadInput, match="experiment nope"):
+        run_experiment("nope")
+    assert len(EXPERIMENTS) == 6
