@@ -19,7 +19,7 @@ def test_linreg_recovers_w_and_b(tmp_path):
     assert set(r) == {0.1, 0.01, 0.001, 0.0001}
     assert abs(float(r[0.1]["W"]) + 1) < 1e-3 and abs(float(r[0.1]["b"]) - 1) < 1e-3
     closed = rows(tmp_path, "closed_form")[0]
-    assert abs(float(closed["W"]) + 1) < 1e-9 and float(closed["R^2"]) == pytest.approx(1.0)
+    assert abs(float(closed["W"]) + 1) < 1e-6 and float(closed["R^2"]) == pytest.approx(1.0)
     assert os.path.getsize(tmp_path / "linreg_loss.png") > 1000
 
 
