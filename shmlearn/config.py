@@ -62,6 +62,22 @@ class TrainConfig:
     """Build every fully connected layer as a bias-folded FoldedLinear (paper §4) instead of nn.Linear."""
     init: str = "default"
     """default (torch's init) or uniform:A (every parameter uniform in [-A, A])."""
+    augment: str = "none"
+    """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
+    translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""
+    precision: str = "fp32"
+    """fp32, or bf16: forward and backward under bf16 autocast (weights, gradients and optimizer
+    state stay fp32)."""
+    channels_last: bool = False
+    """Keep conv weights and image batches in channels_last memory (faster convolutions on GPUs,
+    mostly with bf16)."""
+    cuda_graph: str = "auto"
+    """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
+    in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
+    check_every: Optional[int] = None
+    """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
+    steps; in between, a step never waits for the device. Default 1 on CPU, 50 on CUDA. Above 1
+    needs allreduce, ps or weight-avg with sgd, momentum or nesterov (others use 1)."""
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
     epochs: Optional[float] = None
@@ -178,6 +194,16 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.avg_period != 1 and cfg.strategy != "weight-avg":
         raise BadInput(f"--avg-period: only for --strategy weight-avg, not {cfg.strategy}")
     _check_init(cfg.init)
+    from shmlearn.fast import CUDA_GRAPH, PRECISIONS
+    from shmlearn.data.augment import Augment
+    if cfg.precision not in PRECISIONS:
+        raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
+    if cfg.cuda_graph not in CUDA_GRAPH:
+        raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
+    if cfg.check_every is not None and (not isinstance(cfg.check_every, int) or isinstance(cfg.check_every, bool)
+                                        or cfg.check_every <= 0):
+        raise BadInput(f"--check-every {cfg.check_every}: expected a whole number > 0")
+    Augment.parse(cfg.augment)
 
 
 def checkpoint_period(spec) -> tuple:

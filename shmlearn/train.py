@@ -21,7 +21,9 @@ import torch.distributed as dist
 
 from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, load_dataset, normalizer
+from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
+from shmlearn.fast import StepOptions, Stepper
 from shmlearn import checkpoint as ckpt
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
@@ -117,9 +119,13 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
                               avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
     data = data.to(device)
     # The server builds a loader too, so a bad layout fails on every rank, not on workers only.
+    augment = Augment.parse(cfg.augment)
+    if augment.active and not data.spec.is_image:
+        raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
     loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
                            shard=max(env.rank - dedicated, 0), num_shards=compute, seed=cfg.seed,
-                           normalize=normalizer(data, device))
+                           normalize=normalizer(data, device), augment=augment,
+                           channels_last=cfg.channels_last)
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
@@ -132,7 +138,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         model.to(device)
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
                                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        strategy.setup(model, optimizer)
+        strategy.setup(model, optimizer, channels_last=cfg.channels_last)
         check_replicas(strategy.params_flat if strategy.params_flat is not None
                        else torch.cat([p.detach().reshape(-1) for p in model.parameters()]), env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
@@ -203,47 +209,49 @@ class _Loop:
             print(f"shmlearn: budget {self.budget} samples is not a multiple of {self.strategy.compute_ranks} "
                   f"workers x {cfg.batch_size}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)
+        # After _resume (a graph captures the optimizer's tensors), before the clock starts.
+        self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
+                               schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
+                               opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
+                                                cuda_graph=cfg.cuda_graph, check_every=cfg.check_every),
+                               timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
+                               total_steps=self.steps, fault=self.fault)
+        if self.lead and self.stepper.note:
+            print(f"shmlearn: {self.stepper.note}", flush=True)
         bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
         if self.start_step == 0:
             self._evaluate(step=0, train_s=0.0)
         status, diverged = "completed", None
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
+        prev_s = resumed_s
         for step in range(self.start_step, self.steps):
-            loss = self._forward_backward(step)
-            if self.fault is not None:
-                loss = self.fault.fire(self.env.rank, step, loss)
+            self.stepper.run(step)
+            self.heartbeat.step = step  # this rank has reached step's sync (its compute is issued)
+            done = step + 1
+            ckpt_step = bool(self.ckpt_every and self.ckpt_every[1] == "steps" and done % self.ckpt_every[0] == 0)
+            if not (self.stepper.due(done) or done == self.steps or done in self.eval_at or ckpt_step):
+                continue
+            # A read: the losses of every step since the last one, and rank 0's requests.
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
             want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
             want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
                              and train_s - self.last_ckpt_s >= self.ckpt_every[0])
-            self.heartbeat.step = step  # this rank has reached step's sync
-            mean_loss, bad_ranks, eval_now, ckpt_now = self._control(loss, want_eval, want_ckpt)
-            if bad_ranks:
-                status, diverged = "diverged", (step, bad_ranks[0], mean_loss)
-                break
-            self.strategy.step(self.timer)
-            self.schedule.step()
-            self.timer.step_done()
+            win = self.stepper.read(done, want_eval, want_ckpt)
+            if win.bad is None:
+                self.stepper.update()  # classic: sync and update only now that the loss is known finite
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
-            self.step_times.append(train_s)
-            self.step_losses.append(mean_loss)
-            done = step + 1
-            if self.lead and (done % cfg.log_every == 0 or done == self.steps):
-                self._log(done, train_s, mean_loss)
-            if bar is not None:
-                bar.update(1)
-                if done % cfg.log_every == 0 or done == self.steps:
-                    acc = self.evals[-1]["test_accuracy"] if self.evals else None
-                    bar.set_postfix(loss=f"{mean_loss:.4f}", samples_s=f"{done * self.samples_per_step / max(train_s, 1e-9):.0f}",
-                                    acc="-" if acc is None else f"{acc:.4f}", refresh=False)
-            if eval_now or done in self.eval_at:
+            self._record(win, done, prev_s, train_s, bar)
+            prev_s = train_s
+            if win.bad is not None:
+                status, diverged = "diverged", (win.bad[0], win.bad[1], float("nan"))
+                break
+            if win.want_eval or done in self.eval_at:
                 e0 = time.perf_counter()
                 self._evaluate(step=done, train_s=train_s)
                 self.last_eval_s = train_s
                 self.eval_s += time.perf_counter() - e0
-            if done < self.steps and (ckpt_now or (self.ckpt_every and self.ckpt_every[1] == "steps"
-                                                   and done % self.ckpt_every[0] == 0)):
+            if done < self.steps and (win.want_ckpt or ckpt_step):
                 self._checkpoint(done, train_s)
         if bar is not None:
             bar.close()
@@ -251,6 +259,29 @@ class _Loop:
         if self.ckpt_every and status == "completed":
             self._checkpoint(len(self.step_losses), self.step_times[-1] if self.step_times else 0.0)
         return self._finish(status, diverged)
+
+    def _record(self, win, done: int, prev_s: float, train_s: float, bar) -> None:
+        """Keep the window's losses and times (steps between two reads get times interpolated
+        between the reads: the device ran them back to back), write the due metrics lines."""
+        span = max(done - win.first, 1)
+        phases = None
+        for i, loss in enumerate(win.losses):
+            step_done = win.first + i + 1
+            t = prev_s + (train_s - prev_s) * (i + 1) / span
+            self.step_times.append(t)
+            self.step_losses.append(loss)
+            if self.lead and (step_done % self.cfg.log_every == 0 or step_done == self.steps):
+                if phases is None:
+                    totals, timed = self.timer.take_window()
+                    phases = {k: v / timed for k, v in totals.items() if k != "eval"} if timed else {}
+                self.rundir.log_metrics({"step": step_done, "samples": step_done * self.samples_per_step,
+                                         "time_s": round(t, 6), "loss": loss, "phase_s": phases})
+        if bar is not None and win.losses:
+            bar.update(len(win.losses))
+            acc = self.evals[-1]["test_accuracy"] if self.evals else None
+            n = len(self.step_losses)
+            bar.set_postfix(loss=f"{win.losses[-1]:.4f}", samples_s=f"{n * self.samples_per_step / max(train_s, 1e-9):.0f}",
+                            acc="-" if acc is None else f"{acc:.4f}", refresh=False)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def _state(self, step: int) -> dict:
@@ -313,35 +344,6 @@ class _Loop:
         for k, v in state["loop"].items():
             setattr(self, k, v)
 
-    def _forward_backward(self, step: int) -> Optional[torch.Tensor]:
-        if not self.strategy.computes:
-            return None
-        with self.timer.phase("data"):
-            x, y = self.loader.batch(step)
-        with self.timer.phase("compute"):
-            self.strategy.zero_grad()
-            loss = loss_fn(self.task, self.strategy.module(x), y)
-            loss.backward()
-        return loss.detach()
-
-    def _control(self, loss: Optional[torch.Tensor], want_eval: bool, want_ckpt: bool):
-        """One all-reduce of [loss, non-finite flag per rank, eval request, checkpoint request];
-        this syncs the GPU. Returns (mean loss over workers, ranks whose loss was not finite,
-        evaluate now?, checkpoint now?): rank 0's clock decides for everyone."""
-        w = self.env.world_size
-        ctrl = torch.zeros(w + 3, dtype=torch.float64, device=self.device)
-        if loss is not None:
-            finite = torch.isfinite(loss)
-            ctrl[0] = torch.where(finite, loss.double(), torch.zeros((), dtype=torch.float64, device=self.device))
-            ctrl[1 + self.env.rank] = (~finite).double()
-        ctrl[w + 1] = float(want_eval)
-        ctrl[w + 2] = float(want_ckpt)
-        if w > 1:
-            dist.all_reduce(ctrl)
-        vals = ctrl.tolist()
-        bad = [r for r in range(w) if vals[1 + r] > 0]
-        return vals[0] / self.strategy.compute_ranks, bad, vals[w + 1] > 0, vals[w + 2] > 0
-
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
@@ -353,7 +355,8 @@ class _Loop:
             y = self.data.test_y.tensor_split(w)[r]
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
             for i in range(0, len(x), 1024):
-                out = model(self.normalize(x[i:i + 1024]))
+                with self.stepper.autocast():
+                    out = model(self.normalize(x[i:i + 1024])).float()
                 yb = y[i:i + 1024]
                 sums[0] += loss_fn(self.task, out, yb, reduction="sum").double()
                 c = correct(self.task, out, yb)
@@ -371,12 +374,12 @@ class _Loop:
         if self.lead:
             self.rundir.log_eval(row)
 
-    def _log(self, done: int, train_s: float, loss: float) -> None:
-        window = self.timer.take_phase_totals()
-        n = self.cfg.log_every if done % self.cfg.log_every == 0 else done % self.cfg.log_every
-        self.rundir.log_metrics({"step": done, "samples": done * self.samples_per_step,
-                              "time_s": round(train_s, 6), "loss": loss,
-                              "phase_s": {k: v / n for k, v in window.items() if k != "eval"}})
+    def _phase_timing(self) -> str:
+        how = "CUDA events" if self.device.type == "cuda" else "perf_counter"
+        if self.stepper.mode == "cuda-graph":
+            return (f"{how} on {self.timer.timed_steps} eager steps (one in {self.stepper.opts.sample_every}); "
+                    f"the other {self.timer.steps - self.timer.timed_steps} were CUDA graph replays")
+        return f"{how} on every step"
 
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
@@ -407,6 +410,10 @@ class _Loop:
             "best_test_accuracy": max(accs) if accs else None,
             "samples_per_s": steps_done * self.samples_per_step / wall if wall > 0 else None,
             "phase_s": self.timer.mean_per_step(),
+            "phase_timing": self._phase_timing(),
+            "step_mode": self.stepper.mode, "check_every": 1 if not self.stepper.fast else self.stepper.check_every,
+            "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
+            "step_note": self.stepper.note,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
         }

@@ -9,19 +9,28 @@ slice perm[t*W*B : (t+1)*W*B] and rank r takes its r-th block of B. So:
   * the batch at a step is a pure function of (seed, step), so a resumed run reads the same data;
   * the W*B-remainder of each epoch is skipped, a different one each epoch.
 Indexing a uint8 tensor and converting one batch costs one gather kernel; no DataLoader, no host.
+
+Two ways to read the same batches:
+  * `batch(step)`: the host computes the slice (the eager loop);
+  * `prepare(step)` on the host, then `next_batch()`: the position lives in a device counter
+    that `next_batch` advances, so a captured CUDA graph can replay it. `prepare` does host work
+    (a new permutation, copied without a sync) only at an epoch boundary or a jump.
+Augmentation (`augment.py`) is chosen per (epoch, position) and is the same in both.
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 
+from shmlearn.data.augment import Augment
 from shmlearn.errors import BadInput
 
 
 class ShardedLoader:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, shard: int,
-                 num_shards: int, seed: int, normalize: Callable[[torch.Tensor], torch.Tensor]):
+                 num_shards: int, seed: int, normalize: Callable[[torch.Tensor], torch.Tensor],
+                 augment: Optional[Augment] = None, channels_last: bool = False):
         n = len(x)
         self.x, self.y, self.normalize = x, y, normalize
         self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
@@ -31,19 +40,87 @@ class ShardedLoader:
             raise BadInput(f"--batch-size {batch_size}: larger than a worker's shard "
                            f"({n} training samples / {num_shards} workers = {n // num_shards}); "
                            f"expected at most {n // num_shards}")
+        self.augment = augment if augment is not None and augment.active else None
+        if self.augment is not None:
+            self.xp = self.augment.pad(x)  # uint8, padded once
+            self.height, self.width = x.shape[2], x.shape[3]
+        # channels_last without augmentation: keep an NHWC copy so a gather yields channels_last
+        # batches directly (the augmenting gather already does).
+        self._nhwc = (x.permute(0, 2, 3, 1).contiguous()
+                      if channels_last and self.augment is None and x.dim() == 4 else None)
         self._epoch = -1
         self._perm = None
+        self._table = None
+        # device-counter state (prepare / next_batch), allocated on first prepare()
+        self._dev = None
+        self._next_step = None
+
+    # -- one permutation (and augmentation table) per epoch -----------------------------------
+    def _permutation_cpu(self, epoch: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        return torch.randperm(len(self.x), generator=g)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:
-            g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-            self._perm = torch.randperm(len(self.x), generator=g).to(self.x.device)
+            self._perm = self._permutation_cpu(epoch).to(self.x.device)
+            self._table = (self.augment.epoch_table(self.seed, epoch, len(self.x), self.x.device)
+                           if self.augment is not None else None)
             self._epoch = epoch
         return self._perm
+
+    def _read(self, idx: torch.Tensor, table: Optional[torch.Tensor]) -> torch.Tensor:
+        if self.augment is not None:
+            return self.augment.gather(self.xp, idx, table, self.height, self.width)
+        if self._nhwc is not None:
+            return self._nhwc[idx].permute(0, 3, 1, 2)
+        return self.x[idx]
 
     def batch(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, targets) this shard trains on at global step `step`."""
         epoch, i = divmod(step, self.steps_per_epoch)
         start = i * self.global_batch + self.shard * self.batch_size
         idx = self._permutation(epoch)[start:start + self.batch_size]
-        return self.normalize(self.x[idx]), self.y[idx]
+        table = self._table[start:start + self.batch_size] if self._table is not None else None
+        return self.normalize(self._read(idx, table)), self.y[idx]
+
+    # -- the same batches from a device counter (CUDA-graph friendly) -------------------------
+    def prepare(self, step: int) -> None:
+        """Host side, before the step that will call next_batch(): at an epoch boundary (or
+        when steps were skipped) load the epoch's permutation into the fixed device buffer and
+        set the position counter. Issues copies and fills only; never waits for the device."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        if step == self._next_step and i != 0:
+            self._next_step = step + 1
+            return
+        dev = self.x.device
+        if self._dev is None:
+            self._dev = {"perm": torch.empty(len(self.x), dtype=torch.int64, device=dev),
+                         "pos": torch.zeros((), dtype=torch.int64, device=dev),
+                         "ar": torch.arange(self.batch_size, dtype=torch.int64, device=dev),
+                         "table": (torch.empty(len(self.x), dtype=torch.int64, device=dev)
+                                   if self.augment is not None else None)}
+        d = self._dev
+        perm = self._permutation_cpu(epoch)
+        if dev.type == "cuda":
+            perm = perm.pin_memory()  # the pinned copy is asynchronous; the allocator keeps it alive
+        d["perm"].copy_(perm, non_blocking=True)
+        if d["table"] is not None:
+            d["table"].copy_(self.augment.epoch_table(self.seed, epoch, len(self.x), dev))
+        d["pos"].fill_(i * self.global_batch + self.shard * self.batch_size)
+        self._next_step = step + 1
+
+    def invalidate(self) -> None:
+        """Forget the device counter (after warm-up steps moved it): the next prepare() resets it."""
+        self._next_step = None
+
+    def next_batch(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Device side: the batch at the counter, then advance it by one global batch. Only
+        fixed-shape device ops: safe inside a captured CUDA graph."""
+        d = self._dev
+        pos = d["pos"] + d["ar"]
+        idx = d["perm"].index_select(0, pos)
+        table = d["table"].index_select(0, pos) if d["table"] is not None else None
+        x = self._read(idx, table)
+        y = self.y.index_select(0, idx)
+        d["pos"].add_(self.global_batch)
+        return self.normalize(x), y

@@ -4,23 +4,36 @@
 
 Every rank holds the full optimizer state and applies the same averaged gradient, so replicas
 stay bit-identical without ever sending weights.
+
+Fast step (`gated_step`): the step's loss rides in the buffer's control slot, so the one
+all-reduce also tells every rank whether any rank's loss was NaN or inf (a sum with a non-finite
+term is non-finite); every rank then skips the same update, with no extra collective.
 """
 from __future__ import annotations
 
-import torch.distributed as dist
-
-from shmlearn.sync.base import SyncStrategy
+from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.timing import PhaseTimer
 
 
 class AllReduce(SyncStrategy):
     name = "allreduce"
+    gated = True
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size > 1:
             with timer.phase("allreduce"):
-                # SUM then scale: Gloo has no AVG op, and the scale is one pass over the buffer.
-                dist.all_reduce(self.grads_flat, group=self.group)
-                self.grads_flat.div_(self.world_size)
+                self._average_(self.grads_flat)
+        with timer.phase("update"):
+            self.optimizer.step()
+
+    def gated_step(self, timer, loss, found_inf, round_) -> None:
+        buf = self.grads_ext
+        if self.world_size > 1:
+            with timer.phase("allreduce"):
+                buf[-1].copy_(loss)
+                self._average_(buf)
+            check_non_finite(buf[-1:], found_inf, self._one)
+        else:
+            check_non_finite(loss.reshape(1), found_inf, self._one)
         with timer.phase("update"):
             self.optimizer.step()

@@ -19,11 +19,15 @@ import torch.distributed as dist
 from shmlearn.timing import PhaseTimer
 
 
-def flatten_parameters(model: torch.nn.Module):
+def flatten_parameters(model: torch.nn.Module, *, channels_last: bool = False, extra: int = 0):
     """Move every trainable parameter (and its gradient) into one contiguous buffer.
 
     Returns (params_flat, grads_flat). Parameter objects keep their identity (only `.data` is
     re-pointed), so an optimizer built before this call still holds the right tensors.
+    channels_last: 4-D parameters (conv weights) become channels_last views of the buffer, so
+    convolutions on channels_last inputs need no layout copies. extra: the buffers have this
+    many more elements after the parameters (`params_flat._base` / `grads_flat._base` hold them):
+    control values that ride along with a collective of the whole buffer (fast step, fast.py).
     """
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
@@ -32,16 +36,32 @@ def flatten_parameters(model: torch.nn.Module):
     if any(p.dtype != dtype or p.device != device for p in params):
         raise ValueError("flat buffers need every parameter on one device with one dtype")
     total = sum(p.numel() for p in params)
-    pflat = torch.empty(total, dtype=dtype, device=device)
-    gflat = torch.zeros(total, dtype=dtype, device=device)
+    pext = torch.empty(total + extra, dtype=dtype, device=device)
+    gext = torch.zeros(total + extra, dtype=dtype, device=device)
+    pflat, gflat = pext[:total], gext[:total]
     offset = 0
     for p in params:
         n = p.numel()
-        pflat[offset:offset + n].copy_(p.data.reshape(-1))
-        p.data = pflat[offset:offset + n].view_as(p)
-        p.grad = gflat[offset:offset + n].view_as(p)
+        pv, gv = _view(pflat, offset, p, channels_last), _view(gflat, offset, p, channels_last)
+        pv.copy_(p.data)
+        p.data = pv
+        p.grad = gv
         offset += n
     return pflat, gflat
+
+
+def _view(flat: torch.Tensor, offset: int, p: torch.Tensor, channels_last: bool) -> torch.Tensor:
+    chunk = flat[offset:offset + p.numel()]
+    if channels_last and p.dim() == 4:
+        o, i, h, w = p.shape  # stored (O, H, W, I), seen as (O, I, H, W) with channels_last strides
+        return chunk.view(o, h, w, i).permute(0, 3, 1, 2)
+    return chunk.view_as(p)
+
+
+def check_non_finite(values: torch.Tensor, found_inf: torch.Tensor, one: torch.Tensor) -> None:
+    """found_inf <- 1.0 if `values` holds a NaN or inf (else unchanged): one kernel, no host
+    sync. It is AMP's gradient check (which also scales by `one`, i.e. leaves values alone)."""
+    torch._amp_foreach_non_finite_check_and_unscale_([values], found_inf, one)
 
 
 class SyncStrategy(ABC):
@@ -57,15 +77,24 @@ class SyncStrategy(ABC):
         self.optimizer: Optional[torch.optim.Optimizer] = None
         self.params_flat: Optional[torch.Tensor] = None
         self.grads_flat: Optional[torch.Tensor] = None
+        self._one: Optional[torch.Tensor] = None
+
+    gated: bool = False
+    """Whether `gated_step` is implemented (the fast step in fast.py needs it)."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-              group: Optional[dist.ProcessGroup] = None) -> None:
-        """Flatten, then make every replica equal to rank 0's (weights and buffers)."""
+              group: Optional[dist.ProcessGroup] = None, *, channels_last: bool = False) -> None:
+        """Flatten, then make every replica equal to rank 0's (weights and buffers). Both flat
+        buffers get one extra element: a control slot for the fast step (`gated_step`)."""
         self.model, self.optimizer = model, optimizer
         if group is not None:
             self.group = group
-        self.params_flat, self.grads_flat = flatten_parameters(model)
+        self.params_flat, self.grads_flat = flatten_parameters(model, channels_last=channels_last, extra=1)
+        self._one = torch.ones((), dtype=torch.float32, device=self.params_flat.device)
+        # NCCL averages in the collective; Gloo has no AVG op: SUM, then one pass to scale.
+        self._avg_op = (dist.ReduceOp.AVG if self.world_size > 1
+                        and dist.get_backend(self.group) == "nccl" else None)
         if self.world_size > 1:
             dist.broadcast(self.params_flat, src=0, group=self.group)
             for b in model.buffers():
@@ -92,6 +121,40 @@ class SyncStrategy(ABC):
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:
         """Synchronize and update after backward; time each phase under DESIGN.md's names."""
+
+    # -- the fast step (fast.py): device work only, no host sync, capturable in a CUDA graph ---
+    def gated_step(self, timer, loss: torch.Tensor, found_inf: torch.Tensor, round_: bool) -> None:
+        """Like `step`, but on the device only: `loss` is this rank's loss of the step (a 0-dim
+        tensor; 0 on a rank that computes nothing) and `found_inf` the optimizer's skip flag
+        (fused SGD skips its update while it is 1.0). A strategy sets found_inf to 1 when a loss
+        it must trust is not finite, before the update; the flag then stays 1, so no non-finite
+        gradient is ever applied and the weights stay as they were before that step. round_:
+        whether this step averages (weight averaging; from `next_round()`, decided on the host)."""
+        raise NotImplementedError(f"{self.name}: no fast step")
+
+    def next_round(self) -> bool:
+        """Whether the coming step communicates weights (weight averaging every K steps)."""
+        return False
+
+    def host_step(self, round_: bool) -> None:
+        """Host bookkeeping after a fast step (the device work may have been a graph replay)."""
+
+    def _average_(self, buf: torch.Tensor) -> None:
+        """buf <- mean of buf over the ranks."""
+        if self._avg_op is not None:
+            dist.all_reduce(buf, op=self._avg_op, group=self.group)
+        else:
+            dist.all_reduce(buf, group=self.group)
+            buf.div_(self.world_size)
+
+    @property
+    def grads_ext(self) -> torch.Tensor:
+        """The flat gradient buffer plus its control slot (the last element)."""
+        return self.grads_flat._base
+
+    @property
+    def params_ext(self) -> torch.Tensor:
+        return self.params_flat._base
 
     # -- evaluation and the end of training ----------------------------------------------------
     def sync_buffers(self) -> None:

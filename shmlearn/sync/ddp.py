@@ -16,10 +16,12 @@ from shmlearn.timing import PhaseTimer
 class DDP(SyncStrategy):
     name = "ddp"
 
-    def setup(self, model, optimizer, group=None) -> None:
+    def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
         self.model, self.optimizer = model, optimizer
         if group is not None:
             self.group = group
+        if channels_last:
+            model.to(memory_format=torch.channels_last)
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
         # DDP broadcasts rank 0's weights and buffers at construction; gradient_as_bucket_view
         # saves the copy between .grad and the communication buckets.

@@ -8,25 +8,29 @@ and only serves, as in the paper; otherwise it also works as a worker (one proce
 Cost: rank 0 receives (N-1) full gradients and sends N-1 weight copies per step, so the server's
 link carries 2(N-1)x the model per step against all-reduce's ~2x per rank; this is the scaling
 limit the paper's Fig. 6.4-6.6 show.
+
+Fast step (`gated_step`): each worker's loss rides in its gradient's control slot; the server
+skips its update if any gathered loss is not finite, and broadcasts the weights as they are.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
 
-from shmlearn.sync.base import SyncStrategy
+from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.timing import PhaseTimer
 
 
 class ParameterServer(SyncStrategy):
     name = "ps"
+    gated = True
 
     def __init__(self, *, rank: int, world_size: int, group=None, dedicated: bool = False):
         super().__init__(rank=rank, world_size=world_size, group=group)
         if dedicated and world_size < 2:
             raise ValueError("a dedicated parameter server needs at least 2 processes")
         self.dedicated = dedicated
-        self._gathered = None  # rank 0: (world, n) receive buffer, allocated once
+        self._gathered = None  # rank 0: (world, n + 1) receive buffer (gradient + control slot)
 
     @property
     def computes(self) -> bool:
@@ -36,26 +40,45 @@ class ParameterServer(SyncStrategy):
     def compute_ranks(self) -> int:
         return self.world_size - 1 if self.dedicated else self.world_size
 
-    def setup(self, model, optimizer, group=None) -> None:
-        super().setup(model, optimizer, group)
+    def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
+        super().setup(model, optimizer, group, channels_last=channels_last)
         if self.rank == 0 and self.world_size > 1:
-            self._gathered = torch.empty((self.world_size, self.grads_flat.numel()),
+            self._gathered = torch.empty((self.world_size, self.grads_ext.numel()),
                                          dtype=self.grads_flat.dtype, device=self.grads_flat.device)
+
+    def _gather_average(self, timer) -> None:
+        server = self.rank == 0
+        with timer.phase("gather"):
+            dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
+                        dst=0, group=self.group)
+        if server:
+            with timer.phase("average"):
+                # A dedicated server's own row holds no gradient: average the workers' rows only.
+                first = 1 if self.dedicated else 0
+                torch.mean(self._gathered[first:, :-1], dim=0, out=self.grads_flat)
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size == 1:
             with timer.phase("update"):
                 self.optimizer.step()
             return
-        server = self.rank == 0
-        with timer.phase("gather"):
-            dist.gather(self.grads_flat, list(self._gathered.unbind(0)) if server else None,
-                        dst=0, group=self.group)
-        if server:
-            with timer.phase("average"):
-                # A dedicated server's own row holds no gradient: average the workers' rows only.
-                first = 1 if self.dedicated else 0
-                torch.mean(self._gathered[first:], dim=0, out=self.grads_flat)
+        self._gather_average(timer)
+        if self.rank == 0:
+            with timer.phase("update"):
+                self.optimizer.step()
+        with timer.phase("broadcast"):
+            dist.broadcast(self.params_flat, src=0, group=self.group)
+
+    def gated_step(self, timer, loss, found_inf, round_) -> None:
+        if self.world_size == 1:
+            check_non_finite(loss.reshape(1), found_inf, self._one)
+            with timer.phase("update"):
+                self.optimizer.step()
+            return
+        self.grads_ext[-1].copy_(loss)
+        self._gather_average(timer)
+        if self.rank == 0:
+            check_non_finite(self._gathered[:, -1].sum().reshape(1), found_inf, self._one)
             with timer.phase("update"):
                 self.optimizer.step()
         with timer.phase("broadcast"):

@@ -12,19 +12,27 @@ Optimizer state (momentum, Adam moments) stays local and is NOT averaged: averag
 double the traffic of every round, and momentum is linear in the gradients, so with heavy-ball
 SGD and K=1 the averaged weights still follow gradient-averaged momentum SGD exactly. Adaptive
 optimizers' per-worker state does diverge; that is part of what this mode studies.
+
+Fast step (`gated_step`): a worker skips its own update once its own loss is not finite; a
+round carries each worker's skip flag in the weight buffer's control slot (as log(1 - flag):
+0, or -inf, which no average can make finite), so after a round every worker knows. Between
+rounds the other workers do not know yet: they go on with their local steps until the round
+or the loop's next read of the losses stops the run (fast.py says what that changes).
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 
+import torch
 import torch.distributed as dist
 
-from shmlearn.sync.base import SyncStrategy
+from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.timing import PhaseTimer
 
 
 class WeightAveraging(SyncStrategy):
     name = "weight-avg"
+    gated = True
 
     def __init__(self, *, rank: int, world_size: int, group=None, period: int = 1):
         super().__init__(rank=rank, world_size=world_size, group=group)
@@ -39,8 +47,7 @@ class WeightAveraging(SyncStrategy):
         return self.local_steps % self.period == 0
 
     def _average(self) -> None:
-        dist.all_reduce(self.params_flat, group=self.group)
-        self.params_flat.div_(self.world_size)
+        self._average_(self.params_flat)
         self.rounds += 1
 
     def step(self, timer: PhaseTimer) -> None:
@@ -50,6 +57,24 @@ class WeightAveraging(SyncStrategy):
         if self.world_size > 1 and self.in_sync:
             with timer.phase("allreduce"):
                 self._average()
+
+    def next_round(self) -> bool:
+        return self.world_size > 1 and (self.local_steps + 1) % self.period == 0
+
+    def gated_step(self, timer, loss, found_inf, round_) -> None:
+        check_non_finite(loss.reshape(1), found_inf, self._one)
+        with timer.phase("update"):
+            self.optimizer.step()
+        if round_:
+            buf = self.params_ext
+            with timer.phase("allreduce"):
+                torch.log(1 - found_inf, out=buf[-1])
+                self._average_(buf)
+            check_non_finite(buf[-1:], found_inf, self._one)
+
+    def host_step(self, round_: bool) -> None:
+        self.local_steps += 1
+        self.rounds += int(round_)
 
     @contextmanager
     def eval_weights(self):

@@ -22,6 +22,10 @@ CASES = [  # (strategy, optimizer, extra config)
     ("ddp", "momentum", {}),
     ("weight-avg", "sgd", {"avg_period": 1}),
     ("weight-avg", "momentum", {"avg_period": 1}),  # momentum is linear in g: still exact at K=1
+    # the fast step (fast.py: fused SGD, losses read every 6 steps, NaN flags in the collective)
+    ("allreduce", "momentum", {"check_every": 6}),
+    ("ps", "momentum", {"check_every": 6}),
+    ("weight-avg", "momentum", {"avg_period": 1, "check_every": 6}),
 ]
 
 

@@ -1,0 +1,309 @@
+"""The training step, shared by the loop (train.py) and the benchmarks (bench/throughput.py).
+
+Two ways to run a step, chosen once per run (`resolve_mode`):
+
+* classic: data -> compute -> the loop reads the loss now (one small all-reduce and a host sync
+  per step) -> strategy.step. A NaN is caught before any update. Every strategy and optimizer.
+
+* fast: the whole step is device work with no host sync, and on CUDA it is captured once in a
+  CUDA graph and replayed (one launch per step instead of ~100):
+      next_batch (device counter) -> forward/backward (bf16 autocast if asked) ->
+      loss into a device history -> strategy.gated_step (communication + fused SGD update)
+  The loop reads the history every `check_every` steps (and at evaluation, checkpoint and the
+  last step): one small all-reduce of every rank's losses, then the host decides as before.
+  NaN safety without the per-step sync: the optimizer is torch's fused SGD, which skips its
+  update on the device while `found_inf` is 1.0, and each strategy sets that flag before the
+  update when a loss it must trust is not finite (allreduce and ps carry the losses in the
+  gradient collective they already do). The flag stays set, so the weights stay those before
+  the bad step; the read then stops every rank and reports the first bad step and its rank, as
+  the classic path does. What changes: up to check_every - 1 more steps are computed (not
+  applied); timestamps between reads are interpolated; with weight averaging and K > 1 the
+  other workers learn of a bad rank only at the next round, so their own replicas may take up to
+  K - 1 more local steps before the run stops (the diverged run writes no checkpoint, and the
+  reported step is the first bad one).
+  Needs: a strategy with `gated_step` (allreduce, ps, weight-avg) and an SGD-family optimizer
+  (sgd, momentum, nesterov); anything else runs classic.
+
+Phase timing in graph mode: a replayed step is one launch and is not split into phases. One step
+in every `sample_every` runs eagerly instead (same kernels, same result) with CUDA events around
+its phases; phase_s is the mean over those sampled steps, step time comes from the wall clock.
+"""
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.tasks import loss_fn
+from shmlearn.timing import NULL_TIMER
+
+PRECISIONS = ("fp32", "bf16")
+CUDA_GRAPH = ("auto", "off")
+DEFAULT_CHECK_EVERY = {"cpu": 1, "cuda": 50}
+"""Steps between reads of the loss when --check-every is not given: on CPU a read costs little,
+on a GPU each read drains the launch queue."""
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    precision: str = "fp32"
+    channels_last: bool = False
+    cuda_graph: str = "auto"
+    check_every: Optional[int] = None
+    """None: DEFAULT_CHECK_EVERY by device."""
+    sample_every: int = 256
+    """Graph mode: run one step in this many eagerly, with phase timing."""
+
+
+@dataclass
+class Window:
+    """What one read learned, for steps [first, first + len(losses))."""
+    first: int
+    losses: List[float]
+    """Mean over computing ranks of the finite losses, one per step (up to the bad step)."""
+    bad: Optional[Tuple[int, int]]
+    """(step, rank) of the first non-finite loss, lowest rank first; None if all finite."""
+    want_eval: bool
+    want_ckpt: bool
+
+
+def fast_capable(strategy, optimizer) -> Optional[str]:
+    """None if the fast step can run this strategy and optimizer, else why not."""
+    if not strategy.gated:
+        return f"strategy {strategy.name} has no fast step"
+    if type(optimizer) is not torch.optim.SGD:
+        return f"optimizer {type(optimizer).__name__}: the fast step needs SGD (fused, with a skip flag)"
+    return None
+
+
+class Stepper:
+    """One rank's training step in the chosen mode; see the module docstring."""
+
+    def __init__(self, *, model, strategy, optimizer, schedule, loader, task: str, device: torch.device,
+                 opts: StepOptions, timer, rank: int, world_size: int, total_steps: int, fault=None,
+                 loss=None):
+        """loss: f(outputs, targets) -> scalar; default the task's (tasks.loss_fn)."""
+        self.model, self.strategy, self.optimizer, self.schedule = model, strategy, optimizer, schedule
+        self.loader, self.task, self.device, self.opts, self.timer = loader, task, device, opts, timer
+        self.rank, self.world_size, self.fault = rank, world_size, fault
+        self.loss = loss or (lambda out, y: loss_fn(task, out, y))
+        self.check_every = opts.check_every or DEFAULT_CHECK_EVERY.get(device.type, 1)
+        why_not = fast_capable(strategy, optimizer)
+        self.fast = why_not is None and self.check_every > 1
+        self.note = why_not if (why_not and self.check_every > 1) else None
+        self.graphs = None
+        self.hist = torch.zeros(total_steps + 1, dtype=torch.float32, device=device)
+        """This rank's loss at every step (fast: written on the device, read every K steps)."""
+        self._pending_from: Optional[int] = None  # first step not yet read
+        self._expected: Optional[int] = None
+        if device.type == "cuda":
+            torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv once
+        if self.fast:
+            self._setup_fast()
+            if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None:
+                self._capture_all_ranks()
+            elif device.type == "cuda" and fault is not None:
+                self.note = "fault injection runs eagerly (no CUDA graph)"
+
+    # -- modes ----------------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return "cuda-graph" if self.graphs else ("fast-eager" if self.fast else "classic")
+
+    def autocast(self):
+        # No weight-cast cache: each weight is cast once per forward anyway, and a cache would
+        # hold tensors across the boundary of a captured graph.
+        return (torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
+                if self.opts.precision == "bf16" else contextlib.nullcontext())
+
+    def _setup_fast(self) -> None:
+        dev = self.device
+        self.found_inf = torch.zeros((), dtype=torch.float32, device=dev)
+        self._t = torch.zeros(1, dtype=torch.int64, device=dev)
+        self._zero = torch.zeros((), dtype=torch.float32, device=dev)
+        for g in self.optimizer.param_groups:
+            # fused SGD: one kernel for all parameters, a learning rate read from the device (the
+            # schedule fills it in place), and found_inf to skip a step without a host sync.
+            g["fused"], g["foreach"] = True, False
+            if not isinstance(g["lr"], torch.Tensor):
+                g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=dev)
+            if g["momentum"] != 0:
+                for p in g["params"]:
+                    # Zero buffers give the first step buf = 0*m + g = g, as torch's first-step
+                    # clone does, and keep the tensors fixed for the graph.
+                    st = self.optimizer.state[p]
+                    if st.get("momentum_buffer") is None:
+                        st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self.optimizer.found_inf = self.found_inf
+
+    # -- the device step (eager, or captured) -----------------------------------------------------
+    def _device_step(self, timer, round_: bool, step: Optional[int] = None) -> None:
+        s = self.strategy
+        if s.computes:
+            with timer.phase("data"):
+                x, y = self.loader.next_batch()
+            with timer.phase("compute"):
+                s.zero_grad()
+                with self.autocast():
+                    out = s.module(x)
+                loss = self.loss(out.float(), y)
+                loss.backward()
+            loss = loss.detach()
+            if self.fault is not None and step is not None:
+                loss = self.fault.fire(self.rank, step, loss)
+            self.hist.index_copy_(0, self._t, loss.reshape(1))
+        else:
+            loss = self._zero
+        s.gated_step(timer, loss, self.found_inf, round_)
+        self._t.add_(1)
+
+    def _kinds(self) -> List[bool]:
+        s = self.strategy
+        if s.name != "weight-avg" or self.world_size == 1:
+            return [False]
+        return [True] if s.period == 1 else [False, True]
+
+    def _capture_all_ranks(self) -> None:
+        """Capture on every rank; if any rank fails, every rank runs eagerly (same maths)."""
+        err = None
+        try:
+            graphs = self._capture()
+        except Exception as e:  # noqa: BLE001 - a failed capture falls back to eager, and says why
+            graphs, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+        ok = torch.tensor([0.0 if graphs else 1.0], device=self.device)
+        if self.world_size > 1:
+            dist.all_reduce(ok)
+        if ok.item() == 0:
+            self.graphs = graphs
+        else:
+            self.note = f"CUDA graph capture failed ({err or 'on another rank'}); running eagerly"
+
+    def _capture(self):
+        """Warm up on a side stream (allocator, cuDNN autotuning, NCCL communicators), capture one
+        graph per kind of step, and put back everything the warm-up touched."""
+        saved_params = self.strategy.params_flat.clone()
+        saved_buffers = [b.clone() for b in self.model.buffers()]
+        self.found_inf.fill_(1.0)  # warm-up steps compute and communicate but never update
+        kinds = self._kinds()
+        try:
+            if self.strategy.computes:
+                self.loader.prepare(0)
+            with self._side_stream():
+                for _ in range(3):
+                    for k in kinds:
+                        self._device_step(NULL_TIMER, k)
+            return {k: self._graph_of(lambda k=k: self._device_step(NULL_TIMER, k)) for k in kinds}
+        finally:  # also after a failed capture: the eager fallback starts from the same state
+            if self.device.type == "cuda":
+                with contextlib.suppress(Exception):
+                    torch.cuda.synchronize(self.device)
+            with torch.no_grad():
+                self.strategy.params_flat.copy_(saved_params)
+                for b, v in zip(self.model.buffers(), saved_buffers):
+                    b.copy_(v)
+            self.found_inf.zero_()
+            self._expected = None  # the next step re-primes the loader and the step counter
+            if self.strategy.computes:
+                self.loader.invalidate()
+
+    @contextlib.contextmanager
+    def _side_stream(self):
+        """Where warm-up runs: a side stream, as torch.cuda.graphs asks (autograd and NCCL set up
+        their per-stream state there, not on the stream being captured)."""
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            yield
+        torch.cuda.current_stream(self.device).wait_stream(side)
+
+    def _graph_of(self, fn):
+        """fn's device work captured in a CUDA graph (fn does not run); replay() runs it."""
+        g = torch.cuda.CUDAGraph()
+        # thread_local: other threads (NCCL's watchdog, the heartbeat) may make CUDA calls.
+        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+            fn()
+        return g
+
+    # -- what the loop calls ----------------------------------------------------------------------
+    def run(self, step: int) -> None:
+        """Do training step `step`: classic: data and compute only (the loop reads, then calls
+        update()); fast: the whole step, on the device, with no host sync."""
+        if self._pending_from is None:
+            self._pending_from = step
+        if not self.fast:
+            s = self.strategy
+            loss = None
+            if s.computes:
+                with self.timer.phase("data"):
+                    x, y = self.loader.batch(step)
+                with self.timer.phase("compute"):
+                    s.zero_grad()
+                    with self.autocast():
+                        out = s.module(x)
+                    loss = self.loss(out.float(), y)
+                    loss.backward()
+                loss = loss.detach()
+            if self.fault is not None:
+                loss = self.fault.fire(self.rank, step, loss)
+            if loss is not None:
+                self.hist[step:step + 1].copy_(loss.reshape(1))
+            return
+        if step != self._expected:
+            self._t.fill_(step)
+        self._expected = step + 1
+        if self.strategy.computes:
+            self.loader.prepare(step)
+        round_ = self.strategy.next_round()
+        sampled = self.graphs is None or step % self.opts.sample_every == 0
+        if sampled:
+            self._device_step(self.timer, round_, step)
+        else:
+            self.graphs[round_].replay()
+        self.strategy.host_step(round_)
+        self.schedule.step()
+        self.timer.step_done(timed=sampled)
+
+    def update(self) -> None:
+        """Classic only: sync and update, after the loop has read a finite loss."""
+        if not self.fast:
+            self.strategy.step(self.timer)
+            self.schedule.step()
+            self.timer.step_done()
+
+    def flush(self, done: int) -> Optional[Window]:
+        """Read whatever is pending (the benchmark does, between timed repeats)."""
+        return self.read(done) if self._pending_from is not None else None
+
+    def due(self, done: int) -> bool:
+        """Whether the loop must read after `done` steps (classic: always)."""
+        return not self.fast or done - self._pending_from >= self.check_every
+
+    def read(self, done: int, want_eval: bool = False, want_ckpt: bool = False) -> Window:
+        """One all-reduce of every rank's losses of steps [first, done) and rank 0's requests;
+        this syncs the device."""
+        first = self._pending_from if self._pending_from is not None else done
+        n, w = done - first, self.world_size
+        ctrl = torch.zeros(w * n + 2, dtype=torch.float64, device=self.device)
+        if self.strategy.computes and n:
+            ctrl[self.rank * n:(self.rank + 1) * n] = self.hist[first:done]
+        ctrl[w * n] = float(want_eval)
+        ctrl[w * n + 1] = float(want_ckpt)
+        if w > 1:
+            dist.all_reduce(ctrl)
+        vals = ctrl.tolist()
+        self._pending_from = None
+        per_rank = [vals[r * n:(r + 1) * n] for r in range(w)]
+        losses, bad = [], None
+        for i in range(n):
+            column = [per_rank[r][i] for r in range(w)]
+            odd = [r for r, v in enumerate(column) if v != v or v in (float("inf"), float("-inf"))]
+            if odd:
+                bad = (first + i, odd[0])
+                break
+            losses.append(sum(column) / self.strategy.compute_ranks)
+        return Window(first, losses, bad, vals[w * n] > 0, vals[w * n + 1] > 0)

@@ -1,0 +1,217 @@
+"""The fast step (fast.py) on the CPU: the maths and the NaN guarantee of the classic step, the
+deferred reads, resume. (The CUDA graph itself needs a GPU: the eager fast step runs the same
+device function that the graph captures.)"""
+import contextlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shmlearn import checkpoint as ckpt
+from shmlearn.config import TrainConfig, validate
+from shmlearn.data import load_dataset, normalizer
+from shmlearn.data.augment import Augment
+from shmlearn.data.loader import ShardedLoader
+from shmlearn.errors import BadInput
+from shmlearn.fast import StepOptions, Stepper
+from shmlearn.guard import Fault
+from shmlearn.launch import free_port
+from shmlearn.models import build_model
+from shmlearn.optim import build_optimizer, build_schedule
+from shmlearn.sync import build_strategy
+from shmlearn.timing import PhaseTimer
+
+
+def _bn_model(spec):
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+def _stepper(check_every, *, fault=None, strategy="allreduce", optimizer="momentum", steps=40, model="mlp",
+             rank=0, world=1, sample_every=256, avg_period=1):
+    data = load_dataset("digits")
+    torch.manual_seed(0)
+    model = _bn_model(data.spec) if model == "bn" else build_model(model, data.spec)
+    opt = build_optimizer(optimizer, model.parameters(), lr=0.1, weight_decay=1e-3)
+    s = build_strategy(strategy, rank=rank, world_size=world, avg_period=avg_period)
+    s.setup(model, opt)
+    loader = ShardedLoader(data.train_x, data.train_y, batch_size=16, shard=rank, num_shards=world, seed=0,
+                           normalize=normalizer(data, torch.device("cpu")), augment=Augment(flip=True))
+    sched = build_schedule("linear", opt, steps, 3)
+    return Stepper(model=model, strategy=s, optimizer=opt, schedule=sched, loader=loader, task="classification",
+                   device=torch.device("cpu"), opts=StepOptions(check_every=check_every, sample_every=sample_every),
+                   timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps, fault=fault)
+
+
+def _train(st, steps):
+    """The loop's protocol: run, read when due, update (classic) unless the read found a NaN."""
+    for step in range(steps):
+        st.run(step)
+        if st.due(step + 1) or step + 1 == steps:
+            win = st.read(step + 1)
+            if win.bad is not None:
+                return win
+            st.update()
+    return None
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
+def test_fast_step_equals_classic_step(optimizer):
+    classic, fast = _stepper(1, optimizer=optimizer), _stepper(6, optimizer=optimizer)
+    assert (classic.mode, fast.mode) == ("classic", "fast-eager")
+    _train(classic, 40), _train(fast, 40)
+    torch.testing.assert_close(fast.strategy.params_flat, classic.strategy.params_flat, rtol=1e-5, atol=1e-6)
+    # the schedule drove the device-resident learning rate
+    assert float(fast.optimizer.param_groups[0]["lr"]) == pytest.approx(classic.optimizer.param_groups[0]["lr"])
+
+
+def test_nan_is_never_applied_and_reported_at_its_step():
+    """Loss NaN at step 6, read at step 8: the weights are those after steps 0-5, exactly as the
+    classic step (which stops before applying step 6) leaves them."""
+    fast = _stepper(4, fault=Fault("nan", 0, 6))
+    win = _train(fast, 12)
+    assert win is not None and win.bad == (6, 0) and len(win.losses) == 2  # steps 4 and 5 were fine
+    assert float(fast.found_inf) == 1.0
+    classic = _stepper(1)
+    _train(classic, 6)
+    torch.testing.assert_close(fast.strategy.params_flat, classic.strategy.params_flat, rtol=1e-5, atol=1e-6)
+    assert torch.isfinite(fast.strategy.params_flat).all()
+
+
+def test_other_optimizers_and_ddp_stay_classic_and_say_why():
+    st = _stepper(8, optimizer="adam")
+    assert st.mode == "classic" and "SGD" in st.note
+
+
+def test_new_flags_are_validated():
+    for kw, flag in (({"precision": "fp16"}, "--precision fp16"), ({"cuda_graph": "on"}, "--cuda-graph on"),
+                     ({"check_every": 0}, "--check-every 0"), ({"augment": "rotate"}, "--augment rotate")):
+        with pytest.raises(BadInput, match=flag):
+            validate(TrainConfig(**kw))
+
+
+def _run(args, fault=None):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    env["PYTHONUNBUFFERED"] = "1"
+    if fault:
+        env["SHMLEARN_FAULT"] = fault
+    return subprocess.run([sys.executable, "-m", "shmlearn", "train", *args], capture_output=True, text=True,
+                          timeout=300, env=env)
+
+
+BASE = ["--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32", "--eval-points", "2",
+        "--no-progress", "--workers", "2", "--check-every", "7", "--checkpoint-every", "40"]
+
+
+def _weights(out):
+    step = ckpt.candidates(str(out))[0]
+    return ckpt.read_file(os.path.join(ckpt.step_dir(str(out), step), "rank0.ckpt"))["model"]
+
+
+def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
+    ref, out = tmp_path / "ref", tmp_path / "run"
+    assert _run(BASE + ["--out", str(ref)]).returncode == 0
+    r = _run(BASE + ["--out", str(out)], fault="kill:1:130")
+    assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
+    r = _run(BASE + ["--out", str(out), "--resume"])
+    assert r.returncode == 0, r.stderr
+    s = json.load(open(out / "summary.json"))
+    assert (s["steps"], s["resumed_from_step"], s["step_mode"], s["check_every"]) == (200, 120, "fast-eager", 7)
+    a, b = _weights(out), _weights(ref)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=0, atol=0)
+    # every step's loss is logged, every 10 steps, with interpolated times that never go back
+    rows = [json.loads(l) for l in open(ref / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == list(range(10, 201, 10))
+    assert all(b["time_s"] >= a["time_s"] for a, b in zip(rows, rows[1:]))
+
+
+@pytest.mark.parametrize("strategy,extra", [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"])])
+def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy, extra):
+    out = tmp_path / "run"
+    r = _run(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress", "--workers", "3",
+              "--check-every", "7", "--strategy", strategy, *extra, "--out", str(out)], fault="nan:2:17")
+    assert r.returncode == 3, r.stderr
+    s = json.load(open(out / "summary.json"))
+    assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
+
+
+# --- the graph protocol, with a stand-in for the CUDA graph ---------------------------------------
+# On a GPU `_graph_of(fn)` captures fn's kernels without running them and replay() runs them. The
+# stand-in keeps fn and calls it on replay: what is tested is everything around the capture
+# (warm-up that must leave no trace, restored weights, BatchNorm buffers and flags, the loader's
+# device counter, one graph per kind of step, eager sampled steps between replays).
+
+class _FakeGraph:
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+
+    def replay(self):
+        self.replays += 1
+        self.fn()
+
+
+def _fake_cuda_graphs(monkeypatch):
+    monkeypatch.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(Stepper, "_graph_of", lambda self, fn: _FakeGraph(fn))
+
+
+def test_graph_protocol_gives_the_eager_result(monkeypatch):
+    _fake_cuda_graphs(monkeypatch)
+    eager = _stepper(5, model="bn")
+    graph = _stepper(5, model="bn", sample_every=4)
+    graph._capture_all_ranks()
+    assert graph.mode == "cuda-graph" and graph.note is None
+    _train(eager, 40), _train(graph, 40)
+    assert graph.graphs[False].replays == 30 and graph.timer.timed_steps == 10  # steps 0, 4, 8, ...
+    torch.testing.assert_close(graph.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
+    for a, b in zip(graph.model.buffers(), eager.model.buffers()):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_failed_capture_falls_back_to_eager_from_the_same_state(monkeypatch):
+    def broken(self, fn):
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(Stepper, "_graph_of", broken)
+    eager, fell = _stepper(5, model="bn"), _stepper(5, model="bn")
+    fell._capture_all_ranks()
+    assert fell.mode == "fast-eager" and "capture failed (RuntimeError: operation not permitted" in fell.note
+    _train(eager, 20), _train(fell, 20)
+    torch.testing.assert_close(fell.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
+
+
+def _graph_worker(rank, world, port, out, cases):
+    import pytest as _pytest  # noqa: F401 - the monkeypatch below is by hand in a spawned process
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    Stepper._side_stream = lambda self: contextlib.nullcontext()
+    Stepper._graph_of = lambda self, fn: _FakeGraph(fn)
+    for i, (strategy, period) in enumerate(cases):
+        res = []
+        for graph in (False, True):
+            st = _stepper(4, strategy=strategy, rank=rank, world=world, sample_every=3, avg_period=period)
+            if graph:
+                st._capture_all_ranks()
+                assert st.mode == "cuda-graph", st.note
+                assert len(st.graphs) == (2 if period > 1 else 1)
+            _train(st, 40)
+            res.append(st.strategy.params_flat.clone())
+        torch.save(res, os.path.join(out, f"case{i}-rank{rank}.pt"))
+    dist.destroy_process_group()
+
+
+def test_graph_protocol_on_two_processes(tmp_path):
+    cases = [("allreduce", 1), ("ps", 1), ("weight-avg", 3)]
+    mp.spawn(_graph_worker, args=(2, free_port(), str(tmp_path), cases), nprocs=2, join=True)
+    for i, (strategy, period) in enumerate(cases):
+        (e0, g0), (e1, g1) = (torch.load(os.path.join(tmp_path, f"case{i}-rank{r}.pt")) for r in range(2))
+        torch.testing.assert_close(g0, e0, rtol=0, atol=0, msg=strategy)
+        torch.testing.assert_close(g1, e1, rtol=0, atol=0, msg=strategy)
+        if strategy != "weight-avg":  # weight-avg replicas differ between rounds (40 % 3 != 0)
+            torch.testing.assert_close(g0, g1, rtol=0, atol=0)
