@@ -20,7 +20,12 @@ def _ps_sim(sub) -> None:
     register(sub)
 
 
-SUBCOMMANDS: List[Callable] = [_comm, _ps_sim]
+def _throughput(sub) -> None:
+    from shmlearn.bench.throughput import register
+    register(sub)
+
+
+SUBCOMMANDS: List[Callable] = [_comm, _ps_sim, _throughput]
 """register(bench_subparsers) functions, one per `shmlearn bench` subcommand."""
 
 

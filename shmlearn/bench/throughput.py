@@ -1,0 +1,520 @@
+"""`shmlearn bench throughput`: training steps per second of shmlearn's step against what a user
+would write instead, in the same run, on the same device (DESIGN.md Style 7; seed 004).
+
+For each worker count W (one fresh process group: Gloo on CPU processes, NCCL with one process
+per GPU) and each per-worker batch B, every variant trains the same model (same seed) with the
+same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input shape:
+
+  plain        the eager loop a user writes: a device-resident float dataset indexed by a
+               random permutation, zero_grad(set_to_none), forward, cross-entropy, backward,
+               step; same precision and memory format as shmlearn's (--precision,
+               --channels-last). With W > 1 every rank runs it alone: no communication.
+  plain-fp32   the same loop in fp32, contiguous (what most code does).
+  ddp          torch DistributedDataParallel around the plain loop (W > 1).
+  local        shmlearn's step with no communication (each rank its own world; W > 1): the
+               ceiling for any strategy.
+  <strategy>   shmlearn's step (fast.py) exactly as `shmlearn train` runs it: device loader,
+               the chosen step mode (CUDA graph on CUDA unless --cuda-graph off), the loss read
+               every --check-every steps. `allreduce:eager` forces --cuda-graph off.
+
+Method: each variant is built, warmed up (its CUDA graph captured, cuDNN autotuned), then timed
+`repeats` times. A repeat: synchronize the device, barrier, perf_counter, `steps` steps,
+synchronize, perf_counter; its time is the slowest rank's. `steps` is chosen from the warm-up so
+a repeat lasts about --seconds (the same on every rank). Reported: median and spread (min,
+quartiles, max) of steps/s and samples/s (all workers' samples), and ratios to plain, ddp and
+the same variant at one worker.
+
+`--sync-models resnet34` adds, for W > 1, the gradient sync alone: shmlearn's average of the
+flat gradient buffer (what every allreduce step does) against a bare all_reduce of the same
+number of bytes, both as nccl-tests bus bandwidth (2(W-1)/W x bytes / time).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from shmlearn.bench.common import environment, init_group, parse_int_list, run_ranks, stats, sync
+from shmlearn.errors import BadInput, WorkerFailed
+
+BASELINES = ("plain", "plain-fp32", "ddp", "local")
+STRATEGY_NAMES = ("allreduce", "ps", "weight-avg")
+
+
+@dataclass(kw_only=True)
+class ThroughputConfig:
+    model: str = "alexnet-small"
+    input_shape: List[int] = field(default_factory=lambda: [3, 32, 32])
+    """(C, H, W) of the random images."""
+    classes: int = 10
+    device: str = "cpu"
+    batch_sizes: List[int] = field(default_factory=lambda: [128])
+    """Per worker."""
+    workers: List[int] = field(default_factory=lambda: [1])
+    strategies: List[str] = field(default_factory=lambda: ["allreduce"])
+    """shmlearn strategies; 'name:eager' runs it without a CUDA graph."""
+    baselines: List[str] = field(default_factory=lambda: ["plain", "ddp", "local"])
+    avg_period: int = 8
+    precision: str = "fp32"
+    channels_last: bool = False
+    cuda_graph: str = "auto"
+    check_every: Optional[int] = None
+    repeats: int = 5
+    seconds: float = 1.0
+    """Target length of one timed repeat."""
+    warmup_steps: int = 10
+    lr: float = 0.01
+    threads: Optional[int] = None
+    """CPU: intra-op threads per process (default: cores / W)."""
+    samples: int = 50000
+    """Images in the random dataset (the loaders wrap around it every epoch)."""
+    sync_models: List[str] = field(default_factory=list)
+    sync_iters: int = 20
+
+
+# --- building blocks ---------------------------------------------------------------------------
+
+def _spec(c: ThroughputConfig):
+    from shmlearn.data.base import DataSpec
+    return DataSpec(name="random", task="classification", input_shape=tuple(c.input_shape),
+                    num_outputs=c.classes)
+
+
+def _model(c: ThroughputConfig, device, model_name: Optional[str] = None):
+    from shmlearn.models import build_model
+    torch.manual_seed(0)
+    return build_model(model_name or c.model, _spec(c)).to(device)
+
+
+_DATA: Dict[tuple, tuple] = {}
+
+
+def _random_data(c: ThroughputConfig, n: int, device, rank: int):
+    """Random uint8 images (never all zeros) and labels on the device, made once per process."""
+    key = (n, tuple(c.input_shape), c.classes, str(device), rank)
+    if key not in _DATA:
+        _DATA.clear()
+        g = torch.Generator().manual_seed(1234 + rank)
+        x = torch.randint(0, 256, (n, *c.input_shape), dtype=torch.uint8, generator=g)
+        y = torch.randint(0, c.classes, (n,), generator=g)
+        _DATA[key] = (x.to(device), y.to(device))
+    return _DATA[key]
+
+
+def _sgd(params, lr):
+    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+
+
+class _Plain:
+    """The loop a user would write, on data already on the device."""
+
+    def __init__(self, c, device, batch, rank, world, *, fp32: bool, ddp: bool):
+        import torch.nn.functional as F
+        self.F = F
+        self.bf16 = c.precision == "bf16" and not fp32
+        cl = c.channels_last and not fp32
+        model = _model(c, device)
+        if cl:
+            model = model.to(memory_format=torch.channels_last)
+        if ddp:
+            from torch.nn.parallel import DistributedDataParallel
+            model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
+                                            gradient_as_bucket_view=True)
+        self.model, self.opt = model, _sgd(model.parameters(), c.lr)
+        n = max(c.samples, 4 * batch * world)
+        xu, self.y = _random_data(c, n, device, 0)
+        x = (xu.float() - 127.5) / 64.0
+        self.x = x.contiguous(memory_format=torch.channels_last) if cl else x
+        self.batch, self.n, self.device = batch, n, device
+        self.gen = torch.Generator(device=device).manual_seed(rank)
+        self.perm, self.i = torch.randperm(n, device=device, generator=self.gen), 0
+
+    def step(self, _step: int) -> None:
+        b = self.batch
+        if self.i + b > self.n:
+            self.perm, self.i = torch.randperm(self.n, device=self.device, generator=self.gen), 0
+        idx = self.perm[self.i:self.i + b]
+        self.i += b
+        x, y = self.x[idx], self.y[idx]
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
+            out = self.model(x)
+        loss = self.F.cross_entropy(out.float(), y)
+        loss.backward()
+        self.opt.step()
+
+    def close(self) -> None:
+        self.model = None
+
+
+class _Shmlearn:
+    """shmlearn's step (fast.py), built the way train.py builds it."""
+
+    def __init__(self, c, device, batch, rank, world, *, strategy: str, eager: bool, local: bool):
+        from shmlearn.data.loader import ShardedLoader
+        from shmlearn.fast import StepOptions, Stepper
+        from shmlearn.optim import build_schedule
+        from shmlearn.sync import build_strategy
+        from shmlearn.timing import PhaseTimer
+        w = 1 if local else world
+        r = 0 if local else rank
+        model = _model(c, device)
+        opt = _sgd(model.parameters(), c.lr)
+        self.strategy = build_strategy(strategy, rank=r, world_size=w, avg_period=c.avg_period)
+        self.strategy.setup(model, opt, channels_last=c.channels_last)
+        n = max(c.samples, 4 * batch * world)
+        x, y = _random_data(c, n, device, 0)
+        mean = torch.full((1, c.input_shape[0], 1, 1), 127.5, device=device)
+        inv = torch.full((1, c.input_shape[0], 1, 1), 1 / 64.0, device=device)
+        loader = ShardedLoader(x, y, batch_size=batch, shard=r, num_shards=w, seed=0,
+                               normalize=lambda t: (t.float() - mean) * inv, channels_last=c.channels_last)
+        schedule = build_schedule("constant", opt, 1 << 30)
+        self.timer = PhaseTimer(device, rank)
+        opts = StepOptions(precision=c.precision, channels_last=c.channels_last,
+                           cuda_graph="off" if eager else c.cuda_graph, check_every=c.check_every)
+        self.stepper = Stepper(model=model, strategy=self.strategy, optimizer=opt, schedule=schedule,
+                               loader=loader, task="classification", device=device, opts=opts,
+                               timer=self.timer, rank=r, world_size=w, total_steps=1 << 20)
+        self.bad = None
+
+    @property
+    def mode(self) -> str:
+        return self.stepper.mode
+
+    def step(self, step: int) -> None:
+        st = self.stepper
+        st.run(step)
+        if st.due(step + 1):
+            win = st.read(step + 1)
+            if win.bad is None:
+                st.update()
+            elif self.bad is None:
+                self.bad = win.bad
+
+    def flush(self, step: int) -> None:
+        """Read what is pending (untimed, between repeats)."""
+        self.stepper.flush(step)
+
+    def close(self) -> None:
+        self.stepper.graphs = None
+
+
+# --- one rank ----------------------------------------------------------------------------------
+
+def _variants(c: ThroughputConfig, world: int) -> List[str]:
+    out = []
+    for b in c.baselines:
+        if b in ("plain", "plain-fp32") or (world > 1 and b in ("ddp", "local")):
+            out.append(b)
+    for s in c.strategies:
+        name = s.split(":")[0]
+        if world == 1 and name != "allreduce":
+            continue  # every strategy is the same step at one worker
+        out.append(s)
+    return out
+
+
+def _build(c, v: str, device, batch, rank, world):
+    if v in ("plain", "plain-fp32", "ddp"):
+        return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v == "ddp")
+    if v == "local":
+        return _Shmlearn(c, device, batch, rank, world, strategy="allreduce", eager=False, local=True)
+    name, _, mod = v.partition(":")
+    return _Shmlearn(c, device, batch, rank, world, strategy=name, eager=mod == "eager", local=False)
+
+
+def _worker(rank: int, world: int, port: int, cfg: dict):
+    import warnings
+    import torch.distributed as dist
+    c = ThroughputConfig(**cfg)
+    # ps workers and `local` never call optimizer.step() in Python (graph replays, or rank 0 steps)
+    warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
+    device = init_group("nccl" if c.device == "cuda" else "gloo", rank, world, port)
+    if device.type == "cpu":
+        torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
+    else:
+        torch.backends.cudnn.benchmark = True  # fixed shapes: every variant gets autotuned convs
+    flag = torch.zeros(1, device=device)
+
+    def barrier():
+        dist.all_reduce(flag)
+        sync(device)
+
+    def slowest(t: float) -> float:
+        v = torch.tensor([t], dtype=torch.float64, device=device)
+        dist.all_reduce(v, op=dist.ReduceOp.MAX)
+        return v.item()
+
+    rows = []
+    try:
+        for batch in c.batch_sizes:
+            rows += _measure_batch(c, batch, device, rank, world, barrier, slowest)
+        if world > 1:
+            for m in c.sync_models:
+                rows.append(_sync_bench(c, m, device, rank, world, barrier))
+    finally:
+        dist.destroy_process_group()
+    return rows if rank == 0 else None
+
+
+def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict]:
+    """Build and warm up every variant, then time them round-robin (repeat 1 of each, repeat 2 of
+    each, ...): a machine whose speed drifts (other load, clocks) bends every variant alike."""
+    live = []  # (row, runner, steps per repeat, times)
+    rows = []
+    step = {}
+    for v in _variants(c, world):
+        row = {"workers": world, "batch": batch, "variant": v}
+        rows.append(row)
+        try:
+            t_build = time.perf_counter()
+            runner = _build(c, v, device, batch, rank, world)
+            row["mode"] = getattr(runner, "mode", "eager")
+            note = getattr(getattr(runner, "stepper", None), "note", None)
+            if note:
+                row["note"] = note
+            step[v] = 0
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(c.warmup_steps):
+                runner.step(step[v])
+                step[v] += 1
+            sync(device)
+            per_step = slowest((time.perf_counter() - t0) / c.warmup_steps)
+            row["setup_s"] = slowest(time.perf_counter() - t_build)
+            n = int(min(5000, max(5, math.ceil(c.seconds / max(per_step, 1e-6)))))
+            live.append((row, runner, n, []))
+        except Exception as e:  # noqa: BLE001 - one variant failing must not lose the rest
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            if world > 1:
+                raise  # the other ranks would wait in a collective
+    for _ in range(c.repeats):
+        for row, runner, n, times in live:
+            v = row["variant"]
+            if hasattr(runner, "flush"):
+                runner.flush(step[v])
+            barrier()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                runner.step(step[v])
+                step[v] += 1
+            sync(device)
+            times.append(slowest(time.perf_counter() - t0))
+    for row, runner, n, times in live:
+        if hasattr(runner, "flush"):
+            runner.flush(step[row["variant"]])
+        row.update(steps_per_repeat=n, repeat_s=stats(times), steps_per_s=stats([n / t for t in times]),
+                   samples_per_s=stats([n * batch * world / t for t in times]))
+        if getattr(runner, "bad", None):
+            row["note"] = f"non-finite loss at step {runner.bad[0]} (random labels, lr {c.lr})"
+        runner.close()
+    live.clear()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _sync_bench(c, model_name: str, device, rank: int, world: int, barrier) -> Dict[str, Any]:
+    """shmlearn's gradient average of the flat buffer vs a bare all_reduce of the same bytes."""
+    import torch.distributed as dist
+    from shmlearn.sync import build_strategy
+    model = _model(c, device, model_name)
+    s = build_strategy("allreduce", rank=rank, world_size=world)
+    s.setup(model, _sgd(model.parameters(), c.lr))
+    g = torch.Generator().manual_seed(rank)
+    s.grads_ext.copy_(torch.randn(s.grads_ext.numel(), generator=g).to(device))
+    bare = torch.randn(s.grads_ext.numel(), generator=g).to(device)
+    nbytes = s.grads_ext.numel() * s.grads_ext.element_size()
+
+    def timed(fn) -> float:
+        barrier()
+        if device.type == "cuda":
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            a.record()
+            fn()
+            b.record()
+            b.synchronize()
+            return a.elapsed_time(b) / 1e3
+        t0 = time.perf_counter()
+        fn()
+        return time.perf_counter() - t0
+
+    out: Dict[str, Any] = {"sync_model": model_name, "workers": world, "bytes": nbytes,
+                           "params": s.grads_flat.numel()}
+    factor = 2 * (world - 1) / world
+    for name, fn in (("shmlearn", lambda: s._average_(s.grads_ext)),
+                     ("bare_all_reduce", lambda: dist.all_reduce(bare))):
+        for _ in range(3):
+            timed(fn)
+        ts = torch.tensor([timed(fn) for _ in range(c.sync_iters)], dtype=torch.float64, device=device)
+        dist.all_reduce(ts, op=dist.ReduceOp.MAX)
+        st = stats(ts.tolist())
+        out[name] = {"time_s": st, "busbw_GBps": nbytes * factor / st["median"] / 1e9}
+    out["ratio"] = out["shmlearn"]["busbw_GBps"] / out["bare_all_reduce"]["busbw_GBps"]
+    return out
+
+
+# --- the whole benchmark -----------------------------------------------------------------------
+
+def check(c: ThroughputConfig) -> None:
+    from shmlearn.fast import CUDA_GRAPH, PRECISIONS
+    from shmlearn.models import MODELS
+    if c.device not in ("cpu", "cuda"):
+        raise BadInput(f"--device {c.device}: choose cpu or cuda")
+    if c.device == "cuda":
+        n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if max(c.workers) > n:
+            raise BadInput(f"--workers {max(c.workers)}: needs one GPU per worker, {n} present")
+    for m in [c.model] + list(c.sync_models):
+        if m not in MODELS:
+            raise BadInput(f"--model {m}: unknown model; choose one of {', '.join(MODELS)}")
+    for s in c.strategies:
+        name, _, mod = s.partition(":")
+        if name not in STRATEGY_NAMES or mod not in ("", "eager"):
+            raise BadInput(f"--strategies {s}: choose from {', '.join(STRATEGY_NAMES)} (optionally :eager)")
+    for b in c.baselines:
+        if b not in BASELINES:
+            raise BadInput(f"--baselines {b}: choose from {', '.join(BASELINES)}")
+    if c.precision not in PRECISIONS:
+        raise BadInput(f"--precision {c.precision}: choose one of {', '.join(PRECISIONS)}")
+    if c.cuda_graph not in CUDA_GRAPH:
+        raise BadInput(f"--cuda-graph {c.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
+    if c.repeats < 5:
+        raise BadInput(f"--repeats {c.repeats}: at least 5 (a median and a spread need them)")
+    if len(c.input_shape) != 3 or min(c.input_shape) < 1:
+        raise BadInput(f"--input {'x'.join(map(str, c.input_shape))}: expected CxHxW, e.g. 3x32x32")
+
+
+def run(c: ThroughputConfig, *, log=print) -> Dict[str, Any]:
+    check(c)
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast off (shared hosts; KINDS.md)
+    doc: Dict[str, Any] = {"benchmark": "throughput", "schema": 1,
+                           "env": environment("nccl" if c.device == "cuda" else "gloo"),
+                           "config": asdict(c), "results": [], "sync": []}
+    for w in c.workers:
+        t0 = time.perf_counter()
+        try:
+            rows = run_ranks(_worker, w, (asdict(c),))[0]
+        except WorkerFailed as e:  # keep the other worker counts' results
+            rows = [{"workers": w, "batch": 0, "variant": "*", "error": str(e)}]
+        doc["results"].extend(r for r in rows if "variant" in r)
+        doc["sync"].extend(r for r in rows if "sync_model" in r)
+        log(f"bench throughput: W={w}: {len(rows)} rows in {time.perf_counter() - t0:.1f} s")
+    _ratios(doc["results"])
+    doc["env"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
+    return doc
+
+
+def _ratios(rows: List[dict]) -> None:
+    """vs_plain, vs_ddp (same W and B) and scaling (same variant at W=1, same B) of median samples/s."""
+    def med(w, b, v):
+        for r in rows:
+            if (r["workers"], r["batch"], r["variant"]) == (w, b, v) and "samples_per_s" in r:
+                return r["samples_per_s"]["median"]
+        return None
+    for r in rows:
+        if "samples_per_s" not in r:
+            continue
+        x = r["samples_per_s"]["median"]
+        for key, ref in (("vs_plain", med(r["workers"], r["batch"], "plain")),
+                         ("vs_ddp", med(r["workers"], r["batch"], "ddp")),
+                         ("vs_local", med(r["workers"], r["batch"], "local")),
+                         ("scaling", med(1, r["batch"], r["variant"] if r["variant"] not in ("local", "ddp")
+                                         else "allreduce"))):
+            if ref and not (key == "scaling" and r["workers"] == 1):
+                r[key] = x / ref
+
+
+def table(doc: Dict[str, Any]) -> str:
+    e = doc["env"]
+    lines = [f"bench throughput: {doc['config']['model']} {'x'.join(map(str, doc['config']['input_shape']))}, "
+             f"{e['device']} x{max(doc['config']['workers'])}, torch {e['torch_version']}, "
+             f"precision {doc['config']['precision']}{', channels_last' if doc['config']['channels_last'] else ''}, "
+             f"{doc['config']['repeats']} repeats, {e['date']}",
+             f"{'W':>2} {'B':>5} {'variant':<16}{'mode':<11}{'ms/step':>9}{'steps/s':>10}{'samples/s':>12}"
+             f"{'p25-p75 samples/s':>22}{'vs plain':>9}{'vs ddp':>8}{'vs local':>9}{'scaling':>8}"]
+
+    def f(r, k):
+        return f"{r[k]:.2f}" if k in r else "-"
+    for r in doc["results"]:
+        if "samples_per_s" not in r:
+            lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<16}failed: {r.get('error', '?')}")
+            continue
+        sp, st = r["samples_per_s"], r["steps_per_s"]
+        lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<16}{r.get('mode', ''):<11}"
+                     f"{1e3 / st['median']:>9.3f}{st['median']:>10.1f}{sp['median']:>12.0f}"
+                     f"{sp['p25']:>11.0f}-{sp['p75']:<10.0f}{f(r, 'vs_plain'):>9}{f(r, 'vs_ddp'):>8}"
+                     f"{f(r, 'vs_local'):>9}{f(r, 'scaling'):>8}")
+    for s in doc.get("sync", []):
+        lines.append(f"gradient sync {s['sync_model']} W={s['workers']} {s['bytes'] / 2**20:.1f} MiB: shmlearn "
+                     f"{s['shmlearn']['time_s']['median'] * 1e3:.3f} ms ({s['shmlearn']['busbw_GBps']:.1f} GB/s busbw), "
+                     f"bare all_reduce {s['bare_all_reduce']['time_s']['median'] * 1e3:.3f} ms "
+                     f"({s['bare_all_reduce']['busbw_GBps']:.1f} GB/s): {100 * s['ratio']:.1f}%")
+    return "\n".join(lines)
+
+
+# --- command line ------------------------------------------------------------------------------
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "throughput", help="steps/s of shmlearn's step vs a plain PyTorch loop and DDP, same run",
+        description="Median and spread of steps/s and samples/s over repeats, for shmlearn's strategies and, "
+                    "in the same run, a plain PyTorch eager loop, torch DDP and shmlearn with no "
+                    "communication, with the same model, batch and optimizer (SGD momentum). JSON out, "
+                    "table printed last.")
+    p.add_argument("--model", default="alexnet-small", help="model name [alexnet-small]")
+    p.add_argument("--input", default="3x32x32", help="image shape CxHxW [3x32x32]")
+    p.add_argument("--classes", type=int, default=10, help="classes [10]")
+    p.add_argument("--device", default="cpu", help="cpu (Gloo processes) or cuda (one process per GPU, NCCL) [cpu]")
+    p.add_argument("--batch-sizes", default="128", help="per-worker batch sizes, e.g. 128,1024 [128]")
+    p.add_argument("--workers", default="1", help="worker counts, e.g. 1,2 [1]")
+    p.add_argument("--strategies", default="allreduce",
+                   help="shmlearn strategies: allreduce,ps,weight-avg; name:eager = without a CUDA graph [allreduce]")
+    p.add_argument("--baselines", default="plain,ddp,local", help=f"subset of {','.join(BASELINES)} [plain,ddp,local]")
+    p.add_argument("--avg-period", type=int, default=8, help="weight-avg: average every K steps [8]")
+    p.add_argument("--precision", default="fp32", help="fp32 or bf16 (shmlearn and plain) [fp32]")
+    p.add_argument("--channels-last", action="store_true", help="channels_last weights and batches (shmlearn and plain)")
+    p.add_argument("--cuda-graph", default="auto", help="auto or off [auto]")
+    p.add_argument("--check-every", type=int, default=None, help="read losses every K steps [1 on CPU, 50 on CUDA]")
+    p.add_argument("--repeats", type=int, default=5, help="timed repeats per setting, >= 5 [5]")
+    p.add_argument("--seconds", type=float, default=1.0, help="target seconds per repeat [1]")
+    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps after building [10]")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per process [cores / W]")
+    p.add_argument("--samples", type=int, default=50000, help="images in the random dataset [50000]")
+    p.add_argument("--sync-models", default="", help="W > 1: also time the gradient sync of these models, e.g. resnet34")
+    p.add_argument("--out", default="throughput.json", help="JSON file [throughput.json]")
+    p.set_defaults(func=cmd_throughput)
+
+
+def config_from_args(ns) -> ThroughputConfig:
+    try:
+        shape = [int(v) for v in ns.input.lower().split("x")]
+    except ValueError:
+        raise BadInput(f"--input {ns.input}: expected CxHxW, e.g. 3x32x32") from None
+    split = lambda s: [v for v in s.split(",") if v.strip()]  # noqa: E731
+    return ThroughputConfig(model=ns.model, input_shape=shape, classes=ns.classes, device=ns.device,
+                            batch_sizes=parse_int_list(ns.batch_sizes, flag="--batch-sizes"),
+                            workers=parse_int_list(ns.workers, flag="--workers"),
+                            strategies=split(ns.strategies), baselines=split(ns.baselines),
+                            avg_period=ns.avg_period, precision=ns.precision, channels_last=ns.channels_last,
+                            cuda_graph=ns.cuda_graph, check_every=ns.check_every, repeats=ns.repeats,
+                            seconds=ns.seconds, warmup_steps=ns.warmup_steps, threads=ns.threads,
+                            samples=ns.samples,
+                            sync_models=split(ns.sync_models))
+
+
+def cmd_throughput(ns) -> int:
+    c = config_from_args(ns)
+    doc = run(c)
+    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+    with open(ns.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    print(f"wrote {ns.out}")
+    print(table(doc))
+    return 0
