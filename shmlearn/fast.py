@@ -137,6 +137,7 @@ class Stepper:
                     st = self.optimizer.state[p]
                     if st.get("momentum_buffer") is None:
                         st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+        self._lr = [g["lr"] for g in self.optimizer.param_groups]
         self.optimizer.found_inf = self.found_inf
 
     # -- the device step (eager, or captured) -----------------------------------------------------
@@ -266,7 +267,20 @@ class Stepper:
             self.graphs[round_].replay()
         self.strategy.host_step(round_)
         self.schedule.step()
+        self._keep_lr_tensors()
         self.timer.step_done(timed=sampled)
+
+    def _keep_lr_tensors(self) -> None:
+        """Recent torch schedulers fill a tensor learning rate in place; older ones assign a
+        float. Either way the value ends up in the tensor the graph and fused SGD read."""
+        for g, t in zip(self.optimizer.param_groups, self._lr):
+            v = g["lr"]
+            if v is not t:
+                if isinstance(v, torch.Tensor):
+                    t.copy_(v)
+                else:
+                    t.fill_(float(v))
+                g["lr"] = t
 
     def update(self) -> None:
         """Classic only: sync and update, after the loop has read a finite loss."""
