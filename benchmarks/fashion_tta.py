@@ -222,7 +222,7 @@ def main(argv=None) -> int:
     p.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     p.add_argument("--device", default="cuda")
     p.add_argument("--workers", default="1")
-    p.add_argument("--recipes", default="fast,long")
+    p.add_argument("--recipes", default="fast5-flip,long16")
     p.add_argument("--seeds", type=int, default=5)
     p.add_argument("--epochs", type=float, default=None, help="override the recipes' epochs (smoke tests)")
     p.add_argument("--subset", type=int, default=None, help="train on the first N images only (smoke tests)")
