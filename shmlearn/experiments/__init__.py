@@ -21,11 +21,14 @@ EXPERIMENTS: Dict[str, Tuple[str, str]] = {
 }
 
 
-def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out: str = None) -> str:
+def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out: str = None,
+                   axes: Dict[str, list] = None) -> str:
     if name not in EXPERIMENTS:
         raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
     out = out or os.path.join("experiments", f"{time.strftime('%Y%m%d-%H%M%S')}-{name}{'-quick' if quick else ''}")
     if os.path.exists(os.path.join(out, "runs")):
         raise BadInput(f"--out {out}: already holds an experiment; choose another directory")
     module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
-    return module.run_experiment(Context(out=out, quick=quick, device=device))
+    if axes and not getattr(module, "SWEEPS", False):
+        raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")
+    return module.run_experiment(Context(out=out, quick=quick, device=device, axes=dict(axes or {})))

@@ -12,6 +12,8 @@ import torch
 from shmlearn.experiments.common import Context, fashion_or
 from shmlearn.sweep import SweepConfig, run_sweep, winners_table
 
+SWEEPS = True
+"""`--axis` may replace axes of the grid (e.g. a coarser lr grid where device time is short)."""
 PAPER_WINNERS = {1: (128, 0.5), 2: (128, 0.5), 4: (128, 0.4), 8: (64, 0.6)}
 """Seed 000: batch and lr chosen per worker count (Caffe, CIFAR-10)."""
 
@@ -32,13 +34,19 @@ def run_experiment(ctx: Context) -> str:
         axes = {"workers": _worker_counts(ctx), "batch_size": [16, 32, 64, 128, 256, 512],
                 "lr": [round(0.1 * i, 1) for i in range(1, 10)]}
         budget = 307_200
+    axes.update(ctx.axes)
     # The seed's init (uniform +-0.05) needs the full budget to get going; --quick uses torch's.
     fixed = {"model": "alexnet-small", "dataset": dataset, "data_dir": data_dir, "samples": budget,
              "optimizer": "sgd", "weight_decay": 0.004, "lr_schedule": "constant",
              "init": "default" if ctx.quick else "uniform:0.05",
              "eval_points": 5, "device": ctx.device}
+    for k in ctx.axes:  # an axis given for a fixed field (e.g. --axis optimizer=sgd,adam) replaces it
+        fixed.pop(k, None)
+    # One trial per GPU at a time: trials on different GPUs share only the host (the fast step
+    # replays CUDA graphs, so it needs little of it); on a CPU, one at a time gives clean timings.
+    gpus = torch.cuda.device_count() if ctx.device != "cpu" and torch.cuda.is_available() else 0
     sc = SweepConfig(fixed=fixed, axes=axes, threshold=1.8, out=ctx.out,
-                     parallel=1 if not ctx.quick else 2)
+                     parallel=2 if ctx.quick else max(1, gpus))
     code = run_sweep(sc)
     if code != 0:
         raise RuntimeError(f"alexnet-sweep: the sweep ended with exit code {code}")

@@ -13,6 +13,9 @@ def register(sub) -> None:
     r.add_argument("--quick", action="store_true", help="a few minutes on 2 CPU cores, same code path")
     r.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     r.add_argument("--out", help="output folder [default: experiments/<date>-<name>]")
+    r.add_argument("--axis", action="append", default=[], metavar="FLAG=VALUES",
+                   help="sweeping experiments: replace one axis of the grid, e.g. --axis lr=0.1:0.9:0.2 "
+                        "or --axis workers=4,2,1 (values as `shmlearn sweep` takes them; repeatable)")
     r.set_defaults(func=_run)
 
 
@@ -26,5 +29,22 @@ def _list(ns) -> int:
 
 def _run(ns) -> int:
     from shmlearn.experiments import run_experiment
-    print(run_experiment(ns.name, quick=ns.quick, device=ns.device, out=ns.out))
+    print(run_experiment(ns.name, quick=ns.quick, device=ns.device, out=ns.out, axes=_axes(ns.axis)))
     return 0
+
+
+def _axes(items) -> dict:
+    from shmlearn.config import TrainConfig
+    from shmlearn.errors import BadInput
+    from shmlearn.sweep import parse_values
+    fields = set(TrainConfig().to_dict())
+    axes = {}
+    for item in items:
+        name, sep, raw = item.partition("=")
+        key = name.strip().lstrip("-").replace("-", "_")
+        if not sep or not raw.strip():
+            raise BadInput(f"--axis {item}: expected FLAG=VALUES, e.g. lr=0.1,0.5")
+        if key not in fields:
+            raise BadInput(f"--axis {item}: {name.strip()} is not a train flag")
+        axes[key] = parse_values(key, raw)
+    return axes

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Sequence
 
 from shmlearn.config import TrainConfig
@@ -21,6 +21,8 @@ class Context:
     quick: bool = False
     """Shrink to a few minutes on 2 CPU cores, same code path."""
     device: str = "auto"
+    axes: Dict[str, list] = field(default_factory=dict)
+    """Sweeping experiments: axes that replace the experiment's own (`--axis lr=...`)."""
 
 
 def run(ctx: Context, name: str, cfg: TrainConfig) -> Dict:

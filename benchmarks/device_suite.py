@@ -1,0 +1,182 @@
+"""Run a list of GPU parts back to back on a leased device machine, detached, and collect them
+call by call, so the GPUs never wait on the person (or agent) between device-tool calls.
+
+    # first call: start every part in the background, then wait for the first ones
+    python benchmarks/device_suite.py start --parts env,tput-alexnet,tput-resnet34,validation,sweep,cnn,cpu-vs-gpu
+    python benchmarks/device_suite.py collect --parts env,tput-alexnet,tput-resnet34,validation --wait 540 --out $OUT
+    # next calls: wait for the next parts (if the machine was given back meanwhile, collect
+    # starts the runner again on what is not done)
+    python benchmarks/device_suite.py collect --parts sweep --wait 560 --out $OUT --all <same list>
+
+Each part runs in its own process group with its own time limit (a part that hangs costs only
+itself), writes into ROOT/<part>/ and leaves ROOT/<part>.done (exit code, seconds). `collect`
+packs each requested part's folder into OUT/<part>.tar.gz (the device tool returns at most 8
+files), without Chrome traces and checkpoints, and prints the end of each part's log.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT_DIR = os.path.dirname(HERE)
+FASHION = "/usr/share/datasets/fashion-mnist"
+
+
+def _py(*args):
+    return [sys.executable, *args]
+
+
+def part_commands(p: str, workers: str) -> dict:
+    """name -> (command, time limit in s). p(name) is the part's output folder."""
+    sh = "-m", "shmlearn"
+    big = workers.split(",")[-1]
+    return {
+        "env": (["bash", "-c", "nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch; print(torch.__version__, "
+                               "torch.version.cuda, torch.cuda.device_count(), torch.cuda.nccl.version())'; nproc; "
+                               "free -g"], 30),
+        "tput-alexnet": (_py(*sh, "bench", "throughput", "--device", "cuda", "--model", "alexnet-small",
+                             "--workers", workers, "--batch-sizes", "128,1024",
+                             "--strategies", "allreduce,ps,weight-avg", "--baselines", "plain,ddp,local",
+                             "--avg-period", "8", "--precision", "bf16", "--channels-last", "--repeats", "5",
+                             "--seconds", "0.2", "--sync-models", "resnet34",
+                             "--out", os.path.join(p("tput-alexnet"), "throughput.json")), 300),
+        "tput-resnet34": (_py(*sh, "bench", "throughput", "--device", "cuda", "--model", "resnet34",
+                              "--input", "3x32x32", "--workers", workers, "--batch-sizes", "128",
+                              "--strategies", "allreduce,ps,weight-avg", "--baselines", "plain,ddp,local",
+                              "--avg-period", "8", "--precision", "bf16", "--channels-last", "--repeats", "5",
+                              "--seconds", "0.3", "--out", os.path.join(p("tput-resnet34"), "throughput.json")), 300),
+        "validation": (_py(os.path.join(HERE, "comm_validation.py"), "--device", "cuda", "--tag", f"h200x{big}",
+                           "--workers", workers.split(",", 1)[1] if "," in workers else workers,
+                           "--comm-workers", workers.split(",", 1)[1] if "," in workers else workers,
+                           "--models", "alexnet-small,resnet34", "--strategies", "allreduce,ps",
+                           "--ps-sim-workers", f"1-{big}", "--max-processes", big,
+                           "--results", p("validation"), "--runs", "/tmp/validation-runs"), 360),
+        "sweep": (_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                      "--axis", f"workers={','.join(reversed(workers.split(',')))}",
+                      "--axis", "lr=0.2,0.4,0.6,0.8", "--out", os.path.join(p("sweep"), "alexnet-sweep")), 480),
+        "cnn": (_py(*sh, "experiment", "run", "cnn", "--device", "cuda", "--out", os.path.join(p("cnn"), "cnn")), 360),
+        "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
+                           "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
+    }
+
+
+def _done(root, name):
+    path = os.path.join(root, f"{name}.done")
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return None
+
+
+def _alive(root) -> bool:
+    try:
+        with open(os.path.join(root, "runner.pid")) as f:
+            os.kill(int(f.read()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+def run_parts(a) -> int:
+    """The detached runner: every part not done yet, in order."""
+    if not os.path.exists(FASHION) and os.path.isdir(os.path.join(ROOT_DIR, "data", "fashion-mnist")):
+        os.makedirs(os.path.dirname(FASHION), exist_ok=True)  # the readers' default place
+        os.symlink(os.path.join(ROOT_DIR, "data", "fashion-mnist"), FASHION)
+    p = lambda name: os.path.join(a.root, name)
+    cmds = part_commands(p, a.workers)
+    env = dict(os.environ, PYTHONPATH=ROOT_DIR, PYTHONUNBUFFERED="1", NCCL_NVLS_ENABLE="0",
+               TORCH_SYMM_MEM_DISABLE_MULTICAST="1", NVSHMEM_DISABLE_NVLS="1", MPLBACKEND="Agg")
+    for name in a.parts.split(","):
+        if _done(a.root, name):
+            continue
+        cmd, limit = cmds[name]
+        os.makedirs(p(name), exist_ok=True)
+        t0 = time.time()
+        with open(os.path.join(p(name), "log.txt"), "w") as log:
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT_DIR,
+                                    start_new_session=True)
+            try:
+                rc = proc.wait(timeout=limit)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGTERM)  # the sweep records what finished, then stops
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+                rc = f"timeout after {limit} s"
+        with open(os.path.join(a.root, f"{name}.done"), "w") as f:
+            json.dump({"rc": rc, "seconds": round(time.time() - t0, 1)}, f)
+    return 0
+
+
+def start(a) -> int:
+    os.makedirs(a.root, exist_ok=True)
+    if _alive(a.root):
+        print("device_suite: runner already running")
+        return 0
+    log = open(os.path.join(a.root, "runner.log"), "a")
+    proc = subprocess.Popen(_py(os.path.abspath(__file__), "run", "--parts", a.parts, "--workers", a.workers,
+                                "--root", a.root), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            cwd=ROOT_DIR)
+    with open(os.path.join(a.root, "runner.pid"), "w") as f:  # here, not in the child: no race with collect
+        f.write(str(proc.pid))
+    print(f"device_suite: started {a.parts}", flush=True)
+    return 0
+
+
+def _skip(info: tarfile.TarInfo):
+    base = os.path.basename(info.name)
+    if base == "trace.json" or "checkpoint" in info.name or base.endswith(".pt"):
+        return None
+    return info
+
+
+def collect(a) -> int:
+    os.makedirs(a.root, exist_ok=True)
+    want = a.parts.split(",")
+    if not _alive(a.root) and any(not _done(a.root, n) for n in want):
+        a.parts = a.all or a.parts
+        start(a)
+        a.parts = ",".join(want)
+    t_end = time.monotonic() + a.wait
+    while time.monotonic() < t_end and any(not _done(a.root, n) for n in want):
+        time.sleep(2)
+    for name in want:
+        d = _done(a.root, name)
+        folder = os.path.join(a.root, name)
+        tag = "" if d else "-partial"
+        if os.path.isdir(folder):
+            with tarfile.open(os.path.join(a.out, f"{name}{tag}.tar.gz"), "w:gz") as t:
+                t.add(folder, arcname=name, filter=_skip)
+        print(f"==== {name}: {d or 'still running'}")
+        log = os.path.join(folder, "log.txt")
+        if os.path.exists(log):
+            lines = open(log, errors="replace").read().splitlines()
+            print("\n".join(lines[-a.tail:]))
+    return 0
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("verb", choices=("start", "run", "collect"))
+    ap.add_argument("--parts", required=True)
+    ap.add_argument("--all", default=None, help="collect: the parts to (re)start if no runner is alive")
+    ap.add_argument("--workers", default="1,2,4", help="GPU counts, smallest first")
+    ap.add_argument("--root", default="/tmp/device-suite")
+    ap.add_argument("--wait", type=float, default=540)
+    ap.add_argument("--out", default=os.environ.get("OUT", "/tmp/device-suite-out"))
+    ap.add_argument("--tail", type=int, default=40)
+    a = ap.parse_args(argv)
+    return {"start": start, "run": run_parts, "collect": collect}[a.verb](a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
