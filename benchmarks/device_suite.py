@@ -58,9 +58,17 @@ def part_commands(p: str, workers: str) -> dict:
                            "--models", "alexnet-small,resnet34", "--strategies", "allreduce,ps",
                            "--ps-sim-workers", f"1-{big}", "--max-processes", big,
                            "--results", p("validation"), "--runs", "/tmp/validation-runs"), 360),
+        "train-check": (["bash", "-c", f"for w in {workers.split(',', 1)[-1].replace(',', ' ')}; do for s in allreduce ps; do "
+                                       f"TIMEFORMAT=\"W=$w $s: %R s wall\"; time timeout 60 {' '.join(_py(*sh))} train "
+                                       "--device cuda --dataset synthetic --model alexnet-small --workers $w --strategy $s "
+                                       "--samples 100000 --no-progress --out /tmp/train-check-$w-$s || echo \"W=$w $s FAILED\"; "
+                                       "done; done"], 200),
+        "comm": (_py(os.path.join(HERE, "comm_validation.py"), "--device", "cuda", "--tag", f"h200x{big}",
+                     "--skip", "train", "--comm-workers", workers.split(",", 1)[1] if "," in workers else workers,
+                     "--ps-sim-workers", f"1-{big}", "--results", p("comm")), 200),
         "sweep": (_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
                       "--axis", f"workers={','.join(reversed(workers.split(',')))}",
-                      "--axis", "lr=0.2,0.4,0.6,0.8", "--out", os.path.join(p("sweep"), "alexnet-sweep")), 480),
+                      "--axis", "lr=0.2,0.5,0.8", "--out", os.path.join(p("sweep"), "alexnet-sweep")), 420),
         "cnn": (_py(*sh, "experiment", "run", "cnn", "--device", "cuda", "--out", os.path.join(p("cnn"), "cnn")), 360),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),

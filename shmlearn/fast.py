@@ -289,6 +289,13 @@ class Stepper:
             self.schedule.step()
             self.timer.step_done()
 
+    def close(self) -> None:
+        """Release the captured graphs before the process group goes: a graph holds NCCL work,
+        and destroying the communicators under it hangs (seen on 4x H200, torch 2.11)."""
+        if self.graphs is not None:
+            torch.cuda.synchronize(self.device)
+            self.graphs = None
+
     def flush(self, done: int) -> Optional[Window]:
         """Read whatever is pending (the benchmark does, between timed repeats)."""
         return self.read(done) if self._pending_from is not None else None

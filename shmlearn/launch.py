@@ -133,13 +133,16 @@ def _child(cfg_dict: dict, env: DistEnv, q) -> None:
         where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
         q.put(("failed", env.rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}", None))
         code = 1
-    # Let the queue's feeder thread flush before exiting.
+    # Let the queue's feeder thread flush, then leave at once: the result is reported and the
+    # files written, and library teardown at interpreter exit (NCCL, CUDA) can hang.
     q.close()
     q.join_thread()
-    sys.exit(code)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
-def spawn(cfg, world_size: int, *, grace_s: float = 10.0) -> Tuple[Optional[dict], Optional[str]]:
+def spawn(cfg, world_size: int, *, grace_s: float = 10.0, exit_grace_s: float = 30.0) -> Tuple[Optional[dict], Optional[str]]:
     """Run `world_size` local workers; return rank 0's (summary, run_dir) or raise the first
     error as BadInput / Diverged / WorkerFailed, naming the rank."""
     ctx = mp.get_context("spawn")
@@ -166,6 +169,9 @@ def spawn(cfg, world_size: int, *, grace_s: float = 10.0) -> Tuple[Optional[dict
                                else f"exited with code {p.exitcode}")
                         outcomes[r] = ("died", r, f"worker died ({why})", None)
             bad = [o for o in outcomes.values() if o[0] != "ok"]
+            if not bad and len(outcomes) == world_size and deadline is None:
+                # Every rank reported its result: one that then fails to exit is stopped.
+                deadline = time.monotonic() + exit_grace_s
             if bad and deadline is None:
                 # Others stop on their own after a divergence (same step) or bad input (before
                 # any collective); a death or failure leaves them blocked in a collective: give

@@ -12,6 +12,8 @@ from __future__ import annotations
 import datetime
 import math
 import os
+import sys
+import threading
 import time
 from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional
@@ -147,7 +149,18 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         return loop.run()
     finally:
         if owns_group:
-            dist.destroy_process_group()
+            _destroy_group(env.rank)
+
+
+def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
+    """Tear the process group down, but never hang in it: the run's files are written by now,
+    and a communicator that will not close must not keep the run from ending."""
+    t = threading.Thread(target=dist.destroy_process_group, name="shmlearn-destroy-group", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        print(f"shmlearn: rank {rank}: the process group did not shut down within {limit_s:.0f} s; "
+              f"leaving it to the process's exit", file=sys.stderr, flush=True)
 
 
 # Fields that may differ between the original run and its resumption, or between ranks.
@@ -201,6 +214,9 @@ class _Loop:
                                    f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
             raise
         finally:
+            stepper = getattr(self, "stepper", None)
+            if stepper is not None:
+                stepper.close()
             self.heartbeat.stop()
 
     def _run(self) -> RunResult:
