@@ -236,14 +236,42 @@ class Compute:
         return {name: k * v for name, v in measured[p0].items()}
 
 
-def load_compute(path: str) -> Compute:
-    """A run directory or its summary.json (one worker), or a throughput JSON."""
+def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
+    """A `bench throughput` result row in the shape of a measured run / compute source."""
+    c = doc["config"]
+    return {"name": f"{c['model']} {r['variant']} W={r['workers']} B={r['batch']} ({r['mode']})",
+            "status": "completed", "steps": 1, "strategy": r["variant"], "workers": r["workers"],
+            "batch_size": r["batch"], "model": c["model"], "device": doc["env"].get("device", "?"),
+            "input_shape": c.get("input_shape"), "classes": c.get("classes"),
+            "avg_period": c.get("avg_period", 1) if r["variant"] == "weight-avg" else 1,
+            "step_s": 1.0 / r["steps_per_s"]["median"]}
+
+
+def throughput_compute(doc: Dict[str, Any], batch: Optional[int], source: str) -> Dict[str, Any]:
+    """The one-worker shmlearn step of a `bench throughput` JSON at `batch` (default: the
+    smallest batch): the compute source, with no communication in it."""
+    rows = [r for r in doc["results"] if r["workers"] == 1 and r["variant"] in ("allreduce", "ps", "weight-avg")]
+    batches = sorted({r["batch"] for r in rows})
+    if not rows:
+        raise BadInput(f"--compute {source}: no one-worker shmlearn row (run bench throughput with --workers 1,...)")
+    b = batch if batch is not None else batches[0]
+    pick = [r for r in rows if r["batch"] == b]
+    if not pick:
+        raise BadInput(f"--batch {b}: {source} has one-worker rows for batch {', '.join(map(str, batches))}")
+    return _bench_row(pick[0], doc)
+
+
+def load_compute(path: str, batch: Optional[int] = None) -> Compute:
+    """A run directory or its summary.json (one worker), a throughput JSON, or a `bench
+    throughput` JSON (its one-worker row at `batch`)."""
     f = os.path.join(path, "summary.json") if os.path.isdir(path) else path
     try:
         with open(f) as fh:
             d = json.load(fh)
     except (OSError, ValueError) as e:
         raise BadInput(f"--compute {path}: cannot read a JSON file ({e})") from None
+    if d.get("benchmark") == "throughput" and "results" in d:
+        d = throughput_compute(d, batch, path)
     model = d.get("model")
     batch = d.get("batch_size") or d.get("batch")
     if not model or not batch:
@@ -291,6 +319,9 @@ class Machine:
     """Bytes/s of the server's averaging (rows x bytes / time); None: from the update phase."""
     avg_alpha_s: float = 0.0
     avg_period: int = 1
+    check_every: int = 1
+    """Steps per control all-reduce (losses, requests): 1 in the classic loop, K in the fast
+    step (`--check-every`, 50 on CUDA by default), where it is paid once per K steps."""
     bwd_frac: float = 2 / 3
     allreduce_algo: str = "ring"
     """ring (what the fits measured) or tree: the same alpha and bw, 2 log2(W) latency steps
@@ -315,7 +346,7 @@ def predict(m: Machine, strategy: str, w: int) -> Dict[str, float]:
     procs = w + 1 if strategy == "ps-dedicated" else w
     local = c.parts(w, m.slots)  # w processes compute at once (a dedicated server waits meanwhile)
     parts = {"data": local["data"], "compute": local["compute"], "other": local["other"]}
-    parts["control"] = allreduce.time(procs, 8.0 * (procs + 2)) if procs > 1 else 0.0
+    parts["control"] = allreduce.time(procs, 8.0 * (m.check_every * procs + 2)) / m.check_every if procs > 1 else 0.0
     if strategy in ("ps", "ps-dedicated"):
         if procs > 1:
             parts["gather"] = m.net.gather.time(procs, procs * S)
@@ -379,7 +410,11 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
                 d = json.load(fh)
         except (OSError, ValueError) as e:
             raise BadInput(f"--measured {p}: cannot read a JSON file ({e})") from None
-        runs = d["runs"] if "runs" in d else [d]
+        if d.get("benchmark") == "throughput" and "results" in d:  # bench throughput: its shmlearn rows
+            runs = [_bench_row(r, d) for r in d["results"]
+                    if r["workers"] > 1 and r["variant"] in ("allreduce", "ps", "weight-avg")]
+        else:
+            runs = d["runs"] if "runs" in d else [d]
         for s in runs:
             if s.get("status", "completed") != "completed" or not s.get("steps"):
                 continue
@@ -481,9 +516,9 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
              strategies: Sequence[str] = ("allreduce", "ps", "weight-avg"), workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
-             allreduce_algo: str = "ring") -> Dict[str, Any]:
+             allreduce_algo: str = "ring", check_every: int = 1, batch: Optional[int] = None) -> Dict[str, Any]:
     """Fit, predict, validate: the JSON document the CLI writes."""
-    comp = load_compute(compute)
+    comp = load_compute(compute, batch)
     all_fits = {}
     if net_bw is not None:
         net = Network.assumed(net_bw, net_latency_us or 0.0, net_name or f"{net_bw} GB/s network")
@@ -499,7 +534,10 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
         raise BadInput("give --comm FILE.json (a bench comm result) or --net-bw GBPS [--net-latency-us US]")
     if allreduce_algo not in ("ring", "tree"):
         raise BadInput(f"--allreduce-algo {allreduce_algo}: choose ring or tree")
-    m = Machine(compute=comp, net=net, slots=slots, avg_period=avg_period, allreduce_algo=allreduce_algo)
+    if check_every < 1:
+        raise BadInput(f"--check-every {check_every}: must be >= 1")
+    m = Machine(compute=comp, net=net, slots=slots, avg_period=avg_period, allreduce_algo=allreduce_algo,
+                check_every=check_every)
     avg_src = "estimated: update phase x (rows + 1) / 5"
     if ps_sim:
         with open(ps_sim) as f:
@@ -526,7 +564,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
                 "all_fits": all_fits,
                 "best_forms": {op: min(fs, key=lambda k: fs[k]["rms_rel_err"]) for op, fs in all_fits.items()},
                 "fit_method": "least squares on relative error, alpha and 1/bw >= 0"},
-            "slots": slots, "avg_period": avg_period, "allreduce_algo": allreduce_algo, "averaging": avg_src, "strategies": list(strategies),
+            "slots": slots, "avg_period": avg_period, "allreduce_algo": allreduce_algo, "check_every": check_every, "averaging": avg_src, "strategies": list(strategies),
             "workers": workers, "predictions": preds, "validation": val}
 
 
@@ -543,12 +581,17 @@ def register(sub) -> None:
     p.add_argument("--net-name", help="with --net-bw: the network's name in the table and plot")
     p.add_argument("--compute", required=True,
                    help="one-worker shmlearn run directory (or its summary.json), or a throughput JSON")
+    p.add_argument("--batch", type=int, default=None,
+                   help="with a bench throughput JSON as --compute: the per-worker batch to take [smallest]")
     p.add_argument("--ps-sim", help="bench ps-sim JSON: the server's averaging cost (default: from the update phase)")
     p.add_argument("--strategies", default="allreduce,ps,weight-avg",
                    help=f"comma list of {','.join(STRATEGIES)} [allreduce,ps,weight-avg]")
     p.add_argument("--avg-period", type=int, default=4, help="weight-avg: average every K steps [4]")
     p.add_argument("--allreduce-algo", default="ring",
                    help="ring (as measured) or tree (2 log2 W latency steps: NCCL at scale, a what-if) [ring]")
+    p.add_argument("--check-every", type=int, default=1,
+                   help="steps per control all-reduce: 1 for the classic loop (CPU), 50 for the fast "
+                        "step on CUDA (train's --check-every) [1]")
     p.add_argument("--workers", default=None, help="worker counts [1,2,4,...,1024]")
     p.add_argument("--slots", type=float, default=None,
                    help="compute units the workers share, e.g. 2 for 2 CPU cores [one per worker]")
@@ -567,7 +610,7 @@ def cmd_simulate(ns) -> int:
                    net_latency_us=ns.net_latency_us, net_name=ns.net_name,
                    strategies=[s for s in ns.strategies.split(",") if s], workers=workers,
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
-                   allreduce_algo=ns.allreduce_algo)
+                   allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch)
     os.makedirs(ns.out, exist_ok=True)
     with open(os.path.join(ns.out, "simulate.json"), "w") as f:
         json.dump(doc, f, indent=1)

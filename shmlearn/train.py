@@ -149,11 +149,14 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         return loop.run()
     finally:
         if owns_group:
-            _destroy_group(env.rank)
+            if device.type == "cuda":
+                _destroy_group(env.rank)
+            else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
+                dist.destroy_process_group()
 
 
 def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
-    """Tear the process group down, but never hang in it: the run's files are written by now,
+    """NCCL: tear the process group down, but never hang in it: the run's files are written by now,
     and a communicator that will not close must not keep the run from ending."""
     t = threading.Thread(target=dist.destroy_process_group, name="shmlearn-destroy-group", daemon=True)
     t.start()
