@@ -159,9 +159,24 @@ def _rank_main(fn: Callable, rank: int, world: int, port: int, args: tuple, q) -
     sys.exit(code)
 
 
+PORT_TRIES = 3
+
+
 def run_ranks(fn: Callable, world: int, args: tuple = (), *, timeout_s: float = 1800.0) -> List[Any]:
     """Start `world` processes running fn(rank, world, port, *args) and return their results by
-    rank. The first rank that fails stops the others (they would block in a collective)."""
+    rank. The first rank that fails stops the others (they would block in a collective). A port
+    taken by another program between choosing it and listening on it (other jobs on the machine
+    pick free ports too) is retried with a new one."""
+    for attempt in range(PORT_TRIES):
+        try:
+            return _run_ranks_once(fn, world, args, timeout_s)
+        except WorkerFailed as e:
+            if "EADDRINUSE" not in str(e) or attempt == PORT_TRIES - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def _run_ranks_once(fn: Callable, world: int, args: tuple, timeout_s: float) -> List[Any]:
     from shmlearn.launch import free_port
     ctx = mp.get_context("spawn")
     q = ctx.Queue()

@@ -157,6 +157,11 @@ def run(cfg: PsSimConfig, *, log=print) -> Dict[str, Any]:
     if min(processes) < 2:
         raise BadInput("--workers 1 --shared: a shared parameter shard needs at least 2 workers "
                        "(with 1 there is nothing to communicate)")
+    if cfg.backend == "nccl" and not cfg.shared and torch.cuda.is_available() \
+            and max(processes) > torch.cuda.device_count():
+        n = torch.cuda.device_count()
+        raise BadInput(f"--workers {max(cfg.workers)}: ps-sim runs W workers + 1 parameter-shard process, one GPU "
+                       f"each: at most {n - 1} workers on {n} GPUs (or --shared)")
     check_backend(cfg.backend, processes)
     shapes = shapes_of(cfg.model)
     n = sum(int(torch.Size(s).numel()) for s in shapes)
