@@ -295,9 +295,20 @@ def load_compute(path: str, batch: Optional[int] = None) -> Compute:
         data, comp, upd = ph.get("data", 0.0), ph.get("compute", step if not ph else 0.0), ph.get("update", 0.0)
         return {"data": data, "compute": comp, "update": upd, "other": max(0.0, step - data - comp - upd)}
 
+    def slowest(e: Dict[str, Any]) -> Dict[str, float]:
+        # A synchronous step ends when the slowest worker arrives: P processes on fewer cores do
+        # not share them evenly (3 on 2 cores: 56, 57 and 68 ms), so the kept try's slowest
+        # process sets the compute, its phases scaled from the median process's.
+        parts = split(e.get("phase_s") or {}, e["step_s"])
+        per = next((t.get("per_process_step_s") for t in e.get("tries", [])
+                    if abs(t.get("step_s", -1) - e["step_s"]) < 1e-12), None)
+        if per:
+            k = max(per) / e["step_s"]
+            parts = {name: v * k for name, v in parts.items()}
+        return parts
+
     one = split(ph, step)
-    conc = {int(e["processes"]): split(e.get("phase_s") or {}, e["step_s"]) for e in d.get("concurrent", [])
-            if int(e["processes"]) > 1}
+    conc = {int(e["processes"]): slowest(e) for e in d.get("concurrent", []) if int(e["processes"]) > 1}
     return Compute(data_s=one["data"], compute_s=one["compute"], update_s=one["update"], other_s=one["other"],
                    batch_size=int(batch), parameters=int(params), model=model, device=d.get("device", "?"),
                    source=path, concurrent=conc)

@@ -86,11 +86,13 @@ def _check(doc, tolerance):
     return rows
 
 
-# CPU: the runs were measured on a 2-core VM that other jobs kept 56-76% busy (each run's share
-# is recorded as `interference` in simulate-measured-cpu.json), and that load moved step times by
-# up to 2x between tries. Against that, the honest claim is: half the allreduce/ps points within
-# 6%, every one within 31% (ps W=2, +30%; allreduce W=3, -25%), short of the issue's 15%.
-CPU_TOLERANCE, CPU_MEDIAN = 0.31, 0.06
+# CPU: measured on the quiet 2-core VM (others used <= 1% of it during every kept run), each
+# configuration 3 times and the median try kept (benchmarks/comm_validation.py). The predictor
+# under-predicts every point by 4-16%: the multi-process loop pays per-step costs (Python, the
+# control all-reduce waiting for the other rank's compute on a shared core) that neither the
+# one-worker compute nor a bare collective contains. Five of the six allreduce/ps points are
+# within 10.2%; allreduce at 2 workers is -15.5%, just outside the issue's 15%.
+CPU_TOLERANCE, CPU_MEDIAN = 0.16, 0.10
 
 
 def test_predictions_match_committed_cpu_measurements():
@@ -101,8 +103,9 @@ def test_predictions_match_committed_cpu_measurements():
     rows = _check(doc, CPU_TOLERANCE)
     assert {(v["strategy"], v["workers"]) for v in rows} == {(s, w) for s in ("allreduce", "ps") for w in (2, 3, 4)}
     assert float(np.median([abs(v["error"]) for v in rows])) <= CPU_MEDIAN
-    # weight averaging (K=4) and the dedicated server are predicted too; within 36% here
-    assert all(abs(v["error"]) <= 0.36 for v in doc["validation"])
+    # weight averaging (K=4) and the dedicated server are predicted too; within 12% here
+    others = [v for v in doc["validation"] if v["strategy"] in ("weight-avg", "ps-dedicated")]
+    assert len(others) == 5 and all(abs(v["error"]) <= 0.12 for v in others)
 
 
 # (model, tolerance, why). The issue asks for 15%. alexnet-small on the GPU misses it: its step is
