@@ -98,6 +98,28 @@ def detect_env(env: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
     return None
 
 
+def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
+    """Join the default process group of `env`.
+
+    Under torchrun with restarts, every attempt gets its own key prefix in the store: torchrun's
+    c10d rendezvous keeps ONE TCP store for the whole job (TORCH_DISABLE_SHARE_RDZV_TCP_STORE is
+    off by default) and torch adds no per-attempt prefix, so after a restart a rank could read
+    the address a dead rank of the previous attempt published, and Gloo's connect fails with
+    "Connection refused" (seen in CI, torch 2.13). The prefix costs nothing when there is no
+    restart.
+    """
+    import datetime
+
+    import torch.distributed as dist
+
+    timeout = datetime.timedelta(seconds=timeout_s)
+    store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
+    if attempt is not None:
+        store = dist.PrefixStore(f"shmlearn/attempt_{attempt}", store)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -9,7 +9,6 @@ step, before the bad gradient is applied, and evaluates at the same steps.
 """
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import sys
@@ -30,7 +29,7 @@ from shmlearn import checkpoint as ckpt
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
-from shmlearn.launch import DistEnv, detect_env, free_port, spawn
+from shmlearn.launch import DistEnv, detect_env, free_port, init_process_group, spawn
 from shmlearn.models import apply_init, build_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
@@ -132,9 +131,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
     backend = "nccl" if device.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
     if owns_group:
-        dist.init_process_group(backend, init_method=env.init_method, rank=env.rank,
-                                world_size=env.world_size,
-                                timeout=datetime.timedelta(seconds=cfg.timeout))
+        init_process_group(backend, env, cfg.timeout)
     try:
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)

@@ -105,3 +105,42 @@ def test_workers_flag_must_match_launcher(tmp_path):
                        capture_output=True, text=True, timeout=120,
                        env=_clean_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port())))
     assert r.returncode == 2 and "--workers 3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+_ATTEMPT = """
+import os, sys, torch, torch.distributed as dist
+from shmlearn.launch import detect_env, init_process_group
+init_process_group("gloo", detect_env(), 20)
+t = torch.ones(1)
+dist.all_reduce(t)
+print(int(t.item()), flush=True)
+os._exit(0)  # leave like a killed worker: the group is never destroyed, its keys stay in the store
+"""
+
+
+def test_torchrun_restart_does_not_read_the_dead_attempts_addresses():
+    """torchrun keeps one store across restarts; a rank of attempt 1 that starts before its peer
+    must wait for the peer's new address, not connect to the old one (CI saw 'Connection refused')."""
+    import time
+
+    from torch.distributed import TCPStore
+
+    port = free_port()
+    server = TCPStore("127.0.0.1", port, 3, is_master=True, wait_for_workers=False)  # the agent's store
+
+    def start(rank, attempt):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_"))}
+        env.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2",
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True",
+                   TORCHELASTIC_RESTART_COUNT=str(attempt))
+        return subprocess.Popen([sys.executable, "-c", _ATTEMPT], env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+    first = [start(0, 0), start(1, 0)]
+    assert [p.communicate(timeout=120)[0].strip() for p in first] == ["2", "2"]
+    late = start(1, 1)
+    time.sleep(3)  # rank 1 of the new attempt is in the store well before rank 0
+    second = [start(0, 1), late]
+    outs = [p.communicate(timeout=120) for p in second]
+    assert [o.strip() for o, _ in outs] == ["2", "2"], [e[-500:] for _, e in outs]
+    del server
