@@ -25,18 +25,44 @@ class Context:
     """Sweeping experiments: axes that replace the experiment's own (`--axis lr=...`)."""
 
 
-def run(ctx: Context, name: str, cfg: TrainConfig) -> Dict:
+def run(ctx: Context, name: str, cfg: TrainConfig, *, need_model: bool = False) -> Dict:
     """Train one config into ctx.out/runs/name; a diverged run is a result, not an error.
-    Returns the summary (with the in-process model under '_model' when workers == 1)."""
+    Returns the summary (with the in-process model under '_model' when workers == 1).
+
+    A run that already finished in that folder with the same config is read back, not trained
+    again, so a long experiment that was stopped resumes where it was (the single-neuron study
+    at 16 workers takes most of an hour on 2 cores). need_model: the caller reads '_model', which
+    only a run in this process has: always train."""
     out = os.path.join(ctx.out, "runs", name)
     cfg = replace(cfg, out=out, device=ctx.device, progress=False)
+    done = None if need_model else finished(out, cfg)
+    if done is not None:
+        print(f"{name}: finished earlier with the same config, read from {out}", flush=True)
+        return done
     try:
         result: RunResult = train(cfg)
     except Diverged:
         with open(os.path.join(out, "summary.json")) as f:
-            return json.load(f)
+            return {**json.load(f), "_run_dir": out}
     summary = dict(result.summary)
     summary["_model"] = result.model
+    summary["_run_dir"] = out
+    return summary
+
+
+def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:
+    """The summary of a run in `out` that completed or diverged with exactly `cfg`, else None."""
+    import yaml
+
+    try:
+        with open(os.path.join(out, "summary.json")) as f:
+            summary = json.load(f)
+        with open(os.path.join(out, "config.yaml")) as f:
+            saved = yaml.safe_load(f)
+    except (OSError, ValueError, yaml.YAMLError):
+        return None
+    if summary.get("status") not in ("completed", "diverged") or saved != cfg.to_dict():
+        return None
     summary["_run_dir"] = out
     return summary
 

@@ -24,7 +24,7 @@ def run_experiment(ctx: Context) -> str:
         # One worker, the whole training set as the batch: gradient descent, not SGD.
         cfg = TrainConfig(model="linreg", dataset="line-exact", workers=1, batch_size=n, epochs=1000,
                           lr=lr, optimizer="sgd", lr_schedule="constant", eval_points=1, log_every=10)
-        s = run(ctx, f"lr{lr}", cfg)
+        s = run(ctx, f"lr{lr}", cfg, need_model=True)
         layer = next(m for m in s["_model"].modules() if isinstance(m, torch.nn.Linear))
         w, b = float(layer.weight.detach().reshape(-1)[0]), float(layer.bias.detach().reshape(-1)[0])
         seed_w, seed_b, seed_mse = SEED_TABLE[lr]

@@ -35,7 +35,7 @@ def run_experiment(ctx: Context) -> str:
         cfg = TrainConfig(model="softmax", dataset=dataset, data_dir=data_dir, workers=1, batch_size=32,
                           optimizer=optimizer, lr=lr, lr_schedule="constant", eval_points=5, log_every=20,
                           **budget)
-        s = run(ctx, name, cfg)
+        s = run(ctx, name, cfg, need_model=True)
         return s, (train_accuracy(s["_model"], data) if s.get("_model") is not None else None)
 
     lr_rows = []
