@@ -3,6 +3,7 @@ runs them through the shared training loop (and the sweep where it sweeps)."""
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import time
 from typing import Dict, Tuple
@@ -26,9 +27,32 @@ def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out:
     if name not in EXPERIMENTS:
         raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
     out = out or os.path.join("experiments", f"{time.strftime('%Y%m%d-%H%M%S')}-{name}{'-quick' if quick else ''}")
-    if os.path.exists(os.path.join(out, "runs")):
-        raise BadInput(f"--out {out}: already holds an experiment; choose another directory")
     module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
     if axes and not getattr(module, "SWEEPS", False):
         raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")
+    _claim(out, {"experiment": name, "quick": quick, "device": device,
+                 "axes": {k: list(v) for k, v in sorted((axes or {}).items())}})
     return module.run_experiment(Context(out=out, quick=quick, device=device, axes=dict(axes or {})))
+
+
+def _claim(out: str, what: dict) -> None:
+    """The folder belongs to one experiment invocation (experiment.json). The same invocation
+    again resumes it (finished runs are read back); anything else is refused, so no result in
+    the folder is overwritten."""
+    marker = os.path.join(out, "experiment.json")
+    if os.path.exists(marker):
+        try:
+            with open(marker) as f:
+                held = json.load(f)
+        except (OSError, ValueError):
+            held = None
+        if held != what:
+            said = "an unreadable experiment.json" if held is None else \
+                ", ".join(f"{k} {held.get(k)!r}" for k in what if held.get(k) != what[k])
+            raise BadInput(f"--out {out}: holds another experiment run ({said}); choose another directory")
+        return
+    if os.path.exists(os.path.join(out, "runs")):
+        raise BadInput(f"--out {out}: already holds runs of an unknown experiment; choose another directory")
+    os.makedirs(out, exist_ok=True)
+    with open(marker, "w") as f:
+        json.dump(what, f, indent=2)

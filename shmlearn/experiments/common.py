@@ -6,7 +6,7 @@ import csv
 import json
 import os
 from dataclasses import dataclass, field, replace
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from shmlearn.config import TrainConfig
 from shmlearn.errors import Diverged
@@ -25,29 +25,45 @@ class Context:
     """Sweeping experiments: axes that replace the experiment's own (`--axis lr=...`)."""
 
 
-def run(ctx: Context, name: str, cfg: TrainConfig, *, need_model: bool = False) -> Dict:
+def run(ctx: Context, name: str, cfg: TrainConfig, *,
+        extras: Optional[Callable[[Any], Dict]] = None) -> Dict:
     """Train one config into ctx.out/runs/name; a diverged run is a result, not an error.
-    Returns the summary (with the in-process model under '_model' when workers == 1).
+    Returns the summary, with '_run_dir' and, when `extras` is given, '_extras': what
+    extras(model) returned for the trained model (None if the run diverged), e.g. the fitted W
+    and b. extras needs the model, which only a one-worker run in this process has.
 
     A run that already finished in that folder with the same config is read back, not trained
-    again, so a long experiment that was stopped resumes where it was (the single-neuron study
-    at 16 workers takes most of an hour on 2 cores). need_model: the caller reads '_model', which
-    only a run in this process has: always train."""
+    again (its extras from runs/name/extras.json), so a long experiment that was stopped resumes
+    where it was: the single-neuron study at 16 workers takes most of an hour on 2 cores."""
     out = os.path.join(ctx.out, "runs", name)
     cfg = replace(cfg, out=out, device=ctx.device, progress=False)
-    done = None if need_model else finished(out, cfg)
-    if done is not None:
+    done = finished(out, cfg)
+    if done is not None and (extras is None or os.path.exists(os.path.join(out, "extras.json"))):
         print(f"{name}: finished earlier with the same config, read from {out}", flush=True)
+        if extras is not None:
+            with open(os.path.join(out, "extras.json")) as f:
+                done["_extras"] = json.load(f)
         return done
     try:
         result: RunResult = train(cfg)
     except Diverged:
         with open(os.path.join(out, "summary.json")) as f:
-            return {**json.load(f), "_run_dir": out}
+            summary = {**json.load(f), "_run_dir": out}
+        if extras is not None:
+            summary["_extras"] = None
+            _write_json(os.path.join(out, "extras.json"), None)
+        return summary
     summary = dict(result.summary)
-    summary["_model"] = result.model
     summary["_run_dir"] = out
+    if extras is not None:
+        summary["_extras"] = extras(result.model)
+        _write_json(os.path.join(out, "extras.json"), summary["_extras"])
     return summary
+
+
+def _write_json(path: str, obj) -> None:
+    with open(path, "w") as f:
+        json.dump(obj, f, indent=2)
 
 
 def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:

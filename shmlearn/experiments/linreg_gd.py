@@ -15,6 +15,11 @@ SEED_TABLE = {0.1: (-1.0, 1.0, 2.1672e-13), 0.01: (-0.9938, 0.9819, 5.5029e-05),
 """Seed 003, Table 1 (TensorFlow 2, its own data points): W, b, MSE after 1000 epochs."""
 
 
+def _fitted(model) -> dict:
+    layer = next(m for m in model.modules() if isinstance(m, torch.nn.Linear))
+    return {"W": float(layer.weight.detach().reshape(-1)[0]), "b": float(layer.bias.detach().reshape(-1)[0])}
+
+
 def run_experiment(ctx: Context) -> str:
     data = load_dataset("line-exact")
     n = len(data.train_x)
@@ -24,9 +29,8 @@ def run_experiment(ctx: Context) -> str:
         # One worker, the whole training set as the batch: gradient descent, not SGD.
         cfg = TrainConfig(model="linreg", dataset="line-exact", workers=1, batch_size=n, epochs=1000,
                           lr=lr, optimizer="sgd", lr_schedule="constant", eval_points=1, log_every=10)
-        s = run(ctx, f"lr{lr}", cfg, need_model=True)
-        layer = next(m for m in s["_model"].modules() if isinstance(m, torch.nn.Linear))
-        w, b = float(layer.weight.detach().reshape(-1)[0]), float(layer.bias.detach().reshape(-1)[0])
+        s = run(ctx, f"lr{lr}", cfg, extras=_fitted)
+        w, b = s["_extras"]["W"], s["_extras"]["b"]
         seed_w, seed_b, seed_mse = SEED_TABLE[lr]
         rows.append({"lr": lr, "W": w, "b": b, "MSE (test)": s["test_loss"], "final train loss": s["final_loss"],
                      "seed W": seed_w, "seed b": seed_b, "seed MSE": seed_mse})

@@ -35,8 +35,8 @@ def run_experiment(ctx: Context) -> str:
         cfg = TrainConfig(model="softmax", dataset=dataset, data_dir=data_dir, workers=1, batch_size=32,
                           optimizer=optimizer, lr=lr, lr_schedule="constant", eval_points=5, log_every=20,
                           **budget)
-        s = run(ctx, name, cfg, need_model=True)
-        return s, (train_accuracy(s["_model"], data) if s.get("_model") is not None else None)
+        s = run(ctx, name, cfg, extras=lambda model: {"train_accuracy": train_accuracy(model, data)})
+        return s, (s["_extras"] or {}).get("train_accuracy")
 
     lr_rows = []
     fig, ax, path = figure(ctx, "adam_lr_loss")
