@@ -204,6 +204,8 @@ def _graph_worker(rank, world, port, out, cases):
             res.append(st.strategy.params_flat.clone())
         torch.save(res, os.path.join(out, f"case{i}-rank{rank}.pt"))
     dist.destroy_process_group()
+    os._exit(0)  # leave as shmlearn's workers do (launch._child): interpreter-exit teardown
+    # aborted a finished worker ('terminate called without an active exception', 3 of 27 runs here)
 
 
 def test_graph_protocol_on_two_processes(tmp_path):
