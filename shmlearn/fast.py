@@ -266,7 +266,7 @@ class Stepper:
         else:
             self.graphs[round_].replay()
         self.strategy.host_step(round_)
-        self.schedule.step()
+        self._step_schedule()
         self._keep_lr_tensors()
         self.timer.step_done(timed=sampled)
 
@@ -282,11 +282,19 @@ class Stepper:
                     t.fill_(float(v))
                 g["lr"] = t
 
+    def _step_schedule(self) -> None:
+        # This step's update has happened, but not always through this rank's optimizer.step(),
+        # whose wrapper is what torch's scheduler checks before its first step: fused SGD runs
+        # inside the step (or its graph), and under ps only the server updates. Without the flag
+        # torch warns of a wrong call order (a schedule off by one) that did not happen.
+        self.optimizer._opt_called = True
+        self.schedule.step()
+
     def update(self) -> None:
         """Classic only: sync and update, after the loop has read a finite loss."""
         if not self.fast:
             self.strategy.step(self.timer)
-            self.schedule.step()
+            self._step_schedule()
             self.timer.step_done()
 
     def close(self) -> None:

@@ -217,3 +217,18 @@ def test_graph_protocol_on_two_processes(tmp_path):
         torch.testing.assert_close(g1, e1, rtol=0, atol=0, msg=strategy)
         if strategy != "weight-avg":  # weight-avg replicas differ between rounds (40 % 3 != 0)
             torch.testing.assert_close(g0, g1, rtol=0, atol=0)
+
+
+def test_fast_step_does_not_warn_of_a_wrong_scheduler_order(tmp_path):
+    """The fused update is a real optimizer step; torch's 'lr_scheduler.step() before
+    optimizer.step()' warning would tell users the schedule is off by one, which it is not.
+    It showed under ps, where a worker that is not the server never calls optimizer.step()."""
+    for check_every in ("1", "10"):  # the classic step and the fast one
+        out = tmp_path / f"run{check_every}"
+        r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--strategy", "ps",
+                            "--check-every", check_every, "--samples", "1280", "--no-progress", "--out", str(out)],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        mode = json.loads((out / "summary.json").read_text())["step_mode"]
+        assert mode == ("classic" if check_every == "1" else "fast-eager")
+        assert "lr_scheduler.step()" not in r.stderr, r.stderr[-2000:]
