@@ -1,5 +1,3 @@
-import sys
+from shmlearn.cli import entry
 
-from shmlearn.cli import main
-
-sys.exit(main())
+entry()

@@ -8,6 +8,7 @@ import argparse
 import ast
 import dataclasses
 import inspect
+import os
 import sys
 from typing import Dict, List, Optional
 
@@ -124,5 +125,20 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `shmlearn` program (console script and `python -m shmlearn`)."""
+    code = main()
+    from shmlearn.launch import detect_env
+    if detect_env() is not None:
+        # A rank of torchrun, mpirun or srun leaves at once, as locally spawned workers do
+        # (launch._child): its files are written, and the interpreter's exit-time teardown of
+        # torch's distributed state can abort a finished rank ("terminate called without an
+        # active exception", seen under mpirun in CI), turning a completed run into a failed job.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()
