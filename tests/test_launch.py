@@ -144,3 +144,28 @@ def test_torchrun_restart_does_not_read_the_dead_attempts_addresses():
     outs = [p.communicate(timeout=120) for p in second]
     assert [o.strip() for o, _ in outs] == ["2", "2"], [e[-500:] for _, e in outs]
     del server
+
+
+_ENTRY = """
+import atexit, sys
+atexit.register(lambda: print("interpreter teardown ran", flush=True))
+sys.argv = ["shmlearn", "train", "--workers", "1", "--samples", "640", "--eval-points", "1", "--no-progress",
+            "--out", sys.argv[1]]
+from shmlearn.cli import entry
+entry()
+"""
+
+
+@pytest.mark.parametrize("launched", [True, False])
+def test_a_launched_rank_skips_interpreter_teardown(tmp_path, launched):
+    """Under torchrun/mpirun/srun the program leaves with os._exit once its output is flushed
+    (exit-time teardown aborted finished mpirun ranks); run by hand it exits normally."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("OMPI_", "PMI_", "SLURM_", "TORCHELASTIC")) and k not in ("RANK", "WORLD_SIZE")}
+    if launched:  # a one-rank torchrun job
+        env.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    r = subprocess.run([sys.executable, "-c", _ENTRY, str(tmp_path / "run")], env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "test accuracy" in r.stdout and (tmp_path / "run" / "summary.json").exists()
+    assert ("interpreter teardown ran" in r.stdout) is not launched
