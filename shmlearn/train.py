@@ -231,7 +231,8 @@ class _Loop:
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
-                               total_steps=self.steps, fault=self.fault)
+                               total_steps=self.steps, fault=self.fault,
+                               reached=lambda step: setattr(self.heartbeat, "step", step))
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
         bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
