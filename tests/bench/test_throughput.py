@@ -35,7 +35,9 @@ def test_bench_throughput_cpu_one_and_two_processes(tmp_path, capsys):
         s = r["steps_per_s"]
         assert s["n"] == 5 and 0 < s["min"] <= s["median"] <= s["max"]
         assert r["samples_per_s"]["median"] == pytest.approx(s["median"] * r["batch"] * r["workers"], rel=1e-6)
-        assert r["mode"] in ("eager", "classic")  # CPU: the loss is read every step
+        # CPU: no graphs; shmlearn's SGD strategies take the fast step (loss read every 10 steps)
+        expected = "fast-eager" if r["variant"] in ("allreduce", "ps", "weight-avg", "local") else ("eager", "classic")
+        assert r["mode"] in (expected if isinstance(expected, tuple) else (expected,)), (r["variant"], r["mode"])
     w2 = {r["variant"]: r for r in doc["results"] if r["workers"] == 2}
     assert w2["allreduce"]["vs_plain"] > 0 and w2["allreduce"]["vs_ddp"] > 0 and w2["allreduce"]["scaling"] > 0
     (sync,) = doc["sync"]
