@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 
 from shmlearn.errors import BadInput
 from shmlearn.experiments.common import Context
+from shmlearn.runs import write_json_atomic
 
 # name -> (module, one line on what it reproduces)
 EXPERIMENTS: Dict[str, Tuple[str, str]] = {
@@ -54,5 +55,4 @@ def _claim(out: str, what: dict) -> None:
     if os.path.exists(os.path.join(out, "runs")):
         raise BadInput(f"--out {out}: already holds runs of an unknown experiment; choose another directory")
     os.makedirs(out, exist_ok=True)
-    with open(marker, "w") as f:
-        json.dump(what, f, indent=2)
+    write_json_atomic(marker, what)

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 from shmlearn.config import TrainConfig
 from shmlearn.errors import Diverged
-from shmlearn.runs import read_jsonl
+from shmlearn.runs import read_jsonl, write_json_atomic
 from shmlearn.train import RunResult, train
 
 
@@ -46,24 +46,15 @@ def run(ctx: Context, name: str, cfg: TrainConfig, *,
         return done
     try:
         result: RunResult = train(cfg)
+        summary, model = dict(result.summary), result.model
     except Diverged:
         with open(os.path.join(out, "summary.json")) as f:
-            summary = {**json.load(f), "_run_dir": out}
-        if extras is not None:
-            summary["_extras"] = None
-            _write_json(os.path.join(out, "extras.json"), None)
-        return summary
-    summary = dict(result.summary)
+            summary, model = json.load(f), None
     summary["_run_dir"] = out
     if extras is not None:
-        summary["_extras"] = extras(result.model)
-        _write_json(os.path.join(out, "extras.json"), summary["_extras"])
+        summary["_extras"] = extras(model) if model is not None else None
+        write_json_atomic(os.path.join(out, "extras.json"), summary["_extras"])
     return summary
-
-
-def _write_json(path: str, obj) -> None:
-    with open(path, "w") as f:
-        json.dump(obj, f, indent=2)
 
 
 def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:
