@@ -273,13 +273,18 @@ def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
     p = subprocess.Popen([sys.executable, "-m", "shmlearn", *args], stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True, env=env)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # wait for the first result, with trials still in flight
-        path = out / "results.jsonl"
-        if path.exists() and path.read_bytes().count(b"\n") >= 1:
+    path, tmp = out / "results.jsonl", out / "trials" / ".tmp"
+    in_flight = False
+    while time.monotonic() < deadline and p.poll() is None:
+        # Kill once a result is written AND a trial is in flight. Checking the second only after the
+        # first raced: both parallel trials can finish together, and the next pair not yet claimed.
+        done = path.exists() and path.read_bytes().count(b"\n") >= 1
+        if done and tmp.is_dir() and os.listdir(tmp):
+            in_flight = True
             break
-        time.sleep(0.05)
-    assert os.listdir(out / "trials" / ".tmp"), "trials should be in flight"
+        time.sleep(0.01)
     p.send_signal(signal.SIGKILL)
+    assert in_flight, "the sweep should have had a trial in flight after its first result"
     p.wait()
     first = results(out)
     assert 1 <= len(first) < 6
