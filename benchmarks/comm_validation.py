@@ -153,8 +153,10 @@ def main() -> int:
     ap.add_argument("--workers", default="2,3,4", help="worker counts of the train runs")
     ap.add_argument("--models", default="alexnet-small")
     ap.add_argument("--batch", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=80, help="training steps per run")
-    ap.add_argument("--log-every", type=int, default=5, help="steps per timing window")
+    ap.add_argument("--steps", type=int, default=120, help="training steps per run")
+    # 10 = train's CPU --check-every: the fast step interpolates time_s between its reads of the
+    # loss, so a window must end at a read to hold measured, not interpolated, time.
+    ap.add_argument("--log-every", type=int, default=10, help="steps per timing window")
     ap.add_argument("--max-tries", type=int, default=5, help="CPU: runs of a configuration at most")
     ap.add_argument("--min-tries", type=int, default=3,
                     help="CPU: quiet runs of a configuration to take the median of (one try can be an outlier)")

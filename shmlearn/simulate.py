@@ -46,7 +46,9 @@ Strategies (per-worker batch B fixed, as shmlearn's --batch-size is; S = 4 x par
                     (backward, ~2/3 of compute, hides the all-reduce; not validated here)
 all_reduce is the fitted ring unless --allreduce-algo tree (same alpha and bw, log-depth latency:
 a what-if for W far beyond the measured, where NCCL leaves the ring).
-ctl is the training loop's per-step control all-reduce of 8(P+2) bytes (P processes); c() is
+ctl is the training loop's control all-reduce of 8(KP+2) bytes (P processes), paid once per K
+steps: K = train's --check-every (1 in the classic loop; by default 10 on CPU and 50 on CUDA
+for the strategies with a fast step, 1 for ddp); c() is
 the compute of one worker while W workers compute (see Compute). Scaling efficiency = samples/s at W / (W x samples/s of one worker).
 """
 from __future__ import annotations
@@ -244,6 +246,7 @@ def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
             "batch_size": r["batch"], "model": c["model"], "device": doc["env"].get("device", "?"),
             "input_shape": c.get("input_shape"), "classes": c.get("classes"),
             "avg_period": c.get("avg_period", 1) if r["variant"] == "weight-avg" else 1,
+            "check_every": 1 if str(r.get("mode", "")).startswith("classic") else None,
             "step_s": 1.0 / r["steps_per_s"]["median"]}
 
 
@@ -330,13 +333,30 @@ class Machine:
     """Bytes/s of the server's averaging (rows x bytes / time); None: from the update phase."""
     avg_alpha_s: float = 0.0
     avg_period: int = 1
-    check_every: int = 1
+    check_every: Optional[int] = None
     """Steps per control all-reduce (losses, requests): 1 in the classic loop, K in the fast
-    step (`--check-every`, 50 on CUDA by default), where it is paid once per K steps."""
+    step (train's `--check-every`), where it is paid once per K steps. None: what `train` does by
+    default (`control_period`)."""
     bwd_frac: float = 2 / 3
     allreduce_algo: str = "ring"
     """ring (what the fits measured) or tree: the same alpha and bw, 2 log2(W) latency steps
     instead of 2(W-1) (NCCL switches to trees at scale; a what-if beyond the measured W)."""
+
+
+FAST_STRATEGIES = ("allreduce", "ps", "ps-dedicated", "weight-avg")
+"""Strategies with a fast step (fast.py): their control all-reduce is paid every check_every steps."""
+
+
+def control_period(m: Machine, strategy: str) -> int:
+    """Steps per control all-reduce: m.check_every if given, else train's default on the compute
+    source's device (fast.DEFAULT_CHECK_EVERY) for strategies with a fast step, and 1 (the
+    classic loop) for the rest. Assumes an SGD-family optimizer, as the validation runs use."""
+    if m.check_every is not None:
+        return m.check_every
+    if strategy not in FAST_STRATEGIES:
+        return 1
+    from shmlearn.fast import DEFAULT_CHECK_EVERY
+    return DEFAULT_CHECK_EVERY["cpu" if str(m.compute.device).lower().startswith("cpu") else "cuda"]
 
 
 def average_s(m: Machine, rows: int, nbytes: float) -> float:
@@ -357,7 +377,8 @@ def predict(m: Machine, strategy: str, w: int) -> Dict[str, float]:
     procs = w + 1 if strategy == "ps-dedicated" else w
     local = c.parts(w, m.slots)  # w processes compute at once (a dedicated server waits meanwhile)
     parts = {"data": local["data"], "compute": local["compute"], "other": local["other"]}
-    parts["control"] = allreduce.time(procs, 8.0 * (m.check_every * procs + 2)) / m.check_every if procs > 1 else 0.0
+    k = control_period(m, strategy)
+    parts["control"] = allreduce.time(procs, 8.0 * (k * procs + 2)) / k if procs > 1 else 0.0
     if strategy in ("ps", "ps-dedicated"):
         if procs > 1:
             parts["gather"] = m.net.gather.time(procs, procs * S)
@@ -429,7 +450,13 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
         for s in runs:
             if s.get("status", "completed") != "completed" or not s.get("steps"):
                 continue
+            # The loop the run used: a run records it since the fast step exists (older runs were
+            # classic: 1); a bench throughput row records only its mode (None: the Machine's).
+            ce = s.get("check_every", (s.get("summary") or {}).get("check_every"))
+            if ce is None and ("summary" in s or "wall_time_s" in s):
+                ce = 1
             out.append({"name": s.get("name", p), "strategy": _strategy_of(s), "workers": s["workers"],
+                        "check_every": int(ce) if ce else None,
                         "batch_size": s["batch_size"], "model": s.get("model"),
                         "avg_period": _avg_period_of(s, p if os.path.isdir(p) else None),
                         "step_s": s.get("step_s") or s["wall_time_s"] / s["steps"],
@@ -445,10 +472,13 @@ def validate(m: Machine, measured: Sequence[Dict[str, Any]]) -> List[Dict[str, A
             continue
         if r["batch_size"] != m.compute.batch_size:
             continue  # the compute source's batch is the only one we measured the compute of
-        mm = Machine(**{**m.__dict__, "avg_period": r["avg_period"]})
+        # The measured run's own loop where it recorded one (a bench throughput row does not).
+        ce = r.get("check_every") or m.check_every
+        mm = Machine(**{**m.__dict__, "avg_period": r["avg_period"], "check_every": ce})
         p = predict(mm, r["strategy"], r["workers"])
         rows.append({"name": r["name"], "strategy": r["strategy"], "workers": r["workers"],
-                     "avg_period": r["avg_period"], "measured_step_s": r["step_s"],
+                     "avg_period": r["avg_period"], "check_every": control_period(mm, r["strategy"]),
+                     "measured_step_s": r["step_s"],
                      "predicted_step_s": p["step_s"], "error": p["step_s"] / r["step_s"] - 1,
                      "parts": p, "measured_phase_s": r["phase_s"]})
     return rows
@@ -527,7 +557,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
              strategies: Sequence[str] = ("allreduce", "ps", "weight-avg"), workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
-             allreduce_algo: str = "ring", check_every: int = 1, batch: Optional[int] = None) -> Dict[str, Any]:
+             allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None) -> Dict[str, Any]:
     """Fit, predict, validate: the JSON document the CLI writes."""
     comp = load_compute(compute, batch)
     all_fits = {}
@@ -545,7 +575,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
         raise BadInput("give --comm FILE.json (a bench comm result) or --net-bw GBPS [--net-latency-us US]")
     if allreduce_algo not in ("ring", "tree"):
         raise BadInput(f"--allreduce-algo {allreduce_algo}: choose ring or tree")
-    if check_every < 1:
+    if check_every is not None and check_every < 1:
         raise BadInput(f"--check-every {check_every}: must be >= 1")
     m = Machine(compute=comp, net=net, slots=slots, avg_period=avg_period, allreduce_algo=allreduce_algo,
                 check_every=check_every)
@@ -575,7 +605,8 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
                 "all_fits": all_fits,
                 "best_forms": {op: min(fs, key=lambda k: fs[k]["rms_rel_err"]) for op, fs in all_fits.items()},
                 "fit_method": "least squares on relative error, alpha and 1/bw >= 0"},
-            "slots": slots, "avg_period": avg_period, "allreduce_algo": allreduce_algo, "check_every": check_every, "averaging": avg_src, "strategies": list(strategies),
+            "slots": slots, "avg_period": avg_period, "allreduce_algo": allreduce_algo, "check_every": check_every,
+            "check_every_used": {s: control_period(m, s) for s in strategies}, "averaging": avg_src, "strategies": list(strategies),
             "workers": workers, "predictions": preds, "validation": val}
 
 
@@ -600,9 +631,10 @@ def register(sub) -> None:
     p.add_argument("--avg-period", type=int, default=4, help="weight-avg: average every K steps [4]")
     p.add_argument("--allreduce-algo", default="ring",
                    help="ring (as measured) or tree (2 log2 W latency steps: NCCL at scale, a what-if) [ring]")
-    p.add_argument("--check-every", type=int, default=1,
-                   help="steps per control all-reduce: 1 for the classic loop (CPU), 50 for the fast "
-                        "step on CUDA (train's --check-every) [1]")
+    p.add_argument("--check-every", type=int, default=None,
+                   help="steps per control all-reduce, as train's --check-every: 1 for the classic loop "
+                        "[train's default on the compute's device: 10 on CPU, 50 on CUDA for allreduce, "
+                        "ps and weight-avg; 1 for ddp]; a measured run is predicted with the value it ran with")
     p.add_argument("--workers", default=None, help="worker counts [1,2,4,...,1024]")
     p.add_argument("--slots", type=float, default=None,
                    help="compute units the workers share, e.g. 2 for 2 CPU cores [one per worker]")

@@ -3,13 +3,14 @@ predictions against the committed measurements of real `shmlearn train` runs (is
 import json
 import math
 import os
+from dataclasses import replace
 
 import numpy as np
 import pytest
 
 from shmlearn.cli import main
 from shmlearn.simulate import (Compute, Machine, Network, best_form, fit_alpha_beta, fit_comm, predict,
-                               simulate, steps_and_bytes)
+                               simulate, steps_and_bytes, validate)
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
 TOLERANCE = 0.15  # issue 7: predicted step time within 15% of the measured, allreduce and ps
@@ -52,7 +53,7 @@ def test_predict_arithmetic():
     c = Compute(data_s=0.001, compute_s=0.010, update_s=0.002, other_s=0.0005, batch_size=32, parameters=1_000_000,
                 model="m", device="d", source="test")
     net = Network.assumed(10.0, 20.0, "test")  # 10 GB/s, 20 us per step
-    m = Machine(compute=c, net=net, avg_period=4)
+    m = Machine(compute=c, net=net, avg_period=4, check_every=1)  # the classic loop: a read every step
     S, w, a, bw = 4e6, 4, 20e-6, 10e9
     ctl = 2 * (w - 1) * a + 2 * (w - 1) / w * 8 * (w + 2) / bw
     ar = 2 * (w - 1) * a + 2 * (w - 1) / w * S / bw
@@ -65,7 +66,7 @@ def test_predict_arithmetic():
     ded = predict(m, "ps-dedicated", w)
     assert ded["gather"] == pytest.approx(w * a + w * S / bw)                  # W+1 processes
     assert predict(m, "allreduce", 1)["step_s"] == pytest.approx(0.0135)       # one worker: no communication
-    slow = Machine(compute=c, net=net, slots=2)                                # 4 workers on 2 slots: 2x slower
+    slow = Machine(compute=c, net=net, slots=2, check_every=1)                                # 4 workers on 2 slots: 2x slower
     assert predict(slow, "allreduce", 4)["compute"] == pytest.approx(0.020)
 
 
@@ -147,11 +148,36 @@ def test_check_every_amortizes_the_control_allreduce():
                 model="m", device="d", source="test")
     net = Network.assumed(10.0, 20.0, "test")
     w, a, bw = 4, 20e-6, 10e9
-    every = predict(Machine(compute=c, net=net), "allreduce", w)["control"]
+    every = predict(Machine(compute=c, net=net, check_every=1), "allreduce", w)["control"]
     k50 = predict(Machine(compute=c, net=net, check_every=50), "allreduce", w)["control"]
     assert every == pytest.approx(2 * (w - 1) * a + 2 * (w - 1) / w * 8 * (w + 2) / bw)
     # one all-reduce of 50 steps' losses from every rank, paid once per 50 steps
     assert k50 == pytest.approx((2 * (w - 1) * a + 2 * (w - 1) / w * 8 * (50 * w + 2) / bw) / 50)
+
+
+def test_check_every_defaults_to_what_train_does_and_a_measured_run_keeps_its_own():
+    from shmlearn.fast import DEFAULT_CHECK_EVERY
+    net = Network.assumed(10.0, 20.0, "test")
+    c = Compute(data_s=0.0, compute_s=0.001, update_s=0.0, other_s=0.0, batch_size=32, parameters=1000,
+                model="m", device="cpu", source="test")
+    w, a, bw = 2, 20e-6, 10e9
+    ctl = lambda k: (2 * (w - 1) * a + 2 * (w - 1) / w * 8 * (k * w + 2) / bw) / k  # noqa: E731
+    m = Machine(compute=c, net=net)
+    k_cpu = DEFAULT_CHECK_EVERY["cpu"]
+    assert k_cpu > 1
+    assert predict(m, "allreduce", w)["control"] == pytest.approx(ctl(k_cpu))
+    assert predict(m, "ddp", w)["control"] == pytest.approx(ctl(1))  # no fast step: a read every step
+    gpu = Machine(compute=replace(c, device="NVIDIA H200"), net=net)
+    assert predict(gpu, "ps", w)["control"] == pytest.approx(ctl(DEFAULT_CHECK_EVERY["cuda"]))
+    # validation predicts each measured run with the loop it ran: a classic run (check_every 1)
+    # is charged a read per step even though the default is the fast step
+    runs = [{"name": "r1", "strategy": "allreduce", "workers": w, "batch_size": 32, "model": "m", "avg_period": 1,
+             "check_every": 1, "step_s": 0.01, "phase_s": {}},
+            {"name": "r10", "strategy": "allreduce", "workers": w, "batch_size": 32, "model": "m", "avg_period": 1,
+             "check_every": None, "step_s": 0.01, "phase_s": {}}]
+    v = {r["name"]: r for r in validate(m, runs)}
+    assert v["r1"]["check_every"] == 1 and v["r1"]["parts"]["control"] == pytest.approx(ctl(1))
+    assert v["r10"]["check_every"] == k_cpu and v["r10"]["parts"]["control"] == pytest.approx(ctl(k_cpu))
 
 
 # The fast step on 4x H200 (bench throughput, issue 9), predicted from the clean 2-GPU NCCL fit
