@@ -3,7 +3,9 @@
 On one machine, in one go: `bench comm` (the alpha-beta fit's input), `bench ps-sim` (the seed's
 benchmark), and real `shmlearn train` runs whose step times the predictor must match: a
 one-worker run (the compute source) and 2..N-worker runs of each strategy. The runs' summaries go
-into one bundle JSON (`simulate --measured` reads it). Example, the committed CPU results:
+into one bundle JSON (`simulate --measured` reads it). On CPU it also runs `bench comm` a second time
+with `--compute-ms` (the one-worker compute phase before each call), which `simulate
+--comm-after-compute` compares with the back-to-back run. Example, the committed CPU results:
 
     python benchmarks/comm_validation.py --device cpu --tag cpu --workers 2,3,4
 
@@ -168,6 +170,9 @@ def main() -> int:
     ap.add_argument("--comm-workers", default=None, help="bench comm world sizes [gloo: --workers; nccl: 1-2]")
     ap.add_argument("--comm-max-size", default="256M")
     ap.add_argument("--comm-factor", default="4")
+    ap.add_argument("--comm-compute-ms", default="auto",
+                    help="bench comm --compute-ms of the second, after-compute comm run (CPU): the one-worker "
+                         "compute phase of the first model [auto]; 0 skips it")
     ap.add_argument("--ps-sim-workers", default="1-4")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: train,comm,ps-sim")
     ap.add_argument("--results", default=os.path.join(HERE, "results"))
@@ -282,6 +287,21 @@ def main() -> int:
         cw = a.comm_workers or (a.workers if backend == "gloo" else "1-2")
         sh(py + ["bench", "comm", "--backend", backend, "--workers", cw, "--max-size", a.comm_max_size,
                  "--size-factor", a.comm_factor, "--out", os.path.join(a.results, f"comm-{backend}-{a.tag}.json")], log)
+        # The collectives as a training step meets them, after its compute: on a CPU whose cores
+        # the ranks share this is what simulate must be fitted to (bench/comm.py, docs/scaling.md).
+        ms = a.comm_compute_ms
+        if ms == "auto":
+            ms = "0"
+            if a.device == "cpu":
+                src = os.path.join(a.results, f"simulate-compute-{a.tag}-{a.models.split(',')[0]}.json")
+                with open(src) as f:
+                    ms = f"{json.load(f)['phase_s']['compute'] * 1e3:.1f}"
+        if float(ms) > 0:
+            if a.device == "cpu":
+                wait_quiet(a.max_interference)
+            sh(py + ["bench", "comm", "--backend", backend, "--workers", cw, "--max-size", a.comm_max_size,
+                     "--size-factor", a.comm_factor, "--compute-ms", ms,
+                     "--out", os.path.join(a.results, f"comm-{backend}-{a.tag}-after-compute.json")], log)
 
     if "ps-sim" not in skip:
         sh(py + ["bench", "ps-sim", "--backend", backend, "--workers", a.ps_sim_workers, "--steps", "20",

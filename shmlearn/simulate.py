@@ -44,6 +44,17 @@ Strategies (per-worker batch B fixed, as shmlearn's --batch-size is; S = 4 x par
     ddp             c(data + compute + other + update) + ctl
                     + max(allreduce(last 25 MB bucket), allreduce(S) - 2/3 c compute)
                     (backward, ~2/3 of compute, hides the all-reduce; not validated here)
+Each step's first collective after the compute phase (ps: the gather; the others: the
+all-reduce) also pays `wake(op, W)` (W computing ranks; weight-avg: wake / K) when `--comm-after-compute FILE` is given: a second `bench comm` JSON
+measured with `--compute-ms T` (T ms of computation on every rank before each call, then the
+barrier), against which the back-to-back --comm JSON is compared point by point. wake(op, W) =
+the median over the sizes measured at W of (after-compute - back-to-back); between and
+beyond the measured W, a least-squares line in W - 1 through them (wake(1) = 0). It is not a
+property of the links: on a CPU whose cores the ranks share, a collective right after compute
+waits for the ranks' communication threads to be scheduled again (2 Gloo ranks on 2 cores: a
+576 KB all-reduce takes ~0.5 ms back to back and ~5 ms after 18 ms of compute), and a
+back-to-back fit alone under-predicts a CPU run's step by 14-17% (docs/scaling.md). Without
+the file wake is 0, as for GPUs, where no such cost was seen.
 all_reduce is the fitted ring unless --allreduce-algo tree (same alpha and bw, log-depth latency:
 a what-if for W far beyond the measured, where NCCL leaves the ring).
 ctl is the training loop's control all-reduce of 8(KP+2) bytes (P processes), paid once per K
@@ -159,6 +170,50 @@ def fit_comm(doc: Dict[str, Any], *, min_bytes: int = 0) -> Dict[str, Dict[str, 
 
 def best_form(fits: Dict[str, Fit]) -> Fit:
     return min(fits.values(), key=lambda f: f.rms_rel_err)
+
+
+# --- the after-compute cost -------------------------------------------------------------------
+
+@dataclass
+class Wake:
+    """wake(op, W): seconds a collective costs beyond its back-to-back time when it follows a
+    compute phase (the module docstring), from two bench comm JSONs of the same machine."""
+
+    by_op: Dict[str, Dict[int, float]]
+    """Measured: {op: {W: the median over sizes of the excess (s)}}."""
+    slope_s: Dict[str, float]
+    """{op: least-squares wake per extra rank through its measured points}: wake = slope (W - 1)."""
+    compute_ms: float
+    points: int
+    source: str
+
+    def __call__(self, op: str, w: float) -> float:
+        if w <= 1:
+            return 0.0
+        if op not in self.by_op:  # not measured: the median over the ops that were
+            return float(np.median([self(o, w) for o in self.by_op]))
+        return self.by_op[op].get(int(w), self.slope_s[op] * (w - 1))
+
+    @classmethod
+    def from_comm(cls, back: Dict[str, Any], after: Dict[str, Any], source: str) -> "Wake":
+        ms = float((after.get("config") or {}).get("compute_ms") or 0.0)
+        if ms <= 0:
+            raise BadInput(f"--comm-after-compute {source}: not measured with bench comm --compute-ms T > 0")
+        b2b = {(r["op"], r["world_size"], r["bytes"]): r["time_s"]["median"] for r in back["results"]}
+        excess: Dict[str, Dict[int, List[float]]] = {}
+        for r in after["results"]:
+            k = (r["op"], r["world_size"], r["bytes"])
+            if r["world_size"] >= 2 and k in b2b:
+                excess.setdefault(r["op"], {}).setdefault(r["world_size"], []).append(r["time_s"]["median"] - b2b[k])
+        if not excess:
+            raise BadInput(f"--comm-after-compute {source}: no (op, W >= 2, size) point in common with --comm")
+        by_op, slope = {}, {}
+        for op, per_w in excess.items():
+            by_op[op] = {w: max(0.0, float(np.median(v))) for w, v in sorted(per_w.items())}
+            x = np.array([w - 1.0 for w in by_op[op]])
+            slope[op] = float(x @ np.array(list(by_op[op].values())) / (x @ x))
+        return cls(by_op=by_op, slope_s=slope, compute_ms=ms, source=source,
+                   points=sum(len(v) for per_w in excess.values() for v in per_w.values()))
 
 
 # --- inputs: network and compute --------------------------------------------------------------
@@ -338,6 +393,8 @@ class Machine:
     step (train's `--check-every`), where it is paid once per K steps. None: what `train` does by
     default (`control_period`)."""
     bwd_frac: float = 2 / 3
+    wake: Optional["Wake"] = None
+    """The after-compute cost of a step's first collective (None: 0)."""
     allreduce_algo: str = "ring"
     """ring (what the fits measured) or tree: the same alpha and bw, 2 log2(W) latency steps
     instead of 2(W-1) (NCCL switches to trees at scale; a what-if beyond the measured W)."""
@@ -379,6 +436,11 @@ def predict(m: Machine, strategy: str, w: int) -> Dict[str, float]:
     parts = {"data": local["data"], "compute": local["compute"], "other": local["other"]}
     k = control_period(m, strategy)
     parts["control"] = allreduce.time(procs, 8.0 * (k * procs + 2)) / k if procs > 1 else 0.0
+    if m.wake is not None and procs > 1:
+        # The computing ranks set it (a dedicated server only waits); weight-avg meets it every K.
+        # ps's first collective after compute is the gather, the others' the all-reduce.
+        op = "gather" if strategy in ("ps", "ps-dedicated") else "all_reduce"
+        parts["wake"] = m.wake(op, w) / (m.avg_period if strategy == "weight-avg" else 1)
     if strategy in ("ps", "ps-dedicated"):
         if procs > 1:
             parts["gather"] = m.net.gather.time(procs, procs * S)
@@ -557,10 +619,11 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
              strategies: Sequence[str] = ("allreduce", "ps", "weight-avg"), workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
-             allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None) -> Dict[str, Any]:
+             allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None,
+             comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
     """Fit, predict, validate: the JSON document the CLI writes."""
     comp = load_compute(compute, batch)
-    all_fits = {}
+    all_fits, wake = {}, None
     if net_bw is not None:
         net = Network.assumed(net_bw, net_latency_us or 0.0, net_name or f"{net_bw} GB/s network")
     elif comm:
@@ -570,15 +633,24 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
         except (OSError, ValueError) as e:
             raise BadInput(f"--comm {comm}: cannot read a JSON file ({e})") from None
         net = Network.from_comm(doc, comm)
+        if comm_after_compute:
+            try:
+                with open(comm_after_compute) as f:
+                    after = json.load(f)
+            except (OSError, ValueError) as e:
+                raise BadInput(f"--comm-after-compute {comm_after_compute}: cannot read a JSON file ({e})") from None
+            wake = Wake.from_comm(doc, after, comm_after_compute)
         all_fits = {op: {form: _fit_dict(f) for form, f in fs.items()} for op, fs in fit_comm(doc).items()}
     else:
         raise BadInput("give --comm FILE.json (a bench comm result) or --net-bw GBPS [--net-latency-us US]")
+    if comm_after_compute and not comm:
+        raise BadInput("--comm-after-compute needs --comm: the back-to-back bench comm JSON it is compared with")
     if allreduce_algo not in ("ring", "tree"):
         raise BadInput(f"--allreduce-algo {allreduce_algo}: choose ring or tree")
     if check_every is not None and check_every < 1:
         raise BadInput(f"--check-every {check_every}: must be >= 1")
     m = Machine(compute=comp, net=net, slots=slots, avg_period=avg_period, allreduce_algo=allreduce_algo,
-                check_every=check_every)
+                check_every=check_every, wake=wake)
     avg_src = "estimated: update phase x (rows + 1) / 5"
     if ps_sim:
         with open(ps_sim) as f:
@@ -604,7 +676,11 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
                 "used": {op: _fit_dict(getattr(net, op)) for op in ("all_reduce", "gather", "broadcast")},
                 "all_fits": all_fits,
                 "best_forms": {op: min(fs, key=lambda k: fs[k]["rms_rel_err"]) for op, fs in all_fits.items()},
-                "fit_method": "least squares on relative error, alpha and 1/bw >= 0"},
+                "fit_method": "least squares on relative error, alpha and 1/bw >= 0",
+                "after_compute": None if wake is None else {
+                    "source": wake.source, "compute_ms": wake.compute_ms, "points": wake.points,
+                    "wake_s": {op: {str(w): v for w, v in per_w.items()} for op, per_w in wake.by_op.items()},
+                    "slope_s_per_rank": wake.slope_s}},
             "slots": slots, "avg_period": avg_period, "allreduce_algo": allreduce_algo, "check_every": check_every,
             "check_every_used": {s: control_period(m, s) for s in strategies}, "averaging": avg_src, "strategies": list(strategies),
             "workers": workers, "predictions": preds, "validation": val}
@@ -621,6 +697,9 @@ def register(sub) -> None:
     p.add_argument("--net-bw", type=float, help="instead of --comm: assumed link bandwidth, GB/s")
     p.add_argument("--net-latency-us", type=float, default=0.0, help="with --net-bw: latency per message step, us")
     p.add_argument("--net-name", help="with --net-bw: the network's name in the table and plot")
+    p.add_argument("--comm-after-compute", default=None,
+                   help="bench comm JSON of the same machine measured with --compute-ms T: the extra cost of a "
+                        "step's first collective after its compute (needed on CPUs whose cores the ranks share)")
     p.add_argument("--compute", required=True,
                    help="one-worker shmlearn run directory (or its summary.json), or a throughput JSON")
     p.add_argument("--batch", type=int, default=None,
@@ -653,7 +732,8 @@ def cmd_simulate(ns) -> int:
                    net_latency_us=ns.net_latency_us, net_name=ns.net_name,
                    strategies=[s for s in ns.strategies.split(",") if s], workers=workers,
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
-                   allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch)
+                   allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch,
+                   comm_after_compute=ns.comm_after_compute)
     os.makedirs(ns.out, exist_ok=True)
     with open(os.path.join(ns.out, "simulate.json"), "w") as f:
         json.dump(doc, f, indent=1)
@@ -663,6 +743,11 @@ def cmd_simulate(ns) -> int:
         bw = f"{f['bw_GBps']:.3f} GB/s" if f["bw_GBps"] else "inf"
         fit = f", fit RMS rel. error {f['rms_rel_err'] * 100:.1f}% over {f['points']} points" if f["points"] else ""
         print(f"  {op:<10} {f['form']:<5} alpha {f['alpha_us']:.1f} us/step, bw {bw}{fit}")
+    if n["after_compute"]:
+        a = n["after_compute"]
+        print(f"  after {a['compute_ms']:g} ms of compute ({a['points']} points), a step's first collective "
+              "costs more: " + "; ".join(f"{op} " + ", ".join(f"W={w} +{a['wake_s'][op][w] * 1e3:.2f} ms" for w in a["wake_s"][op])
+                                        for op in ("all_reduce", "gather") if op in a["wake_s"]))
     c = doc["compute"]
     print(f"compute: {c['model']}, batch {c['batch_size']}, {c['device']}: data {c['data_s'] * 1e3:.2f} + compute "
           f"{c['compute_s'] * 1e3:.2f} + update {c['update_s'] * 1e3:.2f} + other {c['other_s'] * 1e3:.2f} ms/step; "

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from shmlearn.cli import main
-from shmlearn.simulate import (Compute, Machine, Network, best_form, fit_alpha_beta, fit_comm, predict,
+from shmlearn.errors import BadInput
+from shmlearn.simulate import (Compute, Machine, Network, Wake, best_form, fit_alpha_beta, fit_comm, predict,
                                simulate, steps_and_bytes, validate)
 
 RESULTS = os.path.join(os.path.dirname(__file__), "..", "benchmarks", "results")
@@ -70,6 +71,35 @@ def test_predict_arithmetic():
     assert predict(slow, "allreduce", 4)["compute"] == pytest.approx(0.020)
 
 
+def test_wake_is_the_median_excess_of_the_after_compute_comm_per_op_and_w_and_is_charged_once_per_step():
+    back = _synthetic_comm("all_reduce", "ring", 40e-6, 12.5e9, noise=0.0)
+    back["results"] += _synthetic_comm("gather", "flat", 40e-6, 12.5e9, noise=0.0)["results"]
+    after = json.loads(json.dumps(back))
+    after["config"] = {"compute_ms": 18.0}
+    extra = {"all_reduce": {2: 3e-3, 3: 6e-3, 4: 9.5e-3, 8: 20e-3}, "gather": {2: 0.0, 3: 5e-3, 4: 6e-3, 8: 7e-3}}
+    for r in after["results"]:
+        r["time_s"]["median"] += extra[r["op"]][r["world_size"]]
+    after["results"][0]["time_s"]["median"] += 1.0  # one outlier: the median ignores it
+    wake = Wake.from_comm(back, after, "test")
+    for op in extra:
+        assert wake.by_op[op] == pytest.approx(extra[op], abs=1e-9)
+    assert wake("all_reduce", 1) == 0.0 and wake("all_reduce", 3) == pytest.approx(6e-3)
+    ar = extra["all_reduce"]
+    slope = sum((w - 1) * v for w, v in ar.items()) / sum((w - 1) ** 2 for w in ar)
+    assert wake("all_reduce", 16) == pytest.approx(slope * 15)  # beyond the measured W: the line through them
+    c = Compute(data_s=0.0, compute_s=0.01, update_s=0.001, other_s=0.0, batch_size=32, parameters=1000,
+                model="m", device="cpu", source="test")
+    net = Network.assumed(10.0, 20.0, "test")
+    plain, woken = Machine(compute=c, net=net, avg_period=4), Machine(compute=c, net=net, avg_period=4, wake=wake)
+    for strategy, w, charged in [("allreduce", 2, 3e-3), ("ps", 3, 5e-3), ("weight-avg", 4, 9.5e-3 / 4),
+                                 ("ps-dedicated", 3, 5e-3)]:  # a dedicated server does not compute: W, not W+1
+        assert predict(woken, strategy, w)["step_s"] - predict(plain, strategy, w)["step_s"] == pytest.approx(charged)
+    assert predict(woken, "allreduce", 1)["step_s"] == predict(plain, "allreduce", 1)["step_s"]
+    del after["config"]
+    with pytest.raises(BadInput, match="--compute-ms"):
+        Wake.from_comm(back, after, "test")
+
+
 def _committed(*names):
     paths = [os.path.join(RESULTS, n) for n in names]
     if not all(os.path.exists(p) for p in paths):
@@ -87,26 +117,30 @@ def _check(doc, tolerance):
     return rows
 
 
-# CPU: measured on the quiet 2-core VM (others used <= 1% of it during every kept run), each
-# configuration 3 times and the median try kept (benchmarks/comm_validation.py). The predictor
-# under-predicts every point by 4-16%: the multi-process loop pays per-step costs (Python, the
-# control all-reduce waiting for the other rank's compute on a shared core) that neither the
-# one-worker compute nor a bare collective contains. Five of the six allreduce/ps points are
-# within 10.2%; allreduce at 2 workers is -15.5%, just outside the issue's 15%.
-CPU_TOLERANCE, CPU_MEDIAN = 0.16, 0.10
+# CPU: measured on the quiet 2-core VM with train's default loop (the fast step, a read every 10
+# steps; others used <= 1% of the machine during every kept run), each configuration 3 times and
+# the median try kept (benchmarks/comm_validation.py). The network is the back-to-back bench comm
+# fit plus the after-compute excess of the first collective of a step (bench comm --compute-ms),
+# which on 2 shared cores is most of what a collective costs in a real step.
+CPU_MEDIAN = 0.06
 
 
 def test_predictions_match_committed_cpu_measurements():
-    comm, compute, measured = _committed("comm-gloo-cpu.json", "simulate-compute-cpu-alexnet-small.json",
-                                         "simulate-measured-cpu.json")
-    doc = simulate(comm=comm, compute=compute, measured=[measured], slots=2,
-                   strategies=["allreduce", "ps", "ps-dedicated", "weight-avg"])
-    rows = _check(doc, CPU_TOLERANCE)
+    comm, after, compute, measured = _committed("comm-gloo-cpu.json", "comm-gloo-cpu-after-compute.json",
+                                                "simulate-compute-cpu-alexnet-small.json", "simulate-measured-cpu.json")
+    kw = dict(comm=comm, compute=compute, measured=[measured], slots=2,
+              strategies=["allreduce", "ps", "ps-dedicated", "weight-avg"])
+    doc = simulate(comm_after_compute=after, **kw)
+    rows = _check(doc, TOLERANCE)
     assert {(v["strategy"], v["workers"]) for v in rows} == {(s, w) for s in ("allreduce", "ps") for w in (2, 3, 4)}
     assert float(np.median([abs(v["error"]) for v in rows])) <= CPU_MEDIAN
-    # weight averaging (K=4) and the dedicated server are predicted too; within 12% here
+    assert all(v["check_every"] == 10 for v in rows)  # predicted with the loop the runs used
+    # weight averaging (K=4) and the dedicated server are predicted too
     others = [v for v in doc["validation"] if v["strategy"] in ("weight-avg", "ps-dedicated")]
-    assert len(others) == 5 and all(abs(v["error"]) <= 0.12 for v in others)
+    assert len(others) == 5 and all(abs(v["error"]) <= 0.10 for v in others)
+    # Without the after-compute term the back-to-back fit misses all-reduce by more than 12%.
+    plain = simulate(**kw)
+    assert min(v["error"] for v in plain["validation"] if v["strategy"] == "allreduce") < -0.12
 
 
 # (model, tolerance, why). The issue asks for 15%. alexnet-small on the GPU misses it: its step is
@@ -141,6 +175,10 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert by[("ps", 1024)]["step_s"] > by[("allreduce", 1024)]["step_s"]  # the server's link saturates
     assert "samples/s" in capsys.readouterr().out
     assert main(["simulate", "--compute", compute, "--out", str(out)]) == 2  # no network given
+    # the after-compute excess is measured against a back-to-back bench comm, which --net-bw is not
+    assert main(["simulate", "--net-bw", "10", "--comm-after-compute", compute, "--compute", compute,
+                 "--out", str(out)]) == 2
+    assert "--comm-after-compute needs --comm" in capsys.readouterr().err
 
 
 def test_check_every_amortizes_the_control_allreduce():

@@ -14,6 +14,13 @@ Method per (W, op, size): fresh random data (never zeros: they can run faster th
 collective modifies in place (untimed) and a barrier, and timed by perf_counter on CPU or CUDA
 events on GPU. A call's time is the slowest rank's (the collective is done when every rank is);
 the JSON keeps the median and the spread over calls.
+
+`--compute-ms T` puts T ms of computation (matrix products on the rank's device, one thread on
+CPU) before each call's barrier: the collective as a training step meets it, after its forward
+and backward, rather than back to back. On a CPU box whose cores the ranks share, the two differ
+several-fold (Gloo all-reduce of 576 KB on 2 processes, 2 cores: ~0.5 ms back to back, ~4 ms
+after 19 ms of compute; docs/scaling.md), and `shmlearn simulate` fitted to the back-to-back
+numbers under-predicts a CPU run's step.
 """
 from __future__ import annotations
 
@@ -75,6 +82,8 @@ class CommConfig:
     """Seconds of timed calls per (W, op, size): large messages on slow links get fewer calls."""
     threads: Optional[int] = None
     """CPU: intra-op threads per process (default: cores / W, at least 1)."""
+    compute_ms: float = 0.0
+    """Milliseconds of computation on every rank before each call (0: back to back)."""
 
 
 def _buffers(op: str, nbytes: int, world: int, rank: int, dtype, device) -> Dict[str, Any]:
@@ -131,6 +140,13 @@ def _worker(rank: int, world: int, port: int, cfg: dict) -> Optional[List[dict]]
         torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
     dtype = DTYPES[c.dtype]
     flag = torch.zeros(1, device=device)
+    mat = torch.randn(256, 256, device=device)  # random, never zeros (see the module docstring)
+
+    def compute(ms: float) -> None:  # a training step's compute phase before its collective
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < ms / 1e3:
+            mat.copy_(torch.tanh(mat @ mat) * 0.5)  # bounded: no overflow however long it runs
+            sync(device)
 
     def barrier() -> None:  # a tiny all-reduce, then drain the stream: every rank starts together
         dist.all_reduce(flag)
@@ -138,6 +154,8 @@ def _worker(rank: int, world: int, port: int, cfg: dict) -> Optional[List[dict]]
 
     def timed(op: str, b: dict) -> float:
         _refill(op, b)
+        if c.compute_ms > 0:
+            compute(c.compute_ms)
         barrier()
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -271,6 +289,9 @@ def register(bench_sub) -> None:
     p.add_argument("--iters", type=int, default=20, help="timed calls per point, at most [20]")
     p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, at least [5]")
     p.add_argument("--budget-s", type=float, default=2.0, help="seconds of timed calls per point [2]")
+    p.add_argument("--compute-ms", type=float, default=0.0,
+                   help="ms of computation on every rank before each call, as in a training step "
+                        "(0: calls back to back) [0]")
     p.add_argument("--out", default="comm.json", help="JSON file to write [comm.json]")
     p.add_argument("--plot", default=None, help="PNG to write [the --out path with .png]")
     p.add_argument("--no-plot", action="store_true", help="write no plot")
@@ -292,12 +313,14 @@ def config_from_args(ns) -> CommConfig:
         if hi < lo:
             raise BadInput(f"--max-size {ns.max_size}: smaller than --min-size {ns.min_size}")
         sizes = default_sizes(lo, hi, ns.size_factor)
+    if not (0 <= ns.compute_ms <= 10_000):
+        raise BadInput(f"--compute-ms {ns.compute_ms}: expected 0 to 10000 ms")
     for flag, v in (("--warmup", ns.warmup), ("--iters", ns.iters), ("--min-iters", ns.min_iters)):
         if v < (0 if flag == "--warmup" else 1):
             raise BadInput(f"{flag} {v}: must be {'>= 0' if flag == '--warmup' else '>= 1'}")
     return CommConfig(backend=ns.backend, workers=workers, ops=[o for o in ns.ops.split(",") if o],
                       sizes=sizes, dtype=ns.dtype, warmup=ns.warmup, iters=ns.iters,
-                      min_iters=min(ns.min_iters, ns.iters), budget_s=ns.budget_s)
+                      min_iters=min(ns.min_iters, ns.iters), budget_s=ns.budget_s, compute_ms=ns.compute_ms)
 
 
 def cmd_comm(ns) -> int:

@@ -1,5 +1,6 @@
 """bench comm on a real 2-process Gloo group: every op and size asked is in the JSON, with sane numbers."""
 import json
+import time
 
 import pytest
 
@@ -51,3 +52,24 @@ def test_bench_comm_bad_input_exits_2(tmp_path, capsys):
     assert main(["bench", "comm", "--ops", "alltoall", "--out", str(tmp_path / "x.json")]) == 2
     assert "--ops alltoall" in capsys.readouterr().err
     assert main(["bench", "comm", "--backend", "nccl", "--workers", "64", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_bench_comm_compute_ms_computes_before_each_call_and_times_only_the_call(tmp_path):
+    out = tmp_path / "after.json"
+    t0 = time.perf_counter()
+    rc = main(["bench", "comm", "--backend", "gloo", "--workers", "2", "--ops", "all_reduce", "--sizes", "4K",
+               "--warmup", "1", "--iters", "4", "--min-iters", "4", "--compute-ms", "40", "--out", str(out),
+               "--no-plot"])
+    wall = time.perf_counter() - t0
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    assert doc["config"]["compute_ms"] == 40.0  # simulate --comm-after-compute reads it
+    (r,) = doc["results"]
+    assert wall >= 5 * 0.040  # 1 warm-up + 4 timed calls, each after 40 ms of compute
+    assert r["time_s"]["median"] < 0.040  # the compute is not in the call's time
+
+
+def test_bench_comm_compute_ms_out_of_range_exits_2(tmp_path, capsys):
+    assert main(["bench", "comm", "--compute-ms", "-1", "--out", str(tmp_path / "x.json")]) == 2
+    assert "--compute-ms -1" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
