@@ -450,6 +450,11 @@ class _Loop:
 
 def _progress(total: int, initial: int = 0):
     from tqdm import tqdm
+    # tqdm's default write lock holds a multiprocessing RLock: a named semaphore that a spawned
+    # worker, which leaves with os._exit (launch._child), never unlinks, so Python's resource
+    # tracker warned of a leaked semaphore at the end of every run. One process writes this bar:
+    # a thread lock is all it needs.
+    tqdm.set_lock(threading.RLock())
     return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=0.5, dynamic_ncols=True)
 
 

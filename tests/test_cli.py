@@ -54,6 +54,13 @@ def test_default_run_learns_digits_within_a_minute(tmp_path):
     assert s["loss_area"] > 0 and s["min_loss"] <= s["final_loss"]
 
 
+def test_a_run_with_its_progress_bar_ends_without_a_leaked_semaphore_warning(tmp_path):
+    r = shmlearn("train", "--samples", "4096", "--eval-points", "1", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr
+    assert "train:" in r.stderr  # the bar was drawn
+    assert "leaked semaphore" not in r.stderr, r.stderr
+
+
 def test_sample_budget_gives_exact_steps(tmp_path):
     out = tmp_path / "run"
     r = shmlearn("train", "--samples", "307200", "--batch-size", "128", "--workers", "4",
