@@ -169,3 +169,34 @@ def test_a_launched_rank_skips_interpreter_teardown(tmp_path, launched):
     assert r.returncode == 0, r.stderr[-2000:]
     assert "test accuracy" in r.stdout and (tmp_path / "run" / "summary.json").exists()
     assert ("interpreter teardown ran" in r.stdout) is not launched
+
+
+USER_SCRIPT = """
+import os, sys
+from shmlearn import train
+from shmlearn.config import TrainConfig
+train(TrainConfig(epochs=1, eval_points=1, progress=False, out=sys.argv[1]))
+threads = [open(f"/proc/self/task/{t}/comm").read().strip() for t in os.listdir("/proc/self/task")]
+print("threads:", ",".join(threads))
+"""
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads thread names from Linux's /proc")
+def test_a_script_calling_train_under_a_launcher_is_left_without_the_groups_threads(tmp_path):
+    """shmlearn.train() called from a user's script, as a rank of a launcher (srun's variables
+    here): when it returns, the process group must be gone, threads and all. torch's first
+    optimizer used to pin the group (see launch.init_process_group), its Gloo threads outlived
+    destroy_process_group, and the interpreter's exit then aborted finished ranks under mpirun."""
+    script = tmp_path / "user.py"
+    script.write_text(USER_SCRIPT)
+    out, port = str(tmp_path / "run"), str(free_port())
+    procs = [subprocess.Popen([sys.executable, str(script), out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=_clean_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(r),
+                                                        SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NUM_NODES="1",
+                                                        SLURM_JOB_ID="43", SLURM_STEP_ID="0", MASTER_PORT=port))
+             for r in range(2)]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [o[1][-1000:] for o in outs]
+    for stdout, _ in outs:
+        threads = next(line for line in stdout.splitlines() if line.startswith("threads:"))
+        assert "gloo" not in threads, threads
