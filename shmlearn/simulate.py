@@ -319,15 +319,20 @@ def throughput_compute(doc: Dict[str, Any], batch: Optional[int], source: str) -
     return _bench_row(pick[0], doc)
 
 
-def load_compute(path: str, batch: Optional[int] = None) -> Compute:
-    """A run directory or its summary.json (one worker), a throughput JSON, or a `bench
-    throughput` JSON (its one-worker row at `batch`)."""
+def _read_json(flag: str, path: str) -> Dict[str, Any]:
+    """A flag's JSON file (or a run directory's summary.json), or BadInput naming the flag."""
     f = os.path.join(path, "summary.json") if os.path.isdir(path) else path
     try:
         with open(f) as fh:
-            d = json.load(fh)
+            return json.load(fh)
     except (OSError, ValueError) as e:
-        raise BadInput(f"--compute {path}: cannot read a JSON file ({e})") from None
+        raise BadInput(f"{flag} {path}: cannot read a JSON file ({e})") from None
+
+
+def load_compute(path: str, batch: Optional[int] = None) -> Compute:
+    """A run directory or its summary.json (one worker), a throughput JSON, or a `bench
+    throughput` JSON (its one-worker row at `batch`)."""
+    d = _read_json("--compute", path)
     if d.get("benchmark") == "throughput" and "results" in d:
         d = throughput_compute(d, batch, path)
     model = d.get("model")
@@ -498,12 +503,7 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
     """Measured runs: run directories, summary.json files, or bundles {"runs": [summary, ...]}."""
     out = []
     for p in paths:
-        f = os.path.join(p, "summary.json") if os.path.isdir(p) else p
-        try:
-            with open(f) as fh:
-                d = json.load(fh)
-        except (OSError, ValueError) as e:
-            raise BadInput(f"--measured {p}: cannot read a JSON file ({e})") from None
+        d = _read_json("--measured", p)
         if d.get("benchmark") == "throughput" and "results" in d:  # bench throughput: its shmlearn rows
             runs = [_bench_row(r, d) for r in d["results"]
                     if r["workers"] > 1 and r["variant"] in ("allreduce", "ps", "weight-avg")]
@@ -627,19 +627,10 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
     if net_bw is not None:
         net = Network.assumed(net_bw, net_latency_us or 0.0, net_name or f"{net_bw} GB/s network")
     elif comm:
-        try:
-            with open(comm) as f:
-                doc = json.load(f)
-        except (OSError, ValueError) as e:
-            raise BadInput(f"--comm {comm}: cannot read a JSON file ({e})") from None
+        doc = _read_json("--comm", comm)
         net = Network.from_comm(doc, comm)
         if comm_after_compute:
-            try:
-                with open(comm_after_compute) as f:
-                    after = json.load(f)
-            except (OSError, ValueError) as e:
-                raise BadInput(f"--comm-after-compute {comm_after_compute}: cannot read a JSON file ({e})") from None
-            wake = Wake.from_comm(doc, after, comm_after_compute)
+            wake = Wake.from_comm(doc, _read_json("--comm-after-compute", comm_after_compute), comm_after_compute)
         all_fits = {op: {form: _fit_dict(f) for form, f in fs.items()} for op, fs in fit_comm(doc).items()}
     else:
         raise BadInput("give --comm FILE.json (a bench comm result) or --net-bw GBPS [--net-latency-us US]")
@@ -653,8 +644,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
                 check_every=check_every, wake=wake)
     avg_src = "estimated: update phase x (rows + 1) / 5"
     if ps_sim:
-        with open(ps_sim) as f:
-            ps = json.load(f)
+        ps = _read_json("--ps-sim", ps_sim)
         pts = [(r["workers"], ps["gradient_bytes"], r["stats"]["avg_s"]["median"]) for r in ps["results"]]
         if len({w for w, _, _ in pts}) < 2:
             raise BadInput(f"--ps-sim {ps_sim}: needs at least 2 worker counts to fit the averaging cost")

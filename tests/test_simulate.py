@@ -179,6 +179,9 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert main(["simulate", "--net-bw", "10", "--comm-after-compute", compute, "--compute", compute,
                  "--out", str(out)]) == 2
     assert "--comm-after-compute needs --comm" in capsys.readouterr().err
+    assert main(["simulate", "--net-bw", "10", "--compute", compute, "--ps-sim", str(tmp_path / "missing.json"),
+                 "--out", str(out)]) == 2  # one line naming the flag, no traceback
+    assert "--ps-sim" in capsys.readouterr().err
 
 
 def test_check_every_amortizes_the_control_allreduce():
