@@ -98,6 +98,16 @@ def detect_env(env: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
     return None
 
 
+def import_before_group() -> None:
+    """Import torch._dynamo before a process group exists. The first optimizer a process builds
+    imports it (~800 modules), and some of them keep references to the default group from then
+    on, so destroy_process_group() no longer frees it: Gloo's threads live on, and at interpreter
+    exit the group is destroyed under them ("terminate called without an active exception",
+    SIGABRT of a finished rank: 6 of 10 runs of a script calling shmlearn.train() under mpirun;
+    torch 2.13). Imported first, those modules find no group to hold."""
+    import torch._dynamo  # noqa: F401
+
+
 def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     """Join the default process group of `env`.
 
@@ -112,14 +122,7 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
 
     import torch.distributed as dist
 
-    # Import torch._dynamo before the group exists. The first optimizer a process builds imports
-    # it (~800 modules), and some of them keep references to the default group from then on, so
-    # destroy_process_group() no longer frees it: Gloo's threads live on, and at interpreter exit
-    # the group is destroyed under them ("terminate called without an active exception", SIGABRT
-    # of a finished rank: 6 of 10 runs of a script calling shmlearn.train() under mpirun; torch
-    # 2.13). Imported first, those modules find no group to hold.
-    import torch._dynamo  # noqa: F401
-
+    import_before_group()
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None

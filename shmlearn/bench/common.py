@@ -228,6 +228,9 @@ def _run_ranks_once(fn: Callable, world: int, args: tuple, timeout_s: float) -> 
 def init_group(backend: str, rank: int, world: int, port: int, timeout_s: float = 300.0) -> torch.device:
     """Join the process group; return this rank's device (cuda:rank for nccl, cpu for gloo)."""
     import torch.distributed as dist
+
+    from shmlearn.launch import import_before_group
+    import_before_group()  # the workers build optimizers: keep them from pinning the group
     device = torch.device("cpu")
     kwargs = {}
     if backend == "nccl":
