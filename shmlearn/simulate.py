@@ -45,14 +45,14 @@ Strategies (per-worker batch B fixed, as shmlearn's --batch-size is; S = 4 x par
                     + max(allreduce(last 25 MB bucket), allreduce(S) - 2/3 c compute)
                     (backward, ~2/3 of compute, hides the all-reduce; not validated here)
 Each step's first collective after the compute phase (ps: the gather; the others: the
-all-reduce) also pays `wake(op, W)` (W computing ranks; weight-avg: wake / K) when `--comm-after-compute FILE` is given: a second `bench comm` JSON
-measured with `--compute-ms T` (T ms of computation on every rank before each call, then the
+all-reduce) also pays `wake(op, W)` (W computing ranks; weight-avg: wake / K) when
+`--comm-after-compute FILE` is given: a second `bench comm` JSON measured with `--compute-ms T` (T ms of computation on every rank before each call, then the
 barrier), against which the back-to-back --comm JSON is compared point by point. wake(op, W) =
 the median over the sizes measured at W of (after-compute - back-to-back); between and
 beyond the measured W, a least-squares line in W - 1 through them (wake(1) = 0). It is not a
 property of the links: on a CPU whose cores the ranks share, a collective right after compute
 waits for the ranks' communication threads to be scheduled again (2 Gloo ranks on 2 cores: a
-576 KB all-reduce takes ~0.5 ms back to back and ~5 ms after 18 ms of compute), and a
+256 KB-1 MB all-reduce takes 0.5-1 ms back to back and ~5 ms after 18 ms of compute), and a
 back-to-back fit alone under-predicts a CPU run's step by 14-17% (docs/scaling.md). Without
 the file wake is 0, as for GPUs, where no such cost was seen.
 all_reduce is the fitted ring unless --allreduce-algo tree (same alpha and bw, log-depth latency:
