@@ -148,6 +148,11 @@ def summarize_concurrent(groups, max_interference: float = 1.0):
             "tries": [{k: v for k, v in r.items() if k != "summary"} for r in reps]}
 
 
+def compute_path(a, model: str) -> str:
+    """The compute source the train part writes for `model` (and the after-compute comm reads)."""
+    return os.path.join(a.results, f"simulate-compute-{a.tag}-{model}.json")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -277,7 +282,7 @@ def main() -> int:
                        source=one["command"], torch_version=one["torch_version"], date=bundle["date"],
                        concurrent=[{k: e[k] for k in ("processes", "step_s", "phase_s", "command", "tries")}
                                    for e in sorted(concurrent, key=lambda e: e["processes"])])
-            with open(os.path.join(a.results, f"simulate-compute-{a.tag}-{model}.json"), "w") as f:
+            with open(compute_path(a, model), "w") as f:
                 json.dump(src, f, indent=1)
         bundle["loadavg_end"] = list(os.getloadavg())
         with open(os.path.join(a.results, f"simulate-measured-{a.tag}.json"), "w") as f:
@@ -293,8 +298,7 @@ def main() -> int:
         if ms == "auto":
             ms = "0"
             if a.device == "cpu":
-                src = os.path.join(a.results, f"simulate-compute-{a.tag}-{a.models.split(',')[0]}.json")
-                with open(src) as f:
+                with open(compute_path(a, a.models.split(",")[0])) as f:
                     ms = f"{json.load(f)['phase_s']['compute'] * 1e3:.1f}"
         if float(ms) > 0:
             if a.device == "cpu":

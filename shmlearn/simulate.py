@@ -405,19 +405,16 @@ class Machine:
     instead of 2(W-1) (NCCL switches to trees at scale; a what-if beyond the measured W)."""
 
 
-FAST_STRATEGIES = ("allreduce", "ps", "ps-dedicated", "weight-avg")
-"""Strategies with a fast step (fast.py): their control all-reduce is paid every check_every steps."""
-
-
 def control_period(m: Machine, strategy: str) -> int:
     """Steps per control all-reduce: m.check_every if given, else train's default on the compute
     source's device (fast.DEFAULT_CHECK_EVERY) for strategies with a fast step, and 1 (the
     classic loop) for the rest. Assumes an SGD-family optimizer, as the validation runs use."""
     if m.check_every is not None:
         return m.check_every
-    if strategy not in FAST_STRATEGIES:
-        return 1
     from shmlearn.fast import DEFAULT_CHECK_EVERY
+    from shmlearn.sync import STRATEGIES
+    if not STRATEGIES["ps" if strategy == "ps-dedicated" else strategy].gated:  # no fast step
+        return 1
     return DEFAULT_CHECK_EVERY["cpu" if str(m.compute.device).lower().startswith("cpu") else "cuda"]
 
 
@@ -735,9 +732,10 @@ def cmd_simulate(ns) -> int:
         print(f"  {op:<10} {f['form']:<5} alpha {f['alpha_us']:.1f} us/step, bw {bw}{fit}")
     if n["after_compute"]:
         a = n["after_compute"]
+        per_op = [f"{op} " + ", ".join(f"W={w} +{v * 1e3:.2f} ms" for w, v in a["wake_s"][op].items())
+                  for op in ("all_reduce", "gather") if op in a["wake_s"]]
         print(f"  after {a['compute_ms']:g} ms of compute ({a['points']} points), a step's first collective "
-              "costs more: " + "; ".join(f"{op} " + ", ".join(f"W={w} +{a['wake_s'][op][w] * 1e3:.2f} ms" for w in a["wake_s"][op])
-                                        for op in ("all_reduce", "gather") if op in a["wake_s"]))
+              f"costs more: {'; '.join(per_op)}")
     c = doc["compute"]
     print(f"compute: {c['model']}, batch {c['batch_size']}, {c['device']}: data {c['data_s'] * 1e3:.2f} + compute "
           f"{c['compute_s'] * 1e3:.2f} + update {c['update_s'] * 1e3:.2f} + other {c['other_s'] * 1e3:.2f} ms/step; "

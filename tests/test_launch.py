@@ -54,6 +54,12 @@ def _clean_env(**extra):
     return env
 
 
+def _srun_env(rank: int, port: str, job: str):
+    """What srun gives task `rank` of a 2-task, 1-node job step (the real srun is not installable here)."""
+    return _clean_env(SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank), SLURM_STEP_NUM_TASKS="2",
+                      SLURM_STEP_NUM_NODES="1", SLURM_JOB_ID=job, SLURM_STEP_ID="0", MASTER_PORT=port)
+
+
 def _summary(out):
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
@@ -89,10 +95,7 @@ def test_srun_shaped_environment(tmp_path):
     find each other (the real srun is not installable here)."""
     out, port = str(tmp_path / "run"), str(free_port())
     procs = [subprocess.Popen([sys.executable, "-m", "shmlearn", *ARGS, "--out", out],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=_clean_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(r), SLURM_STEP_NUM_TASKS="2",
-                                             SLURM_STEP_NUM_NODES="1", SLURM_JOB_ID="42", SLURM_STEP_ID="0",
-                                             MASTER_PORT=port))
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_srun_env(r, port, "42"))
              for r in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1000:] for o in outs]
@@ -191,9 +194,7 @@ def test_a_script_calling_train_under_a_launcher_is_left_without_the_groups_thre
     script.write_text(USER_SCRIPT)
     out, port = str(tmp_path / "run"), str(free_port())
     procs = [subprocess.Popen([sys.executable, str(script), out], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=_clean_env(SLURM_PROCID=str(r), SLURM_LOCALID=str(r),
-                                                        SLURM_STEP_NUM_TASKS="2", SLURM_STEP_NUM_NODES="1",
-                                                        SLURM_JOB_ID="43", SLURM_STEP_ID="0", MASTER_PORT=port))
+                              text=True, env=_srun_env(r, port, "43"))
              for r in range(2)]
     outs = [p.communicate(timeout=300) for p in procs]
     assert all(p.returncode == 0 for p in procs), [o[1][-1000:] for o in outs]
