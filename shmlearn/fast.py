@@ -71,6 +71,8 @@ class Window:
     """(step, rank) of the first non-finite loss, lowest rank first; None if all finite."""
     want_eval: bool
     want_ckpt: bool
+    want_stop: bool = False
+    """Rank 0 asks every rank to stop here (a pruned sweep trial, pruning.py)."""
 
 
 def fast_capable(strategy, optimizer) -> Optional[str]:
@@ -321,16 +323,17 @@ class Stepper:
         """Whether the loop must read after `done` steps (classic: always)."""
         return not self.fast or done - self._pending_from >= self.check_every
 
-    def read(self, done: int, want_eval: bool = False, want_ckpt: bool = False) -> Window:
+    def read(self, done: int, want_eval: bool = False, want_ckpt: bool = False, want_stop: bool = False) -> Window:
         """One all-reduce of every rank's losses of steps [first, done) and rank 0's requests;
         this syncs the device."""
         first = self._pending_from if self._pending_from is not None else done
         n, w = done - first, self.world_size
-        ctrl = torch.zeros(w * n + 2, dtype=torch.float64, device=self.device)
+        ctrl = torch.zeros(w * n + 3, dtype=torch.float64, device=self.device)
         if self.strategy.computes and n:
             ctrl[self.rank * n:(self.rank + 1) * n] = self.hist[first:done]
         ctrl[w * n] = float(want_eval)
         ctrl[w * n + 1] = float(want_ckpt)
+        ctrl[w * n + 2] = float(want_stop)
         if w > 1:
             dist.all_reduce(ctrl)
         vals = ctrl.tolist()
@@ -344,4 +347,4 @@ class Stepper:
                 bad = (first + i, odd[0])
                 break
             losses.append(sum(column) / self.strategy.compute_ranks)
-        return Window(first, losses, bad, vals[w * n] > 0, vals[w * n + 1] > 0)
+        return Window(first, losses, bad, vals[w * n] > 0, vals[w * n + 1] > 0, vals[w * n + 2] > 0)

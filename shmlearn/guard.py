@@ -74,12 +74,15 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
 
 
 class Heartbeat:
-    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0):
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = ""):
+        """tag: the pool's job name (launch.DistEnv.job). A pooled job posts under it even at one
+        rank: the pool reads the posts to notice a stopped rank (pool.Pool._stopped_rank)."""
         self.rank, self.world_size = rank, world_size
         self.step = -1
         """The step whose per-step sync this rank has reached (set by the loop, read by the thread)."""
+        self._prefix = f"shmlearn/hb/{tag}/" if tag else "shmlearn/hb/"
         self._store = None
-        if world_size > 1:
+        if world_size > 1 or (tag and dist.is_initialized()):
             try:
                 self._store = dist.distributed_c10d._get_default_store()
             except Exception:  # noqa: BLE001 - no store: hangs are still ended by the timeout
@@ -90,10 +93,12 @@ class Heartbeat:
             self._thread.start()
 
     def _run(self, interval_s: float) -> None:
-        while not self._stop.wait(interval_s):
+        while True:
             try:
-                self._store.set(f"shmlearn/hb/{self.rank}", f"{self.step} {time.time():.3f}")
+                self._store.set(f"{self._prefix}{self.rank}", f"{self.step} {time.time():.3f}")
             except Exception:  # noqa: BLE001 - the store's host died; the collective will say so
+                return
+            if self._stop.wait(interval_s):
                 return
 
     def stop(self) -> None:
@@ -108,7 +113,7 @@ class Heartbeat:
             return ""
         seen: Dict[int, tuple] = {}
         for r in range(self.world_size):
-            key = f"shmlearn/hb/{r}"
+            key = f"{self._prefix}{r}"
             try:
                 if self._store.check([key]):
                     step, t = self._store.get(key).decode().split()

@@ -2,26 +2,18 @@
 
 * Under torchrun (RANK/WORLD_SIZE), mpirun (OMPI_COMM_WORLD_* or PMI_*) or srun (SLURM_* of a
   job step) this process IS one rank: detect it and never spawn again.
-* Otherwise `--workers N` starts N local processes (plus one with --ps-dedicated), Gloo on CPU,
-  one process per GPU with NCCL on CUDA, and watches them: the first rank that dies or fails
-  brings the others down, and the message names it.
+* Otherwise `--workers N` runs N local ranks (plus one with --ps-dedicated) on the pool of
+  long-lived workers (pool.py), Gloo on CPU, one process per GPU with NCCL on CUDA: the first
+  rank that dies, fails or stops brings the others down, and the message names it.
 """
 from __future__ import annotations
 
-import ctypes
-import multiprocessing as mp
 import os
-import queue as queue_mod
-import signal
 import socket
-import sys
-import time
-import traceback
 from dataclasses import dataclass
-from multiprocessing.connection import wait
-from typing import Dict, Mapping, Optional, Tuple
+from typing import Mapping, Optional
 
-from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.errors import BadInput
 
 
 @dataclass(frozen=True)
@@ -36,6 +28,9 @@ class DistEnv:
     """local, torchrun, mpirun or srun."""
     master_addr: str = "127.0.0.1"
     master_port: int = 29500
+    job: str = ""
+    """Pool runs: the job's name, so heartbeats of one job never mix with an earlier one's on
+    the same (reused) process group."""
 
     @property
     def init_method(self) -> str:
@@ -137,118 +132,20 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-# --- local spawning ---------------------------------------------------------------------------
+# --- local runs ---------------------------------------------------------------------------------
 
-def _die_with_parent() -> None:
-    """Linux: have the kernel SIGTERM this worker if the launching process dies, so a killed
-    launcher never leaves orphans blocked in a collective."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-
-
-def _child(cfg_dict: dict, env: DistEnv, q) -> None:
-    _die_with_parent()
-    from shmlearn.config import TrainConfig
-    from shmlearn.train import run_worker
-    try:
-        result = run_worker(TrainConfig(**cfg_dict), env)
-        q.put(("ok", env.rank, result.summary if env.rank == 0 else None, result.run_dir))
-        code = 0
-    except (BadInput, Diverged) as e:
-        kind = "bad_input" if isinstance(e, BadInput) else "diverged"
-        extra = (e.step, e.rank) if isinstance(e, Diverged) else None
-        q.put((kind, env.rank, str(e), extra))
-        code = e.exit_code
-    except BaseException as e:  # noqa: BLE001 - anything else is a worker failure, reported by rank
-        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        q.put(("failed", env.rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}", None))
-        code = 1
-    # Let the queue's feeder thread flush, then leave at once: the result is reported and the
-    # files written, and library teardown at interpreter exit (NCCL, CUDA) can hang.
-    q.close()
-    q.join_thread()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-def spawn(cfg, world_size: int, *, grace_s: float = 10.0, exit_grace_s: float = 30.0) -> Tuple[Optional[dict], Optional[str]]:
-    """Run `world_size` local workers; return rank 0's (summary, run_dir) or raise the first
-    error as BadInput / Diverged / WorkerFailed, naming the rank."""
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs: Dict[int, mp.Process] = {}
-    for r in range(world_size):
-        env = DistEnv(rank=r, world_size=world_size, local_rank=r, local_world_size=world_size,
-                      launcher="local", master_port=port)
-        p = ctx.Process(target=_child, args=(cfg.to_dict(), env, q), name=f"shmlearn-rank{r}", daemon=False)
-        p.start()
-        procs[r] = p
-    outcomes: Dict[int, tuple] = {}
-    deadline = None
-    try:
-        while any(p.is_alive() for p in procs.values()):
-            wait([p.sentinel for p in procs.values() if p.is_alive()], timeout=0.5)
-            _drain(q, outcomes)
-            for r, p in procs.items():
-                if not p.is_alive() and r not in outcomes and p.exitcode not in (0, None):
-                    _drain(q, outcomes)  # its report may have arrived just now
-                    if r not in outcomes:
-                        why = (f"killed by signal {-p.exitcode}" if p.exitcode < 0
-                               else f"exited with code {p.exitcode}")
-                        outcomes[r] = ("died", r, f"worker died ({why})", None)
-            bad = [o for o in outcomes.values() if o[0] != "ok"]
-            if not bad and len(outcomes) == world_size and deadline is None:
-                # Every rank reported its result: one that then fails to exit is stopped.
-                deadline = time.monotonic() + exit_grace_s
-            if bad and deadline is None:
-                # Others stop on their own after a divergence (same step) or bad input (before
-                # any collective); a death or failure leaves them blocked in a collective: give
-                # them a moment to report (a dead peer's neighbours fail at once), then stop them.
-                quick = any(o[0] in ("died", "failed") for o in bad)
-                deadline = time.monotonic() + (1.0 if quick else grace_s)
-            if deadline is not None and time.monotonic() > deadline:
-                break
-    except KeyboardInterrupt:
-        _terminate(procs)
-        raise
-    _terminate(procs)  # whatever we stop here is not reported as having died
-    _drain(q, outcomes)
-    # The root cause first: a rank that died, before ranks that failed because it died.
-    order = {"died": 0, "failed": 1, "bad_input": 2, "diverged": 3}
-    bad = sorted((o for o in outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
-    if bad:
-        kind, rank, msg, extra = bad[0]
-        if kind == "bad_input":
-            raise BadInput(msg)
-        if kind == "diverged":
-            raise Diverged(msg, step=extra[0], rank=extra[1])
-        raise WorkerFailed(f"rank {rank}: {msg}")
-    ok = outcomes.get(0)
-    if ok is None:
-        raise WorkerFailed("rank 0: ended without reporting a result")
-    return ok[2], ok[3]
-
-
-def _drain(q, outcomes: Dict[int, tuple]) -> None:
-    while True:
-        try:
-            o = q.get_nowait()
-        except queue_mod.Empty:
-            return
-        outcomes.setdefault(o[1], o)
-
-
-def _terminate(procs: Dict[int, mp.Process]) -> None:
-    for p in procs.values():
-        if p.is_alive():
-            p.terminate()
-    for p in procs.values():
-        p.join(timeout=5)
-        if p.is_alive():
-            p.kill()
-            p.join()
+def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float) -> list:
+    """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
+    or on a pool of `world` workers made for this call. Returns every rank's result; raises
+    BadInput / Diverged / WorkerFailed naming the rank."""
+    from shmlearn.pool import Pool, current
+    backend = "nccl" if cuda else "gloo"
+    pool = current()
+    if pool is not None:
+        free = pool.free_slots()
+        if len(free) < world:
+            raise BadInput(f"--workers: {world} processes needed, the pool has {len(free)} free slots "
+                           f"of {len(pool.slots)}")
+        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
+    with Pool(world, cuda=cuda) as pool:
+        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)

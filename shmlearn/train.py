@@ -29,10 +29,11 @@ from shmlearn import checkpoint as ckpt
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
-from shmlearn.launch import DistEnv, detect_env, free_port, init_process_group, spawn
+from shmlearn.launch import DistEnv, detect_env, free_port, init_process_group, run_local
 from shmlearn.models import apply_init, build_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
+from shmlearn.pool import current as current_pool
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, loss_area
 from shmlearn.sync import SyncStrategy, build_strategy
 from shmlearn.tasks import correct, loss_fn
@@ -66,11 +67,18 @@ def train(cfg: TrainConfig) -> RunResult:
     if _device_type(cfg.device) == "cuda" and world > torch.cuda.device_count():
         raise BadInput(f"--workers {cfg.workers}: {world} processes need {world} GPUs, "
                        f"{torch.cuda.device_count()} present")
-    if world == 1:
+    if world == 1 and current_pool() is None:
         return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                        launcher="local", master_port=free_port()))
-    summary, run_dir = spawn(cfg, world)
+    summary, run_dir = run_local(rank_main, (cfg.to_dict(),), world, cuda=_device_type(cfg.device) == "cuda",
+                                 timeout_s=cfg.timeout)[0]
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary)
+
+
+def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None):
+    """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir)."""
+    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key)
+    return (result.summary, result.run_dir) if env.rank == 0 else None
 
 
 def _device_type(device: str) -> str:
@@ -83,7 +91,9 @@ def _device_type(device: str) -> str:
 
 # --- one rank --------------------------------------------------------------------------------
 
-def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
+def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = None) -> RunResult:
+    """One rank's run. prune_key (sweeps with --prune): where the sweep posts the bound this run
+    must beat (pruning.py)."""
     validate(cfg)
     dedicated = int(cfg.ps_dedicated)
     compute = env.world_size - dedicated
@@ -107,7 +117,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
-    data = load_dataset(cfg.dataset, cfg.data_dir, seed=cfg.seed)
+    data = _cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device)
     budget = cfg.budget_samples(len(data.train_x))
     steps = budget // (compute * cfg.batch_size)
     if steps == 0:
@@ -118,7 +128,6 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
     apply_init(model, cfg.init)
     strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,
                               avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
-    data = data.to(device)
     # The server builds a loader too, so a bad layout fails on every rank, not on workers only.
     augment = Augment.parse(cfg.augment)
     if augment.active and not data.spec.is_image:
@@ -142,7 +151,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
                        else torch.cat([p.detach().reshape(-1) for p in model.parameters()]), env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
-                     loader if strategy.computes else None, steps, budget, device)
+                     loader if strategy.computes else None, steps, budget, device, prune_key=prune_key)
         return loop.run()
     finally:
         if owns_group:
@@ -150,6 +159,22 @@ def run_worker(cfg: TrainConfig, env: DistEnv) -> RunResult:
                 _destroy_group(env.rank)
             else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
                 dist.destroy_process_group()
+
+
+_DATA_CACHE: Dict[tuple, Dataset] = {}
+_DATA_CACHE_SIZE = 2
+
+
+def _cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device) -> Dataset:
+    """The dataset on `device`, loaded once per process: a pool worker keeps it between a
+    sweep's trials (reading and uploading Fashion-MNIST costs more than a short trial). Training
+    never writes into it (the loader gathers batches into buffers of its own)."""
+    key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device))
+    if key not in _DATA_CACHE:
+        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
+            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        _DATA_CACHE[key] = load_dataset(name, data_dir, seed=seed).to(device)
+    return _DATA_CACHE[key]
 
 
 def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
@@ -175,7 +200,7 @@ class _Loop:
     """State of one rank's training run; `run()` is the loop itself."""
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
-                 loader, steps, budget, device):
+                 loader, steps, budget, device, prune_key: Optional[str] = None):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
         self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
@@ -195,11 +220,19 @@ class _Loop:
         self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
                         if eval_points else set())
         self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
+        self.area = 0.0
+        """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
         self.start_step = self._resume() if cfg.resume else 0
         self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if cfg.resume else None) \
             if self.lead else None
         self.fault = Fault.from_env(resumed=self.start_step > 0)
-        self.heartbeat = Heartbeat(env.rank, env.world_size)
+        self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job)
+        self.prune = None
+        if prune_key and self.lead:
+            from shmlearn.pool import worker_store
+            from shmlearn.pruning import Watch
+            if worker_store() is not None:
+                self.prune = Watch(worker_store(), prune_key)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
@@ -254,7 +287,8 @@ class _Loop:
             want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
             want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
                              and train_s - self.last_ckpt_s >= self.ckpt_every[0])
-            win = self.stepper.read(done, want_eval, want_ckpt)
+            want_stop = bool(self.prune and self.step_losses and self.prune.should_stop(self.area, train_s))
+            win = self.stepper.read(done, want_eval, want_ckpt, want_stop)
             if win.bad is None:
                 self.stepper.update()  # classic: sync and update only now that the loss is known finite
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
@@ -262,6 +296,9 @@ class _Loop:
             prev_s = train_s
             if win.bad is not None:
                 status, diverged = "diverged", (win.bad[0], win.bad[1], float("nan"))
+                break
+            if win.want_stop and done < self.steps:
+                status = "pruned"
                 break
             if win.want_eval or done in self.eval_at:
                 e0 = time.perf_counter()
@@ -285,6 +322,10 @@ class _Loop:
         for i, loss in enumerate(win.losses):
             step_done = win.first + i + 1
             t = prev_s + (train_s - prev_s) * (i + 1) / span
+            if self.step_times:
+                self.area += (t - self.step_times[-1]) * (self.step_losses[-1] + loss) / 2
+            else:
+                self.area += t * loss
             self.step_times.append(t)
             self.step_losses.append(loss)
             if self.lead and (step_done % self.cfg.log_every == 0 or step_done == self.steps):
@@ -360,6 +401,8 @@ class _Loop:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
         for k, v in state["loop"].items():
             setattr(self, k, v)
+        self.area = (loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses) or 0.0) \
+            if self.step_losses else 0.0
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
@@ -421,7 +464,7 @@ class _Loop:
             "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
             "min_loss": min(finite) if finite else None,
             "loss_area": loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses)
-            if status == "completed" else None,
+            if status in ("completed", "pruned") else None,
             "test_loss": self.evals[-1]["test_loss"] if self.evals else None,
             "test_accuracy": self.evals[-1]["test_accuracy"] if self.evals else None,
             "best_test_accuracy": max(accs) if accs else None,

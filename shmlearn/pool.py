@@ -1,0 +1,530 @@
+"""THE local launcher: a pool of long-lived worker processes that runs a function on a set of ranks.
+
+    Pool(slots) --start(fn, ranks on slots)--> workers (one per CPU core slot or GPU)
+       |  hosts the TCP store every group rendezvouses in (never a rank: a stopped rank 0
+       |  cannot take the store down with it)
+       '-- watches each job: the first rank that dies, fails or stops is named, the job's other
+           ranks are stopped, and their processes are replaced by fresh ones
+
+Why a pool: a fresh process costs its interpreter, torch's import, the CUDA context, the dataset's
+upload and the group's rendezvous, 2-17 s per trial, more than the training of a sweep's trial.
+A pool worker keeps all of them between jobs:
+* the process, its imports and its CUDA context;
+* the dataset on the device (data.load_dataset's per-process cache);
+* the process group: a job on the same ranks as the last one (same slots, same order, same
+  backend and timeout) reuses it, so a sweep's trials of one worker count rendezvous once. A job
+  on other slots destroys the old group and builds one under a fresh key prefix in the store.
+Each job still builds its model, optimizer, strategy and CUDA graph fresh (train.py does).
+
+`train --workers N`, sweeps, experiments and benchmarks all start their ranks here; a `with
+Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them share one pool.
+"""
+from __future__ import annotations
+
+import ctypes
+import datetime
+import itertools
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from shmlearn.errors import BadInput, Diverged, WorkerFailed
+
+PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
+"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One rank's part of a job, as sent to a worker."""
+    job: int
+    fn: Callable
+    """fn(env: DistEnv, *args) -> picklable result; the default process group is ready."""
+    args: tuple
+    rank: int
+    world: int
+    slots: Tuple[int, ...]
+    """The job's slots in rank order (the group's identity)."""
+    group: int
+    """Key prefix of the job's group in the pool's store; equal to the worker's current group
+    when that group can be reused."""
+    backend: Optional[str]
+    """gloo, nccl, or None for no process group."""
+    timeout_s: float
+    cores: Optional[Tuple[int, ...]] = None
+    """CPU cores this rank runs on (sched_setaffinity), or None to leave the affinity alone."""
+    log: Optional[str] = None
+    """Append this rank's stdout and stderr to this file during the job."""
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+# --- the worker process ---------------------------------------------------------------------------
+
+_store = None
+
+
+def worker_store():
+    """In a pool worker: the pool's store (a client of it), for values the pool's owner posts
+    while a job runs (a sweep's pruning bounds); None elsewhere."""
+    return _store
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """SIGKILL this process when the pool's process dies (Linux), and leave at once if it died
+    before we got here: PR_SET_PDEATHSIG only covers a death after the call, and a spawned
+    child gets here only after its interpreter has started (1-2 s on a slow machine)."""
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def _worker_main(slot: int, conn, parent_pid: int, store_port: int, device_kind: str) -> None:
+    _die_with_parent(parent_pid)
+    import importlib
+    for m in PRELOAD:
+        importlib.import_module(m)
+    import torch.distributed as dist
+
+    global _store
+    store = _store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+                                   timeout=datetime.timedelta(seconds=60))
+    current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
+    conn.send(("ready", slot, os.getpid()))
+    while True:
+        try:
+            task: Task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if task is None:
+            break
+        current = _run_task(task, slot, store, current, conn)
+    if current is not None:
+        _leave_group(current[1])
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Library teardown at interpreter exit (NCCL, CUDA, Gloo threads) can hang or abort; nothing
+    # is left to write.
+    os._exit(0)
+
+
+def _run_task(task: Task, slot: int, store, current, conn):
+    from shmlearn.launch import DistEnv
+    saved = _redirect(task.log)
+    os.environ.update(task.env)
+    if task.cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, task.cores)
+    try:
+        key = (task.group, task.backend, task.rank, task.world, task.timeout_s)
+        if key != current:
+            if current is not None:
+                _leave_group(current[1])
+                current = None
+            if task.backend is not None:
+                _join_group(task, store)
+                current = key
+        env = DistEnv(rank=task.rank, world_size=task.world, local_rank=slot,
+                      local_world_size=task.world, launcher="local", job=f"j{task.job}")
+        result = task.fn(env, *task.args)
+        msg = ("ok", task.rank, result)
+    except (BadInput, Diverged) as e:
+        kind = "bad_input" if isinstance(e, BadInput) else "diverged"
+        msg = (kind, task.rank, (str(e), (e.step, e.rank) if isinstance(e, Diverged) else None))
+    except BaseException as e:  # noqa: BLE001 - anything else is this rank's failure, reported by rank
+        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
+        text = str(e).splitlines()[0] if str(e) else ""
+        msg = ("failed", task.rank, f"{type(e).__name__}: {text}{where}")
+    _restore(saved)
+    try:
+        conn.send(msg)
+    except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure
+        conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled"))
+    return current
+
+
+def _join_group(task: Task, store) -> None:
+    import torch
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=task.timeout_s)
+    kwargs = {}
+    if task.backend == "nccl":
+        device = torch.device("cuda", _gpu_of(task))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
+    dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
+                            timeout=timeout, **kwargs)
+
+
+def _gpu_of(task: Task) -> int:
+    import torch
+    return task.slots[task.rank] % max(torch.cuda.device_count(), 1)
+
+
+def _leave_group(backend: Optional[str]) -> None:
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return
+    if backend == "nccl":
+        from shmlearn.train import _destroy_group
+        _destroy_group(dist.get_rank())
+    else:
+        dist.destroy_process_group()
+
+
+def _redirect(log: Optional[str]):
+    if log is None:
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return saved
+
+
+def _restore(saved) -> None:
+    if saved is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, old in zip((1, 2), saved):
+        os.dup2(old, fd)
+        os.close(old)
+
+
+# --- the pool (parent side) ----------------------------------------------------------------------
+
+@dataclass
+class _Worker:
+    slot: int
+    proc: Any
+    conn: Any
+    ready: bool = False
+    job: Optional[int] = None
+    rank: Optional[int] = None
+    group: Optional[int] = None
+    """The group this worker holds after its last job (None: none, or unknown after a failure)."""
+    group_key: Optional[tuple] = None
+    pending: Optional[Task] = None
+    """A task waiting for the worker to finish starting."""
+
+
+@dataclass
+class Job:
+    """A function running on `world` ranks; `outcomes` fill in as ranks report."""
+    id: int
+    slots: Tuple[int, ...]
+    timeout_s: float
+    group: int
+    tag: Any = None
+    """The caller's (a sweep keeps its trial here)."""
+    started: float = field(default_factory=time.monotonic)
+    outcomes: Dict[int, tuple] = field(default_factory=dict)
+    deadline: Optional[float] = None
+    done: bool = False
+
+    @property
+    def world(self) -> int:
+        return len(self.slots)
+
+    def ok(self) -> bool:
+        return len(self.outcomes) == self.world and all(o[0] == "ok" for o in self.outcomes.values())
+
+    def results(self) -> List[Any]:
+        """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
+        order = {"died": 0, "hung": 0, "failed": 1, "bad_input": 2, "diverged": 3}
+        bad = sorted((o for o in self.outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
+        if bad:
+            kind, rank, payload = bad[0]
+            if kind == "bad_input":
+                raise BadInput(payload[0])
+            if kind == "diverged":
+                raise Diverged(payload[0], step=payload[1][0], rank=payload[1][1])
+            raise WorkerFailed(f"rank {rank}: {payload}")
+        missing = [r for r in range(self.world) if r not in self.outcomes]
+        if missing:
+            raise WorkerFailed(f"rank {missing[0]}: ended without reporting a result")
+        return [self.outcomes[r][2] for r in range(self.world)]
+
+
+class Pool:
+    """Long-lived workers on `slots` (CPU core indices into this process's affinity, or GPU
+    indices); see the module docstring. Not thread-safe: one thread drives it."""
+
+    def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, quick_grace_s: float = 1.0,
+                 grace_s: float = 10.0, exit_grace_s: float = 30.0):
+        import torch.distributed as dist
+        self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
+        self.cuda = cuda
+        self.grace = (quick_grace_s, grace_s)
+        self.ctx = mp.get_context("spawn")
+        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                                   timeout=datetime.timedelta(seconds=60))
+        self.workers: Dict[int, _Worker] = {}
+        self.jobs: Dict[int, Job] = {}
+        self._ids = itertools.count(1)
+        self._groups = itertools.count(1)
+        self.started_workers = 0
+        """Processes started, replacements included (a benchmark and the tests read it)."""
+        self._closed = False
+
+    # -- workers --------------------------------------------------------------------------------
+    def _spawn(self, slot: int) -> _Worker:
+        parent, child = self.ctx.Pipe(duplex=True)
+        p = self.ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
+                             args=(slot, child, os.getpid(), self.store.port, "cuda" if self.cuda else "cpu"),
+                             daemon=False)
+        p.start()
+        child.close()
+        w = _Worker(slot, p, parent)
+        self.workers[slot] = w
+        self.started_workers += 1
+        return w
+
+    def warm(self, slots: Optional[Sequence[int]] = None) -> None:
+        """Start workers on `slots` (default all) now, so the first job does not wait for them."""
+        for s in (self.slots if slots is None else slots):
+            if s not in self.workers:
+                self._spawn(s)
+
+    def free_slots(self) -> List[int]:
+        busy = {w.slot for w in self.workers.values() if w.job is not None}
+        return [s for s in self.slots if s not in busy]
+
+    def _replace(self, slot: int) -> None:
+        w = self.workers.pop(slot, None)
+        if w is not None:
+            _kill(w.proc)
+            w.conn.close()
+        self._spawn(slot)
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def start(self, fn: Callable, args: tuple = (), *, slots: Sequence[int], backend: Optional[str] = "gloo",
+              timeout_s: float = 300.0, cores: Optional[Sequence[Sequence[int]]] = None,
+              log: Optional[str] = None, env: Optional[Dict[str, str]] = None, tag: Any = None) -> Job:
+        """Run fn(DistEnv, *args) on len(slots) ranks, rank r on the worker of slots[r]."""
+        slots = tuple(slots)
+        busy = [s for s in slots if s in self.workers and self.workers[s].job is not None]
+        if busy or len(set(slots)) != len(slots) or any(s not in self.slots for s in slots):
+            raise ValueError(f"slots {slots}: busy {busy} or not in the pool {self.slots}")
+        group = self._group_for(slots, backend, timeout_s)
+        job = Job(next(self._ids), slots, timeout_s, group, tag)
+        for r, s in enumerate(slots):
+            w = self.workers.get(s) or self._spawn(s)
+            task = Task(job.id, fn, args, r, len(slots), slots, group, backend, timeout_s,
+                        tuple(cores[r]) if cores else None, log, dict(env or {}))
+            w.job, w.rank = job.id, r
+            w.group, w.group_key = group, (slots, backend, timeout_s)
+            if w.ready:
+                w.conn.send(task)
+            else:
+                w.pending = task
+        self.jobs[job.id] = job
+        return job
+
+    def _group_for(self, slots: Tuple[int, ...], backend, timeout_s) -> int:
+        """Reuse the group the workers of `slots` hold, if it is exactly this rank set."""
+        key = (slots, backend, timeout_s)
+        ws = [self.workers.get(s) for s in slots]
+        if all(w is not None for w in ws):
+            g = ws[0].group
+            if g is not None and all(w.group == g and w.group_key == key for w in ws):
+                return g
+        return next(self._groups)
+
+    def poll(self, timeout: float = 0.5) -> List[Job]:
+        """Wait up to `timeout` s for news; return the jobs that ended (their outcomes complete)."""
+        objs = {}
+        for w in self.workers.values():
+            objs[w.conn] = w
+            objs[w.proc.sentinel] = w
+        ready = wait(list(objs), timeout=timeout) if objs else []
+        for o in ready:
+            w = objs[o]
+            if o is w.conn:
+                self._receive(w)
+            elif not w.proc.is_alive() and self.workers.get(w.slot) is w:
+                self._receive(w)  # its last words may be in the pipe
+                self._died(w)
+        self._watch()
+        return self._collect()
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg[0] == "ready":
+                    w.ready = True
+                    if w.pending is not None:
+                        w.conn.send(w.pending)
+                        w.pending = None
+                    continue
+                job = self.jobs.get(w.job)
+                if job is not None:
+                    job.outcomes.setdefault(msg[1], msg)
+                w.job = w.rank = None
+        except (EOFError, OSError):
+            pass
+
+    def _died(self, w: _Worker) -> None:
+        job = self.jobs.get(w.job) if w.job is not None else None
+        code = w.proc.exitcode
+        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if job is not None and w.rank not in job.outcomes:
+            job.outcomes[w.rank] = ("died", w.rank, f"worker died ({why})")
+        if job is not None:
+            self._replace(w.slot)
+        else:  # idle: started again when a job needs its slot
+            self.workers.pop(w.slot, None)
+            w.conn.close()
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if job.done:
+                continue
+            bad = [o for o in job.outcomes.values() if o[0] != "ok"]
+            if job.deadline is None:
+                if bad:
+                    # A dead or failed rank leaves its peers blocked in a collective: give them a
+                    # moment to report (a dead peer's neighbours fail at once). A divergence or bad
+                    # input stops every rank on its own, at the same step.
+                    quick = any(o[0] in ("died", "failed", "hung") for o in bad)
+                    job.deadline = now + self.grace[0 if quick else 1]
+                elif len(job.outcomes) == job.world:
+                    job.deadline = now
+                else:
+                    stopped = self._stopped_rank(job, now)
+                    if stopped is not None:
+                        r, silent = stopped
+                        job.outcomes[r] = ("hung", r, f"stopped responding: no heartbeat for {silent:.0f} s "
+                                                      f"(--timeout {job.timeout_s:g} s)")
+                        job.deadline = now + self.grace[0]
+            if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
+                job.done = True
+
+    def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, float]]:
+        """A rank whose heartbeat thread has been silent longer than the job's timeout: its
+        process is stopped or wedged (guard.Heartbeat posts once a second from a thread, even
+        while the rank computes). Its peers would notice only at their collective's timeout,
+        and a job of one rank never would."""
+        if now - job.started < job.timeout_s:
+            return None
+        wall = time.time()
+        for r, s in enumerate(job.slots):
+            if r in job.outcomes:
+                continue
+            key = f"shmlearn/g{job.group}/shmlearn/hb/j{job.id}/{r}"
+            try:
+                if not self.store.check([key]):
+                    continue  # not training yet (data, model): the collectives' timeouts cover it
+                _, t = self.store.get(key).decode().split()
+            except Exception:  # noqa: BLE001
+                continue
+            if wall - float(t) > job.timeout_s:
+                return r, wall - float(t)
+        return None
+
+    def _collect(self) -> List[Job]:
+        ended = []
+        for job in list(self.jobs.values()):
+            if not job.done:
+                continue
+            del self.jobs[job.id]
+            healthy = job.ok() or all(o[0] in ("ok", "bad_input", "diverged") for o in job.outcomes.values()) \
+                and len(job.outcomes) == job.world
+            for s in job.slots:
+                w = self.workers.get(s)
+                if w is None:
+                    continue
+                if w.job == job.id or not healthy:
+                    # Still running after the deadline, or a peer of a failed rank: its group may
+                    # be broken and the process may be stuck in a collective. A fresh one.
+                    self._replace(s)
+            ended.append(job)
+        return ended
+
+    def run(self, fn: Callable, args: tuple = (), *, slots: Sequence[int], **kw) -> List[Any]:
+        """start + wait: every rank's result in rank order, or the job's error (rank named)."""
+        job = self.start(fn, args, slots=slots, **kw)
+        try:
+            while True:
+                for j in self.poll(0.5):
+                    if j is job:
+                        return job.results()
+        except KeyboardInterrupt:
+            for s in job.slots:
+                self._replace(s)
+            raise
+
+    def cancel(self, job: Job) -> None:
+        """Stop a job's ranks at once (their processes are replaced)."""
+        self.jobs.pop(job.id, None)
+        for s in job.slots:
+            w = self.workers.get(s)
+            if w is not None and w.job == job.id:
+                _kill(w.proc)
+                self.workers.pop(s)
+                w.conn.close()
+
+    # -- the end --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for w in self.workers.values():
+            if w.job is None and w.ready:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 10
+        for w in self.workers.values():
+            if w.job is None and w.ready:
+                w.proc.join(max(0.0, deadline - time.monotonic()))
+            _kill(w.proc)
+            w.conn.close()
+        self.workers.clear()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _kill(proc) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(10)
+
+
+_current: List[Pool] = []
+
+
+@contextmanager
+def using(pool: Pool) -> Iterator[Pool]:
+    """Within this block, `shmlearn.train` runs its ranks on `pool` (experiments do)."""
+    _current.append(pool)
+    try:
+        yield pool
+    finally:
+        _current.pop()
+
+
+def current() -> Optional[Pool]:
+    return _current[-1] if _current else None
