@@ -88,11 +88,16 @@ def _die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
-def _worker_main(slot: int, conn, parent_pid: int, store_port: int, device_kind: str) -> None:
+def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
     _die_with_parent(parent_pid)
     import importlib
     for m in PRELOAD:
         importlib.import_module(m)
+    if init is not None:
+        try:  # e.g. load the sweep's dataset onto this worker's device before the first trial
+            init[0](slot, *init[1])
+        except Exception:  # noqa: BLE001 - the job that needs it fails with the real error
+            pass
     import torch.distributed as dist
 
     global _store
@@ -265,11 +270,14 @@ class Pool:
     """Long-lived workers on `slots` (CPU core indices into this process's affinity, or GPU
     indices); see the module docstring. Not thread-safe: one thread drives it."""
 
-    def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, quick_grace_s: float = 1.0,
-                 grace_s: float = 10.0, exit_grace_s: float = 30.0):
+    def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, init: Optional[tuple] = None,
+                 quick_grace_s: float = 1.0, grace_s: float = 10.0):
+        """init: (fn, args): each worker calls fn(slot, *args) once after its imports, before its
+        first job (what every job will need: the dataset on the device)."""
         import torch.distributed as dist
         self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
         self.cuda = cuda
+        self.init = init
         self.grace = (quick_grace_s, grace_s)
         self.ctx = mp.get_context("spawn")
         self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
@@ -286,7 +294,7 @@ class Pool:
     def _spawn(self, slot: int) -> _Worker:
         parent, child = self.ctx.Pipe(duplex=True)
         p = self.ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
-                             args=(slot, child, os.getpid(), self.store.port, "cuda" if self.cuda else "cpu"),
+                             args=(slot, child, os.getpid(), self.store.port, self.init),
                              daemon=False)
         p.start()
         child.close()

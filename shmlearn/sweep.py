@@ -35,6 +35,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from shmlearn.config import TrainConfig, load_yaml, validate
 from shmlearn.errors import BadInput
+from shmlearn.pruning import bound_key, post_bound
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
 """Grid order, outermost first: trials of one worker count run together and pack the slots."""
@@ -62,6 +63,11 @@ class SweepConfig:
     """Sweep directory: results.jsonl, winners.json, trials/, figures/, report.html."""
     report: bool = True
     """Write figures and report.html at the end."""
+    prune: bool = False
+    """Stop a trial as soon as it can no longer win (its loss area so far exceeds the best
+    finished survivor's of its worker count, and with a target accuracy its time passes the
+    best time-to-target): the winners equal the full grid's. Off by default: the paper's
+    figures need every run's full area."""
 
 
 # --- grid ----------------------------------------------------------------------------------
@@ -303,9 +309,10 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
         group = by_w[w]
         done = [(i, r) for i, r in group if r["status"] == "completed" and r["summary"].get("loss_area") is not None]
         diverged = sum(r["status"] == "diverged" for _, r in group)
+        pruned = sum(r["status"] == "pruned" for _, r in group)
         survivors = [(i, r) for i, r in done if r["summary"].get("min_loss") is not None
                      and r["summary"]["min_loss"] <= threshold]
-        info: Dict[str, Any] = {"trials": len(group), "completed": len(done), "diverged": diverged,
+        info: Dict[str, Any] = {"trials": len(group), "completed": len(done), "diverged": diverged, "pruned": pruned,
                                 "survivors": len(survivors), "winner": None, "reason": None}
         if survivors:
             i, r = min(survivors, key=lambda ir: _area_key(ir[1], ir[0]))
@@ -313,6 +320,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
             best_area.append((_area_key(r, i), info["winner"]))
         elif not done:
             info["reason"] = f"all {len(group)} diverged" if diverged == len(group) else "no completed run"
+            # (pruning never leaves a worker count without a completed run: the bound comes from one)
         else:
             best = min(r["summary"]["min_loss"] for _, r in done)
             info["reason"] = f"no run reached min loss <= {threshold:g} (best {best:.4g})"
@@ -350,18 +358,19 @@ def winners_table(w: Dict[str, Any]) -> str:
     numbers that chose them."""
     lines = [f"Winners: least loss area among runs with min loss <= {w['threshold']:g} (paper Table 5.1)",
              f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Loss area':>10}  {'Min loss':>8}  "
-             f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  Other"]
+             f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  {'Pruned':>6}  Other"]
     for k, info in w["by_workers"].items():
         e = info["winner"]
         surv = f"{info['survivors']}/{info['trials']}"
+        surv = f"{surv:>9}  {info.get('pruned', 0):>6}"
         if e is None:
-            lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv:>9}  "
+            lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv}  "
                          f"{info['reason']}")
             continue
         other = " ".join(f"{a}={v}" for a, v in e["axes"].items())
         lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {_fmt(e['loss_area'], '.4g'):>10}  "
                      f"{_fmt(e['min_loss'], '.4f'):>8}  {_fmt(e['test_accuracy'], '.4f'):>8}  "
-                     f"{_fmt(e['wall_time_s'], '.2f'):>8}  {surv:>9}  {other}")
+                     f"{_fmt(e['wall_time_s'], '.2f'):>8}  {surv}  {other}")
     o = w["overall"]
     lines.append("Overall best: " + ("none" if o is None else
                  f"{_workers(o['workers'])}, batch {o['batch_size']}, lr {o['lr']:g} "
@@ -387,56 +396,11 @@ def winners_table(w: Dict[str, Any]) -> str:
 
 # --- running trials -------------------------------------------------------------------------
 
-def _watch_lifeline(lifeline) -> None:
-    """Die the moment the sweep does. The sweep alone holds the pipe's write end, so its death,
-    SIGKILL included, is EOF here. (Parent-death signals don't reach us: our parent is the fork
-    server, which lives on while any trial does.) Our workers die with us (launch.py)."""
-    import threading
-
-    def watch():
-        try:
-            lifeline.recv_bytes()
-        except (EOFError, OSError):
-            pass
-        os.kill(os.getpid(), signal.SIGKILL)
-    threading.Thread(target=watch, daemon=True, name="sweep-lifeline").start()
-
-
-def _run_trial(cfg_dict: Dict[str, Any], log_path: str, env: Dict[str, str], cores, conn, lifeline) -> None:
-    """Body of a trial process (forked from the preloaded server). Sends one (status, message)."""
-    _watch_lifeline(lifeline)
-    os.environ.update(env)
-    if cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, cores)  # the workers this trial spawns inherit its cores
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    print(f"sweep: trial on {'GPUs ' + env['CUDA_VISIBLE_DEVICES'] if env else f'cores {cores}'}", flush=True)
-    from shmlearn.errors import Diverged, WorkerFailed
-    from shmlearn.train import train
-    try:
-        train(TrainConfig(**cfg_dict))
-        msg = ("completed", "")
-    except Diverged as e:
-        msg = ("diverged", str(e))
-    except BadInput as e:
-        msg = ("bad_input", str(e))
-    except WorkerFailed as e:
-        msg = ("failed", str(e))
-    except BaseException as e:  # noqa: BLE001 - reported to the sweep as this trial's failure
-        msg = ("failed", f"{type(e).__name__}: {e}")
-    sys.stdout.flush()
-    sys.stderr.flush()
-    conn.send(msg)
-    conn.close()
-
-
 @dataclass
 class _Running:
     cfg: TrainConfig
     tid: str
-    proc: Any
-    conn: Any
+    job: Any
     slots: List[int]
     tmp: str
     t0: float
@@ -454,6 +418,8 @@ class Sweep:
         self.store = ResultStore(os.path.join(self.dir, "results.jsonl"))
         self.failures: List[Tuple[str, str]] = []
         self.done_now = 0
+        self.pool = None
+        self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
     # -- setup ---------------------------------------------------------------------------------
     def _device(self) -> Tuple[bool, int]:
@@ -484,6 +450,12 @@ class Sweep:
             raise BadInput(f"--out {self.dir}: exists and is not a directory")
         self.cuda, self.nslots = self._device()
         trials = expand_grid(self.sc.fixed, self.sc.axes, cuda=self.cuda)
+        if self.cuda:
+            import torch
+            big = max(self._procs(c) for c in trials)
+            if big > torch.cuda.device_count():
+                raise BadInput(f"--workers: a trial needs {big} processes, one GPU each; "
+                               f"{torch.cuda.device_count()} GPUs present")
         os.makedirs(self.trials_dir, exist_ok=True)
         lock = self._lock()
         try:
@@ -506,7 +478,7 @@ class Sweep:
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
-            "target_accuracy": self.sc.target_accuracy, "parallel": self.sc.parallel,
+            "target_accuracy": self.sc.target_accuracy, "parallel": self.sc.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials]})
 
@@ -552,20 +524,24 @@ class Sweep:
         return 0
 
     def _schedule(self, pending: List[TrainConfig]) -> None:
-        import multiprocessing as mp
-        from multiprocessing.connection import wait
-        ctx = mp.get_context("forkserver")
-        # Imported once in the server, inherited by every trial fork: torch, the loop, the
-        # optimizer's lazy torch._dynamo import (~3 s) and scikit-learn (digits).
-        ctx.set_forkserver_preload(["shmlearn.sweep", "shmlearn.train", "torch._dynamo", "shmlearn.data", "sklearn.datasets",
-                                    "sklearn.model_selection"])
+        """Run the pending trials on one pool of long-lived workers (pool.py): the processes,
+        their imports, the dataset on the device and each rank set's process group outlive a
+        trial, so a trial costs its training, not a start-up."""
+        from shmlearn.pool import Pool
         os.makedirs(self.tmp_dir, exist_ok=True)
-        self.lifeline, lifeline_w = ctx.Pipe(duplex=False)  # we keep the write end; see _watch_lifeline
         queue: List[Tuple[TrainConfig, int]] = [(c, 1) for c in pending]
         free = list(range(self.nslots))
-        running: Dict[Any, _Running] = {}
+        running: Dict[int, _Running] = {}
+        width = max([self.nslots] + [self._procs(c) for c in pending])
         prev = signal.signal(signal.SIGTERM, _raise_interrupt)
+        from shmlearn.train import preload_data
+        datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in pending}, key=repr)[:2]
+        self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)))
+        # Start every worker the grid can use now: they import in parallel with the first trial.
+        self.pool.warm(range(min(width, max(self.nslots if self.sc.parallel > 1 else 0,
+                                             max(self._procs(c) for c in pending)))))
         try:
+            self._post_bounds()
             while queue or running:
                 while queue and len(running) < self.sc.parallel:
                     cfg, attempt = queue[0]
@@ -574,54 +550,67 @@ class Sweep:
                         break  # in grid order: no trial jumps the queue, so none starves
                     queue.pop(0)
                     slots, free = free[:need], free[need:]
-                    r = self._start(ctx, cfg, slots, attempt)
-                    running[r.proc.sentinel] = r
-                ready = wait(list(running), timeout=1.0)
-                for s in ready:
-                    r = running.pop(s)
-                    msg = r.conn.recv() if r.conn.poll() else None
-                    r.proc.join()
+                    r = self._start(cfg, slots, attempt)
+                    running[r.job.id] = r
+                for job in self.pool.poll(0.5):
+                    r = running.pop(job.id)
                     free = sorted(free + r.slots)
-                    retry = self._done(r, msg)
-                    if retry:
+                    if self._done(r, job):
                         queue.insert(0, (r.cfg, r.attempt + 1))
         except KeyboardInterrupt:
-            for r in running.values():
-                r.proc.terminate()
-            for r in running.values():
-                r.proc.join(5)
             n = len(running)
+            self.pool.close()
             print(f"sweep: interrupted; {n} trial{'s' if n != 1 else ''} in flight will run again on the next run",
                   file=sys.stderr, flush=True)
             raise
         finally:
             signal.signal(signal.SIGTERM, prev)
-            self.lifeline.close()
-            lifeline_w.close()
+            self.pool.close()
 
-    def _start(self, ctx, cfg: TrainConfig, slots: List[int], attempt: int) -> _Running:
+    def _procs(self, cfg: TrainConfig) -> int:
+        return cfg.workers + int(cfg.ps_dedicated)
+
+    def _start(self, cfg: TrainConfig, slots: List[int], attempt: int) -> _Running:
+        """Rank r runs on the worker of its first slot and, on CPU, is pinned to its T slots'
+        cores. A trial larger than the machine runs alone on workers 0..P-1, unpinned."""
+        from shmlearn.train import rank_main
         tid = trial_id(cfg)
         tmp = os.path.join(self.tmp_dir, f"{tid}-{attempt}")
         cfg = dataclasses.replace(cfg, out=tmp)
-        env = {"CUDA_VISIBLE_DEVICES": ",".join(map(str, slots))} if self.cuda else {}
-        cores = None if self.cuda else self._cores(slots)
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_run_trial, args=(cfg.to_dict(), tmp + ".log", env, cores, send, self.lifeline),
-                        name=f"shmlearn-trial-{tid}")
-        p.start()
-        send.close()
-        return _Running(cfg, tid, p, recv, slots, tmp, time.monotonic(), attempt)
+        procs = self._procs(cfg)
+        per = 1 if self.cuda else (cfg.threads or 1)
+        if self._need(cfg) <= self.nslots:
+            workers = [slots[r * per] for r in range(procs)]
+            cores = None if self.cuda else [self._cores(slots[r * per:(r + 1) * per]) for r in range(procs)]
+        else:
+            workers, cores = list(range(procs)), None
+        with open(tmp + ".log", "a") as f:
+            f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
+                    f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
+        prune_key = bound_key("sweep", cfg.workers) if self.sc.prune else None
+        job = self.pool.start(rank_main, (cfg.to_dict(), prune_key), slots=workers,
+                              backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
+                              cores=cores, log=tmp + ".log")
+        return _Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)
 
-    @staticmethod
-    def _cores(slots: List[int]) -> Optional[List[int]]:
+    def _cores(self, slots: List[int]) -> Optional[List[int]]:
         if not hasattr(os, "sched_getaffinity"):
             return None
-        mine = sorted(os.sched_getaffinity(0))
+        mine = sorted(self._mine)
         return [mine[s % len(mine)] for s in slots]
 
-    def _done(self, r: _Running, msg) -> bool:
-        """A trial process ended: record it, or say it failed. Returns True to retry it once."""
-        status, text = msg if msg is not None else ("failed", f"trial process died (exit code {r.proc.exitcode})")
+    def _done(self, r: _Running, job) -> bool:
+        """A trial's job ended: record it, or say it failed. Returns True to retry it once."""
+        from shmlearn.errors import Diverged, WorkerFailed
+        try:
+            job.results()
+            status, text = "completed", ""
+        except Diverged as e:
+            status, text = "diverged", str(e)
+        except BadInput as e:
+            status, text = "bad_input", str(e)
+        except WorkerFailed as e:
+            status, text = "failed", str(e)
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
@@ -637,6 +626,34 @@ class Sweep:
         print(f"[{self.finished}/{self.total}] {r.tid}: FAILED: {text}", flush=True)
         return False
 
+    # -- pruning (pruning.py) -----------------------------------------------------------------------
+    def _post_bounds(self) -> None:
+        """Post each worker count's bound: the least area of a finished survivor, and the least
+        time to the target accuracy (with --target-accuracy)."""
+        if not self.sc.prune or getattr(self, "pool", None) is None:
+            return
+        target = self.sc.target_accuracy
+        for w, (area, t) in self._bounds().items():
+            post_bound(self.pool.store, bound_key("sweep", w), area, target=target is not None, time_to_target=t)
+
+    def _bounds(self) -> Dict[int, Tuple[float, Optional[float]]]:
+        best: Dict[int, Tuple[float, Optional[float]]] = {}
+        target = self.sc.target_accuracy
+        for row in self.store.load(repair=False):
+            s = row["summary"]
+            if row["status"] != "completed" or s.get("loss_area") is None:
+                continue
+            w = int(row["config"]["workers"])
+            area, t = best.get(w, (math.inf, None))
+            if s.get("min_loss") is not None and s["min_loss"] <= self.sc.threshold:
+                area = min(area, s["loss_area"])
+            if target is not None:
+                tt = time_to_accuracy(row, target)
+                if tt is not None and (t is None or tt < t):
+                    t = tt
+            best[w] = (area, t)
+        return {w: v for w, v in best.items() if math.isfinite(v[0])}
+
     def _record(self, cfg: TrainConfig, tid: str, run_dir: str, elapsed: Optional[float], *,
                 adopted: bool = False) -> bool:
         """Append the result line of a finished trial; False if `run_dir` holds no finished run."""
@@ -646,7 +663,7 @@ class Sweep:
                 summary = json.load(f)
         except (OSError, json.JSONDecodeError):
             return False
-        if summary.get("status") not in ("completed", "diverged"):
+        if summary.get("status") not in ("completed", "diverged", "pruned"):
             return False
         _fix_out(run_dir)
         try:
@@ -658,13 +675,21 @@ class Sweep:
                "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
                "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        if summary["status"] == "pruned":
+            bound = self._bounds().get(int(cfg.workers))
+            row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
+                             "bound_area": bound[0] if bound else None}
         self.store.append(row)
+        self._post_bounds()
         if not adopted:
             self.done_now += 1
             self.finished += 1
             s = summary
             res = (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
-                   if s["status"] == "completed" else f"DIVERGED at step {s.get('diverged_step')}")
+                   if s["status"] == "completed" else
+                   f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} (area so far {s['loss_area']:.4g} "
+                   f"> best {row['pruned']['bound_area']:.4g})" if s["status"] == "pruned" else
+                   f"DIVERGED at step {s.get('diverged_step')}")
             print(f"[{self.finished}/{self.total}] {tid}: {res}, {s['wall_time_s']:.2f} s training"
                   + (f", {elapsed:.1f} s in all" if elapsed else ""), flush=True)
         else:
@@ -750,6 +775,8 @@ def register(sub) -> None:
                        help=field_docs(SweepConfig).get(name, "") +
                        (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
     g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
+    g.add_argument("--prune", dest="sweep_prune", action="store_true",
+                   help=field_docs(SweepConfig).get("prune", ""))
     p.set_defaults(func=cmd_sweep)
 
 
@@ -769,7 +796,8 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
     return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
                        target_accuracy=ns.sweep_target_accuracy, parallel=ns.sweep_parallel,
-                       slots=ns.sweep_slots, out=out, report=ns.sweep_report)
+                       slots=ns.sweep_slots, out=out, report=ns.sweep_report,
+                       prune=getattr(ns, "sweep_prune", False))
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:

@@ -177,6 +177,13 @@ def _cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch
     return _DATA_CACHE[key]
 
 
+def preload_data(slot: int, datasets: list, cuda: bool) -> None:
+    """Pool init (sweeps): load (name, data_dir, seed) onto this worker's device, into the cache."""
+    device = torch.device("cuda", slot % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    for name, data_dir, seed in datasets:
+        _cached_dataset(name, data_dir, seed, device)
+
+
 def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
     """NCCL: tear the process group down, but never hang in it: the run's files are written by now,
     and a communicator that will not close must not keep the run from ending."""

@@ -21,6 +21,12 @@ SUMMARY_ROWS = (("status", "status"), ("strategy", "strategy"), ("workers", "wor
                 ("test loss", "test_loss"), ("device", "device"), ("torch", "torch_version"))
 
 
+def _area(status: str, summary) -> str:
+    """A pruned run's loss area is the area so far, a lower bound of the full run's: '>area'."""
+    a = fmt(summary.get("loss_area"))
+    return f">{a}" if status == "pruned" and summary.get("loss_area") is not None else a
+
+
 def _keep(figs: Figs, name: str, data) -> bytes:
     if data:
         figs[name] = data
@@ -34,11 +40,16 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
     figs: Figs = {}
     page.h2("Summary")
     page.table(["", *(r.label for r in runs)],
-               [[name, *(fmt(r.summary.get(key, r.config.get(key))) for r in runs)] for name, key in SUMMARY_ROWS])
+               [[name, *(_area(r.status, r.summary) if key == "loss_area"
+                         else fmt(r.summary.get(key, r.config.get(key))) for r in runs)] for name, key in SUMMARY_ROWS])
     for r in runs:
         if r.status == "diverged":
             page.p(f"{r.label}: diverged at step {r.summary.get('diverged_step')} "
                    f"(rank {r.summary.get('diverged_rank')}); no loss area.", "note")
+        elif r.status == "pruned":
+            page.p(f"{r.label}: pruned at step {r.summary.get('steps')} of {r.summary.get('planned_steps')} "
+                   f"(sweep --prune: it could no longer win); its loss area is the area so far, a lower bound.",
+                   "note")
         elif r.status == "incomplete":
             page.p(f"{r.label}: no summary.json (still running, or stopped); curves as far as they go.", "note")
     page.h2("Curves and phases")
@@ -61,12 +72,15 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     fixed = spec.get("fixed", {})
     page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
     figs: Figs = {}
-    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "diverged")}
-    page.p(f"{len(sw.rows)} of {len(spec.get('trials', sw.rows))} trials finished ({n['completed']} completed, "
-           f"{n['diverged']} diverged) on {spec.get('device', '?')}, {spec.get('parallel', '?')} at a time. "
+    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "diverged", "pruned")}
+    pruned = False
+    counts = f"{n['completed']} completed, " + (f"{n['pruned']} pruned, " if pruned else "") + f"{n['diverged']} diverged"
+    page.p(f"{len(sw.rows)} of {len(spec.get('trials', sw.rows))} trials finished ({counts}) on "
+           f"{spec.get('device', '?')}, {spec.get('parallel', '?')} at a time. "
            f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
            f"{w['threshold']:g}, then take the least loss area (training loss integrated over training seconds)."
-           , "note")
+           + (" Pruned trials were stopped early because they could no longer win (sweep --prune); their "
+              "loss area is the area so far, a lower bound, and they are never winners." if pruned else ""), "note")
     if spec.get("command"):
         page.pre("shmlearn " + " ".join(spec["command"][1:]))
     for note in sw.notes:
@@ -101,7 +115,8 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     for r in sw.rows:
         by_w.setdefault(r["config"]["workers"], []).append(r)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
-    page.p("Empty cells diverged. Red outline: the winner. '>thr': minimum loss above the threshold.", "note")
+    page.p("Empty cells diverged. Grey hatched cells were pruned: '>area' is the loss area so far, a lower bound, "
+           "not on the color scale. Red outline: the winner. '>thr': minimum loss above the threshold.", "note")
     items = []
     for wk in sorted(by_w):
         win = w["by_workers"][str(wk)]["winner"]
@@ -116,6 +131,9 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                 title=f"Loss area, {sf._workers(wk)}{extra}")), f"{sf._workers(wk)}{extra}"))
     page.figures(items)
     page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
+    if pruned:
+        page.p("After the completed runs: pruned runs, as hollow hatched bars of their loss area so far (a lower "
+               "bound); then diverged runs, with no bar.", "note")
     page.figures([(_keep(figs, f"areas-w{wk}", sf.area_histogram(
         by_w[wk], threshold=w["threshold"], winner=w["by_workers"][str(wk)]["winner"], workers=wk)),
         sf._workers(wk)) for wk in sorted(by_w)])
@@ -148,7 +166,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                 "training s", "samples/s"],
                [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
                  *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
-                 fmt(r["summary"].get("loss_area")), fmt(r["summary"].get("test_accuracy")),
+                 _area(r["status"], r["summary"]), fmt(r["summary"].get("test_accuracy")),
                  fmt(r["summary"].get("wall_time_s"), ".2f"), fmt(r["summary"].get("samples_per_s"), ".0f")]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")

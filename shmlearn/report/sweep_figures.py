@@ -4,7 +4,7 @@ times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 from matplotlib.patches import Rectangle
@@ -26,35 +26,76 @@ def _wide(values: np.ndarray) -> bool:
     return len(values) > 1 and values.max() / values.min() > 100
 
 
-def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str) -> Optional[bytes]:
-    """Batch size (rows) x learning rate (columns), cell = loss area. Diverged runs are empty
-    cells, as in the paper; runs above the loss threshold are shown but marked."""
-    if not rows:
-        return None
+def run_kind(r: Row) -> str:
+    """'completed' (a full loss area), 'pruned' (stopped early by `sweep --prune` once it could
+    no longer win: its area is the area so far, a lower bound), or the row's status otherwise
+    ('diverged', ...). Only 'completed' areas are drawn on the loss-area scale."""
+    if r["status"] == "completed" and r["summary"].get("loss_area") is not None:
+        return "completed"
+    return r["status"]
+
+
+def area_so_far(r: Row) -> Optional[float]:
+    """A pruned trial's loss area when it stopped (loss x s): what the full run would have
+    exceeded, never its area."""
+    a = r["summary"].get("loss_area")
+    return a if a is not None else (r.get("pruned") or {}).get("area_so_far")
+
+
+class Cell(NamedTuple):
+    row: Row
+    kind: str
+    """run_kind(row)"""
+    text: str
+    over: bool
+    """a completed run whose minimum loss is above the threshold"""
+
+
+def heat_cells(rows: List[Row], *, threshold: float):
+    """The heat map without drawing: batch sizes, learning rates, the colored areas (completed
+    runs only, NaN elsewhere) and each cell's Cell. Pruned cells read 'pruned' and '>area so far'."""
     batches = sorted({r["config"]["batch_size"] for r in rows})
     lrs = sorted({r["config"]["lr"] for r in rows})
     area = np.full((len(batches), len(lrs)), np.nan)
-    cell: Dict[tuple, Row] = {}
+    cells: Dict[tuple, Cell] = {}
     for r in rows:
         i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
-        cell[i, j] = r
-        if r["status"] == "completed" and r["summary"].get("loss_area") is not None:
+        kind = run_kind(r)
+        if kind == "completed":
             area[i, j] = r["summary"]["loss_area"]
+            over = not _under(r, threshold)
+            cells[i, j] = Cell(r, kind, f"{area[i, j]:.3g}" + ("\n>thr" if over else ""), over)
+        elif kind == "pruned":
+            a = area_so_far(r)
+            cells[i, j] = Cell(r, kind, "pruned" + (f"\n>{a:.3g}" if a is not None else ""), False)
+        else:
+            cells[i, j] = Cell(r, kind, kind, False)
+    return batches, lrs, area, cells
+
+
+def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str) -> Optional[bytes]:
+    """Batch size (rows) x learning rate (columns), cell = loss area. Diverged runs are empty
+    cells, as in the paper; pruned runs are grey hatched cells with their partial area; runs above
+    the loss threshold are shown but marked."""
+    if not rows:
+        return None
+    batches, lrs, area, cells = heat_cells(rows, threshold=threshold)
     fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
     log = _wide(area[np.isfinite(area)])
     im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm="log" if log else None)
     fig.colorbar(im, ax=ax, label="loss area (loss x s)" + (", log scale" if log else ""))
-    for (i, j), r in cell.items():
-        if r["status"] != "completed":
-            ax.text(j, i, "diverged" if r["status"] == "diverged" else r["status"], ha="center", va="center",
-                    fontsize=7, color="0.4")
-            continue
-        ml = r["summary"].get("min_loss")
-        over = ml is None or ml > threshold
-        light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
-        ax.text(j, i, f"{area[i, j]:.3g}" + ("\n>thr" if over else ""), ha="center", va="center", fontsize=7,
-                color="red" if over else "black" if light else "white")
-        if r["id"] == winner_id:
+    for (i, j), c in cells.items():
+        if c.kind == "pruned":
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fc="0.92", ec="0.6", hatch="///", lw=0))
+            ax.text(j, i, c.text, ha="center", va="center", fontsize=7, color="0.3",
+                    bbox=dict(fc="0.92", ec="none", pad=1))
+        elif c.kind != "completed":
+            ax.text(j, i, c.text, ha="center", va="center", fontsize=7, color="0.4")
+        else:
+            light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
+            ax.text(j, i, c.text, ha="center", va="center", fontsize=7,
+                    color="red" if c.over else "black" if light else "white")
+        if c.row["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
     ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs])
     ax.set_yticks(range(len(batches)), [str(b) for b in batches])
@@ -62,29 +103,47 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
     return png(fig)
 
 
+def _under(r: Row, threshold: float) -> bool:
+    ml = r["summary"].get("min_loss")
+    return ml is not None and ml <= threshold
+
+
+def histogram_order(rows: List[Row]) -> List[Row]:
+    """Completed runs by minimum loss, then pruned runs (by minimum loss so far), then the rest."""
+    def by_min_loss(rs):
+        return sorted(rs, key=lambda r: (r["summary"].get("min_loss") is None, r["summary"].get("min_loss") or 0))
+    return (by_min_loss(r for r in rows if run_kind(r) == "completed")
+            + by_min_loss(r for r in rows if run_kind(r) == "pruned")
+            + [r for r in rows if run_kind(r) not in ("completed", "pruned")])
+
+
 def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[str, Any]], workers: int) -> Optional[bytes]:
     """Loss areas of one worker count's runs, sorted by minimum training loss (lowest first);
+    then pruned runs as hollow hatched bars of their area so far (a lower bound, not an area);
     diverged runs last with no bar. The winner is named in the title, as in the paper."""
     if not rows:
         return None
-    done = sorted((r for r in rows if r["status"] == "completed" and r["summary"].get("loss_area") is not None),
-                  key=lambda r: r["summary"]["min_loss"])
-    rest = [r for r in rows if r not in done]
-    order = done + rest
+    order = histogram_order(rows)
+    kinds = [run_kind(r) for r in order]
     fig, ax = figure(max(6.0, 1.5 + 0.32 * len(order)), 4.4)
-    colors, heights = [], []
-    for r in order:
-        ok = r in done
-        heights.append(r["summary"]["loss_area"] if ok else 0.0)
-        colors.append("tab:orange" if winner and r["id"] == winner["id"] else
-                      "tab:blue" if ok and r["summary"]["min_loss"] <= threshold else "0.7")
     x = np.arange(len(order))
-    ax.bar(x, heights, color=colors)
-    if _wide(np.array([h for h in heights if h > 0])):
+    full = [(xi, r) for xi, r, k in zip(x, order, kinds) if k == "completed"]
+    part = [(xi, area_so_far(r)) for xi, r, k in zip(x, order, kinds) if k == "pruned" and area_so_far(r)]
+    if full:
+        ax.bar([xi for xi, _ in full], [r["summary"]["loss_area"] for _, r in full],
+               color=["tab:orange" if winner and r["id"] == winner["id"] else
+                      "tab:blue" if _under(r, threshold) else "0.7" for _, r in full])
+    if part:
+        ax.bar([xi for xi, _ in part], [a for _, a in part], fill=False, hatch="///", ec="0.55", lw=0.8,
+               label="pruned: loss area so far (a lower bound)")
+        ax.legend(fontsize=7, loc="upper left")
+    if _wide(np.array([r["summary"]["loss_area"] for _, r in full] + [a for _, a in part])):
         ax.set_yscale("log")
-    for xi, r in zip(x, order):
-        if r not in done:
-            ax.text(xi, 0, r["status"], rotation=90, ha="center", va="bottom", fontsize=7, color="0.4")
+    for xi, r, k in zip(x, order, kinds):
+        if k != "completed":
+            # y in axes units: on a log scale y=0 in data units would be off the plot
+            ax.text(xi, 0.01, k, rotation=90, ha="center", va="bottom", fontsize=7, color="0.4",
+                    transform=ax.get_xaxis_transform(), bbox=dict(fc="white", ec="none", pad=1))
     ax.set_xticks(x, [f"b{r['config']['batch_size']} lr{r['config']['lr']:g}" for r in order],
                   rotation=90, fontsize=7)
     win = (f"winner: batch {winner['batch_size']}, lr {winner['lr']:g} (area {winner['loss_area']:.3g})"

@@ -1,16 +1,19 @@
 """The report: figures for a run, runs side by side and a sweep, in one self-contained page."""
 import io
+import math
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 from PIL import Image
 
 from shmlearn.errors import BadInput
 from shmlearn.report import write_report
 from shmlearn.report.load import load_sweep
+from shmlearn.report.sweep_figures import heat_cells, histogram_order
 
 
 def self_contained(html):
@@ -71,6 +74,43 @@ def test_sweep_page_has_every_figure_and_the_winners(fake_sweep):
     w2 = sw.winners["by_workers"]["2"]["winner"]
     assert (w2["batch_size"], w2["lr"]) == (32, 0.1)
     assert "Winners (paper Table 5.1)" in html and "Least training time to test accuracy 0.9" in html
+
+
+PRUNED = "w1-b32-lr0.5-fake"  # fake_sweep's pruned trial
+
+
+def test_sweep_page_reports_a_pruned_trial_as_pruned_not_as_an_area(fake_sweep):
+    html = open(write_report([str(fake_sweep)])).read()
+    sw = load_sweep(str(fake_sweep))
+    row = next(r for r in sw.rows if r["id"] == PRUNED)
+    assert "8 of 8 trials finished (6 completed, 1 pruned, 1 diverged)" in html
+    assert "Grey hatched cells were pruned" in html
+    # the table: status pruned, and its area marked as a lower bound
+    assert re.search(rf"<td class=l>{PRUNED}</td><td class=l>pruned</td>.*?<td>&gt;{row['summary']['loss_area']:.4g}</td>",
+                     html)
+    assert all(info["winner"]["id"] != PRUNED for info in sw.winners["by_workers"].values())
+
+
+def test_heat_map_and_histogram_keep_pruned_apart(fake_sweep):
+    sw = load_sweep(str(fake_sweep))
+    w1 = [r for r in sw.rows if r["config"]["workers"] == 1]
+    batches, lrs, area, cells = heat_cells(w1, threshold=1.8)
+    i, j = batches.index(32), lrs.index(0.5)
+    pruned = cells[i, j]
+    assert pruned.row["id"] == PRUNED and pruned.kind == "pruned"
+    assert math.isnan(area[i, j])  # a partial area is not on the color scale
+    assert pruned.text == f"pruned\n>{pruned.row['summary']['loss_area']:.3g}"
+    d = cells[batches.index(16), lrs.index(0.5)]
+    assert d.kind == "diverged" and math.isnan(area[batches.index(16), lrs.index(0.5)])
+    assert [c.kind for c in cells.values()].count("completed") == 2 == int(np.isfinite(area).sum())
+    # sorted by min loss: completed first, then pruned, diverged last
+    assert [r["status"] for r in histogram_order(w1)] == ["completed", "completed", "pruned", "diverged"]
+
+
+def test_a_pruned_run_page_says_where_it_stopped(tmp_path, make_run):
+    s, _ = make_run(tmp_path / "p", status="pruned", steps=60)
+    html = open(write_report([str(tmp_path / "p")])).read()
+    assert "pruned at step 30 of 60" in html and f"&gt;{s['loss_area']:.4g}" in html
 
 
 def test_bad_paths_are_bad_input(tmp_path, fake_sweep, fake_runs):
