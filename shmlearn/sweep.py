@@ -674,7 +674,10 @@ class Sweep:
                "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
                "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
                "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S")}
+               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+               # The trial's wall time in the sweep (start to recorded); minus the summary's
+               # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
+               "elapsed_s": elapsed}
         if summary["status"] == "pruned":
             bound = self._bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
