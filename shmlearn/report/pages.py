@@ -72,8 +72,8 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     fixed = spec.get("fixed", {})
     page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
     figs: Figs = {}
-    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "diverged", "pruned")}
-    pruned = False
+    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "pruned", "diverged")}
+    pruned = n["pruned"] > 0
     counts = f"{n['completed']} completed, " + (f"{n['pruned']} pruned, " if pruned else "") + f"{n['diverged']} diverged"
     page.p(f"{len(sw.rows)} of {len(spec.get('trials', sw.rows))} trials finished ({counts}) on "
            f"{spec.get('device', '?')}, {spec.get('parallel', '?')} at a time. "
