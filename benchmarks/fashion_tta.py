@@ -134,12 +134,13 @@ def _train_one(data, device, rank, world, epochs, seed, opts, barrier, slowest, 
             "note": stepper.note, "diverged": bad}
 
 
-def _worker(rank, world, port, args):
+def _worker(env, args):
     import torch.distributed as dist
-    from shmlearn.bench.common import init_group, sync
+    from shmlearn.bench.common import rank_device, sync
     from shmlearn.data import load_dataset
     from shmlearn.fast import StepOptions
-    device = init_group("nccl" if args["device"] == "cuda" else "gloo", rank, world, port)
+    rank, world = env.rank, env.world_size
+    device = rank_device(env, "nccl" if args["device"] == "cuda" else "gloo")
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     data = load_dataset("fashion-mnist", args["data_dir"])
@@ -160,22 +161,19 @@ def _worker(rank, world, port, args):
     opts = StepOptions(precision=args["precision"], channels_last=args["channels_last"],
                        cuda_graph=args["cuda_graph"], check_every=args["check_every"])
     rows = []
-    try:
-        if args["warmup"]:  # one untimed short run: CUDA context, cuDNN autotuning, NCCL setup
-            _train_one(data, device, rank, world, 0.2, 999, opts, barrier, slowest)
-        for name in args["recipes"]:
-            r = RECIPES[name]
-            epochs = args["epochs"] or r["epochs"]
-            for seed in range(args["seeds"]):
-                row = _train_one(data, device, rank, world, epochs, seed, opts, barrier, slowest, r["augment"])
-                row.update(recipe=name, workers=world, target=r["target"])
-                rows.append(row)
-                if rank == 0:
-                    print(f"tta W={world} {name} seed {seed}: {row['test_accuracy']:.4f} "
-                          f"(flip-TTA {row['test_accuracy_flip_tta']:.4f}) in {row['train_s']:.3f} s "
-                          f"(setup {row['setup_s']:.2f} s, {row['mode']})", flush=True)
-    finally:
-        dist.destroy_process_group()
+    if args["warmup"]:  # one untimed short run: CUDA context, cuDNN autotuning, NCCL setup
+        _train_one(data, device, rank, world, 0.2, 999, opts, barrier, slowest)
+    for name in args["recipes"]:
+        r = RECIPES[name]
+        epochs = args["epochs"] or r["epochs"]
+        for seed in range(args["seeds"]):
+            row = _train_one(data, device, rank, world, epochs, seed, opts, barrier, slowest, r["augment"])
+            row.update(recipe=name, workers=world, target=r["target"])
+            rows.append(row)
+            if rank == 0:
+                print(f"tta W={world} {name} seed {seed}: {row['test_accuracy']:.4f} "
+                      f"(flip-TTA {row['test_accuracy_flip_tta']:.4f}) in {row['train_s']:.3f} s "
+                      f"(setup {row['setup_s']:.2f} s, {row['mode']})", flush=True)
     return rows if rank == 0 else None
 
 
@@ -233,7 +231,8 @@ def main(argv=None) -> int:
     p.add_argument("--no-warmup", action="store_true")
     p.add_argument("--out", default="tta-fashion.json")
     a = p.parse_args(argv)
-    from shmlearn.bench.common import environment, parse_int_list, run_ranks
+    from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list
+    from shmlearn.launch import run_local
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     args = {"device": a.device, "data_dir": a.data_dir, "recipes": [r for r in a.recipes.split(",") if r],
             "seeds": a.seeds, "epochs": a.epochs, "subset": a.subset, "precision": a.precision,
@@ -245,7 +244,7 @@ def main(argv=None) -> int:
     env = environment("nccl" if a.device == "cuda" else "gloo")
     rows = []
     for w in parse_int_list(a.workers, flag="--workers"):
-        rows += run_ranks(_worker, w, (args,))[0]
+        rows += run_local(_worker, (args,), w, cuda=a.device == "cuda", timeout_s=RANK_TIMEOUT_S)[0]
     summary = summarize(rows)
     doc = {"benchmark": "fashion-tta", "env": env, "args": args,
            "recipe": {"batch": BATCH, "lr": LR, "weight_decay": WD, "momentum": MOMENTUM, "nesterov": True,

@@ -142,6 +142,8 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float) -> l
     backend = "nccl" if cuda else "gloo"
     pool = current()
     if pool is not None:
+        if len(pool.free_slots()) < world and not cuda:  # CPU slots are processes: grow
+            pool.grow(world - len(pool.free_slots()))
         free = pool.free_slots()
         if len(free) < world:
             raise BadInput(f"--workers: {world} processes needed, the pool has {len(free)} free slots "

@@ -309,6 +309,11 @@ class Pool:
             if s not in self.workers:
                 self._spawn(s)
 
+    def grow(self, n: int) -> None:
+        """Add n slots (CPU pools: a slot is a process, not a core)."""
+        top = max(self.slots, default=-1)
+        self.slots.extend(range(top + 1, top + 1 + n))
+
     def free_slots(self) -> List[int]:
         busy = {w.slot for w in self.workers.values() if w.job is not None}
         return [s for s in self.slots if s not in busy]

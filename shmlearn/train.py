@@ -9,6 +9,8 @@ step, before the bad gradient is applied, and evaluates at the same steps.
 """
 from __future__ import annotations
 
+import copy
+import io
 import math
 import os
 import sys
@@ -47,7 +49,8 @@ class RunResult:
     run_dir: Optional[str]
     summary: Dict[str, Any]
     model: Optional[torch.nn.Module] = None
-    """This rank's final model (in-process runs only: workers=1 or under a launcher)."""
+    """The trained model: rank 0's, on the CPU for local runs (the averaged one for weight-avg:
+    replicas are equal after the last step); this rank's under torchrun/mpirun/srun."""
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -70,15 +73,25 @@ def train(cfg: TrainConfig) -> RunResult:
     if world == 1 and current_pool() is None:
         return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                        launcher="local", master_port=free_port()))
-    summary, run_dir = run_local(rank_main, (cfg.to_dict(),), world, cuda=_device_type(cfg.device) == "cuda",
-                                 timeout_s=cfg.timeout)[0]
-    return RunResult(status=summary["status"], run_dir=run_dir, summary=summary)
+    summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True), world,
+                                       cuda=_device_type(cfg.device) == "cuda", timeout_s=cfg.timeout)[0]
+    model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
+    return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
 
-def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None):
-    """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir)."""
+def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False):
+    """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
+    model on the CPU as torch.save bytes, or None). Bytes, not the module: its parameters are
+    views into one flat device buffer, and a pipe would try to share them."""
     result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key)
-    return (result.summary, result.run_dir) if env.rank == 0 else None
+    if env.rank != 0:
+        return None
+    blob = None
+    if want_model and result.model is not None:
+        buf = io.BytesIO()
+        torch.save(copy.deepcopy(result.model).cpu(), buf)
+        blob = buf.getvalue()
+    return result.summary, result.run_dir, blob
 
 
 def _device_type(device: str) -> str:

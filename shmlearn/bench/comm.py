@@ -34,9 +34,10 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from shmlearn.bench.common import (check_backend, environment, format_size, init_group, parse_int_list,
-                                   parse_size, run_ranks, stats, sync, try_pyplot)
+from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, format_size, parse_int_list,
+                                   parse_size, rank_device, stats, sync, try_pyplot)
 from shmlearn.errors import BadInput
+from shmlearn.launch import run_local
 
 OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
 
@@ -130,12 +131,13 @@ def _refill(op: str, b: Dict[str, Any]) -> None:
         b["inp"].copy_(b["src"])
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict) -> Optional[List[dict]]:
+def _worker(env, cfg: dict) -> Optional[List[dict]]:
     import torch.distributed as dist
     c = CommConfig(**cfg)
+    rank, world = env.rank, env.world_size
     # torch >= 2.12 renames the *_tensor collectives; the old names still work back to 2.4.
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed")
-    device = init_group(c.backend, rank, world, port)
+    device = rank_device(env, c.backend)
     if device.type == "cpu":
         torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
     dtype = DTYPES[c.dtype]
@@ -169,30 +171,27 @@ def _worker(rank: int, world: int, port: int, cfg: dict) -> Optional[List[dict]]
         return time.perf_counter() - t0
 
     rows = []
-    try:
-        for op in c.ops:
-            for size in c.sizes:
-                b = _buffers(op, size, world, rank, dtype, device)
-                warm = [timed(op, b) for _ in range(c.warmup)]
-                # Every rank must run the same number of calls: decide from the slowest warmup.
-                t = torch.tensor([max(warm) if warm else 0.0], dtype=torch.float64, device=device)
-                dist.all_reduce(t, op=dist.ReduceOp.MAX)
-                per_call = max(t.item(), 1e-9)
-                n = int(min(c.iters, max(c.min_iters, math.ceil(c.budget_s / per_call))))
-                times = torch.tensor([timed(op, b) for _ in range(n)], dtype=torch.float64, device=device)
-                dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call ends when the slowest rank is done
-                if rank == 0:
-                    s = stats(times.tolist())
-                    factor = BUS_FACTOR[op][1](world)
-                    rows.append({"op": op, "world_size": world, "bytes": b["bytes"], "count": b["count"],
-                                 "dtype": c.dtype, "iters": n, "warmup": c.warmup, "time_s": s,
-                                 "algbw_GBps": b["bytes"] / s["median"] / 1e9,
-                                 "busbw_GBps": b["bytes"] / s["median"] / 1e9 * factor})
-                del b
-                if device.type == "cuda":
-                    torch.cuda.empty_cache()
-    finally:
-        dist.destroy_process_group()
+    for op in c.ops:
+        for size in c.sizes:
+            b = _buffers(op, size, world, rank, dtype, device)
+            warm = [timed(op, b) for _ in range(c.warmup)]
+            # Every rank must run the same number of calls: decide from the slowest warmup.
+            t = torch.tensor([max(warm) if warm else 0.0], dtype=torch.float64, device=device)
+            dist.all_reduce(t, op=dist.ReduceOp.MAX)
+            per_call = max(t.item(), 1e-9)
+            n = int(min(c.iters, max(c.min_iters, math.ceil(c.budget_s / per_call))))
+            times = torch.tensor([timed(op, b) for _ in range(n)], dtype=torch.float64, device=device)
+            dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a call ends when the slowest rank is done
+            if rank == 0:
+                s = stats(times.tolist())
+                factor = BUS_FACTOR[op][1](world)
+                rows.append({"op": op, "world_size": world, "bytes": b["bytes"], "count": b["count"],
+                             "dtype": c.dtype, "iters": n, "warmup": c.warmup, "time_s": s,
+                             "algbw_GBps": b["bytes"] / s["median"] / 1e9,
+                             "busbw_GBps": b["bytes"] / s["median"] / 1e9 * factor})
+            del b
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     return rows if rank == 0 else None
 
 
@@ -212,7 +211,7 @@ def run(cfg: CommConfig, *, log=print) -> Dict[str, Any]:
                            "results": []}
     for w in cfg.workers:
         t0 = time.perf_counter()
-        rows = run_ranks(_worker, w, (asdict(cfg),))[0]
+        rows = run_local(_worker, (asdict(cfg),), w, cuda=cfg.backend == "nccl", timeout_s=RANK_TIMEOUT_S)[0]
         doc["results"].extend(rows)
         log(f"bench comm: {cfg.backend} W={w}: {len(rows)} points in {time.perf_counter() - t0:.1f} s")
     doc["env"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None

@@ -1,4 +1,4 @@
-"""What every benchmark shares: starting ranks, recording the machine, sizes and statistics.
+"""What every benchmark shares: its ranks' device, recording the machine, sizes and statistics.
 
 DESIGN.md Style 7: a benchmark records evidence (device, driver, torch version, date, n runs,
 median and spread), so every JSON written under bench/ starts with `environment()`.
@@ -6,21 +6,16 @@ median and spread), so every JSON written under bench/ starts with `environment(
 from __future__ import annotations
 
 import datetime
-import multiprocessing as mp
 import os
 import platform
-import queue as queue_mod
 import re
 import shutil
 import subprocess
-import sys
-import time
-import traceback
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import torch
 
-from shmlearn.errors import BadInput, WorkerFailed
+from shmlearn.errors import BadInput
 
 _UNITS = {"": 1, "B": 1, "K": 1 << 10, "KB": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MB": 1 << 20,
           "MIB": 1 << 20, "G": 1 << 30, "GB": 1 << 30, "GIB": 1 << 30}
@@ -142,103 +137,17 @@ def check_backend(backend: str, workers: Sequence[int]) -> None:
 
 # --- ranks -------------------------------------------------------------------------------------
 
-def _rank_main(fn: Callable, rank: int, world: int, port: int, args: tuple, q) -> None:
-    from shmlearn.launch import _die_with_parent
-    _die_with_parent()
-    try:
-        result = fn(rank, world, port, *args)
-        q.put(("ok", rank, result))
-        code = 0
-    except BaseException as e:  # noqa: BLE001 - reported by rank to the parent
-        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        q.put(("failed", rank, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}{where}"))
-        code = 1
-    q.close()
-    q.join_thread()
-    sys.exit(code)
+RANK_TIMEOUT_S = 300.0
+"""The process group's timeout: a rank that waits this long in one collective fails the run."""
 
 
-PORT_TRIES = 3
-
-
-def run_ranks(fn: Callable, world: int, args: tuple = (), *, timeout_s: float = 1800.0) -> List[Any]:
-    """Start `world` processes running fn(rank, world, port, *args) and return their results by
-    rank. The first rank that fails stops the others (they would block in a collective). A port
-    taken by another program between choosing it and listening on it (other jobs on the machine
-    pick free ports too) is retried with a new one."""
-    for attempt in range(PORT_TRIES):
-        try:
-            return _run_ranks_once(fn, world, args, timeout_s)
-        except WorkerFailed as e:
-            if "EADDRINUSE" not in str(e) or attempt == PORT_TRIES - 1:
-                raise
-    raise AssertionError("unreachable")
-
-
-def _run_ranks_once(fn: Callable, world: int, args: tuple, timeout_s: float) -> List[Any]:
-    from shmlearn.launch import free_port
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    port = free_port()
-    procs = [ctx.Process(target=_rank_main, args=(fn, r, world, port, args, q), daemon=False)
-             for r in range(world)]
-    for p in procs:
-        p.start()
-    results: Dict[int, Any] = {}
-    failed: Optional[str] = None
-    deadline = time.monotonic() + timeout_s
-    try:
-        while len(results) < world and failed is None:
-            try:
-                kind, rank, payload = q.get(timeout=0.5)
-            except queue_mod.Empty:
-                dead = [r for r, p in enumerate(procs) if not p.is_alive() and p.exitcode not in (0, None)
-                        and r not in results]
-                if dead:
-                    try:  # its report may still be in the pipe
-                        kind, rank, payload = q.get(timeout=2.0)
-                    except queue_mod.Empty:
-                        failed = f"rank {dead[0]}: died (exit code {procs[dead[0]].exitcode})"
-                        break
-                elif time.monotonic() > deadline:
-                    failed = f"timed out after {timeout_s:.0f} s"
-                    break
-                else:
-                    continue
-            if kind == "ok":
-                results[rank] = payload
-            else:
-                failed = f"rank {rank}: {payload}"
-    finally:
-        for p in procs:
-            p.join(timeout=10 if failed is None else 0.5)
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-                p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-    if failed is not None:
-        raise WorkerFailed(failed)
-    return [results[r] for r in range(world)]
-
-
-def init_group(backend: str, rank: int, world: int, port: int, timeout_s: float = 300.0) -> torch.device:
-    """Join the process group; return this rank's device (cuda:rank for nccl, cpu for gloo)."""
-    import torch.distributed as dist
-
-    from shmlearn.launch import import_before_group
-    import_before_group()  # the workers build optimizers: keep them from pinning the group
-    device = torch.device("cpu")
-    kwargs = {}
-    if backend == "nccl":
-        device = torch.device("cuda", rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-        kwargs["device_id"] = device
-    dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s), **kwargs)
+def rank_device(env, backend: str) -> torch.device:
+    """This rank's device in a pool job (launch.run_local): for nccl the GPU of its slot, the one the
+    pool built the group on (pool._gpu_of); cpu for gloo."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
     return device
 
 

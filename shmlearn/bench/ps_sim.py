@@ -34,9 +34,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from shmlearn.bench.common import (check_backend, environment, init_group, parse_int_list, run_ranks,
+from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
 from shmlearn.errors import BadInput
+from shmlearn.launch import run_local
 
 PHASES = ("fetch_s", "avg_s", "update_s", "time_spent_s", "dist_s")
 
@@ -69,10 +70,11 @@ def shapes_of(model: str) -> List[tuple]:
     return [tuple(p.shape) for p in build_model(model, spec).parameters() if p.requires_grad]
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict, workers: int) -> Optional[dict]:
+def _worker(env, cfg: dict, workers: int) -> Optional[dict]:
     import torch.distributed as dist
     c = PsSimConfig(**cfg)
-    device = init_group(c.backend, rank, world, port)
+    rank, world = env.rank, env.world_size
+    device = rank_device(env, c.backend)
     if device.type == "cpu":
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     shard = rank == 0
@@ -115,40 +117,37 @@ def _worker(rank: int, world: int, port: int, cfg: dict, workers: int) -> Option
         return time.perf_counter() - t0
 
     rows = []
-    try:
-        broadcast()  # the shard distributes its initial weights
-        for step in range(c.warmup + c.steps):
-            start = time.time()
-            if computes:  # the dummy gradient computation of the seed
-                grad[:n].normal_()
-                grad[n] = 0.5 * weights.square().mean()
-            barrier()
-            fetch = timed(gather)
-            if shard:
-                avg_s = timed(lambda: torch.mean(gathered[first:, :n], dim=0, out=avg))
-                update_s = timed(lambda: weights.add_(avg, alpha=-c.lr))
-                loss = gathered[first:, n].mean().item()
-                end = time.time()
-                if not c.quiet:
-                    print(f"---->Start time = {start:.6f}\n"
-                          f"Gradient Fetch Time = {fetch:.6f}\n"
-                          f"#Worker_Gradients = {workers}\n"
-                          f"Gradient Avg time = {avg_s:.6f}\n"
-                          f"Global Step {step}, Learning Rate = {c.lr:.6f}\n"
-                          f"Weight Update time = {update_s:.6f}\n"
-                          f"Local Step {step}, Loss = {loss:.6f}\n"
-                          f"---->End time = {end:.6f}\n"
-                          f"Time spent = {end - start:.6f}", flush=True)
-            barrier()
-            dist_s = timed(broadcast)
-            if shard:
-                if not c.quiet:
-                    print(f"Weight distribution time = {dist_s:.6f}", flush=True)
-                rows.append({"step": step, "warmup": step < c.warmup, "fetch_s": fetch,
-                             "n_gradients": workers, "avg_s": avg_s, "update_s": update_s,
-                             "time_spent_s": end - start, "dist_s": dist_s, "loss": loss})
-    finally:
-        dist.destroy_process_group()
+    broadcast()  # the shard distributes its initial weights
+    for step in range(c.warmup + c.steps):
+        start = time.time()
+        if computes:  # the dummy gradient computation of the seed
+            grad[:n].normal_()
+            grad[n] = 0.5 * weights.square().mean()
+        barrier()
+        fetch = timed(gather)
+        if shard:
+            avg_s = timed(lambda: torch.mean(gathered[first:, :n], dim=0, out=avg))
+            update_s = timed(lambda: weights.add_(avg, alpha=-c.lr))
+            loss = gathered[first:, n].mean().item()
+            end = time.time()
+            if not c.quiet:
+                print(f"---->Start time = {start:.6f}\n"
+                      f"Gradient Fetch Time = {fetch:.6f}\n"
+                      f"#Worker_Gradients = {workers}\n"
+                      f"Gradient Avg time = {avg_s:.6f}\n"
+                      f"Global Step {step}, Learning Rate = {c.lr:.6f}\n"
+                      f"Weight Update time = {update_s:.6f}\n"
+                      f"Local Step {step}, Loss = {loss:.6f}\n"
+                      f"---->End time = {end:.6f}\n"
+                      f"Time spent = {end - start:.6f}", flush=True)
+        barrier()
+        dist_s = timed(broadcast)
+        if shard:
+            if not c.quiet:
+                print(f"Weight distribution time = {dist_s:.6f}", flush=True)
+            rows.append({"step": step, "warmup": step < c.warmup, "fetch_s": fetch,
+                         "n_gradients": workers, "avg_s": avg_s, "update_s": update_s,
+                         "time_spent_s": end - start, "dist_s": dist_s, "loss": loss})
     return rows if shard else None
 
 
@@ -172,7 +171,7 @@ def run(cfg: PsSimConfig, *, log=print) -> Dict[str, Any]:
         if not cfg.quiet:
             print(f"== {w} worker{'s' if w > 1 else ''} + {'shared' if cfg.shared else 'dedicated'} "
                   f"parameter shard ({procs} processes, {cfg.backend}) ==", flush=True)
-        rows = run_ranks(_worker, procs, (asdict(cfg), w))[0]
+        rows = run_local(_worker, (asdict(cfg), w), procs, cuda=cfg.backend == "nccl", timeout_s=RANK_TIMEOUT_S)[0]
         timed = [r for r in rows if not r["warmup"]]
         med = {k: stats([r[k] for r in timed]) for k in PHASES}
         doc["results"].append({"workers": w, "processes": procs, "steps": rows, "stats": med})

@@ -40,8 +40,9 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from shmlearn.bench.common import environment, init_group, parse_int_list, run_ranks, stats, sync
+from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list, rank_device, stats, sync
 from shmlearn.errors import BadInput, WorkerFailed
+from shmlearn.launch import run_local
 
 BASELINES = ("plain", "plain-fp32", "ddp", "local")
 STRATEGY_NAMES = ("allreduce", "ps", "weight-avg")
@@ -229,13 +230,14 @@ def _build(c, v: str, device, batch, rank, world):
     return _Shmlearn(c, device, batch, rank, world, strategy=name, eager=mod == "eager", local=False)
 
 
-def _worker(rank: int, world: int, port: int, cfg: dict):
+def _worker(env, cfg: dict):
     import warnings
     import torch.distributed as dist
     c = ThroughputConfig(**cfg)
+    rank, world = env.rank, env.world_size
     # ps workers and `local` never call optimizer.step() in Python (graph replays, or rank 0 steps)
     warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
-    device = init_group("nccl" if c.device == "cuda" else "gloo", rank, world, port)
+    device = rank_device(env, "nccl" if c.device == "cuda" else "gloo")
     if device.type == "cpu":
         torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
     else:
@@ -252,14 +254,11 @@ def _worker(rank: int, world: int, port: int, cfg: dict):
         return v.item()
 
     rows = []
-    try:
-        for batch in c.batch_sizes:
-            rows += _measure_batch(c, batch, device, rank, world, barrier, slowest)
-        if world > 1:
-            for m in c.sync_models:
-                rows.append(_sync_bench(c, m, device, rank, world, barrier))
-    finally:
-        dist.destroy_process_group()
+    for batch in c.batch_sizes:
+        rows += _measure_batch(c, batch, device, rank, world, barrier, slowest)
+    if world > 1:
+        for m in c.sync_models:
+            rows.append(_sync_bench(c, m, device, rank, world, barrier))
     return rows if rank == 0 else None
 
 
@@ -400,7 +399,7 @@ def run(c: ThroughputConfig, *, log=print) -> Dict[str, Any]:
     for w in c.workers:
         t0 = time.perf_counter()
         try:
-            rows = run_ranks(_worker, w, (asdict(c),))[0]
+            rows = run_local(_worker, (asdict(c),), w, cuda=c.device == "cuda", timeout_s=RANK_TIMEOUT_S)[0]
         except WorkerFailed as e:  # keep the other worker counts' results
             rows = [{"workers": w, "batch": 0, "variant": "*", "error": str(e)}]
         doc["results"].extend(r for r in rows if "variant" in r)

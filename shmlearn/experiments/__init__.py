@@ -33,7 +33,27 @@ def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out:
         raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")
     _claim(out, {"experiment": name, "quick": quick, "device": device,
                  "axes": {k: list(v) for k, v in sorted((axes or {}).items())}})
-    return module.run_experiment(Context(out=out, quick=quick, device=device, axes=dict(axes or {})))
+    ctx = Context(out=out, quick=quick, device=device, axes=dict(axes or {}))
+    if getattr(module, "SWEEPS", False):
+        return module.run_experiment(ctx)  # the sweep keeps a pool of its own
+    # Every run of the experiment on one pool of workers (pool.py): a run costs its training,
+    # not a start-up of processes.
+    from shmlearn.pool import Pool, using
+    cuda = device != "cpu" and _cuda()
+    with Pool(_slots(cuda), cuda=cuda) as pool, using(pool):
+        return module.run_experiment(ctx)
+
+
+def _cuda() -> bool:
+    import torch
+    return torch.cuda.is_available()
+
+
+def _slots(cuda: bool) -> int:
+    if cuda:
+        import torch
+        return torch.cuda.device_count()
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def _claim(out: str, what: dict) -> None:

@@ -30,7 +30,7 @@ def run(ctx: Context, name: str, cfg: TrainConfig, *,
     """Train one config into ctx.out/runs/name; a diverged run is a result, not an error.
     Returns the summary, with '_run_dir' and, when `extras` is given, '_extras': what
     extras(model) returned for the trained model (None if the run diverged), e.g. the fitted W
-    and b. extras needs the model, which only a one-worker run in this process has.
+    and b.
 
     A run that already finished in that folder with the same config is read back, not trained
     again (its extras from runs/name/extras.json), so a long experiment that was stopped resumes

@@ -1,31 +1,28 @@
-"""bench/common.run_ranks: results by rank, a failing rank named, a taken port retried."""
-import os
-
+"""Benchmark ranks run on the pool (launch.run_local): group ready, results by rank, a failing rank named."""
 import pytest
+import torch
 
-from shmlearn.bench.common import run_ranks
+from shmlearn.bench.common import rank_device
 from shmlearn.errors import WorkerFailed
+from shmlearn.launch import run_local
+from shmlearn.pool import Pool, using
 
 
-def _port_taken_once(rank, world, port, marker):
-    # The first attempt fails the way a port grabbed by another job does; the retry must work.
-    if rank == 0 and not os.path.exists(marker):
-        open(marker, "w").close()
-        raise RuntimeError("DistNetworkError: ... code: -98, name: EADDRINUSE, message: address already in use")
-    return (rank, world, port)
+def _sums(env):
+    import torch.distributed as dist
+    t = torch.ones(1, device=rank_device(env, "gloo"))
+    dist.all_reduce(t)  # no init_process_group: the pool's group is ready
+    return env.rank, env.world_size, t.device.type, t.item()
 
 
-def _always_fails(rank, world, port):
-    if rank == 1:
+def _always_fails(env):
+    if env.rank == 1:
         raise ValueError("broken rank")
-    return rank
+    return env.rank
 
 
-def test_a_port_taken_by_another_job_is_retried(tmp_path):
-    out = run_ranks(_port_taken_once, 2, (str(tmp_path / "m"),), timeout_s=60)
-    assert [r for r, _, _ in out] == [0, 1] and len({p for _, _, p in out}) == 1
-
-
-def test_a_failing_rank_is_named_and_not_retried(tmp_path):
-    with pytest.raises(WorkerFailed, match="rank 1: .*broken rank"):
-        run_ranks(_always_fails, 2, timeout_s=60)
+def test_bench_ranks_run_on_the_pool_and_a_failing_rank_is_named():
+    with Pool(2) as pool, using(pool):
+        assert run_local(_sums, (), 2, cuda=False, timeout_s=60) == [(0, 2, "cpu", 2.0), (1, 2, "cpu", 2.0)]
+        with pytest.raises(WorkerFailed, match="rank 1: .*broken rank"):
+            run_local(_always_fails, (), 2, cuda=False, timeout_s=60)
