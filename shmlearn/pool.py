@@ -126,6 +126,7 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
 def _run_task(task: Task, slot: int, store, current, conn):
     from shmlearn.launch import DistEnv
     saved = _redirect(task.log)
+    env_before = {k: os.environ.get(k) for k in task.env}
     os.environ.update(task.env)
     if task.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, task.cores)
@@ -151,6 +152,11 @@ def _run_task(task: Task, slot: int, store, current, conn):
         text = str(e).splitlines()[0] if str(e) else ""
         msg = ("failed", task.rank, f"{type(e).__name__}: {text}{where}")
     _restore(saved)
+    for k, v in env_before.items():  # a job's environment is the job's alone
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         conn.send(msg)
     except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure

@@ -418,6 +418,7 @@ class Sweep:
         self.store = ResultStore(os.path.join(self.dir, "results.jsonl"))
         self.failures: List[Tuple[str, str]] = []
         self.done_now = 0
+        self.ran_rows: List[Dict[str, Any]] = []
         self.pool = None
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
@@ -513,7 +514,7 @@ class Sweep:
         if pending:
             t0 = time.monotonic()
             self._schedule(pending)
-            print(f"sweep: ran {self.done_now} trials in {time.monotonic() - t0:.1f} s", flush=True)
+            self._write_timing(time.monotonic() - t0)
         self._finish(trials)
         if self.failures:
             print(f"sweep: {len(self.failures)} trials failed (not recorded; the same command retries them):",
@@ -654,6 +655,28 @@ class Sweep:
             best[w] = (area, t)
         return {w: v for w, v in best.items() if math.isfinite(v[0])}
 
+    def _write_timing(self, wall_s: float) -> None:
+        """DIR/timing.json: where this invocation's seconds went. Efficiency = training seconds /
+        sweep wall time (parallel trials can push it above 1); overhead of a trial = its elapsed
+        time minus its training, evaluation and checkpoint seconds (start-up, setup, writing)."""
+        from shmlearn.runs import write_json_atomic
+        rows = self.ran_rows
+        train_s = sum(r["summary"].get("wall_time_s") or 0.0 for r in rows)
+        eval_s = sum((r["summary"].get("eval_time_s") or 0.0) + (r["summary"].get("checkpoint_time_s") or 0.0)
+                     for r in rows)
+        over = [r["elapsed_s"] - (r["summary"].get("wall_time_s") or 0.0) - (r["summary"].get("eval_time_s") or 0.0)
+                - (r["summary"].get("checkpoint_time_s") or 0.0) for r in rows]
+        info = {"wall_s": wall_s, "trials_run": len(rows), "training_s": train_s, "eval_s": eval_s,
+                "efficiency": train_s / wall_s if wall_s > 0 else None, "parallel": self.sc.parallel,
+                "prune": self.sc.prune, "pruned": sum(r["status"] == "pruned" for r in rows),
+                "workers_started": self.pool.started_workers if self.pool else None,
+                "overhead_s": [{"id": r["id"], "workers": r["config"]["workers"], "s": o} for r, o in zip(rows, over)],
+                "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+        write_json_atomic(os.path.join(self.dir, "timing.json"), info)
+        print(f"sweep: ran {len(rows)} trials in {wall_s:.1f} s: {train_s:.1f} s training, {eval_s:.1f} s "
+              f"evaluating (efficiency {info['efficiency'] or 0:.2f})"
+              + (f"; pruned {info['pruned']}" if self.sc.prune else ""), flush=True)
+
     def _record(self, cfg: TrainConfig, tid: str, run_dir: str, elapsed: Optional[float], *,
                 adopted: bool = False) -> bool:
         """Append the result line of a finished trial; False if `run_dir` holds no finished run."""
@@ -683,6 +706,8 @@ class Sweep:
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
                              "bound_area": bound[0] if bound else None}
         self.store.append(row)
+        if not adopted:
+            self.ran_rows.append(row)
         self._post_bounds()
         if not adopted:
             self.done_now += 1
