@@ -1,0 +1,155 @@
+"""The pool of long-lived workers (pool.py): pooled runs equal fresh ones bit for bit, a dead or
+stopped rank is named and replaced, groups are reused per rank set, a killed launcher leaves no
+orphans. Real processes, real Gloo."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+import torch
+
+from shmlearn.config import TrainConfig
+from shmlearn.errors import WorkerFailed
+from shmlearn.pool import Pool, using
+from shmlearn.train import rank_main, train
+
+SMALL = dict(dataset="digits", model="mlp", samples=1920, batch_size=16, eval_points=2, threads=1,
+             progress=False, lr=0.1)
+
+
+def _losses(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line)["loss"] for line in f]
+
+
+def _assert_bitwise(a: torch.nn.Module, b: torch.nn.Module):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+CASES = [(w, s) for w in (1, 2, 4) for s in ("allreduce", "ps", "weight-avg", "ddp")]
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with Pool(5) as p:
+        yield p
+
+
+@pytest.mark.parametrize("workers,strategy", CASES)
+def test_a_pooled_run_equals_a_fresh_train_bit_for_bit(pool, tmp_path, workers, strategy):
+    extra = {"avg_period": 3} if strategy == "weight-avg" else {}
+    cfg = TrainConfig(**SMALL, workers=workers, strategy=strategy, **extra)
+    fresh = train(TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "fresh")}))
+    with using(pool):
+        # Another trial first, on other slots and another rank set: the pool's groups and data
+        # cache are then in the state a sweep leaves them in.
+        train(TrainConfig(**{**cfg.to_dict(), "lr": 0.05, "out": str(tmp_path / "other")}))
+        pooled = train(TrainConfig(**{**cfg.to_dict(), "out": str(tmp_path / "pooled")}))
+    assert fresh.model is not None and pooled.model is not None
+    _assert_bitwise(fresh.model, pooled.model)
+    assert _losses(fresh.run_dir) == _losses(pooled.run_dir)
+    assert pooled.summary["workers"] == workers
+
+
+def test_a_rank_set_keeps_its_group_and_another_gets_a_new_one(tmp_path):
+    def job(tmp, lr):
+        return TrainConfig(**{**SMALL, "lr": lr}, workers=2, out=str(tmp_path / tmp)).to_dict()
+    with Pool(3) as p:
+        a = p.start(rank_main, (job("a", 0.1),), slots=[0, 1])
+        _wait(p, a)
+        b = p.start(rank_main, (job("b", 0.2),), slots=[0, 1])
+        _wait(p, b)
+        c = p.start(rank_main, (job("c", 0.3),), slots=[1, 2])
+        _wait(p, c)
+        assert a.group == b.group != c.group
+        assert p.started_workers == 3
+
+
+def _wait(p, job, limit=600):
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < limit:
+        if job in p.poll(0.5):
+            return job.results()
+    raise AssertionError("job did not end")
+
+
+def test_a_killed_worker_ends_its_job_naming_the_rank_and_the_next_runs_on_a_replacement(tmp_path):
+    cfg = TrainConfig(**{**SMALL, "samples": 12800}, workers=2)
+    with Pool(2) as p:
+        with pytest.raises(WorkerFailed, match=r"rank 1: worker died \(killed by signal 9\)"):
+            p.run(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "a")},), slots=[0, 1],
+                  env={"SHMLEARN_FAULT": "kill:1:30"}, timeout_s=60)
+        started = p.started_workers
+        assert started >= 3  # rank 1's process replaced (rank 0's too: its group is broken)
+        summary, run_dir, _ = p.run(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "b")},),
+                                    slots=[0, 1], timeout_s=60)[0]
+        assert summary["status"] == "completed" and summary["steps"] == 400
+
+
+def test_a_stopped_rank_0_is_named_within_the_timeout(tmp_path):
+    """SIGSTOP of rank 0 once it trains: its peer must not wait on a store rank 0 hosts (the
+    pool hosts it), and the job ends naming rank 0, not the rank that noticed."""
+    out = tmp_path / "run"
+    cfg = TrainConfig(**{**SMALL, "samples": 1_000_000, "eval_points": 1}, workers=2, timeout=8)
+    with Pool(2) as p:
+        job = p.start(rank_main, ({**cfg.to_dict(), "out": str(out)},), slots=[0, 1], timeout_s=8)
+        t_end = time.monotonic() + 300
+        while not (out / "metrics.jsonl").exists() or (out / "metrics.jsonl").stat().st_size < 2000:
+            assert time.monotonic() < t_end and not p.poll(0.2), "the job never started training"
+        os.kill(p.workers[0].proc.pid, signal.SIGSTOP)
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match=r"rank 0"):
+            _wait(p, job, limit=120)
+        assert time.monotonic() - t0 < 8 + 30
+
+
+def _children(pid):
+    kids = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                if int(f.read().rsplit(")", 1)[1].split()[1]) == pid:
+                    kids.append(int(p))
+        except (OSError, ValueError, IndexError):
+            pass
+    return kids
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("delay", [0.0, 1.0])
+def test_a_killed_launcher_leaves_no_workers(tmp_path, delay):
+    """kill -9 of `shmlearn train` at once after its workers appear (some still starting up,
+    before any PR_SET_PDEATHSIG) and a second later: no worker trains on to the end."""
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1", SHMLEARN_TEST_TAG=uuid.uuid4().hex)
+    proc = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--epochs", "40",
+                             "--no-progress", "--out", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t_end = time.monotonic() + 120
+    kids = []
+    while len(kids) < 2 and time.monotonic() < t_end:
+        kids = [k for k in _children(proc.pid) if k != proc.pid]
+        time.sleep(0.05)
+    assert kids, "no workers started"
+    time.sleep(delay)
+    proc.kill()
+    proc.wait()
+    t_end = time.monotonic() + 60
+    while any(_alive(k) for k in kids) and time.monotonic() < t_end:
+        time.sleep(0.2)
+    assert not any(_alive(k) for k in kids)
+    assert not (out / "summary.json").exists()
