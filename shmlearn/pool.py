@@ -91,8 +91,10 @@ def _die_with_parent(parent_pid: int) -> None:
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
     _die_with_parent(parent_pid)
     import importlib
+    t0 = time.perf_counter()
     for m in PRELOAD:
         importlib.import_module(m)
+    t1 = time.perf_counter()
     if init is not None:
         try:  # e.g. load the sweep's dataset onto this worker's device before the first trial
             init[0](slot, *init[1])
@@ -104,7 +106,7 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
     store = _store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
                                    timeout=datetime.timedelta(seconds=60))
     current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
-    conn.send(("ready", slot, os.getpid()))
+    conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1}))
     while True:
         try:
             task: Task = conn.recv()
@@ -132,6 +134,7 @@ def _run_task(task: Task, slot: int, store, current, conn):
         os.sched_setaffinity(0, task.cores)
     try:
         key = (task.group, task.backend, task.rank, task.world, task.timeout_s)
+        g0 = time.perf_counter()
         if key != current:
             if current is not None:
                 _leave_group(current[1])
@@ -141,8 +144,9 @@ def _run_task(task: Task, slot: int, store, current, conn):
                 current = key
         env = DistEnv(rank=task.rank, world_size=task.world, local_rank=slot,
                       local_world_size=task.world, launcher="local", job=f"j{task.job}")
+        group_s = time.perf_counter() - g0
         result = task.fn(env, *task.args)
-        msg = ("ok", task.rank, result)
+        msg = ("ok", task.rank, result, {"group_s": group_s})
     except (BadInput, Diverged) as e:
         kind = "bad_input" if isinstance(e, BadInput) else "diverged"
         msg = (kind, task.rank, (str(e), (e.step, e.rank) if isinstance(e, Diverged) else None))
@@ -160,7 +164,7 @@ def _run_task(task: Task, slot: int, store, current, conn):
     try:
         conn.send(msg)
     except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure
-        conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled"))
+        conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled", {}))
     return current
 
 
@@ -232,6 +236,7 @@ class _Worker:
     group_key: Optional[tuple] = None
     pending: Optional[Task] = None
     """A task waiting for the worker to finish starting."""
+    t_spawn: float = field(default_factory=time.monotonic)
 
 
 @dataclass
@@ -254,6 +259,11 @@ class Job:
 
     def ok(self) -> bool:
         return len(self.outcomes) == self.world and all(o[0] == "ok" for o in self.outcomes.values())
+
+    def group_s(self) -> Optional[float]:
+        """Seconds the slowest rank spent joining (or reusing) the job's process group."""
+        t = [o[3].get("group_s") for o in self.outcomes.values() if len(o) > 3 and o[3].get("group_s") is not None]
+        return max(t) if t else None
 
     def results(self) -> List[Any]:
         """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
@@ -292,6 +302,8 @@ class Pool:
         self.jobs: Dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._groups = itertools.count(1)
+        self.startup: List[Dict[str, float]] = []
+        """Per started worker: seconds from spawn to ready, of which imports and init."""
         self.started_workers = 0
         """Processes started, replacements included (a benchmark and the tests read it)."""
         self._closed = False
@@ -388,6 +400,7 @@ class Pool:
                 msg = w.conn.recv()
                 if msg[0] == "ready":
                     w.ready = True
+                    self.startup.append({"slot": w.slot, "ready_s": time.monotonic() - w.t_spawn, **msg[3]})
                     if w.pending is not None:
                         w.conn.send(w.pending)
                         w.pending = None

@@ -616,7 +616,7 @@ class Sweep:
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
             os.rename(r.tmp, final)  # the run directory appears whole, or not at all
-            self._record(r.cfg, r.tid, final, time.monotonic() - r.t0)
+            self._record(r.cfg, r.tid, final, time.monotonic() - r.t0, group_s=job.group_s())
             return False
         text = text or "no summary.json written"
         if status == "failed" and r.attempt < 2:
@@ -670,7 +670,10 @@ class Sweep:
                 "efficiency": train_s / wall_s if wall_s > 0 else None, "parallel": self.sc.parallel,
                 "prune": self.sc.prune, "pruned": sum(r["status"] == "pruned" for r in rows),
                 "workers_started": self.pool.started_workers if self.pool else None,
-                "overhead_s": [{"id": r["id"], "workers": r["config"]["workers"], "s": o} for r, o in zip(rows, over)],
+                "startup": self.pool.startup if self.pool else None,
+                "overhead_s": [{"id": r["id"], "workers": r["config"]["workers"], "s": o,
+                                "setup_s": r["summary"].get("setup_time_s"), "group_s": r.get("group_s")}
+                               for r, o in zip(rows, over)],
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
         write_json_atomic(os.path.join(self.dir, "timing.json"), info)
         print(f"sweep: ran {len(rows)} trials in {wall_s:.1f} s: {train_s:.1f} s training, {eval_s:.1f} s "
@@ -678,7 +681,7 @@ class Sweep:
               + (f"; pruned {info['pruned']}" if self.sc.prune else ""), flush=True)
 
     def _record(self, cfg: TrainConfig, tid: str, run_dir: str, elapsed: Optional[float], *,
-                adopted: bool = False) -> bool:
+                adopted: bool = False, group_s: Optional[float] = None) -> bool:
         """Append the result line of a finished trial; False if `run_dir` holds no finished run."""
         from shmlearn.runs import read_jsonl
         try:
@@ -700,7 +703,7 @@ class Sweep:
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                # The trial's wall time in the sweep (start to recorded); minus the summary's
                # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
-               "elapsed_s": elapsed}
+               "elapsed_s": elapsed, "group_s": group_s}
         if summary["status"] == "pruned":
             bound = self._bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),

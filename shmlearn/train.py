@@ -107,6 +107,7 @@ def _device_type(device: str) -> str:
 def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = None) -> RunResult:
     """One rank's run. prune_key (sweeps with --prune): where the sweep posts the bound this run
     must beat (pruning.py)."""
+    t_entry = time.perf_counter()
     validate(cfg)
     dedicated = int(cfg.ps_dedicated)
     compute = env.world_size - dedicated
@@ -164,7 +165,8 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
                        else torch.cat([p.detach().reshape(-1) for p in model.parameters()]), env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
-                     loader if strategy.computes else None, steps, budget, device, prune_key=prune_key)
+                     loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
+                     t_entry=t_entry)
         return loop.run()
     finally:
         if owns_group:
@@ -220,7 +222,7 @@ class _Loop:
     """State of one rank's training run; `run()` is the loop itself."""
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
-                 loader, steps, budget, device, prune_key: Optional[str] = None):
+                 loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
         self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
@@ -240,6 +242,8 @@ class _Loop:
         self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
                         if eval_points else set())
         self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
+        self.t_entry = t_entry if t_entry is not None else time.perf_counter()
+        self.setup_s = None
         self.area = 0.0
         """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
         self.start_step = self._resume() if cfg.resume else 0
@@ -294,6 +298,8 @@ class _Loop:
         status, diverged = "completed", None
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
+        if self.setup_s is None:  # data, model, strategy, graph capture: before the clock starts
+            self.setup_s = time.perf_counter() - self.t_entry - self.eval_s
         prev_s = resumed_s
         for step in range(self.start_step, self.steps):
             self.stepper.run(step)
@@ -480,7 +486,8 @@ class _Loop:
             "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
-            "checkpoint_time_s": self.checkpoint_s, "resumed_from_step": self.start_step or None,
+            "checkpoint_time_s": self.checkpoint_s, "setup_time_s": self.setup_s,
+            "resumed_from_step": self.start_step or None,
             "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
             "min_loss": min(finite) if finite else None,
             "loss_area": loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses)
