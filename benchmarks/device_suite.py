@@ -81,6 +81,12 @@ def part_commands(p: str, workers: str) -> dict:
         # fixes, as `shmlearn sweep` flags), without and with exact pruning; then their timings.
         "grid": (_py(*sh, "sweep", *SEED_GRID, "--out", os.path.join(p("grid"), "sweep")), 540),
         "grid-prune": (_py(*sh, "sweep", *SEED_GRID, "--prune", "--out", os.path.join(p("grid-prune"), "sweep")), 480),
+        # The same two with --deterministic: GPU numerics otherwise differ from run to run (cuDNN's
+        # autotuned algorithms), and at the edge of stability a trial diverges in one run and not in
+        # the other, so only deterministic runs can show that --prune keeps the full grid's winners.
+        "grid-det": (_py(*sh, "sweep", *SEED_GRID, "--deterministic", "--out", os.path.join(p("grid-det"), "sweep")), 540),
+        "grid-det-prune": (_py(*sh, "sweep", *SEED_GRID, "--deterministic", "--prune",
+                               "--out", os.path.join(p("grid-det-prune"), "sweep")), 480),
         "analyze": (_py(os.path.join(HERE, "sweep_overhead.py"), "analyze", os.path.join(p("grid"), "sweep"),
                         os.path.join(p("grid-prune"), "sweep"), "--tag", "h100-grid",
                         "--out", os.path.join(p("analyze"), "sweep_overhead.json")), 60),

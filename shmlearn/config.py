@@ -74,6 +74,11 @@ class TrainConfig:
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
+    deterministic: bool = False
+    """Bitwise-reproducible numerics on CUDA: deterministic cuDNN convolutions (no autotuning) and
+    torch's deterministic algorithms (a warning for an op that has none); usually slower. Two runs
+    of a config then give the same losses, so runs compare by their settings, not by chance (CPU
+    runs are reproducible already)."""
     check_every: Optional[int] = None
     """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
     steps; in between, a step never waits for the device. Default 1 on CPU, 50 on CUDA. Above 1

@@ -109,7 +109,8 @@ class Stepper:
         self._pending_from: Optional[int] = None  # first step not yet read
         self._expected: Optional[int] = None
         if device.type == "cuda":
-            torch.backends.cudnn.benchmark = True  # fixed shapes: pick the fastest conv once
+            # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
+            torch.backends.cudnn.benchmark = not torch.backends.cudnn.deterministic
         if self.fast:
             self._setup_fast()
             if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None:

@@ -124,6 +124,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
         check_out_dir(cfg.out)
 
     device = torch.device(_device_type(cfg.device))
+    _set_determinism(cfg.deterministic, device)
     if device.type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
@@ -174,6 +175,16 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
                 _destroy_group(env.rank)
             else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
                 dist.destroy_process_group()
+
+
+def _set_determinism(on: bool, device: torch.device) -> None:
+    """Set (or clear: a pool worker runs many configs) deterministic numerics for this run."""
+    if on and device.type == "cuda":
+        # cuBLAS reads this when it creates its handle (the process's first matrix product);
+        # without it, deterministic mode makes matrix products raise.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(on, warn_only=True)
+    torch.backends.cudnn.deterministic = on
 
 
 _DATA_CACHE: Dict[tuple, Dataset] = {}
