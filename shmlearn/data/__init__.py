@@ -9,7 +9,7 @@ from typing import Callable, Dict, Optional
 
 from ..errors import BadInput
 from . import builtin
-from .base import Dataset, DataSpec, normalizer
+from .base import Dataset, DataSpec, check_usable, normalizer
 from .cifar import load_cifar10
 from .idx import load_mnist_like
 from .tiny_imagenet import load_tiny_imagenet
@@ -43,4 +43,9 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0) ->
     BadInput with one line naming it."""
     if name not in _LOADERS:
         raise BadInput(f"--dataset {name}: unknown dataset; choose one of {', '.join(DATASETS)}")
-    return _LOADERS[name](None if data_dir is None else str(data_dir), seed)
+    data_dir = None if data_dir is None else str(data_dir)
+    ds = _LOADERS[name](data_dir, seed)
+    # Here, where every reader's result passes: an empty split or constant images would
+    # otherwise surface later as a ZeroDivisionError in evaluation or NaN "divergence".
+    check_usable(ds, f"--data-dir {data_dir}" if data_dir is not None else f"--dataset {name}")
+    return ds

@@ -47,8 +47,11 @@ def channel_mean_std(x: np.ndarray) -> tuple[tuple[float, ...], tuple[float, ...
     """Per-channel mean and std of uint8 images (N, C, H, W), in 0..255 units.
 
     Counts each byte value with bincount instead of converting to float: for CIFAR-10's train
-    set that avoids a 1.2 GB float64 temporary, and the result is exact."""
+    set that avoids a 1.2 GB float64 temporary, and the result is exact. An empty set has no
+    statistics (NaN, without numpy's warning); load_dataset refuses it."""
     assert x.dtype == np.uint8 and x.ndim == 4
+    if len(x) == 0:
+        return (float("nan"),) * x.shape[1], (float("nan"),) * x.shape[1]
     values = np.arange(256, dtype=np.float64)
     means, stds = [], []
     for c in range(x.shape[1]):

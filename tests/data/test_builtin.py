@@ -3,7 +3,8 @@ import numpy as np
 import pytest
 import torch
 
-from shmlearn.data import DATASETS, Dataset, load_dataset, normalizer
+from shmlearn.data import DATASETS, Dataset, DataSpec, load_dataset, normalizer
+from shmlearn.data.base import check_usable
 from shmlearn.data.builtin import line, step, synthetic
 from shmlearn.errors import BadInput
 
@@ -89,3 +90,37 @@ def test_normalizer(name):
     if ds.mean is not None:  # train-set statistics normalize the train set to mean 0, std 1
         assert float(out.mean()) == pytest.approx(0, abs=1e-4)
         assert float(out.std()) == pytest.approx(1, abs=1e-3)
+
+
+def _features(train_x: torch.Tensor, mean, std) -> Dataset:
+    spec = DataSpec(name="f", task="regression", input_shape=(train_x.shape[1],), num_outputs=1)
+    y = torch.zeros(len(train_x), 1)
+    return Dataset(spec, train_x, y, train_x, y, mean, std)
+
+
+def test_constant_feature_is_centred_not_divided_by_zero():
+    # Feature 1 is constant (like digits' border pixels): normal data, and no NaN.
+    x = torch.tensor([[0.0, 5.0], [2.0, 5.0]])
+    ds = _features(x, (1.0, 5.0), (1.0, 0.0))
+    check_usable(ds, "--dataset f")
+    assert normalizer(ds, torch.device("cpu"))(x).tolist() == [[-1.0, 0.0], [1.0, 0.0]]
+
+
+@pytest.mark.parametrize("mean, std", [((5.0, 5.0), (0.0, 0.0)), (None, None)])
+def test_all_features_constant_is_bad_input(mean, std):
+    ds = _features(torch.full((3, 2), 5.0), mean, std)
+    with pytest.raises(BadInput, match=r"^--dataset f: every training sample has the same 2 "
+                                       r"feature value\(s\) \(standard deviation 0\)"):
+        check_usable(ds, "--dataset f")
+
+
+def test_one_constant_image_channel_is_bad_input():
+    # Per channel over the whole train set: std 0 means that channel is one value everywhere.
+    x = torch.randint(0, 256, (4, 3, 2, 2), dtype=torch.uint8)
+    x[:, 2] = 7
+    spec = DataSpec(name="rgb", task="classification", input_shape=(3, 2, 2), num_outputs=10)
+    y = torch.zeros(4, dtype=torch.int64)
+    ds = Dataset(spec, x, y, x, y, (120.0, 130.0, 7.0), (70.0, 71.0, 0.0))
+    with pytest.raises(BadInput, match=r"^--data-dir d: channel 2 of 3 holds one value \(7\) in "
+                                       r"every training image \(standard deviation 0\)"):
+        check_usable(ds, "--data-dir d")

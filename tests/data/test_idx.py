@@ -1,7 +1,10 @@
 """IDX reader against bytes written by hand in the official layout (header built with struct,
 independently of the reader), and the MNIST-family loader on those files."""
 import gzip
+import os
 import struct
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -133,3 +136,56 @@ def test_installed_fashion_mnist():
     assert ds.train_y.bincount().tolist() == [6000] * 10  # Fashion-MNIST is balanced
     assert ds.mean[0] == pytest.approx(0.2860 * 255, abs=0.1)
     assert ds.std[0] == pytest.approx(0.3530 * 255, abs=0.1)
+
+
+def write_split(folder: Path, split: str, x: np.ndarray) -> None:
+    write(folder / f"{split}-images-idx3-ubyte", idx_images(x))
+    write(folder / f"{split}-labels-idx1-ubyte", idx_labels(np.zeros(len(x))))
+
+
+@pytest.mark.parametrize("split, x, match", [
+    ("t10k", np.zeros((0, 28, 28)), "the test set has 0 images; evaluation needs at least 1"),
+    ("train", np.zeros((0, 28, 28)), "the train set has 0 images; nothing to learn"),
+    ("train", np.zeros((6, 28, 28)),
+     r"every training image has the same value 0 \(standard deviation 0\); nothing to learn"),
+    ("train", np.full((6, 28, 28), 255),
+     r"every training image has the same value 255 \(standard deviation 0\); nothing to learn"),
+], ids=["empty-test", "empty-train", "all-0", "all-255"])
+def test_unusable_data_is_bad_input(tmp_path, split, x, match):
+    # Before: an empty test set loaded (ZeroDivisionError in evaluation), an empty train set and
+    # constant images loaded with std NaN or 0 (NaN inputs, reported as divergence).
+    make_mnist_dir(tmp_path)
+    write_split(tmp_path, split, x)
+    with pytest.raises(BadInput, match=f"^--data-dir {tmp_path}: {match}$") as e:
+        load_dataset("mnist", str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def test_constant_test_images_are_fine(tmp_path):
+    # Only the train set's statistics normalize; a blank test image is odd but not NaN.
+    make_mnist_dir(tmp_path)
+    write_split(tmp_path, "t10k", np.zeros((4, 28, 28)))
+    assert len(load_dataset("mnist", str(tmp_path)).test_x) == 4
+
+
+@pytest.mark.parametrize("x, split", [(np.zeros((64, 28, 28)), "train"),
+                                      (np.zeros((0, 28, 28)), "t10k")], ids=["all-0", "empty-test"])
+def test_cli_exits_2_with_one_line(tmp_path, x, split):
+    data = tmp_path / "data"
+    data.mkdir()
+    make_mnist_dir(data, n_train=64)  # two batches of 32, so only the data itself is wrong
+    write_split(data, split, x)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")}
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--dataset", "fashion-mnist",
+                        "--data-dir", str(data), "--model", "lenet", "--workers", "1",
+                        "--epochs", "1", "--out", str(tmp_path / "run")],
+                       capture_output=True, text=True, timeout=300, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
+    assert lines[0].endswith(f"--data-dir {data}: " + ("every training image has the same value 0"
+                                                       " (standard deviation 0); nothing to learn"
+                                                       if split == "train" else
+                                                       "the test set has 0 images; evaluation"
+                                                       " needs at least 1")), r.stderr
+    assert not (tmp_path / "run" / "summary.json").exists()
