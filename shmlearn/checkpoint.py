@@ -104,6 +104,18 @@ def candidates(run_dir: str) -> List[int]:
     return sorted(steps, reverse=True)
 
 
+def remove_incomplete(run_dir: str) -> List[str]:
+    """Delete checkpoint folders without a COMPLETE mark (a kill while writing); their names."""
+    import shutil
+    r = root(run_dir)
+    if not os.path.isdir(r):
+        return []
+    gone = [n for n in os.listdir(r) if _DIR.match(n) and not os.path.exists(os.path.join(r, n, "COMPLETE"))]
+    for n in gone:
+        shutil.rmtree(os.path.join(r, n), ignore_errors=True)
+    return gone
+
+
 def any_started(run_dir: str) -> bool:
     r = root(run_dir)
     return os.path.isdir(r) and any(_DIR.match(n) for n in os.listdir(r))

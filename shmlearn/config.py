@@ -74,6 +74,10 @@ class TrainConfig:
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
+    oversubscribe: bool = False
+    """Run more local CPU processes than the machine can hold well (more than 16 per core, or
+    more than its available memory at ~150 MB each), or more than 4 threads per core; refused
+    otherwise, before any process starts."""
     deterministic: bool = False
     """Bitwise-reproducible numerics on CUDA: deterministic cuDNN convolutions (no autotuning) and
     torch's deterministic algorithms (a warning for an op that has none); usually slower. Two runs
@@ -108,10 +112,30 @@ class TrainConfig:
     """Show a progress bar on rank 0."""
 
     def budget_samples(self, train_size: int) -> int:
-        """Total sample budget implied by --samples or --epochs."""
+        """Total sample budget implied by --samples or --epochs (default: the dataset's epochs).
+
+        Refuses, naming the flag the user gave, a budget of less than one step (of `workers` x
+        `batch_size` samples; workers is known once the run has its processes) or of more than
+        MAX_SAMPLES samples or MAX_STEPS steps."""
         if self.samples is not None:
-            return self.samples
-        return int((self.epochs if self.epochs is not None else DEFAULT_EPOCHS.get(self.dataset, 10)) * train_size)
+            budget, flag, what = self.samples, f"--samples {self.samples}", ""
+        else:
+            epochs = self.epochs if self.epochs is not None else DEFAULT_EPOCHS.get(self.dataset, 10)
+            budget = epochs * train_size
+            flag = f"--epochs {epochs}" + ("" if self.epochs is not None else f" (the {self.dataset} default)")
+            what = f"{epochs} x {train_size} training samples = {budget:.6g} samples, "
+            if budget > MAX_SAMPLES:
+                raise BadInput(f"{flag}: {what}expected at most {MAX_SAMPLES:.0e} samples")
+            budget = int(budget)
+        per_step = (self.workers or 1) * self.batch_size
+        if budget < per_step:
+            raise BadInput(f"{flag}: {what}smaller than one step of {self.workers or 1} workers x "
+                           f"{self.batch_size} samples")
+        if budget // per_step > MAX_STEPS:
+            raise BadInput(f"{flag}: {budget // per_step} steps of {self.workers or 1} workers x "
+                           f"{self.batch_size} samples; expected at most {MAX_STEPS:.0e} steps "
+                           f"(raise --batch-size, or train for fewer samples)")
+        return budget
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -144,12 +168,51 @@ def save_yaml(cfg: TrainConfig, path: str) -> None:
         yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
 
 
-def _positive(name: str, value, *, allow_zero: bool = False) -> None:
+# The ranges validate() holds every numeric field to, and why. Each bound is far beyond any run
+# this library is for; past it the value breaks something (a tensor, a timer, a seed) or means
+# a typo, and a run that crashes or trains wrongly minutes later is worse than one line now.
+F32_MAX = 3.4028234663852886e38
+"""lr becomes a float32 tensor (fast.py) and weight_decay multiplies float32 weights: past this, inf."""
+MAX_SAMPLES = 10**12
+"""--samples, or --epochs x the training set: ~3 years at 10,000 samples/s (ImageNet x 90 epochs is
+1.2e8), and float64 sample counts, rates and epoch fractions stay exact (2**53 is 9e15)."""
+MAX_STEPS = 10**9
+"""Steps of a run: the loss history is a float32 tensor of steps + 1 on the device (4 GB here)."""
+MAX_THREADS = 4096
+"""Intra-op threads per worker: more than any machine's cores; 100,000 segfaults a rank."""
+MAX_EVAL_POINTS = 10**6
+"""Evaluations per run (each a full test-set pass; the run builds the set of their steps)."""
+MAX_SEED = 2**32
+"""Seeds 0 <= seed < 2**32 (numpy's classic range). The loader seeds epoch e's permutation with
+seed * 1_000_003 + e, which torch's Generator needs below 2**64 (so seed below ~1.8e13)."""
+TIMEOUT_RANGE = (1.0, 1e6)
+"""--timeout in seconds: below ~1 s Gloo cannot even connect (it fails with C++ frames); 1e6 s
+(11.6 days) is past any wait worth having, and datetime.timedelta holds it."""
+
+
+def _number(name: str, value, lo: float, hi: Optional[float] = None, *, lo_open: bool = False,
+            hi_open: bool = False, unit: str = "") -> None:
+    """A finite int or float from lo to hi (None: no bound but finiteness); None passes (the
+    field's default)."""
     if value is None:
         return
-    bad = not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value)
-    if bad or value < 0 or (value == 0 and not allow_zero):
-        raise BadInput(f"--{name} {value}: expected a number {'>= 0' if allow_zero else '> 0'}")
+    try:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (lo < value if lo_open else lo <= value) and (hi is None or (value < hi if hi_open else value <= hi)))
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
+        low = f"{'>' if lo_open else '>='} {lo:g}"
+        high = "" if hi is None else f" and {'<' if hi_open else '<='} {hi:g}"
+        raise BadInput(f"--{name} {value}: expected a finite number {low}{high}{unit}")
+
+
+def _whole(name: str, value, lo: int, hi: Optional[int] = None) -> None:
+    """A whole number from lo to hi (None: no upper bound); None passes (the field's default)."""
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < lo
+                              or (hi is not None and value > hi)):
+        raise BadInput(f"--{name} {value}: expected a whole number "
+                       + (f">= {lo:,}" if hi is None else f"from {lo:,} to {hi:,}"))
 
 
 def validate(cfg: TrainConfig) -> None:
@@ -175,21 +238,25 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.optim import SCHEDULES
     if cfg.lr_schedule not in SCHEDULES:
         raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
-    if not isinstance(cfg.warmup, int) or cfg.warmup < 0:
-        raise BadInput(f"--warmup {cfg.warmup}: expected a whole number >= 0")
-    for name in ("workers", "threads", "batch_size", "avg_period", "samples", "eval_points", "log_every"):
-        v = getattr(cfg, name)
-        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v <= 0):
-            raise BadInput(f"--{name.replace('_', '-')} {v}: expected a whole number > 0")
-    _positive("lr", cfg.lr)
-    _positive("epochs", cfg.epochs)
-    _positive("eval-every", cfg.eval_every)
-    _positive("timeout", cfg.timeout)
-    _positive("weight-decay", cfg.weight_decay, allow_zero=True)
-    if cfg.momentum is not None:
-        _positive("momentum", cfg.momentum, allow_zero=True)
-        if cfg.momentum >= 1:
-            raise BadInput(f"--momentum {cfg.momentum}: expected a number in [0, 1)")
+    # Whole numbers. workers has no upper bound here: what the machine can run is
+    # runs.check_capacity's to say, and a launcher's world size is its own.
+    _whole("workers", cfg.workers, 1)
+    _whole("threads", cfg.threads, 1, MAX_THREADS)
+    _whole("batch-size", cfg.batch_size, 1, MAX_SAMPLES)
+    _whole("samples", cfg.samples, 1, MAX_SAMPLES)
+    _whole("warmup", cfg.warmup, 0, MAX_STEPS)
+    _whole("avg-period", cfg.avg_period, 1, MAX_STEPS)
+    _whole("log-every", cfg.log_every, 1, MAX_STEPS)
+    _whole("check-every", cfg.check_every, 1, MAX_STEPS)
+    _whole("eval-points", cfg.eval_points, 1, MAX_EVAL_POINTS)
+    _whole("seed", cfg.seed, 0, MAX_SEED - 1)
+    # Real numbers: finite, and inside what their use can hold.
+    _number("lr", cfg.lr, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")
+    _number("weight-decay", cfg.weight_decay, 0, F32_MAX, unit=" (float32's largest)")
+    _number("momentum", cfg.momentum, 0, 1, hi_open=True)
+    _number("epochs", cfg.epochs, 0, MAX_SAMPLES, lo_open=True)  # x the training set: budget_samples
+    _number("eval-every", cfg.eval_every, 0, lo_open=True, unit=" seconds")  # past the run: at the end only
+    _number("timeout", cfg.timeout, *TIMEOUT_RANGE, unit=" seconds")
     if cfg.samples is not None and cfg.epochs is not None:
         raise BadInput("--samples and --epochs: give one budget, not both")
     if cfg.eval_every is not None and cfg.eval_points is not None:
@@ -205,22 +272,23 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
     if cfg.cuda_graph not in CUDA_GRAPH:
         raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
-    if cfg.check_every is not None and (not isinstance(cfg.check_every, int) or isinstance(cfg.check_every, bool)
-                                        or cfg.check_every <= 0):
-        raise BadInput(f"--check-every {cfg.check_every}: expected a whole number > 0")
     Augment.parse(cfg.augment)
 
 
 def checkpoint_period(spec) -> tuple:
-    """'200' -> (200, 'steps'); '30s' -> (30.0, 'seconds')."""
+    """'200' -> (200, 'steps'); '30s' -> (30.0, 'seconds'). Steps from 1 to MAX_STEPS; seconds
+    finite and > 0 ('nans' and 'infs' parse as floats, and are refused)."""
     text = str(spec).strip()
+    seconds = text.endswith("s")
     try:
-        value = float(text[:-1]) if text.endswith("s") else int(text)
+        value = float(text[:-1]) if seconds else int(text)
     except ValueError:
-        value = 0
-    if value <= 0:
-        raise BadInput(f"--checkpoint-every {spec}: expected a number of steps (200) or seconds (30s), > 0")
-    return (value, "seconds") if text.endswith("s") else (value, "steps")
+        value = None
+    ok = value is not None and (0 < value < math.inf if seconds else 1 <= value <= MAX_STEPS)
+    if not ok:  # NaN fails every comparison
+        raise BadInput(f"--checkpoint-every {spec}: expected a number of steps (200) from 1 to "
+                       f"{MAX_STEPS:.0e}, or a finite number of seconds > 0 (30s)")
+    return (value, "seconds") if seconds else (value, "steps")
 
 
 def _check_init(init: str) -> None:
@@ -228,8 +296,8 @@ def _check_init(init: str) -> None:
     ok = init == "default"
     if kind == "uniform":
         try:
-            ok = float(arg) > 0
+            ok = 0 < float(arg) <= F32_MAX  # NaN and inf fail; the weights are float32
         except ValueError:
             ok = False
     if not ok:
-        raise BadInput(f"--init {init}: expected 'default' or 'uniform:A' with A > 0")
+        raise BadInput(f"--init {init}: expected 'default' or 'uniform:A' with A finite and > 0")

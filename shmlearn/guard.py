@@ -7,7 +7,7 @@
 * `Heartbeat`: a daemon thread posts this rank's step to the process group's store once a second
   (never on the hot path). When a collective times out, the ranks that are still alive read the
   others' last steps and name the one that is behind.
-* `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise) makes one rank misbehave at
+* `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise, stop, kill-in-checkpoint) makes one rank misbehave at
   one step, so the reliability tests exercise the real code paths. It fires only in a fresh run,
   never after a resume or an elastic restart.
 """
@@ -150,15 +150,23 @@ class Fault:
         if not spec or resumed or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return None
         kind, rank, step = spec.split(":")
-        if kind not in ("kill", "sleep", "nan", "raise"):
-            raise BadInput(f"SHMLEARN_FAULT={spec}: kind must be kill, sleep, nan or raise")
+        if kind not in ("kill", "sleep", "nan", "raise", "stop", "kill-in-checkpoint"):
+            raise BadInput(f"SHMLEARN_FAULT={spec}: kind must be kill, sleep, nan, raise, stop or kill-in-checkpoint")
         return Fault(kind, int(rank), int(step))
 
+    def in_checkpoint(self, rank: int, step: int) -> None:
+        """kill-in-checkpoint: die after this rank's file of the checkpoint at `step` is written,
+        before the checkpoint is marked complete (a kill during a checkpoint)."""
+        if self.kind == "kill-in-checkpoint" and rank == self.rank and step == self.step:
+            os.kill(os.getpid(), signal.SIGKILL)
+
     def fire(self, rank: int, step: int, loss: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        if rank != self.rank or step != self.step:
+        if self.kind == "kill-in-checkpoint" or rank != self.rank or step != self.step:
             return loss
         if self.kind == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if self.kind == "stop":  # SIGSTOP: the process, its heartbeat thread included, freezes
+            os.kill(os.getpid(), signal.SIGSTOP)
         if self.kind == "sleep":
             time.sleep(3600)
         if self.kind == "raise":

@@ -151,10 +151,7 @@ def _run_task(task: Task, slot: int, store, current, conn):
         kind = "bad_input" if isinstance(e, BadInput) else "diverged"
         msg = (kind, task.rank, (str(e), (e.step, e.rank) if isinstance(e, Diverged) else None))
     except BaseException as e:  # noqa: BLE001 - anything else is this rank's failure, reported by rank
-        last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-        where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
-        text = str(e).splitlines()[0] if str(e) else ""
-        msg = ("failed", task.rank, f"{type(e).__name__}: {text}{where}")
+        msg = ("failed", task.rank, describe(e))
     _restore(saved)
     for k, v in env_before.items():  # a job's environment is the job's alone
         if v is None:
@@ -166,6 +163,14 @@ def _run_task(task: Task, slot: int, store, current, conn):
     except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure
         conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled", {}))
     return current
+
+
+def describe(e: BaseException) -> str:
+    """One line for a failure: 'OSError: [Errno 28] No space left on device (runs.py:71)'."""
+    last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
+    text = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {text}{where}"
 
 
 def _join_group(task: Task, store) -> None:

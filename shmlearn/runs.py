@@ -14,7 +14,8 @@ from __future__ import annotations
 import json
 import os
 import time
-from typing import Any, Dict, List, Optional
+from contextlib import contextmanager
+from typing import Any, Dict, Iterator, List, Optional
 
 from shmlearn.config import TrainConfig, save_yaml
 from shmlearn.errors import BadInput
@@ -33,6 +34,61 @@ def check_out_dir(path: str) -> None:
         raise BadInput(f"--out {path}: exists and is not a directory")
     if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in RUN_FILES):
         raise BadInput(f"--out {path}: already holds a run; choose another directory")
+
+
+@contextmanager
+def lock_out_dir(path: str) -> Iterator[None]:
+    """Hold --out for one run: create it (exit 2, one line, if it cannot be) and take an
+    exclusive lock on PATH/.lock, so a second run on the same --out is refused instead of
+    interleaving its lines with ours. The lock dies with the process, kill -9 included."""
+    import fcntl
+    try:
+        os.makedirs(path, exist_ok=True)
+        f = open(os.path.join(path, ".lock"), "a+")
+    except OSError as e:
+        raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise BadInput(f"--out {path}: another run is writing there; choose another directory") from None
+    try:
+        yield
+    finally:
+        f.close()
+
+
+def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) -> None:
+    """Refuse, before any process starts, a local CPU run this machine cannot hold: more than 16
+    processes per core (each waits its turn in every collective; the single-neuron study's 17
+    processes on 2 cores are 8.5 per core), or more memory than is available (~150 MB per
+    process that is its own: torch's import and the worker's buffers)."""
+    if oversubscribe:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    if processes > 16 * cores:
+        raise BadInput(f"--workers: {processes} processes on {cores} cores (at most {16 * cores}); "
+                       f"use fewer, or --oversubscribe")
+    if threads is not None and threads > 4 * cores:
+        raise BadInput(f"--threads {threads}: more than 4 per core ({cores} cores); use fewer, or --oversubscribe")
+    avail = _mem_available()
+    if avail is not None and processes * PROCESS_MB * 2**20 > avail:
+        raise BadInput(f"--workers: {processes} processes need about {processes * PROCESS_MB} MB, "
+                       f"{avail // 2**20} MB available; use fewer, or --oversubscribe")
+
+
+PROCESS_MB = 150
+
+
+def _mem_available() -> Optional[int]:
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
@@ -62,17 +118,29 @@ class RunDir:
         self._eval = open(os.path.join(path, "eval.jsonl"), mode, buffering=1)
 
     def log_metrics(self, row: Dict[str, Any]) -> None:
-        self._metrics.write(json.dumps(row) + "\n")
+        with _naming(self._metrics.name):
+            self._metrics.write(json.dumps(row) + "\n")
 
     def log_eval(self, row: Dict[str, Any]) -> None:
-        self._eval.write(json.dumps(row) + "\n")
+        with _naming(self._eval.name):
+            self._eval.write(json.dumps(row) + "\n")
 
     def write_trace(self, trace: dict) -> None:
-        with open(os.path.join(self.path, "trace.json"), "w") as f:
-            json.dump(trace, f)
+        path = os.path.join(self.path, "trace.json")
+        with _naming(path):
+            tmp = f"{path}.tmp.{os.getpid()}"
+            try:
+                with open(tmp, "w") as f:
+                    json.dump(trace, f)
+                os.replace(tmp, path)  # whole or absent, never torn
+            finally:
+                if os.path.exists(tmp):
+                    os.remove(tmp)
 
     def write_summary(self, summary: Dict[str, Any]) -> None:
-        write_json_atomic(os.path.join(self.path, "summary.json"), summary)
+        path = os.path.join(self.path, "summary.json")
+        with _naming(path):
+            write_json_atomic(path, summary)
 
     def close(self) -> None:
         self._metrics.close()
@@ -85,6 +153,17 @@ def loss_area(times: List[float], losses: List[float]) -> Optional[float]:
     if len(times) < 2:
         return None
     return sum((t1 - t0) * (l0 + l1) / 2 for t0, t1, l0, l1 in zip(times, times[1:], losses, losses[1:]))
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """An OSError while writing (a full disk) names the file: a write error carries no path."""
+    try:
+        yield
+    except OSError as e:
+        if e.filename is None:
+            raise OSError(e.errno, f"{e.strerror} (writing {path})") from e
+        raise
 
 
 def _truncate_after(path: str, step: int) -> None:

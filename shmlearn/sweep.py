@@ -457,7 +457,10 @@ class Sweep:
             if big > torch.cuda.device_count():
                 raise BadInput(f"--workers: a trial needs {big} processes, one GPU each; "
                                f"{torch.cuda.device_count()} GPUs present")
-        os.makedirs(self.trials_dir, exist_ok=True)
+        try:
+            os.makedirs(self.trials_dir, exist_ok=True)
+        except OSError as e:
+            raise BadInput(f"--out {self.dir}: cannot write there ({e.strerror})") from None
         lock = self._lock()
         try:
             return self._run(trials)
@@ -516,6 +519,8 @@ class Sweep:
             self._schedule(pending)
             self._write_timing(time.monotonic() - t0)
         self._finish(trials)
+        if getattr(self, "report_failed", False) and not self.failures:
+            return 1
         if self.failures:
             print(f"sweep: {len(self.failures)} trials failed (not recorded; the same command retries them):",
                   file=sys.stderr)
@@ -746,7 +751,13 @@ class Sweep:
             except ImportError as e:
                 print(f"sweep: no report ({e}); pip install matplotlib", file=sys.stderr)
                 return
-            path = write_report([self.dir])
+            try:
+                path = write_report([self.dir])
+            except OSError as e:  # a full disk: the results are safe in results.jsonl
+                print(f"sweep: could not write the report ({e}); the results are recorded; "
+                      f"`shmlearn report {self.dir}` writes it again", file=sys.stderr, flush=True)
+                self.report_failed = True
+                return
             print(f"sweep: report {path}", flush=True)
 
 
@@ -806,6 +817,8 @@ def register(sub) -> None:
                        help=field_docs(SweepConfig).get(name, "") +
                        (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
     g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
+    g.add_argument("--no-progress", dest="sweep_no_progress", action="store_true",
+                   help="accepted for symmetry with train; trials never draw a progress bar")
     g.add_argument("--prune", dest="sweep_prune", action="store_true",
                    help=field_docs(SweepConfig).get("prune", ""))
     p.set_defaults(func=cmd_sweep)

@@ -9,6 +9,7 @@ step, before the bad gradient is applied, and evaluates at the same steps.
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import io
 import math
@@ -35,8 +36,8 @@ from shmlearn.launch import DistEnv, detect_env, free_port, init_process_group, 
 from shmlearn.models import apply_init, build_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
-from shmlearn.pool import current as current_pool
-from shmlearn.runs import RunDir, check_out_dir, default_run_dir, loss_area
+from shmlearn.pool import current as current_pool, describe
+from shmlearn.runs import RunDir, check_capacity, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, build_strategy
 from shmlearn.tasks import correct, loss_fn
 from shmlearn.timing import PhaseTimer, chrome_trace
@@ -67,14 +68,23 @@ def train(cfg: TrainConfig) -> RunResult:
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
     if not cfg.resume:
         check_out_dir(cfg.out)
-    if _device_type(cfg.device) == "cuda" and world > torch.cuda.device_count():
+    cuda = _device_type(cfg.device) == "cuda"
+    if cuda and world > torch.cuda.device_count():
         raise BadInput(f"--workers {cfg.workers}: {world} processes need {world} GPUs, "
                        f"{torch.cuda.device_count()} present")
-    if world == 1 and current_pool() is None:
-        return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                       launcher="local", master_port=free_port()))
-    summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True), world,
-                                       cuda=_device_type(cfg.device) == "cuda", timeout_s=cfg.timeout)[0]
+    if not cuda:
+        check_capacity(world, cfg.threads, cfg.oversubscribe)
+    with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
+        if world == 1 and current_pool() is None:
+            try:
+                return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                               launcher="local", master_port=free_port()))
+            except (BadInput, Diverged, WorkerFailed, KeyboardInterrupt):
+                raise
+            except Exception as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
+                raise WorkerFailed(f"rank 0: {describe(e)}") from e
+        summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True), world,
+                                           cuda=cuda, timeout_s=cfg.timeout)[0]
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
@@ -122,6 +132,13 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
         cfg = replace(cfg, resume=True)
     if env.rank == 0 and env.launcher != "local" and not cfg.resume:
         check_out_dir(cfg.out)
+    # Under torchrun/mpirun/srun rank 0 holds --out's lock for the run (locally, train() does).
+    out_lock = lock_out_dir(cfg.out) if env.rank == 0 and env.launcher != "local" else contextlib.nullcontext()
+    with out_lock:
+        return _run_rank(cfg, env, dedicated, compute, prune_key, t_entry)
+
+
+def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prune_key, t_entry) -> RunResult:
 
     device = torch.device(_device_type(cfg.device))
     _set_determinism(cfg.deterministic, device)
@@ -138,6 +155,9 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
     if steps == 0:
         raise BadInput(f"--samples {budget}: smaller than one step of {compute} workers x "
                        f"{cfg.batch_size} samples")
+    if cfg.warmup >= steps:
+        raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
+                       f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
     model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
     apply_init(model, cfg.init)
@@ -222,7 +242,7 @@ def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
 
 
 # Fields that may differ between the original run and its resumption, or between ranks.
-_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers")
+_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe")
 
 
 def _agreed_fields(cfg: TrainConfig) -> dict:
@@ -258,7 +278,8 @@ class _Loop:
         self.area = 0.0
         """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
         self.start_step = self._resume() if cfg.resume else 0
-        self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if cfg.resume else None) \
+        # Resumed from step 0 (no checkpoint): the old rows go, the step-0 evaluation included.
+        self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if self.start_step > 0 else None) \
             if self.lead else None
         self.fault = Fault.from_env(resumed=self.start_step > 0)
         self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job)
@@ -396,6 +417,8 @@ class _Loop:
         self.last_ckpt_s = train_s
         ckpt.write_file(os.path.join(ckpt.step_dir(self.cfg.out, step), f"rank{self.env.rank}.ckpt"),
                         self._state(step))
+        if self.fault is not None:
+            self.fault.in_checkpoint(self.env.rank, step)
         if self.env.world_size > 1:
             dist.barrier()
         if self.lead:
@@ -424,8 +447,16 @@ class _Loop:
                 self._load(state)
                 return step
             problems += [x for x in whys if x is not None]
-        if found[0] or (self.lead and ckpt.any_started(self.cfg.out)):
-            raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems) or 'none complete'})")
+        if found[0]:  # every rank knows found (broadcast): every rank raises
+            raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems)})")
+        # No complete checkpoint: start fresh, as --help says. One killed while it was written
+        # is only a folder without its COMPLETE mark; rank 0 clears it (before its first
+        # collective, so before any rank can write a checkpoint again).
+        if self.lead:
+            gone = ckpt.remove_incomplete(self.cfg.out)
+            if gone:
+                print(f"shmlearn: --resume: no complete checkpoint (removed the incomplete {', '.join(gone)}); "
+                      f"starting from step 0", flush=True)
         return 0
 
     def _load(self, state: dict) -> None:
@@ -519,8 +550,9 @@ class _Loop:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)
         if self.lead:
-            self.rundir.write_trace(chrome_trace(gathered))
+            # The summary first: it is the result; the trace is a view of the timings.
             self.rundir.write_summary(summary)
+            self.rundir.write_trace(chrome_trace(gathered))
             self.rundir.close()
         if diverged is not None:
             step, rank, _ = diverged

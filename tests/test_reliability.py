@@ -232,3 +232,112 @@ def test_test_accuracy_counts_each_test_sample_once(tmp_path):
     assert len(data.test_x) == 1000
     assert summary(out)["test_accuracy"] == pytest.approx(n_correct / 1000, abs=1e-12)
     assert n_correct > 600
+
+
+# --- issue 15: the faults a campaign found ------------------------------------------------------
+
+def _one_line(r):
+    return r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
+
+
+def test_a_stopped_rank_0_is_named_and_nothing_is_left(tmp_path):
+    """SIGSTOP of rank 0 (it hosted the store its peer waited on: a hang forever). The pool
+    hosts the store now; the run ends naming rank 0."""
+    tag = uuid.uuid4().hex
+    r = run(BASE + ["--workers", "2", "--timeout", "8", "--out", str(tmp_path / "run")],
+            fault="stop:0:30", tag=tag, timeout=240)
+    assert r.returncode == 1 and "rank 0" in r.stderr.splitlines()[-1], r.stderr
+    time.sleep(1)
+    assert processes_with_tag(tag) == []
+
+
+def test_a_kill_during_the_first_checkpoint_leaves_a_resumable_run(tmp_path):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "2", "--checkpoint-every", "5", "--out", str(out)]
+    r = run(args, fault="kill-in-checkpoint:1:5")
+    assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
+    assert (out / "checkpoints" / "step-00000005").is_dir() and not ckpt.candidates(str(out))
+    r = run(args + ["--resume"])
+    assert r.returncode == 0, r.stderr
+    assert "no complete checkpoint" in r.stdout
+    s = summary(out)
+    assert s["status"] == "completed" and s["steps"] == s["planned_steps"] and not s["resumed_from_step"]
+
+
+def test_resume_without_any_checkpoint_starts_clean(tmp_path):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "1", "--out", str(out)]
+    assert run(args, fault="raise:0:50").returncode == 1
+    r = run(args + ["--resume"])
+    assert r.returncode == 0, r.stderr
+    with open(out / "eval.jsonl") as f:
+        steps = [json.loads(line)["step"] for line in f]
+    assert steps[0] == 0 and steps.count(0) == 1, steps
+
+
+def test_a_failure_at_one_worker_is_one_line(tmp_path):
+    r = run(BASE + ["--workers", "1", "--out", str(tmp_path / "run")], fault="raise:0:5")
+    assert r.returncode == 1 and _one_line(r) and "rank 0: RuntimeError: injected fault" in r.stderr, r.stderr
+
+
+def test_a_second_run_on_the_same_out_is_refused(tmp_path):
+    out = tmp_path / "run"
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    first = subprocess.Popen([sys.executable, "-m", "shmlearn", *BASE[:1], "--workers", "2", "--epochs", "100",
+                              "--no-progress", "--out", str(out)], env=env,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        t_end = time.monotonic() + 120
+        while not (out / "metrics.jsonl").exists() and time.monotonic() < t_end:
+            time.sleep(0.1)
+        r = run(BASE + ["--workers", "2", "--resume", "--out", str(out)])
+        assert r.returncode == 2 and _one_line(r) and "another run is writing there" in r.stderr, r.stderr
+    finally:
+        first.kill()
+        first.wait()
+
+
+@pytest.mark.parametrize("args,says", [
+    (["--out", "/proc/shmlearn-nowhere/run"], "--out /proc/shmlearn-nowhere/run: cannot write there"),
+    (["--workers", "10000"], "--workers: 10000 processes on"),
+    (["--warmup", "100000"], "--warmup 100000: as long as the whole run"),
+])
+def test_bad_output_paths_and_layouts_are_exit_2_before_any_worker(tmp_path, args, says):
+    tag = uuid.uuid4().hex
+    r = run(["train", "--dataset", "digits", "--no-progress", "--out", str(tmp_path / "run"), *args], tag=tag)
+    assert r.returncode == 2 and _one_line(r) and says in r.stderr, r.stderr
+    assert processes_with_tag(tag) == []
+
+
+def test_a_full_disk_names_the_file_and_keeps_the_summary(tmp_path):
+    """RLIMIT_FSIZE stands in for a full disk (Python ignores SIGXFSZ: a write past the limit
+    fails with EFBIG): summary.json (small) is written, the Chrome trace (larger) is not, and
+    no torn trace.json is left behind."""
+    import resource
+    out = tmp_path / "run"
+    limit = 40_000
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-m", "shmlearn", *BASE, "--workers", "1", "--out", str(out)],
+                       capture_output=True, text=True, timeout=300, env=env, preexec_fn=small_files)
+    assert r.returncode == 1 and _one_line(r) and "trace.json" in r.stderr, r.stderr
+    assert summary(out)["status"] == "completed"
+    assert not (out / "trace.json").exists() and not list(out.glob("trace.json.tmp*"))
+
+
+def test_a_sweep_whose_trials_die_reports_them_and_exits_1(tmp_path):
+    tag = uuid.uuid4().hex
+    r = run(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "2048", "--workers", "1",
+             "--lr", "0.1,0.2", "--no-report", "--no-progress", "--out", str(tmp_path / "s")],
+            fault="kill:0:5", tag=tag)
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.count("worker died (killed by signal 9)") >= 2, r.stderr
+    time.sleep(1)
+    assert processes_with_tag(tag) == []
+
+
+def test_a_sweep_on_an_unwritable_out_is_exit_2(tmp_path):
+    r = run(["sweep", "--lr", "0.1,0.2", "--out", "/proc/shmlearn-nowhere/s"])
+    assert r.returncode == 2 and _one_line(r) and "cannot write there" in r.stderr, r.stderr
