@@ -68,7 +68,12 @@ def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:
             saved = yaml.safe_load(f)
     except (OSError, ValueError, yaml.YAMLError):
         return None
-    if summary.get("status") not in ("completed", "diverged") or saved != cfg.to_dict():
+    try:  # a config saved before a field was added has no key for it: the field's default;
+        # and the folder may have been moved since (its saved `out` is where it was written)
+        same = ({**TrainConfig(**saved).to_dict(), "out": None} == {**cfg.to_dict(), "out": None})
+    except TypeError:  # a field that no longer exists
+        same = False
+    if summary.get("status") not in ("completed", "diverged") or not same:
         return None
     summary["_run_dir"] = out
     return summary

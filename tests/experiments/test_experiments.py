@@ -74,3 +74,21 @@ def test_unknown_experiment_is_bad_input():
     with pytest.raises(BadInput, match="experiment nope"):
         run_experiment("nope")
     assert len(EXPERIMENTS) == 6
+
+
+def test_a_finished_run_is_found_after_its_folder_moved_and_new_fields_appeared(tmp_path):
+    """Resuming an experiment copied from another machine, written before TrainConfig grew a
+    field: its runs are read back, not refused as 'already holds a run' (seen on the H100)."""
+    import json
+    import yaml
+    from shmlearn.config import TrainConfig
+    from shmlearn.experiments.common import finished
+    run = tmp_path / "runs" / "a"
+    run.mkdir(parents=True)
+    cfg = TrainConfig(workers=1, lr=0.1, out=str(run))
+    saved = {**cfg.to_dict(), "out": "/elsewhere/runs/a"}
+    del saved["deterministic"]  # a field added after the run was written
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    assert finished(str(run), cfg) is not None
+    assert finished(str(run), TrainConfig(workers=1, lr=0.2, out=str(run))) is None
