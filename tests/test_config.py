@@ -1,0 +1,115 @@
+"""config.validate and TrainConfig.budget_samples: every numeric field has a finite, documented
+range; a value outside it is one BadInput line naming the flag, the value and what is expected."""
+import math
+import os
+import subprocess
+import sys
+
+import pytest
+
+from shmlearn.config import MAX_STEPS, TrainConfig, checkpoint_period, validate
+from shmlearn.errors import BadInput
+
+# (field values, the start of the message: the flag and the value as the user wrote it)
+BAD = [
+    ({"samples": 10**30}, "--samples 1000000000000000000000000000000"),
+    ({"samples": 0}, "--samples 0"),
+    ({"lr": 1e308}, "--lr 1e+308"),
+    ({"lr": math.inf}, "--lr inf"),
+    ({"lr": math.nan}, "--lr nan"),
+    ({"lr": 10**400}, "--lr 1000"),  # from YAML: an int too large for a float
+    ({"weight_decay": math.inf}, "--weight-decay inf"),
+    ({"weight_decay": -1e-3}, "--weight-decay -0.001"),
+    ({"momentum": 1.0}, "--momentum 1.0"),
+    ({"momentum": -math.inf}, "--momentum -inf"),
+    ({"timeout": math.inf}, "--timeout inf"),
+    ({"timeout": 1e-9}, "--timeout 1e-09"),
+    ({"timeout": 1e7}, "--timeout 10000000.0"),
+    ({"seed": 18446744073709551616}, "--seed 18446744073709551616"),
+    ({"seed": 2**63}, "--seed 9223372036854775808"),
+    ({"seed": -1}, "--seed -1"),
+    ({"epochs": math.inf}, "--epochs inf"),
+    ({"epochs": math.nan}, "--epochs nan"),
+    ({"epochs": 1e13}, "--epochs 10000000000000.0"),
+    ({"eval_every": math.inf}, "--eval-every inf"),
+    ({"eval_points": 10**9}, "--eval-points 1000000000"),
+    ({"log_every": 10**10}, "--log-every 10000000000"),
+    ({"warmup": 10**10}, "--warmup 10000000000"),
+    ({"warmup": -1}, "--warmup -1"),
+    ({"check_every": 10**10}, "--check-every 10000000000"),
+    ({"strategy": "weight-avg", "avg_period": 0}, "--avg-period 0"),
+    ({"strategy": "weight-avg", "avg_period": 10**10}, "--avg-period 10000000000"),
+    ({"batch_size": 10**13}, "--batch-size 10000000000000"),
+    ({"threads": 100000}, "--threads 100000"),
+    ({"threads": 0}, "--threads 0"),
+    ({"workers": 0}, "--workers 0"),
+    ({"checkpoint_every": "nans"}, "--checkpoint-every nans"),
+    ({"checkpoint_every": "infs"}, "--checkpoint-every infs"),
+    ({"checkpoint_every": "0s"}, "--checkpoint-every 0s"),
+    ({"checkpoint_every": str(10**10)}, "--checkpoint-every 10000000000"),
+    ({"init": "uniform:inf"}, "--init uniform:inf"),
+    ({"init": "uniform:nan"}, "--init uniform:nan"),
+]
+
+
+@pytest.mark.parametrize("kw,flag", BAD, ids=[b[1] for b in BAD])
+def test_an_extreme_value_is_one_line_naming_the_flag(kw, flag):
+    with pytest.raises(BadInput) as e:
+        validate(TrainConfig(**kw))
+    msg = str(e.value)
+    assert msg.startswith(flag) and "expected" in msg and "\n" not in msg, msg
+
+
+GOOD = [
+    {"lr": 10.0, "momentum": 0.0, "timeout": 1.0},
+    {"lr": 1e-12, "weight_decay": 0.0, "timeout": 1e6, "momentum": 0.999},
+    {"seed": 2**32 - 1, "threads": 4096, "workers": 1, "warmup": 0, "eval_points": 1, "log_every": 1},
+    {"samples": 10**12, "check_every": 1},
+    {"epochs": 1e-3, "eval_every": 1e-3},
+    {"strategy": "weight-avg", "avg_period": 1000},
+    {"checkpoint_every": "1"}, {"checkpoint_every": "0.5s"}, {"checkpoint_every": 200},
+    {"init": "uniform:0.05"},
+]
+
+
+@pytest.mark.parametrize("kw", GOOD, ids=[str(g) for g in GOOD])
+def test_sensible_edge_values_pass(kw):
+    validate(TrainConfig(**kw))
+
+
+def test_checkpoint_period_parses_steps_and_seconds():
+    assert checkpoint_period("200") == (200, "steps")
+    assert checkpoint_period("30s") == (30.0, "seconds")
+
+
+# budget_samples runs on each rank once the worker count is known (train.py).
+@pytest.mark.parametrize("kw,flag", [
+    ({"epochs": 1e-9}, "--epochs 1e-09: "),                 # was reported as "--samples 0"
+    ({"epochs": 0.01}, "--epochs 0.01: "),                  # 14 samples < one step of 64
+    ({"samples": 63}, "--samples 63: "),
+    ({"epochs": 1e12}, "--epochs 1000000000000.0: "),       # x 1437 samples: past 1e12 samples
+    ({"samples": 10**12, "batch_size": 1}, "--samples 1000000000000: "),  # 5e11 steps
+], ids=["epochs-1e-9", "epochs-0.01", "samples-63", "epochs-1e12", "samples-1e12-batch-1"])
+def test_a_budget_out_of_range_names_the_flag_given(kw, flag):
+    cfg = TrainConfig(workers=2, **kw)
+    validate(cfg)
+    with pytest.raises(BadInput) as e:
+        cfg.budget_samples(1437)
+    assert str(e.value).startswith(flag), e.value
+
+
+def test_budgets_in_range_are_exact():
+    assert TrainConfig(workers=2, epochs=2).budget_samples(1437) == 2874
+    assert TrainConfig(workers=2, samples=64).budget_samples(1437) == 64
+    assert TrainConfig(workers=1, batch_size=1, samples=MAX_STEPS).budget_samples(10) == MAX_STEPS
+    assert TrainConfig(workers=2, dataset="digits").budget_samples(1437) == 20 * 1437
+
+
+@pytest.mark.parametrize("args,needle", [(["--lr", "inf"], "--lr inf: "),
+                                         (["--epochs", "1e-9"], "--epochs 1e-09: ")])
+def test_cli_refuses_with_exit_2_and_one_line(tmp_path, args, needle):
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", *args, "--workers", "2", "--no-progress",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
