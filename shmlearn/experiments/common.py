@@ -5,6 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import shutil
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
@@ -44,6 +45,10 @@ def run(ctx: Context, name: str, cfg: TrainConfig, *,
             with open(os.path.join(out, "extras.json")) as f:
                 done["_extras"] = json.load(f)
         return done
+    if os.path.isdir(out) and not os.path.exists(os.path.join(out, "summary.json")):
+        # Stopped before it ended (no result): it runs again from the start.
+        print(f"{name}: an unfinished earlier attempt is in {out}; running it again", flush=True)
+        shutil.rmtree(out)
     try:
         result: RunResult = train(cfg)
         summary, model = dict(result.summary), result.model
