@@ -111,6 +111,11 @@ class Heartbeat:
         """Who is behind, from the others' last posts: 'rank 1 (last at step 4, 11 s ago)'."""
         if self._store is None:
             return ""
+        import datetime
+        try:  # the store's host may be the stopped process: ask briefly, never wait on it
+            self._store.set_timeout(datetime.timedelta(seconds=5))
+        except Exception:  # noqa: BLE001
+            pass
         seen: Dict[int, tuple] = {}
         for r in range(self.world_size):
             key = f"{self._prefix}{r}"
@@ -118,8 +123,10 @@ class Heartbeat:
                 if self._store.check([key]):
                     step, t = self._store.get(key).decode().split()
                     seen[r] = (int(step), float(t))
-            except Exception:  # noqa: BLE001
-                return ""
+            except Exception:  # noqa: BLE001 - the store does not answer: its host is gone
+                # Locally the pool hosts it (and names a stopped rank itself); under mpirun and
+                # srun, rank 0 does, under torchrun its agent.
+                return "rank 0 or the launcher (the rendezvous store does not answer)"
         now = time.time()
         missing = [r for r in range(self.world_size) if r not in seen]
         if not seen:
