@@ -337,6 +337,13 @@ class Pool:
         top = max(self.slots, default=-1)
         self.slots.extend(range(top + 1, top + 1 + n))
 
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Block until every started worker has imported and initialized (a worker that dies
+        meanwhile is dropped, and started again when a job needs its slot)."""
+        t_end = time.monotonic() + timeout_s
+        while any(not w.ready for w in self.workers.values()) and time.monotonic() < t_end:
+            self.poll(0.2)
+
     def free_slots(self) -> List[int]:
         busy = {w.slot for w in self.workers.values() if w.job is not None}
         return [s for s in self.slots if s not in busy]
