@@ -515,16 +515,6 @@ class Pool:
                 self._replace(s)
             raise
 
-    def cancel(self, job: Job) -> None:
-        """Stop a job's ranks at once (their processes are replaced)."""
-        self.jobs.pop(job.id, None)
-        for s in job.slots:
-            w = self.workers.get(s)
-            if w is not None and w.job == job.id:
-                _kill(w.proc)
-                self.workers.pop(s)
-                w.conn.close()
-
     # -- the end --------------------------------------------------------------------------------
     def close(self) -> None:
         if self._closed:
