@@ -74,15 +74,17 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
 
 
 class Heartbeat:
-    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = ""):
-        """tag: the pool's job name (launch.DistEnv.job). A pooled job posts under it even at one
-        rank: the pool reads the posts to notice a stopped rank (pool.Pool._stopped_rank)."""
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = "", store=None):
+        """tag and store: a pooled job's name (launch.DistEnv.job) and the pool's own store
+        (pool.worker_store). Such a job posts there even at one rank, where the pool reads the
+        posts to notice a stopped rank (pool.Pool._stopped_rank). Otherwise the posts go to the
+        process group's store."""
         self.rank, self.world_size = rank, world_size
         self.step = -1
         """The step whose per-step sync this rank has reached (set by the loop, read by the thread)."""
         self._prefix = f"shmlearn/hb/{tag}/" if tag else "shmlearn/hb/"
-        self._store = None
-        if world_size > 1 or (tag and dist.is_initialized()):
+        self._store = store
+        if store is None and world_size > 1:
             try:
                 self._store = dist.distributed_c10d._get_default_store()
             except Exception:  # noqa: BLE001 - no store: hangs are still ended by the timeout

@@ -472,7 +472,7 @@ class Pool:
         for r, s in enumerate(job.slots):
             if r in job.outcomes:
                 continue
-            key = f"shmlearn/g{job.group}/shmlearn/hb/j{job.id}/{r}"
+            key = f"shmlearn/hb/j{job.id}/{r}"  # guard.Heartbeat's key in this store
             try:
                 if not self.store.check([key]):
                     continue  # not training yet (data, model): the collectives' timeouts cover it

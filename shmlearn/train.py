@@ -282,7 +282,9 @@ class _Loop:
         self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if self.start_step > 0 else None) \
             if self.lead else None
         self.fault = Fault.from_env(resumed=self.start_step > 0)
-        self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job)
+        from shmlearn.pool import worker_store
+        self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job,
+                                   store=worker_store() if env.job else None)
         self.prune = None
         if prune_key and self.lead:
             from shmlearn.pool import worker_store

@@ -153,3 +153,15 @@ def test_a_killed_launcher_leaves_no_workers(tmp_path, delay):
         time.sleep(0.2)
     assert not any(_alive(k) for k in kids)
     assert not (out / "summary.json").exists()
+
+
+def test_a_stopped_lone_rank_is_named_by_the_pool(tmp_path):
+    """One rank, nobody waiting on it in a collective: only the pool's heartbeat watchdog can
+    notice that it stopped (the campaign's sweep-trial-stopped-w1 hung before)."""
+    cfg = TrainConfig(**{**SMALL, "samples": 1_000_000, "eval_points": 1}, workers=1, timeout=5)
+    with Pool(1) as p:
+        t0 = time.monotonic()
+        with pytest.raises(WorkerFailed, match=r"rank 0: stopped responding"):
+            p.run(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "run")},), slots=[0], timeout_s=5,
+                  env={"SHMLEARN_FAULT": "stop:0:30"})
+        assert time.monotonic() - t0 < 120
