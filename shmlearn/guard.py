@@ -142,7 +142,9 @@ class Heartbeat:
             if r not in seen:
                 return "never reported"
             s, t = seen[r]
-            return (f"never reached the sync of step {front}, last at step {s}" if s < front
+            # Posts are once a second: a rank that stopped in its first second posted no step yet.
+            last = f"last at step {s}" if s >= 0 else "no step posted yet"
+            return (f"never reached the sync of step {front}, {last}" if s < front
                     else f"silent for {now - t:.0f} s") + f", last heartbeat {now - t:.0f} s ago"
         return ", ".join(f"rank {r} ({why(r)})" for r in names)
 
