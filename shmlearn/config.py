@@ -239,7 +239,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.lr_schedule not in SCHEDULES:
         raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
     # Whole numbers. workers has no upper bound here: what the machine can run is
-    # runs.check_capacity's to say, and a launcher's world size is its own.
+    # launch.check_capacity's to say, and a launcher's world size is its own.
     _whole("workers", cfg.workers, 1)
     _whole("threads", cfg.threads, 1, MAX_THREADS)
     _whole("batch-size", cfg.batch_size, 1, MAX_SAMPLES)

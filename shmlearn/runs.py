@@ -58,39 +58,6 @@ def lock_out_dir(path: str) -> Iterator[None]:
         f.close()
 
 
-def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) -> None:
-    """Refuse, before any process starts, a local CPU run this machine cannot hold: more than 16
-    processes per core (each waits its turn in every collective; the single-neuron study's 17
-    processes on 2 cores are 8.5 per core), or more memory than is available (~150 MB per
-    process that is its own: torch's import and the worker's buffers)."""
-    if oversubscribe:
-        return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    if processes > 16 * cores:
-        raise BadInput(f"--workers: {processes} processes on {cores} cores (at most {16 * cores}); "
-                       f"use fewer, or --oversubscribe")
-    if threads is not None and threads > 4 * cores:
-        raise BadInput(f"--threads {threads}: more than 4 per core ({cores} cores); use fewer, or --oversubscribe")
-    avail = _mem_available()
-    if avail is not None and processes * PROCESS_MB * 2**20 > avail:
-        raise BadInput(f"--workers: {processes} processes need about {processes * PROCESS_MB} MB, "
-                       f"{avail // 2**20} MB available; use fewer, or --oversubscribe")
-
-
-PROCESS_MB = 150
-
-
-def _mem_available() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
 def write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:

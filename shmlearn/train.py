@@ -32,12 +32,12 @@ from shmlearn import checkpoint as ckpt
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
-from shmlearn.launch import DistEnv, detect_env, free_port, init_process_group, run_local
+from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group, run_local
 from shmlearn.models import apply_init, build_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.pool import current as current_pool, describe
-from shmlearn.runs import RunDir, check_capacity, check_out_dir, default_run_dir, lock_out_dir, loss_area
+from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, build_strategy
 from shmlearn.tasks import correct, loss_fn
 from shmlearn.timing import PhaseTimer, chrome_trace
