@@ -154,11 +154,21 @@ def load_yaml(path: str) -> Dict[str, Any]:
     if not os.path.isfile(path):
         raise BadInput(f"--config {path}: no such file")
     try:
-        with open(path) as f:
-            d = yaml.safe_load(f) or {}
+        with open(path, "rb") as f:
+            raw = f.read()
+    except OSError as e:
+        raise BadInput(f"--config {path}: unreadable ({e.strerror})") from None
+    try:
+        # Decoded here, not by open()'s locale default: a binary file is a line, not a traceback.
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise BadInput(f"--config {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
+                       f"expected a YAML file of flag names and values") from None
+    try:
+        d = yaml.safe_load(text) or {}
     except yaml.YAMLError as e:
         raise BadInput(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(d, dict):
+    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
         raise BadInput(f"--config {path}: expected a mapping of flag names to values")
     return d
 

@@ -113,3 +113,28 @@ def test_cli_refuses_with_exit_2_and_one_line(tmp_path, args, needle):
                         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("content,needle", [
+    (open(sys.executable, "rb").read(3000), "not UTF-8 text"),    # a binary: was a traceback, exit 1
+    (b"\xff\xfelr: 0.1\n", "not UTF-8 text"),
+    (b"1: 2\n", "expected a mapping of flag names to values"),  # a key that is no flag name
+], ids=["binary", "utf16-bom", "int-key"])
+def test_a_config_file_that_is_not_yaml_text_is_one_line(tmp_path, content, needle):
+    from shmlearn.config import load_yaml
+    path = tmp_path / "b.yaml"
+    path.write_bytes(content)
+    with pytest.raises(BadInput) as e:
+        load_yaml(str(path))
+    assert str(e.value).startswith(f"--config {path}: ") and needle in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_cli_refuses_a_binary_config_with_exit_2_and_one_line(tmp_path, command):
+    path = tmp_path / "b.yaml"
+    path.write_bytes(open(sys.executable, "rb").read(3000))
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-m", "shmlearn", command, "--config", str(path),
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and f"--config {path}: not UTF-8" in lines[0], r.stderr
