@@ -448,7 +448,8 @@ class _Loop:
                     print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
                 self._load(state)
                 return step
-            problems += [x for x in whys if x is not None]
+            # Ranks often give the same verdict (a config or world-size mismatch): say it once.
+            problems += [x for x in dict.fromkeys(whys) if x is not None]
         if found[0]:  # every rank knows found (broadcast): every rank raises
             raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems)})")
         # No complete checkpoint: start fresh, as --help says. One killed while it was written
@@ -456,9 +457,9 @@ class _Loop:
         # collective, so before any rank can write a checkpoint again).
         if self.lead:
             gone = ckpt.remove_incomplete(self.cfg.out)
-            if gone:
-                print(f"shmlearn: --resume: no complete checkpoint (removed the incomplete {', '.join(gone)}); "
-                      f"starting from step 0", flush=True)
+            removed = f" (removed the incomplete {', '.join(gone)})" if gone else ""
+            print(f"shmlearn: --resume: no complete checkpoint in {self.cfg.out}{removed}; "
+                  f"starting from step 0", flush=True)
         return 0
 
     def _load(self, state: dict) -> None:

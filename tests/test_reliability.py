@@ -115,6 +115,18 @@ def test_no_good_checkpoint_is_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no usable checkpoint" in r.stderr
 
 
+def test_a_resume_mismatch_names_each_checkpoint_once(tmp_path):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
+    assert run(args, fault="raise:0:90").returncode == 1
+    r = run(args + ["--resume", "--lr", "0.1"])
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1, r.stderr
+    # both ranks find the same mismatch: each step was listed once per rank
+    assert lines[0].endswith("no usable checkpoint (step 80: written with different lr; "
+                             "step 40: written with different lr)"), r.stderr
+
+
 def test_killed_worker_without_restarts_ends_the_run_naming_it(tmp_path):
     tag = uuid.uuid4().hex
     t0 = time.monotonic()
@@ -270,6 +282,8 @@ def test_resume_without_any_checkpoint_starts_clean(tmp_path):
     assert run(args, fault="raise:0:50").returncode == 1
     r = run(args + ["--resume"])
     assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if "--resume" in line]  # it was silent
+    assert said == [f"shmlearn: --resume: no complete checkpoint in {out}; starting from step 0"], r.stdout
     with open(out / "eval.jsonl") as f:
         steps = [json.loads(line)["step"] for line in f]
     assert steps[0] == 0 and steps.count(0) == 1, steps
