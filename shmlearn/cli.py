@@ -32,11 +32,25 @@ def field_docs(cls) -> Dict[str, str]:
     return docs
 
 
-def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
+def flag_docs(cls=TrainConfig) -> Dict[str, str]:
+    """--help per field: its docstring, and for --model and --dataset the names registered now
+    (the registries, not a copy of them in a docstring)."""
     docs = field_docs(cls)
+    if cls is TrainConfig:
+        from shmlearn.data import DATASETS
+        from shmlearn.models import MODELS
+        docs["model"] += f" Built in: {', '.join(MODELS)}."
+        docs["dataset"] += f" Built in: {', '.join(DATASETS)}."
+    return docs
+
+
+def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
+    docs = flag_docs(cls)
     for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
-        help_ = docs.get(f.name, "") + ("" if f.default is None else f" [default: {f.default}]")
+        # A --no-X flag's default is X on; "[default: True]" beside --no-X reads backwards.
+        shown = f.default is not None and f.default is not True
+        help_ = docs.get(f.name, "") + (f" [default: {f.default}]" if shown else "")
         t = str(f.type)
         if "bool" in t:
             if f.default:

@@ -26,9 +26,12 @@ DEVICES = ("cpu", "cuda", "auto")
 @dataclass(kw_only=True)
 class TrainConfig:
     model: str = "mlp"
-    """Model name (shmlearn.models.MODELS)."""
+    """A built-in model by name (shmlearn.models.MODELS), or your own:
+    FILE.py:NAME or pkg.module:NAME, NAME an nn.Module class or a callable returning a module."""
     dataset: str = "digits"
-    """Dataset name (shmlearn.data.DATASETS)."""
+    """A built-in dataset by name (shmlearn.data.DATASETS), or your own:
+    FILE.py:NAME or pkg.module:NAME, NAME a callable returning (train_x, train_y, test_x, test_y)
+    arrays or a pair of torch Datasets."""
     data_dir: Optional[str] = None
     """Folder holding the dataset's files (IDX, CIFAR batches, tiny-imagenet-200)."""
     workers: Optional[int] = None
@@ -85,8 +88,9 @@ class TrainConfig:
     runs are reproducible already)."""
     check_every: Optional[int] = None
     """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
-    steps; in between, a step never waits for the device. Default 1 on CPU, 50 on CUDA. Above 1
-    needs allreduce, ps or weight-avg with sgd, momentum or nesterov (others use 1)."""
+    steps; in between, a step never waits for the device. Default 10 on CPU, 50 on CUDA
+    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg with sgd, momentum or
+    nesterov (others read every step)."""
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
     epochs: Optional[float] = None
@@ -97,7 +101,9 @@ class TrainConfig:
     eval_points: Optional[int] = None
     """Evaluate the full test set at this many evenly spaced steps (default 10)."""
     log_every: int = 10
-    """Write a metrics.jsonl line every this many steps (the loss is checked every step)."""
+    """Write a metrics.jsonl line every this many steps (and at the last). Logging only: every
+    step's loss is kept (loss area, min loss) and checked for NaN/inf either way, read from the
+    device every --check-every steps."""
     timeout: float = 300.0
     """Seconds a collective may wait before the run is brought down naming the rank."""
     checkpoint_every: Optional[str] = None
@@ -109,7 +115,7 @@ class TrainConfig:
     out: Optional[str] = None
     """Run directory. Default runs/<date>-<model>-<dataset>-<strategy>-w<workers>."""
     progress: bool = True
-    """Show a progress bar on rank 0."""
+    """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
 
     def budget_samples(self, train_size: int) -> int:
         """Total sample budget implied by --samples or --epochs (default: the dataset's epochs).

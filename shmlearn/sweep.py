@@ -811,14 +811,14 @@ def run_sweep(sc: SweepConfig) -> int:
 # --- CLI ------------------------------------------------------------------------------------
 
 def register(sub) -> None:
-    from shmlearn.cli import field_docs
+    from shmlearn.cli import field_docs, flag_docs
     p = sub.add_parser("sweep", help="sweep any train flags; pick the best per worker count",
                        description="Run every combination of the given flag values as a training run "
                                    "(each flag takes A,B,C or START:STOP:STEP), P at a time without "
                                    "oversubscribing; pick winners by the paper's rule; write a report. "
                                    "The same command again continues where the last one stopped.")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
-    docs = field_docs(TrainConfig)
+    docs = flag_docs(TrainConfig)
     for f in dataclasses.fields(TrainConfig):
         if f.name in NOT_SWEPT:
             continue

@@ -189,3 +189,35 @@ def test_fashion_mnist_lenet_two_workers_reaches_088_in_two_minutes(tmp_path):
     s = summary(out)
     assert s["test_accuracy"] >= 0.88, s
     assert elapsed < 120, f"took {elapsed:.0f} s"
+
+
+def _helps(*path):
+    """{dest: help} of the subcommand at `path`, e.g. ("train",) or ("bench", "throughput")."""
+    from shmlearn.cli import build_parser
+    p = build_parser()
+    for name in path:
+        p = next(a for a in p._actions if a.__class__.__name__ == "_SubParsersAction").choices[name]
+    return {a.dest: " ".join((a.help or "").split()) for a in p._actions}, p
+
+
+@pytest.mark.parametrize("command", ["train", "sweep"])
+def test_help_says_what_the_code_does(command):
+    from shmlearn.data import DATASETS
+    from shmlearn.fast import DEFAULT_CHECK_EVERY
+    from shmlearn.models import MODELS
+    helps, _ = _helps(command)
+    # the CPU default was given as 1; it is 10
+    assert f"Default {DEFAULT_CHECK_EVERY['cpu']} on CPU, {DEFAULT_CHECK_EVERY['cuda']} on CUDA" in helps["check_every"]
+    # the loss was said to be checked every step; it is read every --check-every steps
+    assert "checked every step" not in helps["log_every"] and "--check-every" in helps["log_every"]
+    # --model and --dataset list their choices, and the user's own
+    for dest, names in (("model", MODELS), ("dataset", DATASETS)):
+        assert all(name in helps[dest] for name in names) and "FILE.py:NAME" in helps[dest], helps[dest]
+
+
+def test_no_progress_help_reads_the_right_way_round():
+    helps, p = _helps("train")
+    flag = next(a for a in p._actions if a.dest == "progress")
+    assert flag.option_strings == ["--no-progress"]
+    assert "--no-progress turns it off" in helps["progress"] and "[default: True]" not in helps["progress"]
+    assert not helps["progress"].startswith("Show"), helps["progress"]

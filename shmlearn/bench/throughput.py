@@ -480,7 +480,7 @@ def register(bench_sub) -> None:
     p.add_argument("--precision", default="fp32", help="fp32 or bf16 (shmlearn and plain) [fp32]")
     p.add_argument("--channels-last", action="store_true", help="channels_last weights and batches (shmlearn and plain)")
     p.add_argument("--cuda-graph", default="auto", help="auto or off [auto]")
-    p.add_argument("--check-every", type=int, default=None, help="read losses every K steps [1 on CPU, 50 on CUDA]")
+    p.add_argument("--check-every", type=int, default=None, help="read losses every K steps [10 on CPU, 50 on CUDA]")
     p.add_argument("--repeats", type=int, default=5, help="timed repeats per setting, >= 5 [5]")
     p.add_argument("--seconds", type=float, default=1.0, help="target seconds per repeat [1]")
     p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps after building [10]")

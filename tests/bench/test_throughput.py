@@ -53,3 +53,13 @@ def test_bench_throughput_cpu_one_and_two_processes(tmp_path, capsys):
 def test_bad_input_exits_2(tmp_path, capsys, args, needle):
     assert main(["bench", "throughput", *args, "--out", str(tmp_path / "x.json")]) == 2
     assert needle in capsys.readouterr().err
+
+
+def test_check_every_help_gives_the_real_defaults():
+    import argparse
+    from shmlearn.bench.throughput import register
+    from shmlearn.fast import DEFAULT_CHECK_EVERY
+    sub = argparse.ArgumentParser().add_subparsers()
+    register(sub)
+    help_ = next(a.help for a in sub.choices["throughput"]._actions if a.dest == "check_every")
+    assert f"[{DEFAULT_CHECK_EVERY['cpu']} on CPU, {DEFAULT_CHECK_EVERY['cuda']} on CUDA]" in help_  # said 1 on CPU
