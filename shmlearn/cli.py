@@ -13,7 +13,7 @@ import sys
 from typing import Dict, List, Optional
 
 from shmlearn.config import TrainConfig, load_yaml
-from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 
 
 class _Parser(argparse.ArgumentParser):
@@ -115,7 +115,7 @@ def cmd_train(ns: argparse.Namespace) -> int:
         acc = s.get("test_accuracy")
         print(f"test accuracy {acc:.4f} (best {s['best_test_accuracy']:.4f})" if acc is not None
               else f"test loss {s['test_loss']:.6f}", end="")
-        print(f" | final loss {s['final_loss']:.4f} | {s['steps']} steps x {s['workers']} workers, "
+        print(f" | final loss {s['final_loss']:.4f} | {s['steps']} steps x {count(s['workers'], 'worker')}, "
               f"{s['samples_seen']} samples in {s['wall_time_s']:.2f} s "
               f"({s['samples_per_s']:.0f} samples/s) | {result.run_dir}")
     return 0

@@ -13,7 +13,7 @@ from typing import Any, Dict, Optional
 
 import yaml
 
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, count
 
 STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp")
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
@@ -133,13 +133,14 @@ class TrainConfig:
             if budget > MAX_SAMPLES:
                 raise BadInput(f"{flag}: {what}expected at most {MAX_SAMPLES:.0e} samples")
             budget = int(budget)
-        per_step = (self.workers or 1) * self.batch_size
+        workers = self.workers or 1
+        per_step = workers * self.batch_size
+        one_step = f"{count(workers, 'worker')} x {self.batch_size} samples"
         if budget < per_step:
-            raise BadInput(f"{flag}: {what}smaller than one step of {self.workers or 1} workers x "
-                           f"{self.batch_size} samples")
+            raise BadInput(f"{flag}: {what}smaller than one step of {one_step}")
         if budget // per_step > MAX_STEPS:
-            raise BadInput(f"{flag}: {budget // per_step} steps of {self.workers or 1} workers x "
-                           f"{self.batch_size} samples; expected at most {MAX_STEPS:.0e} steps "
+            raise BadInput(f"{flag}: {budget // per_step} steps of {one_step}; expected at most "
+                           f"{MAX_STEPS:.0e} steps "
                            f"(raise --batch-size, or train for fewer samples)")
         return budget
 

@@ -1,4 +1,5 @@
-"""The three ways a run ends badly, each with its own CLI exit code (DESIGN.md, output contract)."""
+"""The three ways a run ends badly, each with its own CLI exit code (DESIGN.md, output contract),
+and how their messages say a count."""
 
 
 class BadInput(Exception):
@@ -25,3 +26,8 @@ class WorkerFailed(Exception):
     """A worker died, hung or raised. Exit code 1; the message names the rank and why."""
 
     exit_code = 1
+
+
+def count(n: int, noun: str) -> str:
+    """A count in a message: '1 worker', '2 workers' (nouns with a plain -s plural)."""
+    return f"{n} {noun}{'' if n == 1 else 's'}"

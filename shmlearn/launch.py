@@ -13,7 +13,7 @@ import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, count
 
 
 @dataclass(frozen=True)
@@ -143,10 +143,10 @@ def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) 
         return
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     if processes > 16 * cores:
-        raise BadInput(f"--workers: {processes} processes on {cores} cores (at most {16 * cores}); "
+        raise BadInput(f"--workers: {processes} processes on {count(cores, 'core')} (at most {16 * cores}); "
                        f"use fewer, or --oversubscribe")
     if threads is not None and threads > 4 * cores:
-        raise BadInput(f"--threads {threads}: more than 4 per core ({cores} cores); use fewer, or --oversubscribe")
+        raise BadInput(f"--threads {threads}: more than 4 per core ({count(cores, 'core')}); use fewer, or --oversubscribe")
     avail = _mem_available()
     if avail is not None and processes * PROCESS_MB * 2**20 > avail:
         raise BadInput(f"--workers: {processes} processes need about {processes * PROCESS_MB} MB, "
@@ -179,7 +179,7 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float) -> l
             pool.grow(world - len(pool.free_slots()))
         free = pool.free_slots()
         if len(free) < world:
-            raise BadInput(f"--workers: {world} processes needed, the pool has {len(free)} free slots "
+            raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
                            f"of {len(pool.slots)}")
         return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
     with Pool(world, cuda=cuda) as pool:

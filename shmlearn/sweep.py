@@ -192,8 +192,8 @@ def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool
         cfg = TrainConfig(**values)
         validate(cfg)
         if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size:
-            raise BadInput(f"--samples {cfg.samples}: smaller than one step of {cfg.workers} "
-                           f"workers x {cfg.batch_size} samples")
+            raise BadInput(f"--samples {cfg.samples}: smaller than one step of {_workers(cfg.workers)} "
+                           f"x {cfg.batch_size} samples")
         trials.append(cfg)
     return trials
 

@@ -79,6 +79,7 @@ def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path):
     s = summary(out)
     assert (s["steps"], s["samples_seen"], s["budget_samples"]) == (31, 992, 1000)
     assert "not a multiple" in r.stdout and "31 steps = 992 samples" in r.stdout
+    assert "| 31 steps x 1 worker, 992 samples" in r.stdout, r.stdout  # said "1 workers"
 
 
 def test_nan_loss_diverges_with_exit_3_on_every_rank(tmp_path):

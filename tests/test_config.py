@@ -138,3 +138,10 @@ def test_cli_refuses_a_binary_config_with_exit_2_and_one_line(tmp_path, command)
                         "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1 and f"--config {path}: not UTF-8" in lines[0], r.stderr
+
+
+def test_a_budget_of_one_worker_says_worker_not_workers():
+    with pytest.raises(BadInput, match="smaller than one step of 1 worker x 32 samples"):
+        TrainConfig(workers=1, samples=16).budget_samples(1437)  # said "1 workers"
+    with pytest.raises(BadInput, match="steps of 1 worker x 1 samples; expected at most"):
+        TrainConfig(workers=1, batch_size=1, samples=10**12).budget_samples(1437)

@@ -201,3 +201,23 @@ def test_a_script_calling_train_under_a_launcher_is_left_without_the_groups_thre
     for stdout, _ in outs:
         threads = next(line for line in stdout.splitlines() if line.startswith("threads:"))
         assert "gloo" not in threads, threads
+
+
+def test_capacity_messages_count_one_core_and_one_slot(monkeypatch):
+    """'1 cores', '1 free slots': a count of one reads as one."""
+    import shmlearn.pool
+    from shmlearn.errors import BadInput
+    from shmlearn.launch import check_capacity, run_local
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
+    with pytest.raises(BadInput, match=r"17 processes on 1 core \(at most 16\)"):
+        check_capacity(17, None, False)
+    with pytest.raises(BadInput, match=r"more than 4 per core \(1 core\)"):
+        check_capacity(1, 5, False)
+
+    class Pool:
+        slots = [0, 1, 2, 3]
+        def free_slots(self):
+            return [3]
+    monkeypatch.setattr(shmlearn.pool, "current", lambda: Pool())
+    with pytest.raises(BadInput, match="the pool has 1 free slot of 4"):
+        run_local(print, (), 2, cuda=True, timeout_s=1.0)

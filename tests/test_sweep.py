@@ -81,6 +81,8 @@ def test_grid_order_ids_and_threads():
 def test_grid_validates_every_trial_up_front():
     with pytest.raises(BadInput, match="--samples 32: smaller than one step of 2 workers x 32"):
         expand_grid({"samples": 32}, {"workers": [1, 2], "batch_size": [16, 32]})
+    with pytest.raises(BadInput, match="--samples 16: smaller than one step of 1 worker x 32"):
+        expand_grid({"samples": 16}, {"workers": [1], "batch_size": [32]})  # said "1 workers"
     with pytest.raises(BadInput, match="--model"):
         expand_grid({"model": "nope"}, {"lr": [0.1, 0.2]})
 

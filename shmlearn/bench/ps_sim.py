@@ -36,7 +36,7 @@ import torch
 
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, count
 from shmlearn.launch import run_local
 
 PHASES = ("fetch_s", "avg_s", "update_s", "time_spent_s", "dist_s")
@@ -160,7 +160,7 @@ def run(cfg: PsSimConfig, *, log=print) -> Dict[str, Any]:
             and max(processes) > torch.cuda.device_count():
         n = torch.cuda.device_count()
         raise BadInput(f"--workers {max(cfg.workers)}: ps-sim runs W workers + 1 parameter-shard process, one GPU "
-                       f"each: at most {n - 1} workers on {n} GPUs (or --shared)")
+                       f"each: at most {count(n - 1, 'worker')} on {n} GPUs (or --shared)")
     check_backend(cfg.backend, processes)
     shapes = shapes_of(cfg.model)
     n = sum(int(torch.Size(s).numel()) for s in shapes)

@@ -41,3 +41,14 @@ def test_ps_sim_prints_the_seed_lines(tmp_path, capfd):
         assert all(s["n_gradients"] == r["workers"] for s in r["steps"])
         for key in ("fetch_s", "avg_s", "update_s", "dist_s", "time_spent_s"):
             assert 0 < r["stats"][key]["median"] < 10
+
+
+def test_too_few_gpus_counts_one_worker(monkeypatch):
+    import pytest
+    import torch
+    from shmlearn.bench.ps_sim import PsSimConfig, run
+    from shmlearn.errors import BadInput
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(BadInput, match="at most 1 worker on 2 GPUs"):  # said "1 workers"
+        run(PsSimConfig(backend="nccl", workers=[1, 2]))
