@@ -9,6 +9,7 @@ import ast
 import dataclasses
 import inspect
 import os
+import re
 import sys
 from typing import Dict, List, Optional
 
@@ -17,6 +18,13 @@ from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        # A word starting "-<digit>" or "-.<digit>" is a value, not an option: "--lr -1e-3",
+        # "sweep --lr -1,0.1" (argparse takes only "-1" and "-0.5" so, and no flag of ours
+        # starts with a digit). Python 3.13's argparse does the same.
+        self._negative_number_matcher = re.compile(r"-\.?\d")
+
     def error(self, message: str):  # one line, exit 2, no usage dump
         self.exit(2, f"shmlearn: error: {message} (see `{self.prog} --help`)\n")
 

@@ -116,6 +116,7 @@ BAD_INPUTS = [
     (["--dataset", "mnist", "--data-dir", "/nonexistent/dir"], "/nonexistent/dir"),
     (["--lr", "0"], "--lr 0"),
     (["--lr", "-0.5"], "--lr -0.5"),
+    (["--lr", "-1e-3"], "--lr -0.001: expected"),  # was argparse's "expected one argument"
     (["--lr", "abc"], "--lr"),
     (["--batch-size", "1000", "--workers", "2"], "--batch-size 1000"),
     (["--init", "uniform:x"], "--init uniform:x"),

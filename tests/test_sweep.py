@@ -199,6 +199,15 @@ def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path):
     assert (out / "results.jsonl").read_text() == data
 
 
+@pytest.mark.parametrize("args", [["--lr", "-1,0.1"], ["--lr=-1,0.1"], ["--lr", "-1:1:0.5"]])
+def test_cli_takes_negative_values_and_refuses_them_in_one_line(tmp_path, args):
+    # "--lr -1,0.1" was argparse's "expected one argument": a value starting with '-' must parse
+    r = shmlearn("sweep", *args, "--out", str(tmp_path / "s"))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and "--lr -1.0: expected a finite number > 0" in lines[0], r.stderr
+    assert not (tmp_path / "s").exists()
+
+
 # --- real sweeps ----------------------------------------------------------------------------
 
 SMALL = ["--dataset", "digits", "--model", "softmax", "--samples", "2048", "--eval-points", "4",
