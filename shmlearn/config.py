@@ -81,6 +81,13 @@ class TrainConfig:
     """Run more local CPU processes than the machine can hold well (more than 16 per core, or
     more than its available memory at ~150 MB each), or more than 4 threads per core; refused
     otherwise, before any process starts."""
+    task: Optional[str] = None
+    """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
+    Default: from the labels (integers: classification, floats: regression)."""
+    loader: str = "auto"
+    """Your own torch Datasets only: resident (read whole onto the device), stream (a DataLoader
+    with worker processes reads each batch), or auto (resident when it takes at most half the
+    device's free memory)."""
     deterministic: bool = False
     """Bitwise-reproducible numerics on CUDA: deterministic cuDNN convolutions (no autotuning) and
     torch's deterministic algorithms (a warning for an op that has none); usually slower. Two runs
@@ -238,10 +245,21 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.data import DATASETS
     from shmlearn.optim import OPTIMIZERS
 
-    if cfg.model not in MODELS:
-        raise BadInput(f"--model {cfg.model}: unknown model; choose one of {', '.join(MODELS)}")
-    if cfg.dataset not in DATASETS:
-        raise BadInput(f"--dataset {cfg.dataset}: unknown dataset; choose one of {', '.join(DATASETS)}")
+    from shmlearn.refs import is_ref
+    from shmlearn.data.user import LOADERS, TASKS
+    if cfg.model not in MODELS and not is_ref(cfg.model):
+        raise BadInput(f"--model {cfg.model}: unknown model; choose one of {', '.join(MODELS)}, "
+                       f"or your own as FILE.py:NAME or pkg.module:NAME")
+    if cfg.dataset not in DATASETS and not is_ref(cfg.dataset):
+        raise BadInput(f"--dataset {cfg.dataset}: unknown dataset; choose one of {', '.join(DATASETS)}, "
+                       f"or your own as FILE.py:NAME or pkg.module:NAME")
+    if cfg.task is not None and cfg.task not in TASKS:
+        raise BadInput(f"--task {cfg.task}: choose one of {', '.join(TASKS)}")
+    if cfg.task is not None and not is_ref(cfg.dataset):
+        raise BadInput(f"--task {cfg.task}: only for your own data (data= or --dataset FILE.py:NAME); "
+                       f"{cfg.dataset} knows its task")
+    if cfg.loader not in LOADERS:
+        raise BadInput(f"--loader {cfg.loader}: choose one of {', '.join(LOADERS)}")
     if cfg.strategy not in STRATEGIES:
         raise BadInput(f"--strategy {cfg.strategy}: choose one of {', '.join(STRATEGIES)}")
     if cfg.device not in DEVICES:

@@ -40,6 +40,9 @@ def data_fingerprint(data) -> str:
         flat = t.reshape(-1)
         idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat)), dtype=torch.float64).long()
         return flat[idx].double().sum().item()
+    if not hasattr(data, "train_x"):  # streamed (data/stream.py): sizes and the first samples
+        return _digest(data.spec, data.n_train, data.n_test, *(sample(torch.as_tensor(v)) for v in
+                                                               (*data.train[0], *data.test[0])))
     return _digest(data.spec, tuple(data.train_x.shape), tuple(data.test_x.shape),
                    sample(data.train_x), sample(data.train_y), sample(data.test_x), sample(data.test_y))
 

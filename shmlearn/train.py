@@ -34,6 +34,11 @@ from shmlearn.errors import BadInput, Diverged, WorkerFailed
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group, run_local
 from shmlearn.models import apply_init, build_model
+from shmlearn.models.user import check_outputs, user_model
+from shmlearn.data.stream import StreamLoader, StreamedData, test_batches
+from shmlearn.data.user import user_data
+from shmlearn.parts import Parts, resolve_ref
+from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.pool import current as current_pool, describe
@@ -56,44 +61,65 @@ class RunResult:
 
 # --- entry point -----------------------------------------------------------------------------
 
-def train(cfg: TrainConfig) -> RunResult:
+def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     """Train as the config says: spawn local workers, or be one rank under a launcher.
 
+    model: an nn.Module (its weights are every rank's starting point), or a class or callable
+    returning one (called with the DataSpec if it has a required positional parameter); default
+    the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
+    given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
+    default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
+    Local workers receive these pickled: define them at the top level of your script.
+
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
+    parts = Parts(model, data, loss)
+    cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
     env = detect_env()
     if env is not None:
-        return run_worker(cfg, env)
-    world = (cfg.workers or 2) + (1 if cfg.ps_dedicated else 0)
+        return run_worker(cfg, env, parts=parts)
+    if model is None and is_ref(cfg.model):  # a wrong FILE.py:NAME fails here, before any process
+        resolve_ref(cfg.model, "--model")
+    if data is None and is_ref(cfg.dataset):
+        resolve_ref(cfg.dataset, "--dataset")
+    cuda = _device_type(cfg.device) == "cuda"
+    if cfg.workers is None:
+        # One process per GPU: the default must fit the GPUs present (2 on the CPU, as documented).
+        gpus = torch.cuda.device_count() if cuda else 2
+        cfg = replace(cfg, workers=max(1, min(2, gpus - int(cfg.ps_dedicated))) if cuda else 2)
+    world = cfg.workers + (1 if cfg.ps_dedicated else 0)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
     if not cfg.resume:
         check_out_dir(cfg.out)
-    cuda = _device_type(cfg.device) == "cuda"
     if cuda and world > torch.cuda.device_count():
-        raise BadInput(f"--workers {cfg.workers}: {world} processes need {world} GPUs, "
-                       f"{torch.cuda.device_count()} present")
+        extra = " + 1 server" if cfg.ps_dedicated else ""
+        raise BadInput(f"--workers {cfg.workers}: {world} processes ({cfg.workers} workers{extra}) need "
+                       f"{world} GPUs, {torch.cuda.device_count()} present")
     if not cuda:
         check_capacity(world, cfg.threads, cfg.oversubscribe)
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
         if world == 1 and current_pool() is None:
             try:
                 return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                               launcher="local", master_port=free_port()))
+                                               launcher="local", master_port=free_port()), parts=parts)
             except (BadInput, Diverged, WorkerFailed, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
                 raise WorkerFailed(f"rank 0: {describe(e)}") from e
-        summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True), world,
+        sent = parts.pickled() if parts.given() else None
+        summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent), world,
                                            cuda=cuda, timeout_s=cfg.timeout)[0]
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
 
-def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False):
+def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
+              parts: Optional[bytes] = None):
     """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
     model on the CPU as torch.save bytes, or None). Bytes, not the module: its parameters are
-    views into one flat device buffer, and a pipe would try to share them."""
-    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key)
+    views into one flat device buffer, and a pipe would try to share them. parts: the user's
+    model/data/loss, pickled (parts.py)."""
+    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key, parts=Parts.unpickled(parts))
     if env.rank != 0:
         return None
     blob = None
@@ -114,9 +140,10 @@ def _device_type(device: str) -> str:
 
 # --- one rank --------------------------------------------------------------------------------
 
-def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = None) -> RunResult:
+def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = None,
+               parts: Optional[Parts] = None) -> RunResult:
     """One rank's run. prune_key (sweeps with --prune): where the sweep posts the bound this run
-    must beat (pruning.py)."""
+    must beat (pruning.py). parts: the user's own model/data/loss objects, if any."""
     t_entry = time.perf_counter()
     validate(cfg)
     dedicated = int(cfg.ps_dedicated)
@@ -135,10 +162,11 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
     # Under torchrun/mpirun/srun rank 0 holds --out's lock for the run (locally, train() does).
     out_lock = lock_out_dir(cfg.out) if env.rank == 0 and env.launcher != "local" else contextlib.nullcontext()
     with out_lock:
-        return _run_rank(cfg, env, dedicated, compute, prune_key, t_entry)
+        return _run_rank(cfg, env, dedicated, compute, prune_key, t_entry, parts or Parts())
 
 
-def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prune_key, t_entry) -> RunResult:
+def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prune_key, t_entry,
+              parts: Parts) -> RunResult:
 
     device = torch.device(_device_type(cfg.device))
     _set_determinism(cfg.deterministic, device)
@@ -149,8 +177,11 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
         torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
-    data = _cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device)
-    budget = cfg.budget_samples(len(data.train_x))
+    if parts.data is not None:
+        data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
+    else:
+        data = _cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
+    budget = cfg.budget_samples(data.n_train)
     steps = budget // (compute * cfg.batch_size)
     if steps == 0:
         raise BadInput(f"--samples {budget}: smaller than one step of {compute} workers x "
@@ -159,7 +190,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
-    model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
+    model = _build_model(cfg, parts, data)
     apply_init(model, cfg.init)
     strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,
                               avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
@@ -167,10 +198,17 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
     augment = Augment.parse(cfg.augment)
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
-    loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
-                           shard=max(env.rank - dedicated, 0), num_shards=compute, seed=cfg.seed,
-                           normalize=normalizer(data, device), augment=augment,
-                           channels_last=cfg.channels_last)
+    if isinstance(data, StreamedData):
+        if augment.active:
+            raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
+                           f"data is streamed (augment in your Dataset, or --loader resident)")
+        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=max(env.rank - dedicated, 0),
+                              num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device), device=device)
+    else:
+        loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
+                               shard=max(env.rank - dedicated, 0), num_shards=compute, seed=cfg.seed,
+                               normalize=normalizer(data, device), augment=augment,
+                               channels_last=cfg.channels_last)
 
     backend = "nccl" if device.type == "cuda" else "gloo"
     owns_group = not dist.is_initialized()
@@ -187,14 +225,38 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry)
+                     t_entry=t_entry, loss=parts.loss)
         return loop.run()
     finally:
+        if isinstance(loader, StreamLoader):
+            loader.close()
         if owns_group:
             if device.type == "cuda":
                 _destroy_group(env.rank)
             else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
                 dist.destroy_process_group()
+
+
+def _build_model(cfg: TrainConfig, parts: Parts, data) -> torch.nn.Module:
+    """The config's model by name, or the user's (checked once on two training samples)."""
+    if parts.model is None and not is_ref(cfg.model):
+        return build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
+    what = "model=" if parts.model is not None else f"--model {cfg.model}"
+    obj = parts.model if parts.model is not None else resolve_ref(cfg.model, "--model")
+    model = user_model(obj, data.spec, what)
+    check_outputs(model, _two_samples(data), data.spec, what)
+    return model
+
+
+def _two_samples(data) -> torch.Tensor:
+    """Two training inputs on the CPU, as the model will see them (normalized, float)."""
+    if isinstance(data, StreamedData):
+        from shmlearn.data.stream import convert_batch
+        from shmlearn.data.user import _first
+        x = torch.stack([convert_batch(*_first(data.train, data.what, "train"), data.spec.task)[0]] * 2)
+    else:
+        x = data.train_x[:2].cpu()
+    return normalizer(data, torch.device("cpu"))(x)
 
 
 def _set_determinism(on: bool, device: torch.device) -> None:
@@ -211,15 +273,22 @@ _DATA_CACHE: Dict[tuple, Dataset] = {}
 _DATA_CACHE_SIZE = 2
 
 
-def _cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device) -> Dataset:
+def _cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device, *,
+                    task: Optional[str] = None, loader: str = "auto"):
     """The dataset on `device`, loaded once per process: a pool worker keeps it between a
     sweep's trials (reading and uploading Fashion-MNIST costs more than a short trial). Training
-    never writes into it (the loader gathers batches into buffers of its own)."""
-    key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device))
+    never writes into it (the loader gathers batches into buffers of its own). `name` may be a
+    reference to the user's own data (FILE.py:NAME)."""
+    key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device), task, loader)
     if key not in _DATA_CACHE:
         while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
             _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
-        _DATA_CACHE[key] = load_dataset(name, data_dir, seed=seed).to(device)
+        if is_ref(name):
+            ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
+                           device=device, name=name)
+        else:
+            ds = load_dataset(name, data_dir, seed=seed)
+        _DATA_CACHE[key] = ds.to(device)
     return _DATA_CACHE[key]
 
 
@@ -253,8 +322,11 @@ class _Loop:
     """State of one rank's training run; `run()` is the loop itself."""
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
-                 loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None):
+                 loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None,
+                 loss=None):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
+        self.loss = loss
+        """The user's f(outputs, targets) -> mean loss, or None: the task's (tasks.loss_fn)."""
         self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
@@ -322,7 +394,7 @@ class _Loop:
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
-                               total_steps=self.steps, fault=self.fault,
+                               total_steps=self.steps, fault=self.fault, loss=self.loss,
                                reached=lambda step: setattr(self.heartbeat, "step", step))
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
@@ -482,18 +554,18 @@ class _Loop:
         model, w, r = self.strategy.model, self.env.world_size, self.env.rank
         with self.timer.phase("eval"), self.strategy.eval_weights():
             model.eval()
-            x = self.data.test_x.tensor_split(w)[r]
-            y = self.data.test_y.tensor_split(w)[r]
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-            for i in range(0, len(x), 1024):
+            for xb, yb in test_batches(self.data, r, w, self.device):
                 with self.stepper.autocast():
-                    out = model(self.normalize(x[i:i + 1024])).float()
-                yb = y[i:i + 1024]
-                sums[0] += loss_fn(self.task, out, yb, reduction="sum").double()
+                    out = model(self.normalize(xb)).float()
+                if self.loss is None:
+                    sums[0] += loss_fn(self.task, out, yb, reduction="sum").double()
+                else:  # the user's loss is a mean
+                    sums[0] += self.loss(out, yb).double() * len(yb)
                 c = correct(self.task, out, yb)
                 if c is not None:
                     sums[1] += c
-            sums[2] = len(x)
+                sums[2] += len(yb)
             if w > 1:
                 dist.all_reduce(sums)
             model.train()
@@ -527,7 +599,8 @@ class _Loop:
         summary = {
             "status": status, "strategy": cfg.strategy, "workers": self.strategy.compute_ranks,
             "processes": env.world_size, "launcher": env.launcher, "model": cfg.model,
-            "dataset": cfg.dataset, "optimizer": cfg.optimizer, "batch_size": cfg.batch_size,
+            "dataset": cfg.dataset, "data_path": "stream" if isinstance(self.data, StreamedData) else "resident",
+            "optimizer": cfg.optimizer, "batch_size": cfg.batch_size,
             "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,

@@ -46,6 +46,14 @@ class Dataset:
         assert len(self.train_x) == len(self.train_y), "train x/y lengths differ"
         assert len(self.test_x) == len(self.test_y), "test x/y lengths differ"
 
+    @property
+    def n_train(self) -> int:
+        return len(self.train_x)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.test_x)
+
     def to(self, device: torch.device) -> "Dataset":
         return Dataset(self.spec, self.train_x.to(device), self.train_y.to(device),
                        self.test_x.to(device), self.test_y.to(device), self.mean, self.std)

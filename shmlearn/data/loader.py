@@ -27,6 +27,19 @@ from shmlearn.data.augment import Augment
 from shmlearn.errors import BadInput
 
 
+def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
+    """The global order of epoch `epoch`, the same on every rank (and in the streaming loader,
+    data/stream.py, which must read exactly these batches)."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    return torch.randperm(n, generator=g)
+
+
+def too_few(batch_size: int, n: int, num_shards: int) -> BadInput:
+    return BadInput(f"--batch-size {batch_size}: larger than a worker's shard "
+                    f"({n} training samples / {num_shards} workers = {n // num_shards}); "
+                    f"expected at most {n // num_shards}")
+
+
 class ShardedLoader:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, shard: int,
                  num_shards: int, seed: int, normalize: Callable[[torch.Tensor], torch.Tensor],
@@ -37,9 +50,7 @@ class ShardedLoader:
         self.global_batch = batch_size * num_shards
         self.steps_per_epoch = n // self.global_batch
         if self.steps_per_epoch == 0:
-            raise BadInput(f"--batch-size {batch_size}: larger than a worker's shard "
-                           f"({n} training samples / {num_shards} workers = {n // num_shards}); "
-                           f"expected at most {n // num_shards}")
+            raise too_few(batch_size, n, num_shards)
         self.augment = augment if augment is not None and augment.active else None
         if self.augment is not None:
             self.xp = self.augment.pad(x)  # uint8, padded once
@@ -57,8 +68,7 @@ class ShardedLoader:
 
     # -- one permutation (and augmentation table) per epoch -----------------------------------
     def _permutation_cpu(self, epoch: int) -> torch.Tensor:
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
-        return torch.randperm(len(self.x), generator=g)
+        return epoch_permutation(len(self.x), self.seed, epoch)
 
     def _permutation(self, epoch: int) -> torch.Tensor:
         if epoch != self._epoch:

@@ -1,0 +1,211 @@
+"""Data that does not fit on the device: map-style torch Datasets read through a DataLoader.
+
+The batches are exactly the device-resident loader's (data/loader.py): every epoch all ranks draw
+the same global permutation (epoch_permutation), and at global step t rank r reads the r-th block
+of B from perm[t*W*B : (t+1)*W*B]. Only the indices are computed here; the DataLoader's worker
+processes read and collate the samples ahead of time, in pinned memory on CUDA, and the copy to the
+device is asynchronous. For the captured fast step, `prepare(step)` copies the batch into fixed
+device buffers on the host side and `next_batch()` (inside the graph) only reads them.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, List, Optional, Tuple
+
+import torch
+from torch.utils.data import DataLoader, Subset
+
+from shmlearn.data.base import DataSpec
+from shmlearn.data.loader import epoch_permutation, too_few
+from shmlearn.errors import BadInput
+
+
+@dataclass
+class StreamedData:
+    """A pair of Datasets that stay where they are (disk, host memory); read a batch at a time."""
+
+    spec: DataSpec
+    train: Any
+    test: Any
+    what: str
+    """The argument or flag the data came from, for messages."""
+    bytes_needed: int = 0
+    mean: Optional[tuple] = None  # used as given: no normalization
+    std: Optional[tuple] = None
+
+    @property
+    def n_train(self) -> int:
+        return len(self.train)
+
+    @property
+    def n_test(self) -> int:
+        return len(self.test)
+
+    def to(self, device) -> "StreamedData":
+        return self
+
+
+def convert_batch(x: torch.Tensor, y: torch.Tensor, task: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The dtypes and shapes the resident path stores (data/user.py): uint8 inputs stay uint8,
+    others become float32; class labels int64 (N,), targets float32 (N, outputs)."""
+    x = x if x.dtype == torch.uint8 else x.float()
+    if task == "classification":
+        y = y.reshape(-1).long()
+    else:
+        y = y.float().reshape(len(y), -1)
+    return x, y
+
+
+def _collate(items):
+    x, y = torch.utils.data.default_collate(items)
+    return torch.as_tensor(x), torch.as_tensor(y)
+
+
+def _context():
+    """Fork where there is one: loader workers then inherit the user's modules, including a
+    `FILE.py:NAME` loaded by path, which a spawned process could not import by name (and pool
+    workers are spawned, so the inherited default would be spawn). They never touch CUDA."""
+    import multiprocessing as mp
+    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+
+
+def _workers(num_workers: Optional[int]) -> int:
+    if num_workers is not None:
+        return num_workers
+    return min(4, max(1, (os.cpu_count() or 2) // 2))
+
+
+def materialize(ds, what: str, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The whole Dataset as two tensors (x, y), read once with a DataLoader."""
+    xs: List[torch.Tensor] = []
+    ys: List[torch.Tensor] = []
+    loader = DataLoader(ds, batch_size=1024, shuffle=False, collate_fn=_collate, num_workers=0)
+    try:
+        for x, y in loader:
+            xs.append(x)
+            ys.append(y)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's __getitem__, or items that do not stack
+        first = str(e).strip().splitlines()
+        raise BadInput(f"{what}: reading the {split} Dataset raised {type(e).__name__}"
+                       f"{': ' + first[0][:200] if first else ''}") from None
+    return torch.cat(xs), torch.cat(ys)
+
+
+def label_scan(ds, what: str) -> torch.Tensor:
+    """Every label of a Dataset (reads every item once: a Dataset with `targets` is not scanned)."""
+    return materialize(ds, what, "train")[1]
+
+
+class StreamLoader:
+    """Same interface as ShardedLoader: batch(step), prepare(step) / next_batch(), invalidate()."""
+
+    def __init__(self, data: StreamedData, *, batch_size: int, shard: int, num_shards: int, seed: int,
+                 normalize: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
+                 num_workers: Optional[int] = None):
+        self.data, self.normalize, self.device = data, normalize, device
+        self.n = data.n_train
+        self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
+        self.global_batch = batch_size * num_shards
+        self.steps_per_epoch = self.n // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise too_few(batch_size, self.n, num_shards)
+        self.num_workers = _workers(num_workers)
+        self._it: Optional[Iterator] = None
+        self._next: Optional[int] = None
+        self._bufs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+
+    def indices(self, step: int) -> List[int]:
+        """The samples this shard reads at global step `step` (a pure function of seed and step)."""
+        epoch, i = divmod(step, self.steps_per_epoch)
+        start = i * self.global_batch + self.shard * self.batch_size
+        return epoch_permutation(self.n, self.seed, epoch)[start:start + self.batch_size].tolist()
+
+    def _steps_from(self, step: int):
+        perm, epoch = None, None
+        while True:
+            e, i = divmod(step, self.steps_per_epoch)
+            if e != epoch:
+                perm, epoch = epoch_permutation(self.n, self.seed, e), e
+            start = i * self.global_batch + self.shard * self.batch_size
+            yield perm[start:start + self.batch_size].tolist()
+            step += 1
+
+    def _fetch(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        if step != self._next or self._it is None:
+            self.close()
+            cuda = self.device.type == "cuda"
+            self._it = iter(DataLoader(self.data.train, batch_sampler=self._steps_from(step), collate_fn=_collate,
+                                       num_workers=self.num_workers, pin_memory=cuda,
+                                       prefetch_factor=4 if self.num_workers else None,
+                                       multiprocessing_context=_context() if self.num_workers else None))
+        try:
+            x, y = next(self._it)
+        except BadInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed in a loader worker
+            first = str(e).strip().splitlines()
+            raise BadInput(f"{self.data.what}: reading the train Dataset at step {step} raised "
+                           f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None
+        self._next = step + 1
+        x, y = convert_batch(x, y, self.data.spec.task)
+        _check_labels(y, self.data.spec, self.data.what)
+        return x, y
+
+    def batch(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        x, y = self._fetch(step)
+        return self.normalize(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
+
+    def prepare(self, step: int) -> None:
+        """Host side: read the batch of `step` into the fixed device buffers next_batch() reads."""
+        x, y = self._fetch(step)
+        if self._bufs is None:
+            self._bufs = (torch.empty(x.shape, dtype=x.dtype, device=self.device),
+                          torch.empty(y.shape, dtype=y.dtype, device=self.device))
+        self._bufs[0].copy_(x, non_blocking=True)
+        self._bufs[1].copy_(y, non_blocking=True)
+
+    def invalidate(self) -> None:
+        self._next = None
+
+    def next_batch(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        return self.normalize(self._bufs[0]), self._bufs[1]
+
+    def close(self) -> None:
+        """Stop the DataLoader's worker processes (a pool worker runs many trials)."""
+        it, self._it = self._it, None
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+
+
+def _check_labels(y: torch.Tensor, spec: DataSpec, what: str) -> None:
+    """Host-side, per batch: a class label past the model's outputs would be a device-side assert
+    on CUDA (fatal to the process), and garbage on the CPU."""
+    if spec.task == "classification" and len(y) and (int(y.min()) < 0 or int(y.max()) >= spec.num_outputs):
+        bad = int(y.min()) if int(y.min()) < 0 else int(y.max())
+        raise BadInput(f"{what}: label {bad} is outside the {spec.num_outputs} classes 0..{spec.num_outputs - 1}")
+
+
+def test_batches(data, rank: int, world: int, device: torch.device, size: int = 1024,
+                 num_workers: Optional[int] = None):
+    """Rank r's contiguous r-th of W slices of the test set, `size` samples at a time: the same
+    slices for resident and streamed data, so evaluation sums match."""
+    if isinstance(data, StreamedData):
+        n = data.n_test
+        bounds = torch.arange(n).tensor_split(world)[rank]
+        if len(bounds) == 0:
+            return
+        part = Subset(data.test, range(int(bounds[0]), int(bounds[-1]) + 1))
+        nw = _workers(num_workers)
+        for x, y in DataLoader(part, batch_size=size, collate_fn=_collate, num_workers=nw,
+                               pin_memory=device.type == "cuda", multiprocessing_context=_context() if nw else None):
+            x, y = convert_batch(x, y, data.spec.task)
+            _check_labels(y, data.spec, data.what)
+            yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        return
+    x = data.test_x.tensor_split(world)[rank]
+    y = data.test_y.tensor_split(world)[rank]
+    for i in range(0, len(x), size):
+        yield x[i:i + size], y[i:i + size]

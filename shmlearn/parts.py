@@ -1,0 +1,111 @@
+"""What a run trains: the model, the data and the loss, by registered name, by reference
+(`FILE.py:NAME`, `pkg.module:NAME`) or as Python objects given to `shmlearn.train(cfg, model=,
+data=, loss=)`.
+
+Objects cross to spawned workers pickled, once per run: classes and functions travel by reference
+(module and name), so they must be defined at the top level of an importable file (the script
+itself counts: a spawned worker imports it as `__mp_main__`). Under torchrun, mpirun or srun each
+rank runs the script and holds its own objects, so nothing is pickled.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+import torch
+
+from shmlearn.errors import BadInput
+from shmlearn.refs import is_ref, load_ref
+
+
+@dataclass
+class Parts:
+    model: Any = None
+    data: Any = None
+    loss: Any = None
+
+    def given(self) -> bool:
+        return self.model is not None or self.data is not None or self.loss is not None
+
+    def labelled(self, cfg):
+        """cfg with `model` / `dataset` naming the objects given (config.yaml and summary.json
+        say what ran; a class or function at the top level of a file is a reference that runs)."""
+        if self.model is not None:
+            cfg = replace(cfg, model=label(self.model))
+        if self.data is not None:
+            cfg = replace(cfg, dataset=label(self.data), data_dir=None)
+        return cfg
+
+    def pickled(self) -> bytes:
+        """The parts as bytes for the spawned workers; BadInput naming the part that cannot go."""
+        for name in ("model", "data", "loss"):
+            obj = getattr(self, name)
+            if obj is None:
+                continue
+            where = _interactive_main(obj)
+            if where:
+                raise BadInput(f"{name}=: {where} is defined in an interactive session or `python -c`, which "
+                               f"spawned workers cannot import; put it in a .py file (top level), or run "
+                               f"one worker (workers=1)")
+            try:
+                pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+            except Exception as e:  # noqa: BLE001 - PicklingError, AttributeError, TypeError
+                raise BadInput(f"{name}=: cannot be sent to the worker processes ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:200] if str(e) else ''}); define its class or "
+                               f"function at the top level of a .py file, not inside a function, a lambda or "
+                               f"`if __name__ == \"__main__\":`") from None
+        return pickle.dumps(self, protocol=pickle.HIGHEST_PROTOCOL)
+
+    @staticmethod
+    def unpickled(blob: Optional[bytes]) -> "Parts":
+        if blob is None:
+            return Parts()
+        try:
+            return pickle.loads(blob)
+        except Exception as e:  # noqa: BLE001 - typically: class defined under `if __name__ == "__main__":`
+            msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+            raise BadInput(f"model=/data=/loss=: a worker process cannot rebuild what was passed ({msg}); "
+                           f"define classes and functions at the top level of the script, outside "
+                           f"`if __name__ == \"__main__\":`") from None
+
+
+def label(obj: Any) -> str:
+    """'FILE.py:NAME' or 'pkg.module:NAME' for a class or function at the top level of a module (a
+    module instance is labelled by its class); 'python:<type>' for anything else."""
+    target = obj if (callable(obj) and not isinstance(obj, torch.nn.Module)) else type(obj)
+    if isinstance(obj, (tuple, list)):
+        return f"python:{type(obj[0]).__name__}" + (" pair" if len(obj) == 2 else " arrays")
+    mod, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
+    if not mod or not name or "<" in name:
+        return f"python:{type(obj).__name__}"
+    if mod == "__main__":
+        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        return f"{os.path.abspath(path)}:{name}" if path else f"python:{name}"
+    return f"{mod}:{name}"
+
+
+def _interactive_main(obj: Any) -> Optional[str]:
+    """The name of a class or function of obj's that lives in a __main__ with no file, if any."""
+    main = sys.modules.get("__main__")
+    if getattr(main, "__file__", None):
+        return None
+    items = obj if isinstance(obj, (tuple, list)) else (obj,)
+    for o in items:
+        t = o if (callable(o) and not isinstance(o, torch.nn.Module)) else type(o)
+        if getattr(t, "__module__", None) == "__main__":
+            return getattr(t, "__qualname__", repr(t))
+    return None
+
+
+def resolve_ref(text: str, flag: str) -> Any:
+    """load_ref, with a clear word for the labels of objects that were passed from Python."""
+    if text.startswith("python:"):
+        raise BadInput(f"{flag} {text}: this run's {flag.lstrip('-')} was passed from Python "
+                       f"(shmlearn.train(..., {'data' if flag == '--dataset' else flag.lstrip('-')}=...)); pass it again")
+    return load_ref(text, flag)
+
+
+__all__ = ["Parts", "label", "resolve_ref", "is_ref"]
