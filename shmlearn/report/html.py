@@ -31,6 +31,17 @@ def fmt(v: Any, spec: str = ".4g") -> str:
     return str(v)
 
 
+def rate(v: Any) -> str:
+    """A throughput such as samples/s: whole units with thousands separators (24,540), never
+    the 2.454e+04 of fmt's 4 significant digits."""
+    return "-" if v is None else f"{v:,.0f}"
+
+
+def worker_count(n: Any) -> str:
+    """'1 worker', '2 workers'."""
+    return f"{n} worker{'' if n == 1 else 's'}"
+
+
 class Page:
     def __init__(self, title: str):
         self.title = title

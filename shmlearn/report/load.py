@@ -13,6 +13,8 @@ import yaml
 
 from shmlearn.errors import BadInput
 
+from .html import worker_count
+
 
 @dataclass
 class Run:
@@ -89,7 +91,7 @@ def run_label(run: Run) -> str:
 
 def row_label(row: Dict[str, Any]) -> str:
     c = row["config"]
-    return f"{c['workers']} worker{'s' if c['workers'] != 1 else ''}, batch {c['batch_size']}, lr {c['lr']:g}"
+    return f"{worker_count(c['workers'])}, batch {c['batch_size']}, lr {c['lr']:g}"
 
 
 def load_sweep(path: str) -> SweepData:

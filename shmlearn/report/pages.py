@@ -8,7 +8,7 @@ from typing import Dict, List, Tuple
 
 from . import run_figures as rf
 from . import sweep_figures as sf
-from .html import Page, fmt
+from .html import Page, fmt, rate, worker_count
 from .load import Run, SweepData
 
 Figs = Dict[str, bytes]
@@ -27,6 +27,11 @@ def _area(status: str, summary) -> str:
     return f">{a}" if status == "pruned" and summary.get("loss_area") is not None else a
 
 
+def _cell(key: str, r: Run) -> str:
+    v = r.summary.get(key, r.config.get(key))
+    return _area(r.status, r.summary) if key == "loss_area" else rate(v) if key == "samples_per_s" else fmt(v)
+
+
 def _keep(figs: Figs, name: str, data) -> bytes:
     if data:
         figs[name] = data
@@ -40,8 +45,7 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
     figs: Figs = {}
     page.h2("Summary")
     page.table(["", *(r.label for r in runs)],
-               [[name, *(_area(r.status, r.summary) if key == "loss_area"
-                         else fmt(r.summary.get(key, r.config.get(key))) for r in runs)] for name, key in SUMMARY_ROWS])
+               [[name, *(_cell(key, r) for r in runs)] for name, key in SUMMARY_ROWS])
     for r in runs:
         if r.status == "diverged":
             page.p(f"{r.label}: diverged at step {r.summary.get('diverged_step')} "
@@ -100,7 +104,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                      f"{info['survivors']}/{info['trials']}" + (f" ({info['reason']})" if info["reason"] else "")])
     page.table(header, rows, left=0)
     o = w["overall"]
-    page.p("Overall best: " + ("none" if not o else f"{o['workers']} workers, batch {o['batch_size']}, lr {o['lr']:g} "
+    page.p("Overall best: " + ("none" if not o else f"{worker_count(o['workers'])}, batch {o['batch_size']}, lr {o['lr']:g} "
                                                     f"(loss area {o['loss_area']:.4g})."))
     if w.get("by_target") is not None:
         a = w["target_accuracy"]
@@ -128,7 +132,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
             extra = "".join(f", {a} {v}" for a, v in zip(others, g))
             items.append((_keep(figs, f"heatmap-w{wk}{tag}", sf.heatmap(
                 rs, threshold=w["threshold"], winner_id=win and win["id"],
-                title=f"Loss area, {sf._workers(wk)}{extra}")), f"{sf._workers(wk)}{extra}"))
+                title=f"Loss area, {worker_count(wk)}{extra}")), f"{worker_count(wk)}{extra}"))
     page.figures(items)
     page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
     if pruned:
@@ -136,7 +140,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                "bound); then diverged runs, with no bar.", "note")
     page.figures([(_keep(figs, f"areas-w{wk}", sf.area_histogram(
         by_w[wk], threshold=w["threshold"], winner=w["by_workers"][str(wk)]["winner"], workers=wk)),
-        sf._workers(wk)) for wk in sorted(by_w)])
+        worker_count(wk)) for wk in sorted(by_w)])
 
     winner_runs: Dict[int, Run] = {}
     for k, info in w["by_workers"].items():
@@ -167,7 +171,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
                  *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
                  _area(r["status"], r["summary"]), fmt(r["summary"].get("test_accuracy")),
-                 fmt(r["summary"].get("wall_time_s"), ".2f"), fmt(r["summary"].get("samples_per_s"), ".0f")]
+                 fmt(r["summary"].get("wall_time_s"), ".2f"), rate(r["summary"].get("samples_per_s"))]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
     return page, figs

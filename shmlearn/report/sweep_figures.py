@@ -9,15 +9,12 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from .html import worker_count
 from .load import Run
 from .mpl import figure, png
 from .run_figures import PHASE_ORDER
 
 Row = Dict[str, Any]
-
-
-def _workers(n) -> str:
-    return f"{n} worker{'s' if n != 1 else ''}"
 
 
 def _wide(values: np.ndarray) -> bool:
@@ -148,7 +145,7 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
                   rotation=90, fontsize=7)
     win = (f"winner: batch {winner['batch_size']}, lr {winner['lr']:g} (area {winner['loss_area']:.3g})"
            if winner else "no winner")
-    ax.set(title=f"{_workers(workers)}: {win}",
+    ax.set(title=f"{worker_count(workers)}: {win}",
            xlabel=f"runs sorted by minimum training loss, lowest first (grey: min loss > {threshold:g})",
            ylabel="loss area (loss x s)" + (", log scale" if ax.get_yscale() == "log" else ""))
     ax.grid(axis="y", alpha=0.3)
@@ -202,7 +199,7 @@ def throughput_vs_workers(rows: List[Row]) -> Optional[bytes]:
         eff = [100 * t / (w / ws[0] * thr[0]) for w, t in zip(ws, thr)]
         a2.plot(ws, eff, marker="o", label=f"batch {b}")
     a1.set(title="Throughput (median over learning rates)", xlabel="workers", ylabel="training samples/s")
-    a2.set(title=f"Scaling efficiency vs {_workers(all_w[0])}", xlabel="workers", ylabel="efficiency (%)")
+    a2.set(title=f"Scaling efficiency vs {worker_count(all_w[0])}", xlabel="workers", ylabel="efficiency (%)")
     a2.axhline(100, color="0.6", lw=0.8, ls="--")
     for a in (a1, a2):
         a.set_xticks(all_w)

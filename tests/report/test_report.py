@@ -1,5 +1,6 @@
 """The report: figures for a run, runs side by side and a sweep, in one self-contained page."""
 import io
+import json
 import math
 import os
 import re
@@ -123,3 +124,28 @@ def test_bad_paths_are_bad_input(tmp_path, fake_sweep, fake_runs):
     r = subprocess.run([sys.executable, "-m", "shmlearn", "report", str(tmp_path / "nope")],
                        capture_output=True, text=True)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "no such directory" in r.stderr
+
+
+def test_run_page_prints_samples_per_s_as_a_plain_number(tmp_path, make_run):
+    """Issue 16: the summary printed 24540.3 samples/s as 2.454e+04."""
+    s, _ = make_run(tmp_path / "r")
+    s["samples_per_s"] = 24540.3
+    with open(tmp_path / "r" / "summary.json", "w") as f:
+        json.dump(s, f)
+    html = open(write_report([str(tmp_path / "r")])).read()
+    assert "<td class=l>samples/s</td><td>24,540</td>" in html
+    assert not re.search(r"\de\+0", re.sub(r'src="data:[^"]*"', "", html))  # the images are base64
+
+
+def test_one_worker_is_singular_everywhere_on_the_sweep_page(fake_sweep):
+    """Issue 16: 'Overall best: 1 workers, ...'. fake_sweep cut to its 1-worker trials."""
+    with open(fake_sweep / "sweep.json") as f:
+        spec = json.load(f)
+    spec["trials"] = [t for t in spec["trials"] if t.startswith("w1-")]
+    spec["axes"]["workers"] = [1]
+    with open(fake_sweep / "sweep.json", "w") as f:
+        json.dump(spec, f)
+    assert load_sweep(str(fake_sweep)).winners["overall"]["workers"] == 1
+    html = open(write_report([str(fake_sweep)])).read()
+    assert "Overall best: 1 worker, batch" in html
+    assert not re.search(r"\b1 workers\b", html)
