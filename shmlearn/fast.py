@@ -59,6 +59,8 @@ class StepOptions:
     """None: DEFAULT_CHECK_EVERY by device."""
     sample_every: int = 256
     """Graph mode: run one step in this many eagerly, with phase timing."""
+    cudnn_benchmark: bool = True
+    """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
 
 
 @dataclass
@@ -110,7 +112,7 @@ class Stepper:
         self._expected: Optional[int] = None
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
-            torch.backends.cudnn.benchmark = not torch.backends.cudnn.deterministic
+            torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
         if self.fast:
             self._setup_fast()
             if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None:

@@ -114,12 +114,15 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
 
 
 def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
-              parts: Optional[bytes] = None):
+              parts: Optional[bytes] = None, trial: bool = False):
     """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
     model on the CPU as torch.save bytes, or None). Bytes, not the module: its parameters are
     views into one flat device buffer, and a pipe would try to share them. parts: the user's
-    model/data/loss, pickled (parts.py)."""
-    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key, parts=Parts.unpickled(parts))
+    model/data/loss, pickled (parts.py). trial: a sweep's trial (--cudnn-benchmark auto means off)."""
+    cfg = TrainConfig(**cfg_dict)
+    if trial and cfg.cudnn_benchmark == "auto":
+        cfg = replace(cfg, cudnn_benchmark="off")
+    result = run_worker(cfg, env, prune_key=prune_key, parts=Parts.unpickled(parts))
     if env.rank != 0:
         return None
     blob = None
@@ -311,7 +314,8 @@ def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
 
 
 # Fields that may differ between the original run and its resumption, or between ranks.
-_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe")
+_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
+                "cudnn_benchmark")
 
 
 def _agreed_fields(cfg: TrainConfig) -> dict:
@@ -392,7 +396,8 @@ class _Loop:
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
-                                                cuda_graph=cfg.cuda_graph, check_every=cfg.check_every),
+                                                cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
+                                                cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self.loss,
                                reached=lambda step: setattr(self.heartbeat, "step", step))
