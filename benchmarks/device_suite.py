@@ -81,10 +81,10 @@ def part_commands(p: str, workers: str) -> dict:
         # fixes, as `shmlearn sweep` flags), without and with exact pruning; then their timings.
         "grid": (_py(*sh, "sweep", *SEED_GRID, "--out", os.path.join(p("grid"), "sweep")), 540),
         "grid-prune": (_py(*sh, "sweep", *SEED_GRID, "--prune", "--out", os.path.join(p("grid-prune"), "sweep")), 480),
-        # The same grid with cuDNN autotuning in every trial (the default before trials turned it
-        # off): what autotuning costs a sweep and what it buys its training time, in one session.
-        "grid-bench": (_py(*sh, "sweep", *SEED_GRID, "--cudnn-benchmark", "on",
-                           "--out", os.path.join(p("grid-bench"), "sweep")), 540),
+        # The same grid without cuDNN autotuning: what autotuning costs a sweep (1 s per new batch
+        # shape) and what it buys its training time, in one session.
+        "grid-heuristic": (_py(*sh, "sweep", *SEED_GRID, "--cudnn-benchmark", "off",
+                               "--out", os.path.join(p("grid-heuristic"), "sweep")), 540),
         # The same two with --deterministic: GPU numerics otherwise differ from run to run (cuDNN's
         # autotuned algorithms), and at the edge of stability a trial diverges in one run and not in
         # the other, so only deterministic runs can show that --prune keeps the full grid's winners.
@@ -92,7 +92,7 @@ def part_commands(p: str, workers: str) -> dict:
         "grid-det-prune": (_py(*sh, "sweep", *SEED_GRID, "--deterministic", "--prune",
                                "--out", os.path.join(p("grid-det-prune"), "sweep")), 480),
         "analyze": (_py(os.path.join(HERE, "sweep_overhead.py"), "analyze", os.path.join(p("grid"), "sweep"),
-                        os.path.join(p("grid-prune"), "sweep"), os.path.join(p("grid-bench"), "sweep"), "--tag", "h100-grid",
+                        os.path.join(p("grid-prune"), "sweep"), "--tag", "h100-grid",
                         "--out", os.path.join(p("analyze"), "sweep_overhead.json")), 60),
         # Issue 16: torchvision's ResNet-18 passed in as the user's model vs the built-in resnet18.
         "own-model": (_py(os.path.join(HERE, "own_model.py"), "--device", "cuda", "--runs", "3",

@@ -81,11 +81,12 @@ class TrainConfig:
     """Run more local CPU processes than the machine can hold well (more than 16 per core, or
     more than its available memory at ~150 MB each), or more than 4 threads per core; refused
     otherwise, before any process starts."""
-    cudnn_benchmark: str = "auto"
+    cudnn_benchmark: str = "on"
     """CUDA: on times every cuDNN convolution algorithm at each new input shape and keeps the
-    fastest; off takes cuDNN's heuristic choice. Timing costs about 1-2 s per new batch shape and
-    several seconds the first time (H100): auto is on for a run, off for a sweep's trials, whose
-    short runs it does not pay back (docs/results/alexnet-sweep-h100). --deterministic turns it off."""
+    fastest; off takes cuDNN's heuristic choice. Timing costs about 1 s per new batch shape and
+    6 s the first time, and pays back even in 1-3 s sweep trials: the seed's 54-trial alexnet grid
+    on an H100 took 119 s on, 136 s off (91 vs 120 s of training; benchmarks/results/
+    sweep_overhead/h100-autotune.json). --deterministic turns it off."""
     task: Optional[str] = None
     """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
     Default: from the labels (integers: classification, floats: regression)."""
@@ -263,8 +264,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.task is not None and not is_ref(cfg.dataset):
         raise BadInput(f"--task {cfg.task}: only for your own data (data= or --dataset FILE.py:NAME); "
                        f"{cfg.dataset} knows its task")
-    if cfg.cudnn_benchmark not in ("auto", "on", "off"):
-        raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose one of auto, on, off")
+    if cfg.cudnn_benchmark not in ("on", "off"):
+        raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose on or off")
     if cfg.loader not in LOADERS:
         raise BadInput(f"--loader {cfg.loader}: choose one of {', '.join(LOADERS)}")
     if cfg.strategy not in STRATEGIES:

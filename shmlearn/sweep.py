@@ -604,7 +604,7 @@ class Sweep:
             f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
                     f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
         prune_key = bound_key("sweep", cfg.workers) if self.sc.prune else None
-        job = self.pool.start(rank_main, (cfg.to_dict(), prune_key, False, None, True), slots=workers,
+        job = self.pool.start(rank_main, (cfg.to_dict(), prune_key), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
         return _Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)

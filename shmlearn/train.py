@@ -114,15 +114,12 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
 
 
 def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
-              parts: Optional[bytes] = None, trial: bool = False):
+              parts: Optional[bytes] = None):
     """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
     model on the CPU as torch.save bytes, or None). Bytes, not the module: its parameters are
     views into one flat device buffer, and a pipe would try to share them. parts: the user's
-    model/data/loss, pickled (parts.py). trial: a sweep's trial (--cudnn-benchmark auto means off)."""
-    cfg = TrainConfig(**cfg_dict)
-    if trial and cfg.cudnn_benchmark == "auto":
-        cfg = replace(cfg, cudnn_benchmark="off")
-    result = run_worker(cfg, env, prune_key=prune_key, parts=Parts.unpickled(parts))
+    model/data/loss, pickled (parts.py)."""
+    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key, parts=Parts.unpickled(parts))
     if env.rank != 0:
         return None
     blob = None
