@@ -30,7 +30,7 @@ from shmlearn.data.loader import ShardedLoader
 from shmlearn.fast import StepOptions, Stepper
 from shmlearn import checkpoint as ckpt
 from shmlearn.config import checkpoint_period
-from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group, run_local
 from shmlearn.models import apply_init, build_model
@@ -84,16 +84,14 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
         resolve_ref(cfg.dataset, "--dataset")
     cuda = _device_type(cfg.device) == "cuda"
     if cfg.workers is None:
-        # One process per GPU: the default must fit the GPUs present (2 on the CPU, as documented).
-        gpus = torch.cuda.device_count() if cuda else 2
-        cfg = replace(cfg, workers=max(1, min(2, gpus - int(cfg.ps_dedicated))) if cuda else 2)
+        cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, cfg.ps_dedicated))
     world = cfg.workers + (1 if cfg.ps_dedicated else 0)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
     if not cfg.resume:
         check_out_dir(cfg.out)
     if cuda and world > torch.cuda.device_count():
         extra = " + 1 server" if cfg.ps_dedicated else ""
-        raise BadInput(f"--workers {cfg.workers}: {world} processes ({cfg.workers} workers{extra}) need "
+        raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
                        f"{world} GPUs, {torch.cuda.device_count()} present")
     if not cuda:
         check_capacity(world, cfg.threads, cfg.oversubscribe)
@@ -111,6 +109,14 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
                                            cuda=cuda, timeout_s=cfg.timeout)[0]
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
+
+
+def default_workers(cuda: bool, gpus: int, ps_dedicated: bool) -> int:
+    """--workers when not given, locally: 2, and on CUDA no more than the GPUs present hold (one
+    process per GPU; a dedicated server takes one of them)."""
+    if not cuda:
+        return 2
+    return max(1, min(2, gpus - int(ps_dedicated)))
 
 
 def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
@@ -152,7 +158,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
         raise BadInput("--ps-dedicated: needs at least 2 processes (1 server + 1 worker)")
     if cfg.workers is not None and cfg.workers != compute:
         raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
-                       f"({compute} workers{' + 1 server' if dedicated else ''}); drop --workers or match it")
+                       f"({count(compute, 'worker')}{' + 1 server' if dedicated else ''}); drop --workers or match it")
     cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
     # Elastic restart: torchrun starts the same command again; it must continue, not restart.
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
@@ -184,7 +190,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
     budget = cfg.budget_samples(data.n_train)
     steps = budget // (compute * cfg.batch_size)
     if steps == 0:
-        raise BadInput(f"--samples {budget}: smaller than one step of {compute} workers x "
+        raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
                        f"{cfg.batch_size} samples")
     if cfg.warmup >= steps:
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
@@ -386,8 +392,8 @@ class _Loop:
     def _run(self) -> RunResult:
         cfg = self.cfg
         if self.lead and self.budget % self.samples_per_step and self.start_step == 0:
-            print(f"shmlearn: budget {self.budget} samples is not a multiple of {self.strategy.compute_ranks} "
-                  f"workers x {cfg.batch_size}; running {self.steps} steps = "
+            print(f"shmlearn: budget {self.budget} samples is not a multiple of "
+                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)
         # After _resume (a graph captures the optimizer's tensors), before the clock starts.
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
