@@ -120,10 +120,17 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     import_before_group()
     timeout = datetime.timedelta(seconds=timeout_s)
     store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+    global _groups_joined
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
-    if attempt is not None:
-        store = dist.PrefixStore(f"shmlearn/attempt_{attempt}", store)
+    # And every group of this process its own prefix too: a script that calls shmlearn.train twice
+    # under torchrun rendezvouses twice on the same store, and the second group would read the
+    # first one's keys and hang. Every rank makes the same calls, so the counts agree.
+    _groups_joined += 1
+    store = dist.PrefixStore(f"shmlearn/attempt_{attempt or 0}/group_{_groups_joined}", store)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+
+
+_groups_joined = 0
 
 
 def free_port() -> int:
