@@ -47,3 +47,37 @@ def test_what_the_readme_commands_write_is_ignored():
     # the patterns are anchored at the root: source folders of the same names stay tracked
     for source in ("shmlearn/experiments/__init__.py", "tests/experiments/test_experiments.py"):
         assert subprocess.run(["git", "check-ignore", "-q", "--no-index", source], cwd=ROOT).returncode == 1
+
+
+# --- the own-model script (issue 16) --------------------------------------------------------
+
+EXAMPLE = os.path.join(ROOT, "examples", "own_model.py")
+
+
+def test_readme_shows_the_own_model_script_as_it_is():
+    with open(os.path.join(ROOT, "README.md")) as f:
+        readme = f.read()
+    with open(EXAMPLE) as f:
+        script = f.read()
+    assert "```python\n" + script + "```" in readme
+
+
+def _accuracies(out: str) -> dict:
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(allreduce|ps): test accuracy ([0-9.]+)", out, re.M)}
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_own_model_script_runs_as_written_and_reaches_the_stated_accuracy(launcher, tmp_path):
+    """README: 'Both print allreduce: test accuracy 0.919 and ps: test accuracy 0.919'."""
+    import sys
+    cmd = ([sys.executable, EXAMPLE] if launcher == "local" else
+           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", EXAMPLE])
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("RANK", None)
+    p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-2000:]
+    acc = _accuracies(p.stdout)
+    assert set(acc) == {"allreduce", "ps"}, p.stdout
+    for strategy, a in acc.items():  # seeded: the same weights in both launch modes
+        assert a >= 0.91, (strategy, a)
+    assert p.stdout.count("test accuracy") == 2  # rank 0 alone prints under torchrun
