@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
@@ -25,7 +26,15 @@ RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trac
 
 def default_run_dir(cfg: TrainConfig, workers: int) -> str:
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{cfg.model}-{cfg.dataset}-{cfg.strategy}-w{workers}")
+    return os.path.join("runs", f"{stamp}-{_dir_word(cfg.model)}-{_dir_word(cfg.dataset)}-{cfg.strategy}-w{workers}")
+
+
+def _dir_word(name: str) -> str:
+    """A model or dataset as part of one folder name: your own (`dir/own.py:Net`, `pkg.mod:load`,
+    `python:ndarray arrays`) by its NAME, since the path's slashes would nest folders; other
+    characters than letters, digits, '.', '_' and '-' become '-'. Built-in names stay as they are."""
+    word = re.sub(r"[^A-Za-z0-9._-]+", "-", name.rpartition(":")[2]).strip("-.")
+    return word or "own"
 
 
 def check_out_dir(path: str) -> None:
