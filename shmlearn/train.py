@@ -98,12 +98,16 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
         if world == 1 and current_pool() is None:
             try:
-                return run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                               launcher="local", master_port=free_port()), parts=parts)
+                result = run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
+                                                 launcher="local", master_port=free_port()), parts=parts)
             except (BadInput, Diverged, WorkerFailed, KeyboardInterrupt):
                 raise
             except Exception as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
                 raise WorkerFailed(f"rank 0: {describe(e)}") from e
+            # On the CPU, as a pool worker sends it (rank_main): not the run's module on the GPU,
+            # whose parameters are views into the strategy's flat buffer.
+            model = copy.deepcopy(result.model).cpu() if result.model is not None else None
+            return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
         summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent), world,
                                            cuda=cuda, timeout_s=cfg.timeout)[0]
