@@ -3,7 +3,6 @@ and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker counts the wi
 times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
 from __future__ import annotations
 
-import math
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
@@ -11,7 +10,7 @@ from matplotlib.patches import Rectangle
 
 from .html import worker_count
 from .load import Run
-from .mpl import figure, png
+from .mpl import figure, panels, png
 from .run_figures import PHASE_ORDER
 
 Row = Dict[str, Any]
@@ -159,12 +158,9 @@ def phases_vs_workers(runs: Dict[int, Run]) -> Optional[bytes]:
     if not runs:
         return None
     names = [p for p in PHASE_ORDER if any(p in r.summary["phase_s"] for r in runs.values())]
-    cols = min(3, len(names))
-    rows_ = math.ceil(len(names) / cols)
-    fig, axes = figure(3.2 * cols, 2.7 * rows_ + 0.4, nrows=rows_, ncols=cols, squeeze=False)
+    fig, axes = panels(len(names), 3, 3.2, 2.7, extra_h=0.4)
     ws = sorted(runs)
-    for k, name in enumerate(names):
-        ax = axes[k // cols][k % cols]
+    for ax, name in zip(axes, names):
         pts = [(w, 1e3 * runs[w].summary["phase_s"][name]) for w in ws if name in runs[w].summary["phase_s"]]
         ax.plot(*zip(*pts), marker="o")
         for w, v in pts:
@@ -174,10 +170,8 @@ def phases_vs_workers(runs: Dict[int, Run]) -> Optional[bytes]:
         ax.set_xticks(ws)
         ax.set_ylim(bottom=0)
         ax.grid(alpha=0.3)
-    for k in range(len(names), rows_ * cols):
-        axes[k // cols][k % cols].axis("off")
-    fig.suptitle("Mean phase time per step, each worker count's winner (label: batch per worker)")
-    return png(fig)
+    title = fig.suptitle("Mean phase time per step, each worker count's winner (label: batch per worker)")
+    return png(fig, above=[title])
 
 
 def throughput_vs_workers(rows: List[Row]) -> Optional[bytes]:

@@ -1,0 +1,98 @@
+"""mpl.layout: the fixed layout that replaced tight_layout must still fit every figure's texts."""
+import json
+
+import pytest
+from matplotlib.backends.backend_agg import RendererAgg
+
+from shmlearn.report import mpl, run_figures, sweep_figures, write_report
+
+
+def texts_outside(fig, texts):
+    """Of the texts a figure drew: those past the figure's edge, and those of one axes drawn
+    over another's frame."""
+    r = fig.canvas.get_renderer()
+    W, H = fig.bbox.width, fig.bbox.height
+    bad = []
+    frames = [(ax, ax.get_window_extent(r)) for ax in fig.axes]
+    for t in texts:
+        bb = t.get_window_extent(r)
+        if bb.x0 < -1 or bb.y0 < -1 or bb.x1 > W + 1 or bb.y1 > H + 1:
+            bad.append(f"{t.get_text()!r} past the edge: {bb.bounds}")
+        owner = t.axes
+        for ax, frame in frames:
+            # a colorbar shares its axes' grid cell; legends and cell texts lie inside their own axes
+            if owner is None or ax is owner or same_cell(ax, owner):
+                continue
+            if bb.overlaps(frame.shrunk(0.98, 0.98)):
+                bad.append(f"{t.get_text()!r} of one axes over another")
+    return bad
+
+
+def same_cell(a, b):
+    sa, sb = a.get_subplotspec(), b.get_subplotspec()
+    return sa is not None and sb is not None and \
+        sa.get_topmost_subplotspec() == sb.get_topmost_subplotspec()
+
+
+@pytest.fixture
+def drawn(monkeypatch):
+    """Every figure the report draws, after drawing, with the texts it drew."""
+    figs, texts = [], []
+    real_png, real_text = mpl.png, RendererAgg.draw_text
+
+    def keep(fig, *a, **kw):
+        texts.clear()
+        data = real_png(fig, *a, **kw)
+        figs.append((fig, list(texts)))
+        return data
+
+    def draw_text(self, gc, x, y, s, prop, angle, ismath=False, mtext=None):
+        if mtext is not None:
+            texts.append(mtext)
+        return real_text(self, gc, x, y, s, prop, angle, ismath, mtext)
+    monkeypatch.setattr(run_figures, "png", keep)
+    monkeypatch.setattr(sweep_figures, "png", keep)
+    monkeypatch.setattr(RendererAgg, "draw_text", draw_text)
+    return figs
+
+
+def test_every_sweep_figure_fits_its_texts(fake_sweep, drawn):
+    write_report([str(fake_sweep)])
+    assert len(drawn) == 14
+    for fig, texts in drawn:
+        assert texts_outside(fig, texts) == [], fig.axes[0].get_title()
+
+
+def test_every_run_figure_fits_its_texts(fake_runs, tmp_path, drawn):
+    write_report([str(fake_runs[0])])
+    write_report([str(p) for p in fake_runs], out=str(tmp_path / "both.html"))
+    assert len(drawn) == 6
+    for fig, texts in drawn:
+        assert texts_outside(fig, texts) == [], fig.axes[0].get_title()
+
+
+def test_wide_and_huge_values_still_fit(tmp_path, make_run, drawn):
+    """A loss that blew up to 1e7 (log-scale histogram, sci-notation offsets), long phase names."""
+    d = tmp_path / "r"
+    s, _ = make_run(d, batch=512, lr=0.000125)
+    s["phase_s"]["allreduce_bucketed_overlap"] = 0.0123
+    s["samples_per_s"] = 12345678.0
+    with open(d / "summary.json", "w") as f:
+        json.dump(s, f)
+    with open(d / "metrics.jsonl", "a") as f:
+        f.write(json.dumps({"step": 70, "samples": 1, "time_s": 0.7, "loss": 1.5e7}) + "\n")
+    write_report([str(d)])
+    for fig, texts in drawn:
+        assert texts_outside(fig, texts) == [], fig.axes[0].get_title()
+
+
+def test_layout_leaves_no_more_margin_than_tight_layout_would_much(fake_sweep, drawn):
+    """The fixed layout is not a generous guess: each axes gets at least 85% of the area
+    tight_layout would give it."""
+    write_report([str(fake_sweep)])
+    for fig, _ in drawn:
+        axes = [ax for ax in fig.axes if ax.get_label() != "<colorbar>"]
+        ours = [ax.get_position().width * ax.get_position().height for ax in axes]
+        fig.tight_layout()
+        tight = [ax.get_position().width * ax.get_position().height for ax in axes]
+        assert all(o >= 0.85 * t for o, t in zip(ours, tight)), (fig.axes[0].get_title(), ours, tight)
