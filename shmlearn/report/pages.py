@@ -162,8 +162,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     for k in sorted(winner_runs):
         r = winner_runs[k]
         page.h3(f"{r.label}: its own plots ({os.path.relpath(r.path, sw.path)})")
-        page.figures([(rf.loss_vs_time([r]), "loss"), (rf.accuracy_vs_time([r]), "test accuracy"),
-                      (rf.phases([r]), "phases")])
+        page.figures([(rf.own_plots(r), "loss, test accuracy and phases")])
 
     page.h2("All trials")
     page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", "test acc",

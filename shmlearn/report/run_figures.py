@@ -1,5 +1,6 @@
 """A run's own figures, for one run or several overlaid: loss and test accuracy against training
-time (paper Fig. 6.2-6.3 when given each worker count's winner), and mean time per step by phase."""
+time (paper Fig. 6.2-6.3 when given each worker count's winner), and mean time per step by phase;
+and the three side by side as one figure (`own_plots`, a sweep's winners)."""
 from __future__ import annotations
 
 from typing import List, Optional
@@ -7,46 +8,51 @@ from typing import List, Optional
 import numpy as np
 
 from .load import Run
-from .mpl import figure, png
+from .mpl import figure, panels, png
 
 PHASE_ORDER = ("data", "compute", "allreduce", "gather", "average", "update", "broadcast")
+TIME = "training time (s, evaluation excluded)"
 
 
-def loss_vs_time(runs: List[Run], title: str = "Training loss") -> Optional[bytes]:
-    runs = [r for r in runs if r.metrics]
-    if not runs:
-        return None
-    fig, ax = figure()
+def _with_loss(runs: List[Run]) -> List[Run]:
+    return [r for r in runs if r.metrics]
+
+
+def _with_accuracy(runs: List[Run]) -> List[Run]:
+    return [r for r in runs if any(e.get("test_accuracy") is not None for e in r.evals)]
+
+
+def _with_phases(runs: List[Run]) -> List[Run]:
+    return [r for r in runs if r.summary.get("phase_s")]
+
+
+def _draw_loss(ax, runs: List[Run], title: str, legend: bool = True) -> None:
     for r in runs:
         ax.plot([m["time_s"] for m in r.metrics], [m["loss"] for m in r.metrics], label=r.label, lw=1.4)
-    ax.set(title=title, xlabel="training time (s, evaluation excluded)", ylabel="training loss (mean over workers)")
+    ax.set(title=title, xlabel=TIME, ylabel="training loss (mean over workers)")
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return png(fig)
+    if legend:
+        ax.legend(fontsize=8)
 
 
-def accuracy_vs_time(runs: List[Run], title: str = "Test accuracy (full test set)") -> Optional[bytes]:
-    runs = [r for r in runs if any(e.get("test_accuracy") is not None for e in r.evals)]
-    if not runs:
-        return None
-    fig, ax = figure()
+def _draw_accuracy(ax, runs: List[Run], title: str, legend: bool = True) -> None:
     for r in runs:
         pts = [(e["time_s"], 100 * e["test_accuracy"]) for e in r.evals if e.get("test_accuracy") is not None]
         ax.plot(*zip(*pts), marker="o", ms=3, label=r.label, lw=1.4)
-    ax.set(title=title, xlabel="training time (s, evaluation excluded)", ylabel="test accuracy (%)")
+    ax.set(title=title, xlabel=TIME, ylabel="test accuracy (%)")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    return png(fig)
+    if legend:
+        ax.legend(fontsize=8)
 
 
-def phases(runs: List[Run], title: str = "Mean time per step by phase") -> Optional[bytes]:
-    runs = [r for r in runs if r.summary.get("phase_s")]
-    if not runs:
-        return None
+def _phase_names(runs: List[Run]) -> List[str]:
     names = [p for p in PHASE_ORDER if any(p in r.summary["phase_s"] for r in runs)]
-    names += sorted({p for r in runs for p in r.summary["phase_s"]} - set(names) - {"eval"})
-    fig, ax = figure(7.0, 0.9 + 0.45 * len(names) * max(1, len(runs) ** 0.5))
+    return names + sorted({p for r in runs for p in r.summary["phase_s"]} - set(names) - {"eval"})
+
+
+def _draw_phases(ax, runs: List[Run], title: str) -> None:
+    names = _phase_names(runs)
     y = np.arange(len(names))
     h = 0.8 / len(runs)
     for i, r in enumerate(runs):
@@ -60,4 +66,46 @@ def phases(runs: List[Run], title: str = "Mean time per step by phase") -> Optio
     ax.grid(axis="x", alpha=0.3)
     if len(runs) > 1:
         ax.legend(fontsize=8)
+
+
+def loss_vs_time(runs: List[Run], title: str = "Training loss") -> Optional[bytes]:
+    runs = _with_loss(runs)
+    if not runs:
+        return None
+    fig, ax = figure()
+    _draw_loss(ax, runs, title)
+    return png(fig)
+
+
+def accuracy_vs_time(runs: List[Run], title: str = "Test accuracy (full test set)") -> Optional[bytes]:
+    runs = _with_accuracy(runs)
+    if not runs:
+        return None
+    fig, ax = figure()
+    _draw_accuracy(ax, runs, title)
+    return png(fig)
+
+
+def phases(runs: List[Run], title: str = "Mean time per step by phase") -> Optional[bytes]:
+    runs = _with_phases(runs)
+    if not runs:
+        return None
+    n = len(_phase_names(runs))
+    fig, ax = figure(7.0, 0.9 + 0.45 * n * max(1, len(runs) ** 0.5))
+    _draw_phases(ax, runs, title)
+    return png(fig)
+
+
+def own_plots(run: Run) -> Optional[bytes]:
+    """One run's loss, test accuracy and phases side by side in one figure: the plots of its own
+    report, ~20% cheaper than three figures (a sweep draws one for each worker count's winner;
+    the page names the run above it, so no legend)."""
+    draw = [(f, t) for f, t, has in ((_draw_loss, "Training loss", _with_loss),
+                                     (_draw_accuracy, "Test accuracy (full test set)", _with_accuracy),
+                                     (_draw_phases, "Mean time per step by phase", _with_phases)) if has([run])]
+    if not draw:
+        return None
+    fig, axes = panels(len(draw), 3, 4.2, 3.4)
+    for ax, (f, title) in zip(axes, draw):
+        f(ax, [run], title, **({} if f is _draw_phases else {"legend": False}))
     return png(fig)

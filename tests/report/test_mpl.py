@@ -58,7 +58,7 @@ def drawn(monkeypatch):
 
 def test_every_sweep_figure_fits_its_texts(fake_sweep, drawn):
     write_report([str(fake_sweep)])
-    assert len(drawn) == 14
+    assert len(drawn) == 10  # 8 + one per winner
     for fig, texts in drawn:
         assert texts_outside(fig, texts) == [], fig.axes[0].get_title()
 
