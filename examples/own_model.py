@@ -3,8 +3,6 @@
     python examples/own_model.py                            # shmlearn starts the 2 workers
     torchrun --nproc-per-node 2 examples/own_model.py       # or a launcher does
 """
-import os
-
 import numpy as np
 import torch
 from sklearn.datasets import load_digits
@@ -41,5 +39,5 @@ if __name__ == "__main__":
         model = result.model.eval()  # the trained model, on the CPU
         with torch.no_grad():
             accuracy = (model(torch.from_numpy(test_x)).argmax(1).numpy() == test_y).mean()
-        if int(os.environ.get("RANK", "0")) == 0:  # under torchrun, every rank runs this script
+        if result.rank == 0:  # under torchrun, mpirun or srun every rank runs this script
             print(f"{strategy}: test accuracy {accuracy:.3f}, run directory {result.run_dir}")

@@ -57,6 +57,9 @@ class RunResult:
     model: Optional[torch.nn.Module] = None
     """The trained model: rank 0's, on the CPU for local runs (the averaged one for weight-avg:
     replicas are equal after the last step); this rank's under torchrun/mpirun/srun."""
+    rank: int = 0
+    """The rank this result is from: 0 for local runs; under a launcher every rank gets one, so a
+    script prints or saves where rank == 0."""
 
 
 # --- entry point -----------------------------------------------------------------------------
@@ -646,7 +649,7 @@ class _Loop:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
                            f"(lr {cfg.lr}); run directory {cfg.out}", step=step, rank=rank)
-        return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model)
+        return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model, rank=self.env.rank)
 
 
 def _progress(total: int, initial: int = 0):

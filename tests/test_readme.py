@@ -66,18 +66,31 @@ def _accuracies(out: str) -> dict:
     return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(allreduce|ps): test accuracy ([0-9.]+)", out, re.M)}
 
 
-@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+@pytest.mark.parametrize("launcher", ["local", "torchrun", "mpirun"])
 def test_own_model_script_runs_as_written_and_reaches_the_stated_accuracy(launcher, tmp_path):
     """README: 'Both print allreduce: test accuracy 0.919 and ps: test accuracy 0.919'."""
+    import shutil
     import sys
-    cmd = ([sys.executable, EXAMPLE] if launcher == "local" else
-           [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", EXAMPLE])
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("RANK", None)
+    from shmlearn.launch import free_port
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK",
+                                                                     "MASTER_", "OMPI_", "PMI", "SLURM"))}
+    env["PYTHONUNBUFFERED"] = "1"
+    if launcher == "local":
+        cmd = [sys.executable, EXAMPLE]
+    elif launcher == "torchrun":
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", EXAMPLE]
+    else:
+        if shutil.which("mpirun") is None:
+            pytest.skip("needs Open MPI's mpirun (apt-get install openmpi-bin)")
+        env["MASTER_PORT"] = str(free_port())
+        cmd = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PYTHONUNBUFFERED", "-x", "PATH", "-x", "MASTER_PORT",
+               sys.executable, EXAMPLE]
+        if os.geteuid() == 0:
+            cmd[1:1] = ["--allow-run-as-root"]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
     assert p.returncode == 0, p.stderr[-2000:]
     acc = _accuracies(p.stdout)
     assert set(acc) == {"allreduce", "ps"}, p.stdout
     for strategy, a in acc.items():  # seeded: the same weights in both launch modes
         assert a >= 0.91, (strategy, a)
-    assert p.stdout.count("test accuracy") == 2  # rank 0 alone prints under torchrun
+    assert p.stdout.count("test accuracy") == 2  # rank 0 alone prints under a launcher
