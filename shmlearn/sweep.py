@@ -34,7 +34,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from shmlearn.config import TrainConfig, load_yaml, validate
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
@@ -507,7 +507,7 @@ class Sweep:
             shutil.rmtree(final, ignore_errors=True)
             pending.append(cfg)
         self.finished = self.total - len(pending)
-        print(f"sweep: {len(trials)} trials ({self.finished} done, {len(pending)} to run), "
+        print(f"sweep: {count(len(trials), 'trial')} ({self.finished} done, {len(pending)} to run), "
               f"{self.sc.parallel} at a time on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'} | {self.dir}",
               flush=True)
         too_big = {self._need(c) for c in pending if self._need(c) > self.nslots}
@@ -522,7 +522,7 @@ class Sweep:
         if getattr(self, "report_failed", False) and not self.failures:
             return 1
         if self.failures:
-            print(f"sweep: {len(self.failures)} trials failed (not recorded; the same command retries them):",
+            print(f"sweep: {count(len(self.failures), 'trial')} failed (not recorded; the same command retries them):",
                   file=sys.stderr)
             for tid, msg in self.failures:
                 print(f"  {tid}: {msg}", file=sys.stderr)
@@ -691,7 +691,7 @@ class Sweep:
                                for r, o in zip(rows, over)],
                 "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
         write_json_atomic(os.path.join(self.dir, "timing.json"), info)
-        print(f"sweep: ran {len(rows)} trials in {wall_s:.1f} s: {train_s:.1f} s training, {eval_s:.1f} s "
+        print(f"sweep: ran {count(len(rows), 'trial')} in {wall_s:.1f} s: {train_s:.1f} s training, {eval_s:.1f} s "
               f"evaluating (efficiency {info['efficiency'] or 0:.2f})"
               + (f"; pruned {info['pruned']}" if self.sc.prune else ""), flush=True)
 
