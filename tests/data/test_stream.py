@@ -1,0 +1,176 @@
+"""data/stream.py against the device-resident loader (data/loader.py): a streamed Dataset gives
+the same batches, shard by shard and step by step across epochs, the same test slices, and, run
+through shmlearn.train on 2 Gloo workers, the same trained weights."""
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import shmlearn
+from shmlearn.config import TrainConfig
+from shmlearn.data import load_dataset, normalizer
+from shmlearn.data.loader import ShardedLoader
+from shmlearn.data import stream
+from shmlearn.data.stream import StreamedData, StreamLoader
+from shmlearn.data.user import user_data
+from shmlearn.errors import BadInput
+from shmlearn.pool import Pool, using
+
+CPU = torch.device("cpu")
+
+
+class Pairs(torch.utils.data.Dataset):
+    """Map-style, items (x, y) as numpy values, as a user's Dataset over files would give.
+    Top level: pool workers unpickle it, the DataLoader's workers read it."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        return self.x[i], self.y[i]
+
+
+class Fails(Pairs):
+    classes = ("a", "b", "c", "d")  # as torchvision's datasets say it: no label scan reads sample 7 early
+
+    def __getitem__(self, i):
+        if i == 7:
+            raise IOError(f"sample {i}: truncated file")
+        return super().__getitem__(i)
+
+
+def _features(n_train=103, n_test=21):
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(n_train, 5)).astype(np.float32), rng.integers(0, 4, n_train),
+            rng.normal(size=(n_test, 5)).astype(np.float32), rng.integers(0, 4, n_test))
+
+
+def _images(n_train=103, n_test=21):
+    rng = np.random.default_rng(1)
+    return (rng.integers(0, 256, (n_train, 1, 4, 4), dtype=np.uint8), rng.normal(size=n_train),
+            rng.integers(0, 256, (n_test, 1, 4, 4), dtype=np.uint8), rng.normal(size=n_test))
+
+
+def _both(arrays):
+    trx, tr_y, tex, te_y = arrays
+    pair = (Pairs(trx, tr_y), Pairs(tex, te_y))
+    resident = user_data(pair, "data=", loader="resident")
+    streamed = user_data(pair, "data=", loader="stream")
+    assert isinstance(streamed, StreamedData) and not isinstance(resident, StreamedData)
+    return resident, streamed
+
+
+def _loaders(resident, streamed, shard, *, batch=8, shards=2, seed=3, workers=0):
+    a = ShardedLoader(resident.train_x, resident.train_y, batch_size=batch, shard=shard, num_shards=shards,
+                      seed=seed, normalize=normalizer(resident, CPU))
+    b = StreamLoader(streamed, batch_size=batch, shard=shard, num_shards=shards, seed=seed,
+                     normalize=normalizer(streamed, CPU), device=CPU, num_workers=workers)
+    return a, b
+
+
+def _same(got, want, what):
+    for g, w, part in zip(got, want, ("x", "y")):
+        assert g.dtype == w.dtype and g.shape == w.shape and torch.equal(g, w), f"{what}: {part} differs"
+
+
+@pytest.mark.parametrize("arrays", [_features, _images], ids=["features-classes", "uint8-images-targets"])
+def test_stream_batches_are_the_resident_batches_across_epochs(arrays):
+    resident, streamed = _both(arrays())
+    for shard in (0, 1):
+        a, b = _loaders(resident, streamed, shard)
+        assert a.steps_per_epoch == b.steps_per_epoch == 6  # 103 // (2 x 8)
+        try:
+            for step in range(15):  # two epoch boundaries
+                _same(b.batch(step), a.batch(step), f"shard {shard} step {step}")
+            for step in (40, 3, 4, 12):  # jumps (a resume, the fast step's warm-up) restart the reader
+                _same(b.batch(step), a.batch(step), f"shard {shard} step {step} after a jump")
+        finally:
+            b.close()
+    # the two shards of a step are disjoint, and each epoch draws a new order
+    a0, a1 = _loaders(resident, streamed, 0)[1], _loaders(resident, streamed, 1)[1]
+    assert not set(a0.indices(2)) & set(a1.indices(2))
+    assert a0.indices(0) != a0.indices(6)
+
+
+def test_stream_batches_with_loader_workers_and_through_prepare():
+    resident, streamed = _both(_features())
+    a, b = _loaders(resident, streamed, 1, workers=1)  # a DataLoader worker process reads ahead
+    try:
+        for step in range(8):
+            _same(b.batch(step), a.batch(step), f"step {step}")
+        a2, b2 = _loaders(resident, streamed, 1)
+        for step in range(4, 9):  # the fast step's path: prepare on the host, then next_batch
+            a2.prepare(step)
+            b2.prepare(step)
+            _same(b2.next_batch(), a2.next_batch(), f"prepared step {step}")
+        b2.close()
+    finally:
+        b.close()
+
+
+def test_stream_test_batches_are_the_resident_slices():
+    resident, streamed = _both(_features(n_test=21))
+    for world in (1, 2, 3):
+        for rank in range(world):
+            got = list(stream.test_batches(streamed, rank, world, CPU, size=4, num_workers=0))
+            want = list(stream.test_batches(resident, rank, world, CPU, size=4))
+            assert len(got) == len(want)
+            for g, w in zip(got, want):
+                _same(g, w, f"rank {rank} of {world}")
+
+
+def test_a_dataset_that_fails_while_streaming_is_one_line():
+    trx, tr_y, tex, te_y = _features()
+    streamed = user_data((Fails(trx, tr_y), Pairs(tex, te_y)), "data=", loader="stream")
+    loader = StreamLoader(streamed, batch_size=50, shard=0, num_shards=2, seed=0,
+                          normalize=normalizer(streamed, CPU), device=CPU, num_workers=0)
+    with pytest.raises(BadInput) as e:
+        for step in range(2):  # one of the first two batches holds sample 7
+            loader.batch(step)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("data=: reading the train Dataset at step ")
+    assert msg.endswith("raised OSError: sample 7: truncated file")
+
+
+def test_a_streamed_label_past_the_classes_is_one_line():
+    trx, tr_y, tex, te_y = _features()
+
+    class Targets(Pairs):
+        targets = np.zeros(3, dtype=np.int64) + 1  # says 2 classes; the items hold 0..3
+    streamed = user_data((Targets(trx, tr_y), Targets(tex, te_y)), "data=", loader="stream")
+    assert streamed.spec.num_outputs == 2
+    loader = StreamLoader(streamed, batch_size=50, shard=0, num_shards=2, seed=0,
+                          normalize=normalizer(streamed, CPU), device=CPU, num_workers=0)
+    with pytest.raises(BadInput) as e:
+        loader.batch(0)
+    assert str(e.value) in (f"data=: label {k} is outside the 2 classes 0..1" for k in (2, 3))
+
+
+def test_streamed_training_gives_the_resident_weights(tmp_path):
+    """2 real Gloo workers, 32 steps of 2 x 32 over digits' 1437 images (an epoch is 22 steps):
+    the streamed run reads the same batches through DataLoaders, so the weights agree bit for bit."""
+    digits = load_dataset("digits")
+    data = (Pairs(digits.train_x.numpy(), digits.train_y.numpy()),
+            Pairs(digits.test_x.numpy(), digits.test_y.numpy()))
+    results = {}
+    with Pool(2) as pool, using(pool):
+        for loader in ("resident", "stream"):
+            cfg = TrainConfig(model="mlp", device="cpu", workers=2, samples=2048, batch_size=32, lr=0.01, eval_points=1,
+                              loader=loader, progress=False, out=str(tmp_path / loader))
+            results[loader] = shmlearn.train(cfg, data=data)
+    for loader, r in results.items():
+        assert r.status == "completed" and r.summary["data_path"] == loader
+        with open(os.path.join(r.run_dir, "summary.json")) as f:
+            assert json.load(f)["data_path"] == loader
+        assert r.summary["dataset"] == "python:Pairs pair"
+    a, b = results["resident"].model.state_dict(), results["stream"].model.state_dict()
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k}: streamed and resident weights differ"
+    assert results["stream"].summary["test_accuracy"] == results["resident"].summary["test_accuracy"]
+    assert results["stream"].summary["test_accuracy"] > 0.8  # it trained: equal weights are not both untrained
