@@ -73,9 +73,13 @@ class Parts:
 
 
 def label(obj: Any) -> str:
-    """'FILE.py:NAME' or 'pkg.module:NAME' for a class or function at the top level of a module (a
-    module instance is labelled by its class); 'python:<type>' for anything else."""
-    target = obj if (callable(obj) and not isinstance(obj, torch.nn.Module)) else type(obj)
+    """'FILE.py:NAME' or 'pkg.module:NAME' for a class or function at the top level of a module, a
+    reference that builds the model or data again; 'python:<type>' for anything else. A module
+    instance is 'python:<Class> instance': its class alone would rebuild neither its arguments nor
+    its weights."""
+    if isinstance(obj, torch.nn.Module):
+        return f"python:{type(obj).__qualname__} instance"
+    target = obj if callable(obj) else type(obj)
     if isinstance(obj, (tuple, list)):
         return f"python:{type(obj[0]).__name__}" + (" pair" if len(obj) == 2 else " arrays")
     mod, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)

@@ -146,7 +146,7 @@ def test_call_user_turns_what_the_users_code_raises_into_one_line():
 
 
 def test_labels_name_top_level_code_and_say_what_else_was_passed():
-    assert label(TopLevelNet()) == "test_refs:TopLevelNet"  # a module by its class
+    assert label(TopLevelNet()) == "python:TopLevelNet instance"  # its class would not rebuild its weights
     assert label(TopLevelNet) == "test_refs:TopLevelNet"
     assert label(top_level_builder) == "test_refs:top_level_builder"
     assert label(lambda: None) == "python:function"
