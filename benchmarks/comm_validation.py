@@ -108,7 +108,8 @@ def summarize(runs, max_interference: float = 1.0):
             "step_s": best["median_step_s"], "phase_s": best["median_window_phase_s"], "status": s["status"],
             "interference": best["interference"],
             "steps": s["steps"], "wall_time_s": s["wall_time_s"],
-            "tries": [{k: v for k, v in r.items() if k != "summary"} for r in reps], "summary": s}
+            "tries": [{k: v for k, v in r.items() if k != "summary"} for r in reps], "summary": s,
+            **({"strategy_params": s["strategy_params"]} if "strategy_params" in s else {})}
 
 
 def sh_many(cmds, log):

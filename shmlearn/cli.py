@@ -49,6 +49,8 @@ def flag_docs(cls=TrainConfig) -> Dict[str, str]:
         from shmlearn.models import MODELS
         docs["model"] += f" Built in: {', '.join(MODELS)}."
         docs["dataset"] += f" Built in: {', '.join(DATASETS)}."
+        from shmlearn.sync import registry
+        docs["strategy"] += " " + "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items()) + "."
     return docs
 
 

@@ -14,8 +14,8 @@ from typing import Any, Dict, Optional
 import yaml
 
 from shmlearn.errors import BadInput, count
+from shmlearn.sync import registry
 
-STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp")
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
                   "synthetic": 10, "step": 1, "line": 20, "line-exact": 20}
 """Budget when neither --samples nor --epochs is given: enough for the default model to learn the
@@ -41,8 +41,8 @@ class TrainConfig:
     """cpu, cuda (one process per GPU, NCCL) or auto (cuda when present)."""
     threads: Optional[int] = None
     """Intra-op threads per CPU worker. Default: the cores divided among the processes, at least 1."""
-    strategy: str = "allreduce"
-    """allreduce (gradient all-reduce), ps (parameter server), weight-avg, or ddp (torch DDP)."""
+    strategy: str = registry.DEFAULT
+    """How the workers synchronize: a strategy registered in shmlearn.sync, by name."""
     avg_period: int = 1
     """weight-avg: average the weights every K local steps (K=1 is the paper's Eq. 2.2)."""
     ps_dedicated: bool = False
@@ -268,8 +268,7 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose on or off")
     if cfg.loader not in LOADERS:
         raise BadInput(f"--loader {cfg.loader}: choose one of {', '.join(LOADERS)}")
-    if cfg.strategy not in STRATEGIES:
-        raise BadInput(f"--strategy {cfg.strategy}: choose one of {', '.join(STRATEGIES)}")
+    registry.spec(cfg)  # the strategy, its parameters' ranges, and no other strategy's flags
     if cfg.device not in DEVICES:
         raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
     if cfg.optimizer not in OPTIMIZERS:
@@ -288,7 +287,6 @@ def validate(cfg: TrainConfig) -> None:
     _whole("batch-size", cfg.batch_size, 1, MAX_SAMPLES)
     _whole("samples", cfg.samples, 1, MAX_SAMPLES)
     _whole("warmup", cfg.warmup, 0, MAX_STEPS)
-    _whole("avg-period", cfg.avg_period, 1, MAX_STEPS)
     _whole("log-every", cfg.log_every, 1, MAX_STEPS)
     _whole("check-every", cfg.check_every, 1, MAX_STEPS)
     _whole("eval-points", cfg.eval_points, 1, MAX_EVAL_POINTS)
@@ -304,10 +302,6 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput("--samples and --epochs: give one budget, not both")
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
-    if cfg.ps_dedicated and cfg.strategy != "ps":
-        raise BadInput(f"--ps-dedicated: only for --strategy ps, not {cfg.strategy}")
-    if cfg.avg_period != 1 and cfg.strategy != "weight-avg":
-        raise BadInput(f"--avg-period: only for --strategy weight-avg, not {cfg.strategy}")
     _check_init(cfg.init)
     from shmlearn.fast import CUDA_GRAPH, PRECISIONS
     from shmlearn.data.augment import Augment

@@ -176,10 +176,7 @@ class Stepper:
         self._t.add_(1)
 
     def _kinds(self) -> List[bool]:
-        s = self.strategy
-        if s.name != "weight-avg" or self.world_size == 1:
-            return [False]
-        return [True] if s.period == 1 else [False, True]
+        return self.strategy.round_kinds()
 
     def _capture_all_ranks(self) -> None:
         """Capture on every rank; if any rank fails, every rank runs eagerly (same maths)."""

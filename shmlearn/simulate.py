@@ -67,13 +67,14 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from shmlearn.errors import BadInput
+from shmlearn.sync import registry
+from shmlearn.sync.registry import Costs
 
 FORMS = {
     "all_reduce": ("ring", "tree"),
@@ -293,14 +294,22 @@ class Compute:
         return {name: k * v for name, v in measured[p0].items()}
 
 
+def _bench_strategies() -> List[str]:
+    """The variants of a `bench throughput` JSON that are shmlearn strategies (its baselines are
+    not; bench runs the strategies with a fast step)."""
+    return registry.names(fast_step=True)
+
+
 def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
     """A `bench throughput` result row in the shape of a measured run / compute source."""
     c = doc["config"]
+    entry = registry.get(r["variant"], "--measured: variant")
+    spec = entry.spec(entry.params_from(c))  # the bench's settings, named as TrainConfig names them
     return {"name": f"{c['model']} {r['variant']} W={r['workers']} B={r['batch']} ({r['mode']})",
             "status": "completed", "steps": 1, "strategy": r["variant"], "workers": r["workers"],
             "batch_size": r["batch"], "model": c["model"], "device": doc["env"].get("device", "?"),
             "input_shape": c.get("input_shape"), "classes": c.get("classes"),
-            "avg_period": c.get("avg_period", 1) if r["variant"] == "weight-avg" else 1,
+            "strategy_params": spec.as_dict(), "avg_period": spec.period(),
             "check_every": 1 if str(r.get("mode", "")).startswith("classic") else None,
             "step_s": 1.0 / r["steps_per_s"]["median"]}
 
@@ -308,7 +317,7 @@ def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
 def throughput_compute(doc: Dict[str, Any], batch: Optional[int], source: str) -> Dict[str, Any]:
     """The one-worker shmlearn step of a `bench throughput` JSON at `batch` (default: the
     smallest batch): the compute source, with no communication in it."""
-    rows = [r for r in doc["results"] if r["workers"] == 1 and r["variant"] in ("allreduce", "ps", "weight-avg")]
+    rows = [r for r in doc["results"] if r["workers"] == 1 and r["variant"] in _bench_strategies()]
     batches = sorted({r["batch"] for r in rows})
     if not rows:
         raise BadInput(f"--compute {source}: no one-worker shmlearn row (run bench throughput with --workers 1,...)")
@@ -379,8 +388,36 @@ def load_compute(path: str, batch: Optional[int] = None) -> Compute:
 
 # --- the predictor ------------------------------------------------------------------------------
 
-STRATEGIES = ("allreduce", "ps", "ps-dedicated", "weight-avg", "ddp")
-DDP_BUCKET = 25 << 20  # torch DDP's default bucket_cap_mb
+def strategies() -> List[str]:
+    """The names simulate predicts: every registered strategy's variants (ps and ps-dedicated)."""
+    return list(registry.sim_variants())
+
+
+def default_strategies() -> List[str]:
+    """What simulate predicts unless told: the strategies with a fast step (train's default loop)."""
+    return registry.names(fast_step=True)
+
+
+def _period(name: str, params) -> int:
+    """Steps per communication round of a strategy with these parameters (1: every step)."""
+    return _entry(name).spec(params).period()
+
+
+def _entry(name: str):
+    """The registry entry of a simulate name (BadInput naming --strategies if there is none)."""
+    variants = registry.sim_variants()
+    if name not in variants:
+        raise BadInput(f"--strategies {name}: choose from {', '.join(variants)}")
+    return variants[name][0]
+
+
+def _variant(name: str, m: "Machine", params=None):
+    """(entry, parameters) of a simulate name: `params` if given (a measured run's), else the
+    variant's fixed parameters over the Machine's settings (--avg-period)."""
+    entry = _entry(name)
+    if params is None:
+        params = replace(entry.params_from({"avg_period": m.avg_period}), **registry.sim_variants()[name][1])
+    return entry, params
 
 
 @dataclass(kw_only=True)
@@ -412,8 +449,7 @@ def control_period(m: Machine, strategy: str) -> int:
     if m.check_every is not None:
         return m.check_every
     from shmlearn.fast import DEFAULT_CHECK_EVERY
-    from shmlearn.sync import STRATEGIES
-    if not STRATEGIES["ps" if strategy == "ps-dedicated" else strategy].gated:  # no fast step
+    if not _variant(strategy, m)[0].fast_step:
         return 1
     return DEFAULT_CHECK_EVERY["cpu" if str(m.compute.device).lower().startswith("cpu") else "cuda"]
 
@@ -426,45 +462,30 @@ def average_s(m: Machine, rows: int, nbytes: float) -> float:
     return m.compute.update_s * (rows + 1) / 5
 
 
-def predict(m: Machine, strategy: str, w: int) -> Dict[str, float]:
-    """Seconds per step by part for `w` workers; 'step_s' is their sum."""
-    if strategy not in STRATEGIES:
-        raise BadInput(f"--strategies {strategy}: choose from {', '.join(STRATEGIES)}")
+def predict(m: Machine, strategy: str, w: int, params=None) -> Dict[str, float]:
+    """Seconds per step by part for `w` workers; 'step_s' is their sum. The strategy's own parts
+    come from its cost model (its registry entry); params: a measured run's parameters."""
+    entry, params = _variant(strategy, m, params)
     c = m.compute
     S = 4.0 * c.parameters
     allreduce = m.net.all_reduce if m.allreduce_algo == "ring" else replace(m.net.all_reduce, form="tree")
-    procs = w + 1 if strategy == "ps-dedicated" else w
+    procs = entry.spec(params).processes(w)
     local = c.parts(w, m.slots)  # w processes compute at once (a dedicated server waits meanwhile)
     parts = {"data": local["data"], "compute": local["compute"], "other": local["other"]}
     k = control_period(m, strategy)
     parts["control"] = allreduce.time(procs, 8.0 * (k * procs + 2)) / k if procs > 1 else 0.0
-    if m.wake is not None and procs > 1:
-        # The computing ranks set it (a dedicated server only waits); weight-avg meets it every K.
-        # ps's first collective after compute is the gather, the others' the all-reduce.
-        op = "gather" if strategy in ("ps", "ps-dedicated") else "all_reduce"
-        parts["wake"] = m.wake(op, w) / (m.avg_period if strategy == "weight-avg" else 1)
-    if strategy in ("ps", "ps-dedicated"):
-        if procs > 1:
-            parts["gather"] = m.net.gather.time(procs, procs * S)
-            parts["average"] = average_s(m, w, S)
-            parts["broadcast"] = m.net.broadcast.time(procs, S)
-        parts["update"] = c.update_s  # the server alone updates; it is idle, not contended
-    else:
-        parts["update"] = local["update"]
-        ar = allreduce.time(w, S)
-        if strategy == "allreduce":
-            parts["allreduce"] = ar
-        elif strategy == "weight-avg":
-            parts["allreduce"] = ar / m.avg_period
-        elif strategy == "ddp":
-            hidden = m.bwd_frac * parts["compute"]
-            parts["allreduce"] = max(allreduce.time(w, min(S, DDP_BUCKET)), ar - hidden) if w > 1 else 0.0
+    # The computing ranks set the wake (a server only waits): wake(op, W), W not the processes.
+    wake = (lambda op: m.wake(op, w)) if m.wake is not None and procs > 1 else (lambda op: 0.0)
+    costs = Costs(workers=w, processes=procs, grad_bytes=S, local=local, update_s=c.update_s,
+                  all_reduce=allreduce.time, gather=m.net.gather.time, broadcast=m.net.broadcast.time,
+                  average=lambda rows, nbytes: average_s(m, rows, nbytes), wake=wake, bwd_frac=m.bwd_frac)
+    parts.update(entry.cost(costs, params))
     parts["step_s"] = sum(parts.values())
     return parts
 
 
 def scaling_table(m: Machine, strategies: Sequence[str], workers: Sequence[int]) -> List[Dict[str, Any]]:
-    base = predict(m, "allreduce", 1)["step_s"]  # one worker, no communication
+    base = predict(m, registry.DEFAULT, 1)["step_s"]  # one worker, no communication
     rows = []
     for s in strategies:
         for w in workers:
@@ -477,23 +498,24 @@ def scaling_table(m: Machine, strategies: Sequence[str], workers: Sequence[int])
 
 # --- measured points ----------------------------------------------------------------------------
 
-def _strategy_of(s: Dict[str, Any]) -> str:
-    if s.get("strategy") == "ps" and s.get("processes", s.get("workers")) > s.get("workers"):
-        return "ps-dedicated"
-    return s.get("strategy")
-
-
-def _avg_period_of(s: Dict[str, Any], run_dir: Optional[str]) -> int:
-    if "avg_period" in s:
-        return int(s["avg_period"])
-    m = re.search(r"--avg-period\s+(\d+)", s.get("command", ""))
-    if m:
-        return int(m.group(1))
-    if run_dir and os.path.exists(os.path.join(run_dir, "config.yaml")):
-        import yaml
-        with open(os.path.join(run_dir, "config.yaml")) as f:
-            return int((yaml.safe_load(f) or {}).get("avg_period", 1))
-    return 1
+def _strategy_of(s: Dict[str, Any], run_dir: Optional[str]) -> Tuple[str, Any]:
+    """(simulate name, parameters) of a measured run, from its summary's `strategy_params`.
+    A summary from before them: the TrainConfig-named keys a bundle kept (avg_period) over its
+    run's config.yaml, with as many serving ranks as it had processes beyond its workers."""
+    entry = registry.get(s.get("strategy"), "--measured: strategy")
+    recorded = s.get("strategy_params", (s.get("summary") or {}).get("strategy_params"))  # a bundle keeps the summary
+    if recorded is not None:
+        params = entry.params_of(recorded)
+    else:
+        values = {}
+        if run_dir and os.path.exists(os.path.join(run_dir, "config.yaml")):
+            import yaml
+            with open(os.path.join(run_dir, "config.yaml")) as f:
+                values = yaml.safe_load(f) or {}
+        values.update(s)
+        servers = s.get("processes", s["workers"]) - s["workers"]
+        params = registry.with_servers(entry, entry.params_from(values), servers)
+    return registry.sim_name(entry, params), params
 
 
 def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
@@ -503,7 +525,7 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
         d = _read_json("--measured", p)
         if d.get("benchmark") == "throughput" and "results" in d:  # bench throughput: its shmlearn rows
             runs = [_bench_row(r, d) for r in d["results"]
-                    if r["workers"] > 1 and r["variant"] in ("allreduce", "ps", "weight-avg")]
+                    if r["workers"] > 1 and r["variant"] in _bench_strategies()]
         else:
             runs = d["runs"] if "runs" in d else [d]
         for s in runs:
@@ -514,10 +536,12 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
             ce = s.get("check_every", (s.get("summary") or {}).get("check_every"))
             if ce is None and ("summary" in s or "wall_time_s" in s):
                 ce = 1
-            out.append({"name": s.get("name", p), "strategy": _strategy_of(s), "workers": s["workers"],
+            name, params = _strategy_of(s, p if os.path.isdir(p) else None)
+            out.append({"name": s.get("name", p), "strategy": name, "workers": s["workers"],
                         "check_every": int(ce) if ce else None,
                         "batch_size": s["batch_size"], "model": s.get("model"),
-                        "avg_period": _avg_period_of(s, p if os.path.isdir(p) else None),
+                        "strategy_params": asdict(params),
+                        "avg_period": _period(name, params),
                         "step_s": s.get("step_s") or s["wall_time_s"] / s["steps"],
                         "phase_s": s.get("phase_s", {})})
     return out
@@ -533,10 +557,13 @@ def validate(m: Machine, measured: Sequence[Dict[str, Any]]) -> List[Dict[str, A
             continue  # the compute source's batch is the only one we measured the compute of
         # The measured run's own loop where it recorded one (a bench throughput row does not).
         ce = r.get("check_every") or m.check_every
-        mm = Machine(**{**m.__dict__, "avg_period": r["avg_period"], "check_every": ce})
-        p = predict(mm, r["strategy"], r["workers"])
+        mm = Machine(**{**m.__dict__, "avg_period": r.get("avg_period", 1), "check_every": ce})
+        params = None
+        if r.get("strategy_params") is not None:
+            params = _variant(r["strategy"], mm)[0].params_of(r["strategy_params"])
+        p = predict(mm, r["strategy"], r["workers"], params)
         rows.append({"name": r["name"], "strategy": r["strategy"], "workers": r["workers"],
-                     "avg_period": r["avg_period"], "check_every": control_period(mm, r["strategy"]),
+                     "avg_period": r.get("avg_period", 1), "check_every": control_period(mm, r["strategy"]),
                      "measured_step_s": r["step_s"],
                      "predicted_step_s": p["step_s"], "error": p["step_s"] / r["step_s"] - 1,
                      "parts": p, "measured_phase_s": r["phase_s"]})
@@ -577,7 +604,7 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     for s in doc["strategies"]:
         rs = [r for r in doc["predictions"] if r["strategy"] == s]
         ws = [r["workers"] for r in rs]
-        label = f"{s} (K={doc['avg_period']})" if s == "weight-avg" else s
+        label = f"{s} (K={doc['avg_period']})" if _entry(s).rounds else s
         line, = axes[0].plot(ws, [r["step_s"] * 1e3 for r in rs], label=label)
         colors[s] = line.get_color()
         axes[1].plot(ws, [r["samples_per_s"] for r in rs], color=colors[s], label=label)
@@ -614,7 +641,7 @@ def _fit_dict(f: Fit) -> Dict[str, Any]:
 
 def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None, net_bw: Optional[float] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
-             strategies: Sequence[str] = ("allreduce", "ps", "weight-avg"), workers: Sequence[int] = (),
+             strategies: Optional[Sequence[str]] = None, workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
              allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None,
              comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
@@ -651,9 +678,9 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
         m.avg_alpha_s, m.avg_bps = max(0.0, coef[0]), (1 / coef[1] if coef[1] > 0 else None)
         avg_src = f"fitted to {ps_sim} (gradient average vs workers)"
     workers = sorted(set(workers or [2 ** i for i in range(11)]))
+    strategies = list(strategies) if strategies else default_strategies()
     for s in strategies:
-        if s not in STRATEGIES:
-            raise BadInput(f"--strategies {s}: choose from {', '.join(STRATEGIES)}")
+        _variant(s, m)  # BadInput for an unknown name
     meas = load_measured(measured)
     workers = sorted(set(workers) | {r["workers"] for r in meas if r["model"] in (None, comp.model)})
     preds = scaling_table(m, strategies, workers)
@@ -692,8 +719,8 @@ def register(sub) -> None:
     p.add_argument("--batch", type=int, default=None,
                    help="with a bench throughput JSON as --compute: the per-worker batch to take [smallest]")
     p.add_argument("--ps-sim", help="bench ps-sim JSON: the server's averaging cost (default: from the update phase)")
-    p.add_argument("--strategies", default="allreduce,ps,weight-avg",
-                   help=f"comma list of {','.join(STRATEGIES)} [allreduce,ps,weight-avg]")
+    p.add_argument("--strategies", default=",".join(default_strategies()),
+                   help=f"comma list of {','.join(strategies())} [{','.join(default_strategies())}]")
     p.add_argument("--avg-period", type=int, default=4, help="weight-avg: average every K steps [4]")
     p.add_argument("--allreduce-algo", default="ring",
                    help="ring (as measured) or tree (2 log2 W latency steps: NCCL at scale, a what-if) [ring]")

@@ -36,6 +36,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from shmlearn.config import TrainConfig, load_yaml, validate
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
+from shmlearn.sync import registry
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
 """Grid order, outermost first: trials of one worker count run together and pack the slots."""
@@ -436,7 +437,7 @@ class Sweep:
         return False, self.sc.slots or cores
 
     def _need(self, cfg: TrainConfig) -> int:
-        procs = cfg.workers + int(cfg.ps_dedicated)
+        procs = registry.spec(cfg).processes(cfg.workers)
         return procs if self.cuda else procs * (cfg.threads or 1)
 
     def run(self) -> int:
@@ -584,7 +585,7 @@ class Sweep:
             self.pool.close()
 
     def _procs(self, cfg: TrainConfig) -> int:
-        return cfg.workers + int(cfg.ps_dedicated)
+        return registry.spec(cfg).processes(cfg.workers)
 
     def _start(self, cfg: TrainConfig, slots: List[int], attempt: int) -> _Running:
         """Rank r runs on the worker of its first slot and, on CPU, is pinned to its T slots'

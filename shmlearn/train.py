@@ -43,7 +43,7 @@ from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.pool import current as current_pool, describe
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
-from shmlearn.sync import SyncStrategy, build_strategy
+from shmlearn.sync import SyncStrategy, registry
 from shmlearn.tasks import correct, loss_fn
 from shmlearn.timing import PhaseTimer, chrome_trace
 
@@ -86,14 +86,15 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     if data is None and is_ref(cfg.dataset):
         resolve_ref(cfg.dataset, "--dataset")
     cuda = _device_type(cfg.device) == "cuda"
+    spec = registry.spec(cfg)
     if cfg.workers is None:
-        cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, cfg.ps_dedicated))
-    world = cfg.workers + (1 if cfg.ps_dedicated else 0)
-    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, world - cfg.ps_dedicated))
+        cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, spec.servers))
+    world = spec.processes(cfg.workers)
+    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers))
     if not cfg.resume:
         check_out_dir(cfg.out)
     if cuda and world > torch.cuda.device_count():
-        extra = " + 1 server" if cfg.ps_dedicated else ""
+        extra = f" + {count(spec.servers, 'server')}" if spec.servers else ""
         raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
                        f"{world} GPUs, {torch.cuda.device_count()} present")
     if not cuda:
@@ -118,12 +119,12 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
 
-def default_workers(cuda: bool, gpus: int, ps_dedicated: bool) -> int:
+def default_workers(cuda: bool, gpus: int, servers: int) -> int:
     """--workers when not given, locally: 2, and on CUDA no more than the GPUs present hold (one
-    process per GPU; a dedicated server takes one of them)."""
+    process per GPU; a strategy's serving ranks, e.g. a dedicated parameter server, take theirs)."""
     if not cuda:
         return 2
-    return max(1, min(2, gpus - int(ps_dedicated)))
+    return max(1, min(2, gpus - int(servers)))
 
 
 def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
@@ -159,13 +160,15 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
     must beat (pruning.py). parts: the user's own model/data/loss objects, if any."""
     t_entry = time.perf_counter()
     validate(cfg)
-    dedicated = int(cfg.ps_dedicated)
-    compute = env.world_size - dedicated
+    spec = registry.spec(cfg)
+    compute = spec.compute_ranks(env.world_size)
     if compute < 1:
-        raise BadInput("--ps-dedicated: needs at least 2 processes (1 server + 1 worker)")
+        raise BadInput(f"{spec.flags()}: needs at least {spec.processes(1)} processes "
+                       f"({count(spec.servers, 'server')} + 1 worker)")
     if cfg.workers is not None and cfg.workers != compute:
+        servers = f" + {count(spec.servers, 'server')}" if spec.servers else ""
         raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
-                       f"({count(compute, 'worker')}{' + 1 server' if dedicated else ''}); drop --workers or match it")
+                       f"({count(compute, 'worker')}{servers}); drop --workers or match it")
     cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
     # Elastic restart: torchrun starts the same command again; it must continue, not restart.
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
@@ -175,10 +178,10 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
     # Under torchrun/mpirun/srun rank 0 holds --out's lock for the run (locally, train() does).
     out_lock = lock_out_dir(cfg.out) if env.rank == 0 and env.launcher != "local" else contextlib.nullcontext()
     with out_lock:
-        return _run_rank(cfg, env, dedicated, compute, prune_key, t_entry, parts or Parts())
+        return _run_rank(cfg, env, spec, compute, prune_key, t_entry, parts or Parts())
 
 
-def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prune_key, t_entry,
+def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int, prune_key, t_entry,
               parts: Parts) -> RunResult:
 
     device = torch.device(_device_type(cfg.device))
@@ -205,9 +208,9 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
     torch.manual_seed(cfg.seed)
     model = _build_model(cfg, parts, data)
     apply_init(model, cfg.init)
-    strategy = build_strategy(cfg.strategy, rank=env.rank, world_size=env.world_size,
-                              avg_period=cfg.avg_period, ps_dedicated=cfg.ps_dedicated)
-    # The server builds a loader too, so a bad layout fails on every rank, not on workers only.
+    strategy = spec.build(rank=env.rank, world_size=env.world_size)
+    # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
+    shard = spec.shard(env.rank) or 0
     augment = Augment.parse(cfg.augment)
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
@@ -215,11 +218,11 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
         if augment.active:
             raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
                            f"data is streamed (augment in your Dataset, or --loader resident)")
-        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=max(env.rank - dedicated, 0),
+        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard,
                               num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device), device=device)
     else:
         loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
-                               shard=max(env.rank - dedicated, 0), num_shards=compute, seed=cfg.seed,
+                               shard=shard, num_shards=compute, seed=cfg.seed,
                                normalize=normalizer(data, device), augment=augment,
                                channels_last=cfg.channels_last)
 
@@ -233,12 +236,11 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, dedicated: int, compute: int, prun
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
                                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         strategy.setup(model, optimizer, channels_last=cfg.channels_last)
-        check_replicas(strategy.params_flat if strategy.params_flat is not None
-                       else torch.cat([p.detach().reshape(-1) for p in model.parameters()]), env.world_size)
+        check_replicas(strategy.params_flat, env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=parts.loss)
+                     t_entry=t_entry, loss=parts.loss, spec=spec)
         return loop.run()
     finally:
         if isinstance(loader, StreamLoader):
@@ -337,8 +339,9 @@ class _Loop:
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
                  loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None,
-                 loss=None):
+                 loss=None, spec: Optional[registry.Spec] = None):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
+        self.spec = spec if spec is not None else registry.spec(cfg)
         self.loss = loss
         """The user's f(outputs, targets) -> mean loss, or None: the task's (tasks.loss_fn)."""
         self.optimizer, self.schedule = optimizer, schedule

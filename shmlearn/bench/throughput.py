@@ -43,9 +43,14 @@ import torch
 from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list, rank_device, stats, sync
 from shmlearn.errors import BadInput, WorkerFailed
 from shmlearn.launch import run_local
+from shmlearn.sync import registry
 
 BASELINES = ("plain", "plain-fp32", "ddp", "local")
-STRATEGY_NAMES = ("allreduce", "ps", "weight-avg")
+
+
+def strategy_names() -> List[str]:
+    """The shmlearn strategies this bench times: those with a fast step (fast.py)."""
+    return registry.names(fast_step=True)
 
 
 @dataclass(kw_only=True)
@@ -58,7 +63,7 @@ class ThroughputConfig:
     batch_sizes: List[int] = field(default_factory=lambda: [128])
     """Per worker."""
     workers: List[int] = field(default_factory=lambda: [1])
-    strategies: List[str] = field(default_factory=lambda: ["allreduce"])
+    strategies: List[str] = field(default_factory=lambda: [registry.DEFAULT])
     """shmlearn strategies; 'name:eager' runs it without a CUDA graph."""
     baselines: List[str] = field(default_factory=lambda: ["plain", "ddp", "local"])
     avg_period: int = 8
@@ -215,8 +220,8 @@ def _variants(c: ThroughputConfig, world: int) -> List[str]:
             out.append(b)
     for s in c.strategies:
         name = s.split(":")[0]
-        if world == 1 and name != "allreduce":
-            continue  # every strategy is the same step at one worker
+        if world == 1 and name != registry.DEFAULT:
+            continue  # every strategy is the same step at one worker: the reference stands for all
         out.append(s)
     return out
 
@@ -225,7 +230,7 @@ def _build(c, v: str, device, batch, rank, world):
     if v in ("plain", "plain-fp32", "ddp"):
         return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v == "ddp")
     if v == "local":
-        return _Shmlearn(c, device, batch, rank, world, strategy="allreduce", eager=False, local=True)
+        return _Shmlearn(c, device, batch, rank, world, strategy=registry.DEFAULT, eager=False, local=True)
     name, _, mod = v.partition(":")
     return _Shmlearn(c, device, batch, rank, world, strategy=name, eager=mod == "eager", local=False)
 
@@ -324,7 +329,7 @@ def _sync_bench(c, model_name: str, device, rank: int, world: int, barrier) -> D
     import torch.distributed as dist
     from shmlearn.sync import build_strategy
     model = _model(c, device, model_name)
-    s = build_strategy("allreduce", rank=rank, world_size=world)
+    s = build_strategy(registry.DEFAULT, rank=rank, world_size=world)  # the gradient all-reduce
     s.setup(model, _sgd(model.parameters(), c.lr))
     g = torch.Generator().manual_seed(rank)
     s.grads_ext.copy_(torch.randn(s.grads_ext.numel(), generator=g).to(device))
@@ -375,8 +380,8 @@ def check(c: ThroughputConfig) -> None:
             raise BadInput(f"--model {m}: unknown model; choose one of {', '.join(MODELS)}")
     for s in c.strategies:
         name, _, mod = s.partition(":")
-        if name not in STRATEGY_NAMES or mod not in ("", "eager"):
-            raise BadInput(f"--strategies {s}: choose from {', '.join(STRATEGY_NAMES)} (optionally :eager)")
+        if name not in strategy_names() or mod not in ("", "eager"):
+            raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())} (optionally :eager)")
     for b in c.baselines:
         if b not in BASELINES:
             raise BadInput(f"--baselines {b}: choose from {', '.join(BASELINES)}")
@@ -425,7 +430,7 @@ def _ratios(rows: List[dict]) -> None:
                          ("vs_ddp", med(r["workers"], r["batch"], "ddp")),
                          ("vs_local", med(r["workers"], r["batch"], "local")),
                          ("scaling", med(1, r["batch"], r["variant"] if r["variant"] not in ("local", "ddp")
-                                         else "allreduce"))):
+                                         else registry.DEFAULT))):
             if ref and not (key == "scaling" and r["workers"] == 1):
                 r[key] = x / ref
 
@@ -473,8 +478,9 @@ def register(bench_sub) -> None:
     p.add_argument("--device", default="cpu", help="cpu (Gloo processes) or cuda (one process per GPU, NCCL) [cpu]")
     p.add_argument("--batch-sizes", default="128", help="per-worker batch sizes, e.g. 128,1024 [128]")
     p.add_argument("--workers", default="1", help="worker counts, e.g. 1,2 [1]")
-    p.add_argument("--strategies", default="allreduce",
-                   help="shmlearn strategies: allreduce,ps,weight-avg; name:eager = without a CUDA graph [allreduce]")
+    p.add_argument("--strategies", default=registry.DEFAULT,
+                   help=f"shmlearn strategies: {','.join(strategy_names())}; name:eager = without a CUDA graph "
+                        f"[{registry.DEFAULT}]")
     p.add_argument("--baselines", default="plain,ddp,local", help=f"subset of {','.join(BASELINES)} [plain,ddp,local]")
     p.add_argument("--avg-period", type=int, default=8, help="weight-avg: average every K steps [8]")
     p.add_argument("--precision", default="fp32", help="fp32 or bf16 (shmlearn and plain) [fp32]")

@@ -1,23 +1,22 @@
-"""Synchronization strategies, by name. Each lives in its own file over sync/base.py."""
+"""Synchronization strategies, by name. Each lives in its own file over sync/base.py and
+registers an entry that describes it (registry.py)."""
 from __future__ import annotations
 
-from shmlearn.sync.allreduce import AllReduce
+from shmlearn.sync import registry
 from shmlearn.sync.base import SyncStrategy, flatten_parameters
-from shmlearn.sync.ddp import DDP
+# Each import registers its strategy; this order is the order --help and messages list them in.
+from shmlearn.sync.allreduce import AllReduce
 from shmlearn.sync.parameter_server import ParameterServer
 from shmlearn.sync.weight_averaging import WeightAveraging
-
-STRATEGIES = {"allreduce": AllReduce, "ps": ParameterServer, "weight-avg": WeightAveraging, "ddp": DDP}
-
-
-def build_strategy(name: str, *, rank: int, world_size: int, group=None, avg_period: int = 1,
-                   ps_dedicated: bool = False) -> SyncStrategy:
-    if name == "ps":
-        return ParameterServer(rank=rank, world_size=world_size, group=group, dedicated=ps_dedicated)
-    if name == "weight-avg":
-        return WeightAveraging(rank=rank, world_size=world_size, group=group, period=avg_period)
-    return STRATEGIES[name](rank=rank, world_size=world_size, group=group)
+from shmlearn.sync.ddp import DDP
 
 
-__all__ = ["SyncStrategy", "flatten_parameters", "build_strategy", "STRATEGIES",
+def build_strategy(name: str, *, rank: int, world_size: int, group=None, **config) -> SyncStrategy:
+    """The strategy `name` for one rank. config: TrainConfig fields that set its parameters
+    (avg_period=4); those of other strategies are ignored, missing ones take their defaults."""
+    entry = registry.get(name)
+    return entry.spec(entry.params_from(config)).build(rank=rank, world_size=world_size, group=group)
+
+
+__all__ = ["SyncStrategy", "flatten_parameters", "build_strategy", "registry",
            "AllReduce", "ParameterServer", "WeightAveraging", "DDP"]

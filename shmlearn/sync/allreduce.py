@@ -12,6 +12,7 @@ term is non-finite); every rank then skips the same update, with no extra collec
 from __future__ import annotations
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
+from shmlearn.sync.registry import Costs, Entry, register
 from shmlearn.timing import PhaseTimer
 
 
@@ -37,3 +38,12 @@ class AllReduce(SyncStrategy):
             check_non_finite(loss.reshape(1), found_inf, self._one)
         with timer.phase("update"):
             self.optimizer.step()
+
+
+def cost(c: Costs, params) -> dict:
+    """Every rank updates; one all-reduce of the gradient (S bytes) per step."""
+    return {"wake": c.wake("all_reduce"), "update": c.local["update"],
+            "allreduce": c.all_reduce(c.workers, c.grad_bytes)}
+
+
+ENTRY = register(Entry(name="allreduce", cls=AllReduce, help="gradient all-reduce (paper Eq. 2.1)", cost=cost))

@@ -132,6 +132,11 @@ class SyncStrategy(ABC):
         whether this step averages (weight averaging; from `next_round()`, decided on the host)."""
         raise NotImplementedError(f"{self.name}: no fast step")
 
+    def round_kinds(self) -> list:
+        """The values of `round_` that gated_step is called with in this run (fast.py captures
+        one CUDA graph for each): [False] unless the strategy communicates in rounds."""
+        return [False]
+
     def next_round(self) -> bool:
         """Whether the coming step communicates weights (weight averaging every K steps)."""
         return False

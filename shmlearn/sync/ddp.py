@@ -10,18 +10,21 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from shmlearn.sync.base import SyncStrategy
+from shmlearn.sync.registry import Costs, Entry, register
 from shmlearn.timing import PhaseTimer
+
+BUCKET_BYTES = 25 << 20  # torch DDP's default bucket_cap_mb
 
 
 class DDP(SyncStrategy):
     name = "ddp"
 
+    _ddp = None
+
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
-        self.model, self.optimizer = model, optimizer
-        if group is not None:
-            self.group = group
-        if channels_last:
-            model.to(memory_format=torch.channels_last)
+        # The flat weight buffer as every strategy has it (replicas are checked on it); DDP's
+        # own buckets then hold the gradients (.grad becomes a view of them at the first backward).
+        super().setup(model, optimizer, group, channels_last=channels_last)
         device_ids = [model_device(model).index] if model_device(model).type == "cuda" else None
         # DDP broadcasts rank 0's weights and buffers at construction; gradient_as_bucket_view
         # saves the copy between .grad and the communication buckets.
@@ -50,3 +53,16 @@ class DDP(SyncStrategy):
 
 def model_device(model: torch.nn.Module) -> torch.device:
     return next(model.parameters()).device
+
+
+def cost(c: Costs, params) -> dict:
+    """Backward (bwd_frac of compute) hides the all-reduce, except the last bucket's (not
+    validated against measurements)."""
+    ar = 0.0
+    if c.workers > 1:
+        hidden = c.bwd_frac * c.local["compute"]
+        ar = max(c.all_reduce(c.workers, min(c.grad_bytes, BUCKET_BYTES)), c.all_reduce(c.workers, c.grad_bytes) - hidden)
+    return {"wake": c.wake("all_reduce"), "update": c.local["update"], "allreduce": ar}
+
+
+ENTRY = register(Entry(name="ddp", cls=DDP, help="torch DistributedDataParallel, unchanged", cost=cost))

@@ -14,11 +14,24 @@ skips its update if any gathered loss is not finite, and broadcasts the weights 
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
+from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.timing import PhaseTimer
+
+
+@dataclass(frozen=True)
+class Params:
+    dedicated: bool = param("ps_dedicated", False)
+    """One extra process (rank 0) only serves, as in the paper; default rank 0 also computes."""
+
+    @property
+    def servers(self) -> int:
+        return int(self.dedicated)
 
 
 class ParameterServer(SyncStrategy):
@@ -86,3 +99,19 @@ class ParameterServer(SyncStrategy):
 
     def state_dict(self) -> dict:
         return {"dedicated": self.dedicated}
+
+
+def cost(c: Costs, params: Params) -> dict:
+    """The server's link, in the flat form: (P-1) gradients in, (P-1) weight copies out, P the
+    processes; it averages W rows and alone updates (idle, not contended)."""
+    parts = {"wake": c.wake("gather")}
+    if c.processes > 1:
+        parts["gather"] = c.gather(c.processes, c.processes * c.grad_bytes)
+        parts["average"] = c.average(c.workers, c.grad_bytes)
+        parts["broadcast"] = c.broadcast(c.processes, c.grad_bytes)
+    parts["update"] = c.update_s
+    return parts
+
+
+ENTRY = register(Entry(name="ps", cls=ParameterServer, help="parameter server (paper §6)", params=Params,
+                       cost=cost, variants={"ps": {"dedicated": False}, "ps-dedicated": {"dedicated": True}}))

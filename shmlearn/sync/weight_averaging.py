@@ -22,12 +22,26 @@ or the loop's next read of the losses stops the run (fast.py says what that chan
 from __future__ import annotations
 
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
+from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.timing import PhaseTimer
+
+
+@dataclass(frozen=True)
+class Params:
+    period: int = param("avg_period", 1)
+    """Average the weights every K local steps (K=1 is the paper's Eq. 2.2)."""
+
+    servers = 0
+
+    def __post_init__(self):
+        from shmlearn.config import MAX_STEPS, _whole
+        _whole("avg-period", self.period, 1, MAX_STEPS)
 
 
 class WeightAveraging(SyncStrategy):
@@ -57,6 +71,11 @@ class WeightAveraging(SyncStrategy):
         if self.world_size > 1 and self.in_sync:
             with timer.phase("allreduce"):
                 self._average()
+
+    def round_kinds(self) -> list:
+        if self.world_size == 1:
+            return [False]
+        return [True] if self.period == 1 else [False, True]
 
     def next_round(self) -> bool:
         return self.world_size > 1 and (self.local_steps + 1) % self.period == 0
@@ -103,3 +122,14 @@ class WeightAveraging(SyncStrategy):
 
     def load_state_dict(self, d: dict) -> None:
         self.local_steps, self.rounds = d["local_steps"], d["rounds"]
+
+
+def cost(c: Costs, params: Params) -> dict:
+    """Every rank updates; one all-reduce of the weights (S bytes) every K steps."""
+    k = params.period
+    return {"wake": c.wake("all_reduce") / k, "update": c.local["update"],
+            "allreduce": c.all_reduce(c.workers, c.grad_bytes) / k}
+
+
+ENTRY = register(Entry(name="weight-avg", cls=WeightAveraging, help="weight averaging every K steps (paper Eq. 2.2)",
+                       params=Params, rounds=True, period=lambda p: p.period, cost=cost))

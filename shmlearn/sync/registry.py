@@ -1,0 +1,242 @@
+"""The strategy registry: each strategy's file registers one Entry that describes it (DESIGN.md,
+"The strategy interface and registry"). Config validation, train, fast, sweep, bench and simulate
+ask an Entry (or a Spec: an Entry with its parameters) instead of naming strategies.
+
+An Entry holds:
+* `params`: a dataclass of the strategy's parameters, a docstring per field. Each field's
+  metadata names the TrainConfig field (and so the CLI flag) that sets it: `"config":
+  "avg_period"` is `--avg-period`. A parameter's value check lives in its `__post_init__`
+  (BadInput naming the flag); `servers` (a property, default 0) is how many ranks only serve.
+* the layout: W workers need W + servers processes; ranks 0..servers-1 serve, rank r >= servers
+  computes on shard r - servers (Spec.processes, compute_ranks, shard).
+* capabilities: `fast_step` (the strategy implements gated_step, fast.py) and `rounds` (it
+  communicates once per `period(params)` steps: weight averaging).
+* `summary`: what it adds to summary.json besides `strategy_params` (the parameters as a dict).
+* `cost`: its cost model for simulate, f(Costs, params) -> {part: seconds per step}, and
+  `variants`: the names simulate predicts it under, each with fixed parameters
+  ({"ps-dedicated": {"dedicated": True}}).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
+
+from shmlearn.errors import BadInput
+
+
+@dataclass(frozen=True)
+class NoParams:
+    """A strategy without parameters."""
+
+    @property
+    def servers(self) -> int:
+        return 0
+
+
+@dataclass(frozen=True)
+class Costs:
+    """What simulate measured or fitted, for one strategy's cost model at W computing workers
+    (simulate.py's docstring has the model). Collective times are functions of (ranks, bytes)."""
+
+    workers: int
+    """W, the computing workers."""
+    processes: int
+    """W + the strategy's servers."""
+    grad_bytes: float
+    """S = 4 x parameters: one gradient or one copy of the weights."""
+    local: Dict[str, float]
+    """data, compute, update, other of one worker while W workers compute (seconds)."""
+    update_s: float
+    """One optimizer update with nothing else running (a server's)."""
+    all_reduce: Callable[[float, float], float]
+    gather: Callable[[float, float], float]
+    broadcast: Callable[[float, float], float]
+    average: Callable[[int, float], float]
+    """(rows, bytes) -> seconds: a server's mean of `rows` gradients."""
+    wake: Callable[[str], float]
+    """op -> the extra cost of a step's first collective after compute (0 without a measurement)."""
+    bwd_frac: float
+    """The share of compute that is backward (what overlapped communication can hide behind)."""
+
+
+def _zero(costs: Costs, params) -> Dict[str, float]:
+    return {}
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    cls: type
+    """The SyncStrategy subclass; built with rank, world_size, group and the params' fields."""
+    help: str
+    """One line for --help and error messages."""
+    params: type = NoParams
+    rounds: bool = False
+    """Communicates once per `period(params)` steps (weight averaging), not every step."""
+    period: Callable[[Any], int] = lambda params: 1
+    summary: Callable[[Any], Dict[str, Any]] = lambda strategy: {}
+    """summary.json fields from the finished strategy, besides strategy_params."""
+    cost: Callable[[Costs, Any], Dict[str, float]] = _zero
+    variants: Optional[Mapping[str, Mapping[str, Any]]] = None
+    """simulate's names for this strategy with fixed parameters; default {name: {}}."""
+
+    @property
+    def fast_step(self) -> bool:
+        return bool(self.cls.gated)
+
+    @property
+    def sim_variants(self) -> Mapping[str, Mapping[str, Any]]:
+        return self.variants if self.variants is not None else {self.name: {}}
+
+    def config_fields(self) -> Dict[str, str]:
+        """{TrainConfig field: parameter} for each parameter."""
+        return {f.metadata["config"]: f.name for f in fields(self.params)}
+
+    def params_from(self, values: Mapping[str, Any]) -> Any:
+        """The parameters from TrainConfig-named values (a config's dict, an old summary's keys);
+        missing ones take their defaults. BadInput if a value is out of range."""
+        return self.params(**{p: values[c] for c, p in self.config_fields().items() if c in values})
+
+    def params_of(self, d: Mapping[str, Any]) -> Any:
+        """The parameters from summary.json's `strategy_params`."""
+        known = {f.name for f in fields(self.params)}
+        return self.params(**{k: v for k, v in d.items() if k in known})
+
+    def spec(self, params=None) -> "Spec":
+        return Spec(self, params if params is not None else self.params())
+
+
+@dataclass(frozen=True)
+class Spec:
+    """A strategy with its parameters: the layout of a run and how to build each rank's strategy."""
+
+    entry: Entry
+    params: Any
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def servers(self) -> int:
+        """Ranks 0..servers-1 only serve; the rest compute."""
+        return self.params.servers
+
+    def processes(self, workers: int) -> int:
+        return workers + self.servers
+
+    def compute_ranks(self, world_size: int) -> int:
+        return world_size - self.servers
+
+    def shard(self, rank: int) -> Optional[int]:
+        """The data shard rank `rank` trains on, of compute_ranks; None for a server."""
+        return rank - self.servers if rank >= self.servers else None
+
+    def as_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self.params)
+
+    def flags(self) -> str:
+        """The command line that chose this: '--strategy ps --ps-dedicated'."""
+        out = [f"--strategy {self.name}"]
+        defaults = self.entry.params()
+        for f in fields(self.params):
+            v = getattr(self.params, f.name)
+            if v != getattr(defaults, f.name):
+                flag = "--" + f.metadata["config"].replace("_", "-")
+                out.append(flag if v is True else f"{flag} {v}")
+        return " ".join(out)
+
+    def build(self, *, rank: int, world_size: int, group=None):
+        return self.entry.cls(rank=rank, world_size=world_size, group=group, **self.as_dict())
+
+    def summary(self, strategy) -> Dict[str, Any]:
+        """What this strategy adds to summary.json: strategy_params, and the entry's own fields."""
+        return {"strategy_params": self.as_dict(), **self.entry.summary(strategy)}
+
+    def period(self) -> int:
+        """Steps per communication round (1: every step communicates)."""
+        return self.entry.period(self.params)
+
+
+_ENTRIES: Dict[str, Entry] = {}
+
+
+def register(entry: Entry) -> Entry:
+    for f in fields(entry.params):
+        if "config" not in f.metadata:
+            raise TypeError(f"{entry.name}: parameter {f.name} names no TrainConfig field (metadata 'config')")
+    _ENTRIES[entry.name] = entry
+    return entry
+
+
+def entries() -> Dict[str, Entry]:
+    """Every registered strategy, by name, in registration order."""
+    import shmlearn.sync  # noqa: F401 - the strategies register themselves on import
+    return _ENTRIES
+
+
+def names(*, fast_step: Optional[bool] = None) -> List[str]:
+    return [n for n, e in entries().items() if fast_step is None or e.fast_step == fast_step]
+
+
+DEFAULT = "allreduce"
+"""The reference strategy: TrainConfig's default, and what every strategy equals at one worker."""
+
+
+def get(name: str, flag: str = "--strategy") -> Entry:
+    e = entries().get(name)
+    if e is None:
+        raise BadInput(f"{flag} {name}: choose one of {', '.join(entries())}")
+    return e
+
+
+def spec(cfg) -> Spec:
+    """The strategy a TrainConfig chose, with its parameters; BadInput (one line) for an unknown
+    strategy, a parameter out of range, or another strategy's flag."""
+    entry = get(cfg.strategy)
+    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    mine = entry.config_fields()
+    for other in entries().values():
+        for c, p in other.config_fields().items():
+            if c in mine or c not in values:
+                continue
+            default = getattr(other.params(), p)
+            if values[c] != default:
+                flag = "--" + c.replace("_", "-")
+                takers = [e.name for e in entries().values() if c in e.config_fields()]
+                given = flag if values[c] is True else f"{flag} {values[c]}"
+                raise BadInput(f"{given}: only for --strategy {' or '.join(takers)}, not {cfg.strategy}")
+    return entry.spec(entry.params_from(values))
+
+
+def sim_variants() -> Dict[str, Tuple[Entry, Mapping[str, Any]]]:
+    """simulate's strategy names: {name: (entry, fixed parameters)}."""
+    return {v: (e, fixed) for e in entries().values() for v, fixed in e.sim_variants.items()}
+
+
+def sim_name(entry: Entry, params) -> str:
+    """The simulate name of a run's strategy: the variant whose fixed parameters it has (the most
+    specific one), else the strategy's own name."""
+    best, best_n = entry.name, -1
+    for v, fixed in entry.sim_variants.items():
+        if all(getattr(params, k) == x for k, x in fixed.items()) and len(fixed) > best_n:
+            best, best_n = v, len(fixed)
+    return best
+
+
+def with_servers(entry: Entry, params, servers: int):
+    """params, or the variant of them with `servers` serving ranks (an old summary that recorded
+    only its process count)."""
+    if params.servers == servers:
+        return params
+    for fixed in entry.sim_variants.values():
+        q = dataclasses.replace(params, **fixed)
+        if q.servers == servers:
+            return q
+    return params
+
+
+def param(config: str, default) -> Any:
+    """A parameter field, set by TrainConfig's field `config` (its doc: the docstring under it)."""
+    return field(default=default, metadata={"config": config})
