@@ -639,6 +639,7 @@ class _Loop:
             "step_note": self.stepper.note,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
+            **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields
         }
         if diverged is not None:
             step, rank, _ = diverged

@@ -238,3 +238,50 @@ def test_predictions_match_the_fast_step_on_4_h200s(fname, batch):
         if (batch == 1024 and w == 4) or (s == "ps" and w == 4 and "alexnet" in v["name"]):
             continue
         assert abs(v["error"]) <= TOLERANCE, f"{v['name']}: {v['error']:+.1%}"
+
+
+def _summary(**kw):
+    s = {"status": "completed", "strategy": "allreduce", "workers": 2, "processes": 2, "batch_size": 32,
+         "model": "m", "steps": 10, "wall_time_s": 0.1, "check_every": 1, "phase_s": {}}
+    s.update(kw)
+    return s
+
+
+def test_measured_runs_take_their_parameters_from_strategy_params_not_the_command_line(tmp_path):
+    from shmlearn.simulate import load_measured
+    runs = [  # each says one thing in strategy_params and another in its command line: the params win
+        _summary(name="wa", strategy="weight-avg", strategy_params={"period": 8},
+                 command="shmlearn train --strategy weight-avg --avg-period 3"),
+        _summary(name="ded", strategy="ps", processes=3, strategy_params={"dedicated": True},
+                 command="shmlearn train --strategy ps"),
+        _summary(name="ar", strategy="allreduce", strategy_params={}),
+    ]
+    (tmp_path / "bundle.json").write_text(json.dumps({"runs": runs}))
+    got = {r["name"]: r for r in load_measured([str(tmp_path / "bundle.json")])}
+    assert (got["wa"]["strategy"], got["wa"]["avg_period"], got["wa"]["strategy_params"]) == ("weight-avg", 8, {"period": 8})
+    assert (got["ded"]["strategy"], got["ded"]["strategy_params"]) == ("ps-dedicated", {"dedicated": True})
+    assert (got["ar"]["strategy"], got["ar"]["avg_period"]) == ("allreduce", 1)
+    # validation predicts each with its own parameters: weight-avg's all-reduce once per 8 steps
+    c = Compute(data_s=0.0, compute_s=0.01, update_s=0.001, other_s=0.0, batch_size=32, parameters=10**6,
+                model="m", device="cpu", source="test")
+    m = Machine(compute=c, net=Network.assumed(10.0, 20.0, "test"), avg_period=1, check_every=1)
+    v = {r["name"]: r for r in validate(m, list(got.values()))}
+    assert v["wa"]["parts"]["allreduce"] == pytest.approx(predict(m, "allreduce", 2)["allreduce"] / 8)
+    assert v["ded"]["parts"]["gather"] == pytest.approx(predict(m, "ps-dedicated", 2)["gather"])
+    assert v["ded"]["parts"]["gather"] > predict(m, "ps", 2)["gather"]  # 3 processes, not 2
+
+
+def test_a_run_directory_is_read_through_its_summary_and_old_summaries_still_load(tmp_path):
+    from shmlearn.simulate import load_measured
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "summary.json").write_text(json.dumps(_summary(strategy="weight-avg", strategy_params={"period": 5})))
+    (new / "config.yaml").write_text("avg_period: 2\n")  # not read: the summary has the parameters
+    old = tmp_path / "old"  # before strategy_params: the run's config.yaml, and processes - workers
+    old.mkdir()
+    (old / "summary.json").write_text(json.dumps(_summary(strategy="weight-avg")))
+    (old / "config.yaml").write_text("avg_period: 6\nstrategy: weight-avg\n")
+    (tmp_path / "old-ps.json").write_text(json.dumps(_summary(strategy="ps", processes=3)))
+    rows = load_measured([str(new), str(old), str(tmp_path / "old-ps.json")])
+    assert [(r["strategy"], r["avg_period"]) for r in rows] == [("weight-avg", 5), ("weight-avg", 6),
+                                                               ("ps-dedicated", 1)]
