@@ -36,7 +36,7 @@ class TrainConfig:
     """Folder holding the dataset's files (IDX, CIFAR batches, tiny-imagenet-200)."""
     workers: Optional[int] = None
     """Gradient-computing workers. Local default 2; under torchrun/mpirun/srun the launcher's world
-    size (minus one with --ps-dedicated)."""
+    size (minus one with --ps-dedicated or async-ps: the server)."""
     device: str = "auto"
     """cpu, cuda (one process per GPU, NCCL) or auto (cuda when present)."""
     threads: Optional[int] = None
@@ -47,6 +47,9 @@ class TrainConfig:
     """weight-avg: average the weights every K local steps (K=1 is the paper's Eq. 2.2)."""
     ps_dedicated: bool = False
     """ps: one extra process (rank 0) only serves, as in the paper; default rank 0 also computes."""
+    staleness: int = 0
+    """async-ps: a worker's gradient may lag this many server updates (0: the synchronous
+    dedicated parameter server, bit for bit)."""
     batch_size: int = 32
     """Samples per worker per step."""
     lr: float = 0.05

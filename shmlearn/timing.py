@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 
 import torch
 
-PHASES = ("data", "compute", "allreduce", "gather", "average", "update", "broadcast", "eval")
+PHASES = ("data", "compute", "allreduce", "gather", "average", "update", "broadcast", "push", "pull", "wait",
+          "eval")
 
 
 class PhaseTimer:

@@ -9,6 +9,7 @@ from shmlearn.sync.allreduce import AllReduce
 from shmlearn.sync.parameter_server import ParameterServer
 from shmlearn.sync.weight_averaging import WeightAveraging
 from shmlearn.sync.ddp import DDP
+from shmlearn.sync.async_ps import AsyncPS
 
 
 def build_strategy(name: str, *, rank: int, world_size: int, group=None, **config) -> SyncStrategy:
@@ -19,4 +20,4 @@ def build_strategy(name: str, *, rank: int, world_size: int, group=None, **confi
 
 
 __all__ = ["SyncStrategy", "flatten_parameters", "build_strategy", "registry",
-           "AllReduce", "ParameterServer", "WeightAveraging", "DDP"]
+           "AllReduce", "ParameterServer", "WeightAveraging", "DDP", "AsyncPS"]

@@ -80,6 +80,8 @@ class Entry:
     cost: Callable[[Costs, Any], Dict[str, float]] = _zero
     variants: Optional[Mapping[str, Mapping[str, Any]]] = None
     """simulate's names for this strategy with fixed parameters; default {name: {}}."""
+    check: Callable[[Any], None] = lambda cfg: None
+    """Refuses (BadInput) the rest of a TrainConfig this strategy cannot run with."""
 
     @property
     def fast_step(self) -> bool:
@@ -207,6 +209,7 @@ def spec(cfg) -> Spec:
                 takers = [e.name for e in entries().values() if c in e.config_fields()]
                 given = flag if values[c] is True else f"{flag} {values[c]}"
                 raise BadInput(f"{given}: only for --strategy {' or '.join(takers)}, not {cfg.strategy}")
+    entry.check(cfg)
     return entry.spec(entry.params_from(values))
 
 

@@ -19,12 +19,13 @@ STRATEGY_PARAMS = {  # (config fields, the strategy_params summary.json records)
     "ps": ({}, {"dedicated": False}),
     "weight-avg": ({"avg_period": 4}, {"period": 4}),
     "ddp": ({}, {}),
+    "async-ps": ({"staleness": 1}, {"staleness": 1}),
 }
 
 
 def test_every_strategy_registers_in_its_own_file_with_documented_typed_parameters():
     entries = registry.entries()
-    assert list(entries) == ["allreduce", "ps", "weight-avg", "ddp"]
+    assert list(entries) == ["allreduce", "ps", "weight-avg", "ddp", "async-ps"]
     config_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for name, e in entries.items():
         assert e.cls.name == name
@@ -35,7 +36,7 @@ def test_every_strategy_registers_in_its_own_file_with_documented_typed_paramete
             assert docs.get(f.name), f"{name}: parameter {f.name} has no docstring"
             c = config_fields[f.metadata["config"]]  # a TrainConfig field (a CLI flag) sets it
             assert c.default == f.default and type(f.default).__name__ in str(c.type)
-    assert {n for n, e in entries.items() if e.fast_step} == {"allreduce", "ps", "weight-avg"}
+    assert {n for n, e in entries.items() if e.fast_step} == {"allreduce", "ps", "weight-avg", "async-ps"}
     assert [n for n, e in entries.items() if e.rounds] == ["weight-avg"]
 
 
@@ -55,7 +56,8 @@ def test_layout_processes_compute_ranks_and_shards():
     ({"strategy": "ddp", "ps_dedicated": True}, "--ps-dedicated: only for --strategy ps, not ddp"),
     ({"strategy": "ps", "avg_period": 3}, "--avg-period 3: only for --strategy weight-avg, not ps"),
     ({"strategy": "weight-avg", "ps_dedicated": True}, "--ps-dedicated: only for --strategy ps, not weight-avg"),
-    ({"strategy": "gossip"}, "--strategy gossip: choose one of allreduce, ps, weight-avg, ddp"),
+    ({"strategy": "allreduce", "staleness": 2}, "--staleness 2: only for --strategy async-ps, not allreduce"),
+    ({"strategy": "gossip"}, "--strategy gossip: choose one of allreduce, ps, weight-avg, ddp, async-ps"),
 ])
 def test_another_strategys_flag_is_refused_naming_the_flag_and_its_strategies(kw, message):
     with pytest.raises(BadInput) as e:
@@ -88,6 +90,7 @@ def _shmlearn(*args):
 @pytest.mark.parametrize("args,flag,takers", [
     (["--strategy", "allreduce", "--avg-period", "2"], "--avg-period 2", "--strategy weight-avg"),
     (["--strategy", "weight-avg", "--ps-dedicated"], "--ps-dedicated", "--strategy ps"),
+    (["--strategy", "allreduce", "--staleness", "2"], "--staleness 2", "--strategy async-ps"),
 ])
 def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, args, flag, takers):
     r = _shmlearn("train", *args, "--out", str(tmp_path / "run"), "--no-progress")
