@@ -296,8 +296,8 @@ class Compute:
 
 def _bench_strategies() -> List[str]:
     """The variants of a `bench throughput` JSON that are shmlearn strategies (its baselines are
-    not; bench runs the strategies with a fast step)."""
-    return registry.names(fast_step=True)
+    not; bench times those with a fast step and no server rank)."""
+    return registry.names(fast_step=True, servers=0)
 
 
 def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
@@ -394,8 +394,9 @@ def strategies() -> List[str]:
 
 
 def default_strategies() -> List[str]:
-    """What simulate predicts unless told: the strategies with a fast step (train's default loop)."""
-    return registry.names(fast_step=True)
+    """What simulate predicts unless told: the strategies with a fast step and no server rank
+    (allreduce, ps, weight-avg); the others when named."""
+    return registry.names(fast_step=True, servers=0)
 
 
 def _period(name: str, params) -> int:

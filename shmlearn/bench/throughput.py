@@ -49,8 +49,9 @@ BASELINES = ("plain", "plain-fp32", "ddp", "local")
 
 
 def strategy_names() -> List[str]:
-    """The shmlearn strategies this bench times: those with a fast step (fast.py)."""
-    return registry.names(fast_step=True)
+    """The shmlearn strategies this bench times: those with a fast step (fast.py) whose every
+    process computes (its layout has no server rank)."""
+    return registry.names(fast_step=True, servers=0)
 
 
 @dataclass(kw_only=True)

@@ -178,8 +178,11 @@ def entries() -> Dict[str, Entry]:
     return _ENTRIES
 
 
-def names(*, fast_step: Optional[bool] = None) -> List[str]:
-    return [n for n, e in entries().items() if fast_step is None or e.fast_step == fast_step]
+def names(*, fast_step: Optional[bool] = None, servers: Optional[int] = None) -> List[str]:
+    """Registered names, optionally only those with(out) a fast step, or with this many serving
+    ranks at their default parameters (0: every process computes)."""
+    return [n for n, e in entries().items() if (fast_step is None or e.fast_step == fast_step)
+            and (servers is None or e.params().servers == servers)]
 
 
 DEFAULT = "allreduce"
