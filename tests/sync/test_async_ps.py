@@ -67,3 +67,22 @@ def test_simulate_predicts_async_ps_as_the_dedicated_server_at_staleness_0_and_h
     assert s0["push"] == pytest.approx(ded["gather"]) and s0["pull"] == pytest.approx(ded["broadcast"])
     s2 = predict(m, "async-ps", 4, registry.get("async-ps").params_of({"staleness": 2}))
     assert s2["step_s"] < s0["step_s"]
+
+
+@pytest.mark.parametrize("fault,timeout_s", [("kill:2:20", 60), ("stop:1:20", 60)])
+def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(tmp_path, fault, timeout_s):
+    import os
+    import subprocess
+    import sys
+    import time
+    env = dict(os.environ, SHMLEARN_FAULT=fault, PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    t0 = time.monotonic()
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--strategy", "async-ps", "--workers", "2",
+                        "--staleness", "2", "--samples", "8192", "--timeout", "5", "--no-progress",
+                        "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=timeout_s)
+    assert r.returncode == 1, r.stderr
+    rank = fault.split(":")[1]
+    assert f"rank {rank}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert time.monotonic() - t0 < 45  # the server gave up after --timeout, it did not wait forever
