@@ -2,8 +2,9 @@
 sweep. `write_report(paths)` is the whole API; the CLI is `shmlearn report PATH...`.
 
     load.py           read run and sweep directories
-    mpl.py            the Agg backend and PNG bytes
+    mpl.py            figures on an Agg canvas (no pyplot), their layout, PNG bytes
     run_figures.py    loss / accuracy vs time, phase bars (one run or several overlaid)
+                      and the three as one figure (a sweep winner's own plots)
     sweep_figures.py  heat maps, sorted-area histograms, phases and throughput vs workers
     html.py           the page: inline CSS, base64 images, no script
     pages.py          what goes on each kind of page
@@ -11,7 +12,7 @@ sweep. `write_report(paths)` is the whole API; the CLI is `shmlearn report PATH.
 from __future__ import annotations
 
 import os
-from typing import List, Optional, Sequence
+from typing import Optional, Sequence
 
 from shmlearn.errors import BadInput
 
