@@ -11,6 +11,7 @@ sweep. `write_report(paths)` is the whole API; the CLI is `shmlearn report PATH.
 """
 from __future__ import annotations
 
+import gc
 import os
 from typing import Optional, Sequence
 
@@ -34,13 +35,23 @@ def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
     sweeps = [p for p in paths if is_sweep(p)]
     if sweeps and len(paths) > 1:
         raise BadInput(f"{sweeps[0]}: a sweep directory is reported on its own; give it alone")
-    if sweeps:
-        page, figs = sweep_page(load_sweep(sweeps[0]))
-    else:
-        for p in paths:
-            if not is_run(p):
-                raise BadInput(f"{p}: neither a run directory (metrics.jsonl) nor a sweep (results.jsonl)")
-        page, figs = runs_page([load_run(p) for p in paths])
+    for p in paths:
+        if not sweeps and not is_run(p):
+            raise BadInput(f"{p}: neither a run directory (metrics.jsonl) nor a sweep (results.jsonl)")
+    # matplotlib figures are cyclic garbage, old enough by the time they die to need a full
+    # collection, and a full collection walks every object of the process: at the end of a sweep
+    # (torch loaded, ~220k objects) that is a 90 ms pause, 15% of the report. The objects from
+    # before the report are frozen out of the walk meanwhile (unless the caller froze some: the
+    # freeze does not nest), the figures' garbage collected while they are, and all unfrozen.
+    freeze = gc.get_freeze_count() == 0
+    if freeze:
+        gc.freeze()
+    try:
+        page, figs = sweep_page(load_sweep(sweeps[0])) if sweeps else runs_page([load_run(p) for p in paths])
+    finally:
+        if freeze:
+            gc.collect()
+            gc.unfreeze()
     if len(paths) == 1:
         fig_dir = os.path.join(paths[0], "figures")
         os.makedirs(fig_dir, exist_ok=True)

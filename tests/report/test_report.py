@@ -149,3 +149,18 @@ def test_one_worker_is_singular_everywhere_on_the_sweep_page(fake_sweep):
     html = open(write_report([str(fake_sweep)])).read()
     assert "Overall best: 1 worker, batch" in html
     assert not re.search(r"\b1 workers\b", html)
+
+
+def test_write_report_leaves_the_garbage_collector_as_it_found_it(fake_runs):
+    """write_report freezes the objects it finds (the figures' garbage then costs no walk of the
+    whole process); it must unfreeze them, and leave a caller's own freeze alone."""
+    import gc
+    assert gc.get_freeze_count() == 0
+    write_report([str(fake_runs[0])])
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        write_report([str(fake_runs[0])])
+        assert gc.get_freeze_count() > 0
+    finally:
+        gc.unfreeze()
