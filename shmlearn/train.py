@@ -218,7 +218,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         if augment.active:
             raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
                            f"data is streamed (augment in your Dataset, or --loader resident)")
-        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard,
+        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard, timeout_s=cfg.timeout,
                               num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device), device=device)
     else:
         loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,

@@ -104,8 +104,11 @@ class StreamLoader:
 
     def __init__(self, data: StreamedData, *, batch_size: int, shard: int, num_shards: int, seed: int,
                  normalize: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-                 num_workers: Optional[int] = None):
+                 num_workers: Optional[int] = None, timeout_s: float = 300.0):
         self.data, self.normalize, self.device = data, normalize, device
+        self.timeout_s = timeout_s
+        """A batch that takes longer (a stuck __getitem__) fails the run instead of hanging it: the
+        rank's heartbeat keeps beating while it waits, so the watchdog would not name it."""
         self.n = data.n_train
         self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
         self.global_batch = batch_size * num_shards
@@ -140,7 +143,8 @@ class StreamLoader:
             self._it = iter(DataLoader(self.data.train, batch_sampler=self._steps_from(step), collate_fn=_collate,
                                        num_workers=self.num_workers, pin_memory=cuda,
                                        prefetch_factor=4 if self.num_workers else None,
-                                       multiprocessing_context=_context() if self.num_workers else None))
+                                       multiprocessing_context=_context() if self.num_workers else None,
+                                       timeout=self.timeout_s if self.num_workers else 0))
         try:
             x, y = next(self._it)
         except BadInput:

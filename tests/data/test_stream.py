@@ -137,6 +137,32 @@ def test_a_dataset_that_fails_while_streaming_is_one_line():
     assert msg.endswith("raised OSError: sample 7: truncated file")
 
 
+class Stuck(Pairs):
+    classes = ("a", "b", "c", "d")
+
+    def __getitem__(self, i):
+        if i == 7:
+            import time
+            time.sleep(600)  # a read that never returns (a dead network mount)
+        return super().__getitem__(i)
+
+
+def test_a_stuck_dataset_fails_the_run_after_the_timeout_instead_of_hanging_it():
+    """The rank's heartbeat keeps beating while it waits on a loader worker, so only the loader's
+    own timeout can end this; --timeout is passed to it."""
+    trx, tr_y, tex, te_y = _features()
+    streamed = user_data((Stuck(trx, tr_y), Pairs(tex, te_y)), "data=", loader="stream")
+    loader = StreamLoader(streamed, batch_size=50, shard=0, num_shards=2, seed=0,
+                          normalize=normalizer(streamed, CPU), device=CPU, num_workers=1, timeout_s=3)
+    with pytest.raises(BadInput) as e:
+        for step in range(2):  # one of the first two batches holds sample 7
+            loader.batch(step)
+    loader.close()
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("data=: reading the train Dataset at step ")
+    assert "timed out after 3 seconds" in msg
+
+
 def test_a_streamed_label_past_the_classes_is_one_line():
     trx, tr_y, tex, te_y = _features()
 
