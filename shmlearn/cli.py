@@ -11,6 +11,7 @@ import inspect
 import os
 import re
 import sys
+import typing
 from typing import Dict, List, Optional
 
 from shmlearn.config import TrainConfig, load_yaml
@@ -54,25 +55,57 @@ def flag_docs(cls=TrainConfig) -> Dict[str, str]:
     return docs
 
 
+def _scalar_type(hint) -> type:
+    """bool, int, float or str from a field's type (Optional[X] is X): from the typing objects
+    themselves, not from their spelling."""
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    return base if base in (bool, int, float) else str
+
+
+def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._ArgumentGroup]:
+    """config field -> the --help group of the strategies that take it (ps: --ps-dedicated, ...),
+    from the registry: a strategy's parameters show under it."""
+    if cls is not TrainConfig:
+        return {}
+    from shmlearn.sync import registry
+    takers: Dict[str, List[str]] = {}
+    for name, entry in registry.entries().items():
+        for field_name in entry.config_fields():
+            takers.setdefault(field_name, []).append(name)
+    groups: Dict[str, argparse._ArgumentGroup] = {}
+    made: Dict[tuple, argparse._ArgumentGroup] = {}
+    for field_name, names in takers.items():
+        key = tuple(names)
+        if key not in made:
+            made[key] = p.add_argument_group(f"--strategy {' or '.join(names)}")
+        groups[field_name] = made[key]
+    return groups
+
+
 def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
+    """One flag per field of the typed config: the type from its annotation, the help from its
+    docstring, a strategy's own parameters grouped under that strategy."""
     docs = flag_docs(cls)
+    hints = typing.get_type_hints(cls)
+    groups = _strategy_groups(p, cls)
     for f in dataclasses.fields(cls):
+        where = groups.get(f.name, p)
         flag = "--" + f.name.replace("_", "-")
         # A --no-X flag's default is X on; "[default: True]" beside --no-X reads backwards.
         shown = f.default is not None and f.default is not True
         help_ = docs.get(f.name, "") + (f" [default: {f.default}]" if shown else "")
-        t = str(f.type)
-        if "bool" in t:
+        typ = _scalar_type(hints[f.name])
+        if typ is bool:
             if f.default:
-                p.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
-                               const=False, default=argparse.SUPPRESS, help=help_)
+                where.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
+                                   const=False, default=argparse.SUPPRESS, help=help_)
             else:
-                p.add_argument(flag, dest=f.name, action="store_const", const=True,
-                               default=argparse.SUPPRESS, help=help_)
+                where.add_argument(flag, dest=f.name, action="store_const", const=True,
+                                   default=argparse.SUPPRESS, help=help_)
             continue
-        typ = int if "int" in t else float if "float" in t else str
-        p.add_argument(flag, dest=f.name, type=typ, default=argparse.SUPPRESS, help=help_,
-                       metavar=f.name.upper())
+        where.add_argument(flag, dest=f.name, type=typ, default=argparse.SUPPRESS, help=help_,
+                           metavar=f.name.upper())
 
 
 def _register_train(sub) -> None:

@@ -29,6 +29,7 @@ import shutil
 import signal
 import sys
 import time
+import typing
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -74,8 +75,9 @@ class SweepConfig:
 # --- grid ----------------------------------------------------------------------------------
 
 def _kind(name: str) -> type:
-    t = str({f.name: f.type for f in dataclasses.fields(TrainConfig)}[name])
-    return bool if "bool" in t else int if "int" in t else float if "float" in t else str
+    """bool, int, float or str: the field's annotation, resolved (cli._scalar_type)."""
+    from shmlearn.cli import _scalar_type
+    return _scalar_type(typing.get_type_hints(TrainConfig)[name])
 
 
 def _number(name: str, text: str, kind: type):

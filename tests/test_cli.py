@@ -223,3 +223,34 @@ def test_no_progress_help_reads_the_right_way_round():
     assert flag.option_strings == ["--no-progress"]
     assert "--no-progress turns it off" in helps["progress"] and "[default: True]" not in helps["progress"]
     assert not helps["progress"].startswith("Show"), helps["progress"]
+
+
+def test_a_strategys_parameters_show_under_that_strategy_in_help():
+    """The help is generated from the typed config and the strategy registry: each strategy's own
+    flags sit in a group named after it, not among the general flags."""
+    from shmlearn.cli import build_parser
+    from shmlearn.sync import registry
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    groups = {g.title: [a.dest for a in g._group_actions] for g in train._action_groups}
+    for name, entry in registry.entries().items():
+        for field_name in entry.config_fields():
+            assert any(name in title and field_name in dests for title, dests in groups.items()
+                       if title and title.startswith("--strategy")), (name, field_name, groups)
+    general = [a.dest for g in train._action_groups if not (g.title or "").startswith("--strategy")
+               for a in g._group_actions]
+    assert "avg_period" not in general and "ps_dedicated" not in general and "lr" in general
+
+
+def test_flag_types_come_from_the_annotations():
+    """Optional[float] parses as float, Optional[int] as int, bool as a switch: from the typing
+    objects, not from how the annotation is spelled."""
+    import typing
+    from shmlearn.cli import _scalar_type
+    assert _scalar_type(typing.Optional[float]) is float
+    assert _scalar_type(typing.Optional[int]) is int
+    assert _scalar_type(bool) is bool and _scalar_type(str) is str
+    assert _scalar_type(typing.Optional[str]) is str
+    from shmlearn.cli import build_parser
+    ns = build_parser().parse_args(["train", "--momentum", "0.5", "--workers", "3", "--eval-every", "2"])
+    assert (ns.momentum, ns.workers, ns.eval_every) == (0.5, 3, 2.0)
+    assert isinstance(ns.eval_every, float) and isinstance(ns.workers, int)
