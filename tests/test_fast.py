@@ -104,7 +104,7 @@ def _run(args, fault=None):
                           timeout=300, env=env)
 
 
-BASE = ["--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32", "--eval-points", "2",
+BASE = ["--device", "cpu", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32", "--eval-points", "2",
         "--no-progress", "--workers", "2", "--check-every", "7", "--checkpoint-every", "40"]
 
 
