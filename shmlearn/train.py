@@ -267,8 +267,8 @@ def _two_samples(data) -> torch.Tensor:
     """Two training inputs on the CPU, as the model will see them (normalized, float)."""
     if isinstance(data, StreamedData):
         from shmlearn.data.stream import convert_batch
-        from shmlearn.data.user import _first
-        x = torch.stack([convert_batch(*_first(data.train, data.what, "train"), data.spec.task)[0]] * 2)
+        from shmlearn.data.user import first_item
+        x = torch.stack([convert_batch(*first_item(data.train, data.what, "train"), data.spec.task)[0]] * 2)
     else:
         x = data.train_x[:2].cpu()
     return normalizer(data, torch.device("cpu"))(x)

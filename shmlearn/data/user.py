@@ -149,8 +149,8 @@ def _from_datasets(train, test, what: str, task: Optional[str], loader: str, dev
                            f"(__len__ and __getitem__) is needed") from None
         if n == 0:
             raise BadInput(f"{what}: the {split} Dataset is empty")
-    x0, y0 = _first(train, what, "train")
-    _first(test, what, "test")
+    x0, y0 = first_item(train, what, "train")
+    first_item(test, what, "test")
     y_float = y0.dtype.is_floating_point
     task = task or ("regression" if y_float else "classification")
     if task not in TASKS:
@@ -171,7 +171,7 @@ def _from_datasets(train, test, what: str, task: Optional[str], loader: str, dev
     return StreamedData(spec=spec, train=train, test=test, what=what, bytes_needed=need)
 
 
-def _first(ds, what: str, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
+def first_item(ds, what: str, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
     item = call_user(ds.__getitem__, (0,), f"{what} ({split} Dataset[0])")
     if not (isinstance(item, (tuple, list)) and len(item) == 2):
         raise BadInput(f"{what}: the {split} Dataset's items must be (x, y) pairs; item 0 is a "
