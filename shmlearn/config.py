@@ -107,6 +107,11 @@ class TrainConfig:
     steps; in between, a step never waits for the device. Default 10 on CPU, 50 on CUDA
     (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg with sgd, momentum or
     nesterov (others read every step)."""
+    noise_scale: bool = False
+    """Measure the gradient noise scale B_simple = tr(Sigma)/|G|^2 (McCandlish et al. 2018) as
+    training runs: each rank adds its local gradient's squared norm to the gradient collective
+    the step already makes (allreduce, ps; at 1 worker every strategy, each batch computed as two
+    halves). metrics.jsonl and summary.json get the estimates; docs/noise-scale.md."""
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
     epochs: Optional[float] = None

@@ -151,6 +151,8 @@ class Stepper:
                         st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         self._lr = [g["lr"] for g in self.optimizer.param_groups]
         self.optimizer.found_inf = self.found_inf
+        if self.strategy.noise is not None:
+            self.strategy.noise.bind(self._t)  # its history is indexed by the step, as the losses are
 
     # -- the device step (eager, or captured) -----------------------------------------------------
     def _device_step(self, timer, round_: bool, step: Optional[int] = None) -> None:
@@ -160,11 +162,7 @@ class Stepper:
                 x, y = self.loader.next_batch()
             with timer.phase("compute"):
                 s.zero_grad()
-                with self.autocast():
-                    out = s.module(x)
-                loss = self.loss(out.float(), y)
-                loss.backward()
-            loss = loss.detach()
+                loss = self._forward_backward(x, y)
             if self.fault is not None and step is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             self.hist.index_copy_(0, self._t, loss.reshape(1))
@@ -174,6 +172,20 @@ class Stepper:
             self.reached(step)
         s.gated_step(timer, loss, self.found_inf, round_)
         self._t.add_(1)
+
+    def _forward_backward(self, x, y) -> torch.Tensor:
+        """Forward and backward of this rank's batch; its mean loss, detached. With a noise meter
+        at one worker, as two half batches (noise.py: their gradients' norms are the measurement)."""
+        def fb(xb, yb):
+            with self.autocast():
+                out = self.strategy.module(xb)
+            loss = self.loss(out.float(), yb)
+            loss.backward()
+            return loss.detach()
+        meter = self.strategy.noise
+        if meter is not None and meter.micro:
+            return meter.two_halves(fb, x, y, self.strategy.grads_flat)
+        return fb(x, y)
 
     def _kinds(self) -> List[bool]:
         return self.strategy.round_kinds()
@@ -255,11 +267,7 @@ class Stepper:
                     x, y = self.loader.batch(step)
                 with self.timer.phase("compute"):
                     s.zero_grad()
-                    with self.autocast():
-                        out = s.module(x)
-                    loss = self.loss(out.float(), y)
-                    loss.backward()
-                loss = loss.detach()
+                    loss = self._forward_backward(x, y)
             if self.fault is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             if loss is not None:

@@ -29,6 +29,7 @@ from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.fast import StepOptions, Stepper
 from shmlearn import checkpoint as ckpt
+from shmlearn import noise
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
@@ -90,6 +91,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     if cfg.workers is None:
         cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, spec.servers))
     world = spec.processes(cfg.workers)
+    noise.check(cfg, spec, cfg.workers)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers))
     if not cfg.resume:
         check_out_dir(cfg.out)
@@ -170,6 +172,7 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
         raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
                        f"({count(compute, 'worker')}{servers}); drop --workers or match it")
     cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
+    noise.check(cfg, spec, compute)
     # Elastic restart: torchrun starts the same command again; it must continue, not restart.
     if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
         cfg = replace(cfg, resume=True)
@@ -236,6 +239,10 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
                                     momentum=cfg.momentum, weight_decay=cfg.weight_decay)
         strategy.setup(model, optimizer, channels_last=cfg.channels_last)
+        if cfg.noise_scale:  # augmented samples are drawn afresh: no finite population to correct for
+            strategy.noise = noise.NoiseMeter(workers=compute, batch_size=cfg.batch_size, steps=steps, device=device,
+                                              n_train=None if augment.active else data.n_train,
+                                              world_size=env.world_size)
         check_replicas(strategy.params_flat, env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
@@ -366,7 +373,12 @@ class _Loop:
         self.setup_s = None
         self.area = 0.0
         """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
+        m = strategy.noise
+        self.noise = noise.NoiseTracker(m.b_small, m.b_big, m.n_train) if m is not None and self.lead else None
+        """Rank 0's noise-scale estimates (--noise-scale): rank 0 holds the averaged gradient."""
         self.start_step = self._resume() if cfg.resume else 0
+        if m is not None:
+            m.seek(self.start_step)
         # Resumed from step 0 (no checkpoint): the old rows go, the step-0 evaluation included.
         self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if self.start_step > 0 else None) \
             if self.lead else None
@@ -469,6 +481,7 @@ class _Loop:
         between the reads: the device ran them back to back), write the due metrics lines."""
         span = max(done - win.first, 1)
         phases = None
+        pairs = self.strategy.noise.read(win.first, len(win.losses)) if self.noise is not None else None
         for i, loss in enumerate(win.losses):
             step_done = win.first + i + 1
             t = prev_s + (train_s - prev_s) * (i + 1) / span
@@ -478,12 +491,17 @@ class _Loop:
                 self.area += t * loss
             self.step_times.append(t)
             self.step_losses.append(loss)
+            if pairs is not None:
+                self.noise.add(step_done, *pairs[i])
             if self.lead and (step_done % self.cfg.log_every == 0 or step_done == self.steps):
                 if phases is None:
                     totals, timed = self.timer.take_window()
                     phases = {k: v / timed for k, v in totals.items() if k != "eval"} if timed else {}
-                self.rundir.log_metrics({"step": step_done, "samples": step_done * self.samples_per_step,
-                                         "time_s": round(t, 6), "loss": loss, "phase_s": phases})
+                row = {"step": step_done, "samples": step_done * self.samples_per_step,
+                       "time_s": round(t, 6), "loss": loss, "phase_s": phases}
+                if self.noise is not None:
+                    row["noise_scale"] = self.noise.log_point(step_done)
+                self.rundir.log_metrics(row)
         if bar is not None and win.losses:
             bar.update(len(win.losses))
             acc = self.evals[-1]["test_accuracy"] if self.evals else None
@@ -500,7 +518,8 @@ class _Loop:
                         "cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None},
                 "loop": {"step_times": self.step_times, "step_losses": self.step_losses,
                          "evals": self.evals, "eval_s": self.eval_s, "checkpoint_s": self.checkpoint_s,
-                         "last_eval_s": self.last_eval_s, "last_ckpt_s": self.last_ckpt_s}}
+                         "last_eval_s": self.last_eval_s, "last_ckpt_s": self.last_ckpt_s},
+                "noise": self.noise.state_dict() if self.noise is not None else None}
 
     def _checkpoint(self, step: int, train_s: float) -> None:
         """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete."""
@@ -562,6 +581,8 @@ class _Loop:
             torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
         for k, v in state["loop"].items():
             setattr(self, k, v)
+        if self.noise is not None and state.get("noise"):
+            self.noise.load_state_dict(state["noise"])
         self.area = (loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses) or 0.0) \
             if self.step_losses else 0.0
 
@@ -641,6 +662,8 @@ class _Loop:
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields
         }
+        if self.noise is not None:
+            summary.update(self.noise.summary())
         if diverged is not None:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)

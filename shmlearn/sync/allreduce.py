@@ -8,8 +8,14 @@ stay bit-identical without ever sending weights.
 Fast step (`gated_step`): the step's loss rides in the buffer's control slot, so the one
 all-reduce also tells every rank whether any rank's loss was NaN or inf (a sum with a non-finite
 term is non-finite); every rank then skips the same update, with no extra collective.
+
+Noise scale (--noise-scale, noise.py): each rank's |g_local|^2 rides in the slot before the loss,
+so after the same all-reduce the slot holds its mean over the ranks; rank 0 records it with the
+averaged gradient's squared norm (one dot product over the gradient, on the device).
 """
 from __future__ import annotations
+
+import torch
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, register
@@ -19,11 +25,19 @@ from shmlearn.timing import PhaseTimer
 class AllReduce(SyncStrategy):
     name = "allreduce"
     gated = True
+    measures_noise = True
+    control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size > 1:
             with timer.phase("allreduce"):
-                self._average_(self.grads_flat)
+                if self.noise is None:
+                    self._average_(self.grads_flat)
+                else:
+                    buf = self.grads_ext
+                    buf[-2].copy_(self.noise.local_sq(self.grads_flat))
+                    self._average_(buf)
+            self._record_noise()
         with timer.phase("update"):
             self.optimizer.step()
 
@@ -31,13 +45,21 @@ class AllReduce(SyncStrategy):
         buf = self.grads_ext
         if self.world_size > 1:
             with timer.phase("allreduce"):
+                if self.noise is not None:
+                    buf[-2].copy_(self.noise.local_sq(self.grads_flat))
                 buf[-1].copy_(loss)
                 self._average_(buf)
             check_non_finite(buf[-1:], found_inf, self._one)
+            self._record_noise()
         else:
             check_non_finite(loss.reshape(1), found_inf, self._one)
         with timer.phase("update"):
             self.optimizer.step()
+
+    def _record_noise(self) -> None:
+        # Rank 0 alone reads the estimates: the others skip the pass over the gradient.
+        if self.noise is not None and self.rank == 0:
+            self.noise.record(self.grads_ext[-2], torch.dot(self.grads_flat, self.grads_flat))
 
 
 def cost(c: Costs, params) -> dict:

@@ -82,15 +82,26 @@ class SyncStrategy(ABC):
     gated: bool = False
     """Whether `gated_step` is implemented (the fast step in fast.py needs it)."""
 
+    measures_noise: bool = False
+    """Whether the strategy measures the gradient noise scale at 2+ workers (noise.py): it adds
+    `noise.local_sq` to its gradient collective and records the averaged gradient's norm."""
+    control_slots: int = 1
+    """Elements after the gradients and weights in the flat buffers: the loss of the fast step,
+    and, for strategies that measure the noise scale, |g_local|^2 before it."""
+    noise = None
+    """The run's NoiseMeter (noise.py) when --noise-scale is on, set by train.py after setup."""
+
     # -- lifecycle ---------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
               group: Optional[dist.ProcessGroup] = None, *, channels_last: bool = False) -> None:
         """Flatten, then make every replica equal to rank 0's (weights and buffers). Both flat
-        buffers get one extra element: a control slot for the fast step (`gated_step`)."""
+        buffers get `control_slots` extra elements: control values for the fast step (`gated_step`)
+        and the noise scale."""
         self.model, self.optimizer = model, optimizer
         if group is not None:
             self.group = group
-        self.params_flat, self.grads_flat = flatten_parameters(model, channels_last=channels_last, extra=1)
+        self.params_flat, self.grads_flat = flatten_parameters(model, channels_last=channels_last,
+                                                               extra=self.control_slots)
         self._one = torch.ones((), dtype=torch.float32, device=self.params_flat.device)
         # NCCL averages in the collective; Gloo has no AVG op: SUM, then one pass to scale.
         self._avg_op = (dist.ReduceOp.AVG if self.world_size > 1
@@ -154,7 +165,7 @@ class SyncStrategy(ABC):
 
     @property
     def grads_ext(self) -> torch.Tensor:
-        """The flat gradient buffer plus its control slot (the last element)."""
+        """The flat gradient buffer plus its control slots (the loss is the last element)."""
         return self.grads_flat._base
 
     @property

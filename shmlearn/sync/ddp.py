@@ -18,6 +18,7 @@ BUCKET_BYTES = 25 << 20  # torch DDP's default bucket_cap_mb
 
 class DDP(SyncStrategy):
     name = "ddp"
+    grads_in_flat_buffer = False  # DDP's buckets hold them: --noise-scale is refused (noise.check)
 
     _ddp = None
 

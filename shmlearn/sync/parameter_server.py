@@ -11,6 +11,9 @@ limit the paper's Fig. 6.4-6.6 show.
 
 Fast step (`gated_step`): each worker's loss rides in its gradient's control slot; the server
 skips its update if any gathered loss is not finite, and broadcasts the weights as they are.
+
+Noise scale (--noise-scale, noise.py): each worker's |g_local|^2 rides in the slot before its
+loss; the server averages the workers' slots and records them with the averaged gradient's norm.
 """
 from __future__ import annotations
 
@@ -37,6 +40,8 @@ class Params:
 class ParameterServer(SyncStrategy):
     name = "ps"
     gated = True
+    measures_noise = True
+    control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 
     def __init__(self, *, rank: int, world_size: int, group=None, dedicated: bool = False):
         super().__init__(rank=rank, world_size=world_size, group=group)
@@ -61,6 +66,8 @@ class ParameterServer(SyncStrategy):
 
     def _gather_average(self, timer) -> None:
         server = self.rank == 0
+        if self.noise is not None and self.computes:
+            self.grads_ext[-2].copy_(self.noise.local_sq(self.grads_flat))
         with timer.phase("gather"):
             dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
                         dst=0, group=self.group)
@@ -68,7 +75,9 @@ class ParameterServer(SyncStrategy):
             with timer.phase("average"):
                 # A dedicated server's own row holds no gradient: average the workers' rows only.
                 first = 1 if self.dedicated else 0
-                torch.mean(self._gathered[first:, :-1], dim=0, out=self.grads_flat)
+                torch.mean(self._gathered[first:, :-self.control_slots], dim=0, out=self.grads_flat)
+            if self.noise is not None:
+                self.noise.record(self._gathered[first:, -2].mean(), torch.dot(self.grads_flat, self.grads_flat))
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size == 1:
