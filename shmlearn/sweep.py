@@ -70,6 +70,27 @@ class SweepConfig:
     finished survivor's of its worker count, and with a target accuracy its time passes the
     best time-to-target): the winners equal the full grid's. Off by default: the paper's
     figures need every run's full area."""
+    storage: Optional[str] = None
+    """Optuna storage shared by every process of the study (study.py): an RDB URL
+    (sqlite:///PATH, postgresql://..., mysql://...) or journal:PATH (a JournalFileStorage on a
+    shared filesystem). None: the sweep of this one process, results.jsonl its store."""
+    study: Optional[str] = None
+    """Optuna study name (with storage): every process given the same storage, study and flags
+    works on one study."""
+    search: str = "grid"
+    """grid (every combination, Optuna's GridSampler with storage), tpe or random (with storage:
+    `trials` samples between each axis's smallest and largest value)."""
+    trials: Optional[int] = None
+    """tpe/random: trials in the study, counted over all its processes."""
+    pruner: Optional[str] = None
+    """With storage: area (the exact rule of `prune`), median or halving (Optuna's
+    MedianPruner and SuccessiveHalvingPruner, for tpe/random only: they change the winners)."""
+    search_seed: Optional[int] = None
+    """Seed of the tpe/random (and grid's order) sampler; processes sharing a study should each
+    give another (e.g. the Slurm array index), else their random trials repeat and are dropped."""
+    stale_after: float = 60.0
+    """With storage: a running trial whose heartbeat has not moved for this many seconds (or
+    whose process on this host is gone) is lost; it is failed and run again."""
 
 
 # --- grid ----------------------------------------------------------------------------------
@@ -397,6 +418,27 @@ def winners_table(w: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def best_bounds(rows: List[Dict[str, Any]], threshold: float,
+                target: Optional[float]) -> Dict[int, Tuple[float, Optional[float]]]:
+    """The pruning bounds (pruning.py) per worker count: the least area of a finished survivor
+    (min loss <= threshold) and, with a target accuracy, the least time to reach it."""
+    best: Dict[int, Tuple[float, Optional[float]]] = {}
+    for row in rows:
+        s = row["summary"]
+        if row["status"] != "completed" or s.get("loss_area") is None:
+            continue
+        w = int(row["config"]["workers"])
+        area, t = best.get(w, (math.inf, None))
+        if s.get("min_loss") is not None and s["min_loss"] <= threshold:
+            area = min(area, s["loss_area"])
+        if target is not None:
+            tt = time_to_accuracy(row, target)
+            if tt is not None and (t is None or tt < t):
+                t = tt
+        best[w] = (area, t)
+    return {w: v for w, v in best.items() if math.isfinite(v[0])}
+
+
 # --- running trials -------------------------------------------------------------------------
 
 @dataclass
@@ -480,14 +522,14 @@ class Sweep:
             raise BadInput(f"--out {self.dir}: another sweep is running in this directory") from None
         return f
 
-    def _write_spec(self, trials: List[TrainConfig]) -> None:
+    def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:
         from shmlearn.runs import write_json_atomic
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
             "target_accuracy": self.sc.target_accuracy, "parallel": self.sc.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
-            "trials": [trial_id(c) for c in trials]})
+            "trials": [trial_id(c) for c in trials], **(extra or {})})
 
     # -- the loop ------------------------------------------------------------------------------
     def _run(self, trials: List[TrainConfig]) -> int:
@@ -606,11 +648,15 @@ class Sweep:
         with open(tmp + ".log", "a") as f:
             f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
                     f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
-        prune_key = bound_key("sweep", cfg.workers) if self.sc.prune else None
+        prune_key = self._prune_key(cfg, tid)
         job = self.pool.start(rank_main, (cfg.to_dict(), prune_key), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
         return _Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)
+
+    def _prune_key(self, cfg: TrainConfig, tid: str) -> Optional[str]:
+        """Where the trial's rank 0 reads its pruning bound: one per worker count."""
+        return bound_key("sweep", cfg.workers) if self.sc.prune else None
 
     def _cores(self, slots: List[int]) -> Optional[List[int]]:
         if not hasattr(os, "sched_getaffinity"):
@@ -656,22 +702,7 @@ class Sweep:
             post_bound(self.pool.store, bound_key("sweep", w), area, target=target is not None, time_to_target=t)
 
     def _bounds(self) -> Dict[int, Tuple[float, Optional[float]]]:
-        best: Dict[int, Tuple[float, Optional[float]]] = {}
-        target = self.sc.target_accuracy
-        for row in self.store.load(repair=False):
-            s = row["summary"]
-            if row["status"] != "completed" or s.get("loss_area") is None:
-                continue
-            w = int(row["config"]["workers"])
-            area, t = best.get(w, (math.inf, None))
-            if s.get("min_loss") is not None and s["min_loss"] <= self.sc.threshold:
-                area = min(area, s["loss_area"])
-            if target is not None:
-                tt = time_to_accuracy(row, target)
-                if tt is not None and (t is None or tt < t):
-                    t = tt
-            best[w] = (area, t)
-        return {w: v for w, v in best.items() if math.isfinite(v[0])}
+        return best_bounds(self.store.load(repair=False), self.sc.threshold, self.sc.target_accuracy)
 
     def _write_timing(self, wall_s: float) -> None:
         """DIR/timing.json: where this invocation's seconds went. Efficiency = training seconds /
@@ -726,7 +757,7 @@ class Sweep:
             bound = self._bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
                              "bound_area": bound[0] if bound else None}
-        self.store.append(row)
+        self._save(row)
         if not adopted:
             self.ran_rows.append(row)
         self._post_bounds()
@@ -736,14 +767,21 @@ class Sweep:
             s = summary
             res = (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
                    if s["status"] == "completed" else
-                   f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} (area so far {s['loss_area']:.4g} "
-                   f"> best {row['pruned']['bound_area']:.4g})" if s["status"] == "pruned" else
+                   f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({self._pruned_why(row)})"
+                   if s["status"] == "pruned" else
                    f"DIVERGED at step {s.get('diverged_step')}")
             print(f"[{self.finished}/{self.total}] {tid}: {res}, {s['wall_time_s']:.2f} s training"
                   + (f", {elapsed:.1f} s in all" if elapsed else ""), flush=True)
         else:
             print(f"sweep: {tid} had finished before the last sweep was stopped; recorded it", flush=True)
         return True
+
+    def _save(self, row: Dict[str, Any]) -> None:
+        """Keep a finished trial's row: one line appended to results.jsonl (study.py: the study)."""
+        self.store.append(row)
+
+    def _pruned_why(self, row: Dict[str, Any]) -> str:
+        return f"area so far {row['summary']['loss_area']:.4g} > best {row['pruned']['bound_area']:.4g}"
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, trials: List[TrainConfig]) -> None:
@@ -808,7 +846,51 @@ def _fix_out(run_dir: str) -> None:
 
 def run_sweep(sc: SweepConfig) -> int:
     """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed)."""
+    check_search(sc)
+    if sc.storage is not None:
+        try:
+            from shmlearn.study import run_study  # optuna, imported only here
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in ("optuna", "sqlalchemy"):
+                raise
+            raise BadInput(f"--storage: optuna is not installed ({e.name}); "
+                           f"pip install 'shmlearn[optuna]'") from None
+        return run_study(sc)
     return Sweep(sc).run()
+
+
+SEARCHES = ("grid", "tpe", "random")
+PRUNERS = ("area", "median", "halving")
+
+
+def check_search(sc: SweepConfig) -> None:
+    """The study flags go together (study.py); a sweep without --storage takes none of them."""
+    if sc.search not in SEARCHES:
+        raise BadInput(f"--search {sc.search}: expected one of {', '.join(SEARCHES)}")
+    if sc.pruner is not None and sc.pruner not in PRUNERS:
+        raise BadInput(f"--pruner {sc.pruner}: expected one of {', '.join(PRUNERS)}")
+    if sc.storage is None:
+        for flag, v in (("--study", sc.study), ("--search", None if sc.search == "grid" else sc.search),
+                        ("--trials", sc.trials), ("--pruner", sc.pruner), ("--search-seed", sc.search_seed)):
+            if v is not None:
+                raise BadInput(f"{flag} {v}: needs --storage URL (an Optuna study; sqlite:///study.db on one machine)")
+        return
+    if not sc.study:
+        raise BadInput(f"--storage {sc.storage}: needs --study NAME")
+    if sc.search == "grid":
+        if sc.trials is not None:
+            raise BadInput(f"--trials {sc.trials}: only with --search tpe or random; a grid runs every combination")
+        if sc.pruner in ("median", "halving"):
+            raise BadInput(f"--pruner {sc.pruner}: only with --search tpe or random (it changes a grid's winners); "
+                           f"a grid prunes exactly with --prune")
+    else:
+        if sc.trials is None or sc.trials < 1:
+            raise BadInput(f"--search {sc.search}: needs --trials N (N > 0)")
+        if not sc.axes:
+            raise BadInput(f"--search {sc.search}: no axis to search; give a flag two or more values "
+                           f"(its smallest and largest bound the range)")
+    if not sc.stale_after > 0:
+        raise BadInput(f"--stale-after {sc.stale_after}: expected seconds > 0")
 
 
 # --- CLI ------------------------------------------------------------------------------------
@@ -845,6 +927,17 @@ def register(sub) -> None:
                    help="accepted for symmetry with train; trials never draw a progress bar")
     g.add_argument("--prune", dest="sweep_prune", action="store_true",
                    help=field_docs(SweepConfig).get("prune", ""))
+    o = p.add_argument_group("study (Optuna; pip install 'shmlearn[optuna]')")
+    sd = field_docs(SweepConfig)
+    o.add_argument("--storage", dest="sweep_storage", metavar="URL", help=sd.get("storage", ""))
+    o.add_argument("--study", dest="sweep_study", metavar="NAME", help=sd.get("study", ""))
+    o.add_argument("--search", dest="sweep_search", default="grid", metavar="|".join(SEARCHES),
+                   help=sd.get("search", ""))
+    o.add_argument("--trials", dest="sweep_trials", type=int, metavar="N", help=sd.get("trials", ""))
+    o.add_argument("--pruner", dest="sweep_pruner", metavar="|".join(PRUNERS), help=sd.get("pruner", ""))
+    o.add_argument("--search-seed", dest="sweep_search_seed", type=int, metavar="N", help=sd.get("search_seed", ""))
+    o.add_argument("--stale-after", dest="sweep_stale_after", type=float, default=60.0, metavar="S",
+                   help=sd.get("stale_after", ""))
     p.set_defaults(func=cmd_sweep)
 
 
@@ -865,7 +958,9 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
                        target_accuracy=ns.sweep_target_accuracy, parallel=ns.sweep_parallel,
                        slots=ns.sweep_slots, out=out, report=ns.sweep_report,
-                       prune=getattr(ns, "sweep_prune", False))
+                       prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
+                       search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,
+                       search_seed=ns.sweep_search_seed, stale_after=ns.sweep_stale_after)
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
