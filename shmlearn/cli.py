@@ -123,10 +123,11 @@ def _registrars():
     from shmlearn.bench import register as register_bench
     from shmlearn.report.cli import register as register_report
     from shmlearn.experiments.cli import register as register_experiment
+    from shmlearn.advise import register as register_advise
     from shmlearn.simulate import register as register_simulate
     from shmlearn.sweep import register as register_sweep
     return [_register_train, register_bench, register_sweep, register_report, register_experiment,
-            register_simulate]
+            register_simulate, register_advise]
 
 
 def build_parser() -> argparse.ArgumentParser:
