@@ -59,7 +59,9 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
     page.h2("Curves and phases")
     page.figures([(_keep(figs, "loss", rf.loss_vs_time(runs)), "training loss against training time"),
                   (_keep(figs, "accuracy", rf.accuracy_vs_time(runs)), "test accuracy against training time"),
-                  (_keep(figs, "phases", rf.phases(runs)), "mean time per step by phase (rank 0)")])
+                  (_keep(figs, "phases", rf.phases(runs)), "mean time per step by phase (rank 0)"),
+                  (_keep(figs, "noise-scale", rf.noise_scale(runs)),
+                   "gradient noise scale B_simple against the step (dashed: the global batch)")])
     page.h2("Configuration")
     keys = sorted({k for r in runs for k in r.config})
     page.table(["", *(r.label for r in runs)], [[k, *(fmt(r.config.get(k)) for r in runs)] for k in keys])

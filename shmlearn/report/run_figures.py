@@ -96,6 +96,32 @@ def phases(runs: List[Run], title: str = "Mean time per step by phase") -> Optio
     return png(fig)
 
 
+def _with_noise(runs: List[Run]) -> List[Run]:
+    return [r for r in runs if any((m.get("noise_scale") or {}).get("b_simple") is not None for m in r.metrics)]
+
+
+def noise_scale(runs: List[Run], title: str = "Gradient noise scale (--noise-scale)") -> Optional[bytes]:
+    """B_simple = tr(Sigma) / |G|^2 (moving averages of each, their ratio) against the step, and
+    each run's global batch as a dashed line: above it, a larger batch would still cut steps
+    nearly in proportion (McCandlish et al. 2018; docs/noise-scale.md)."""
+    runs = _with_noise(runs)
+    if not runs:
+        return None
+    fig, ax = figure()
+    for i, r in enumerate(runs):
+        pts = [(m["step"], m["noise_scale"]["b_simple"]) for m in r.metrics
+               if (m.get("noise_scale") or {}).get("b_simple") is not None and m["noise_scale"]["b_simple"] > 0]
+        if pts:
+            ax.plot(*zip(*pts), label=r.label, lw=1.4, color=f"C{i}")
+        s = r.summary
+        if s.get("workers") and s.get("batch_size"):
+            ax.axhline(s["workers"] * s["batch_size"], color=f"C{i}", ls="--", lw=0.8)
+    ax.set(title=title, xlabel="step", ylabel="B_simple (samples)", yscale="log")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return png(fig)
+
+
 def own_plots(run: Run) -> Optional[bytes]:
     """One run's loss, test accuracy and phases side by side in one figure: the plots of its own
     report, ~20% cheaper than three figures (a sweep draws one for each worker count's winner;
