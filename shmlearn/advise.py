@@ -132,7 +132,7 @@ class StepTime:
             self.machine = simulate.Machine(compute=simulate.Compute(
                 data_s=0.0, compute_s=0.0, update_s=r["phase_s"].get("update", 0.0), other_s=0.0, batch_size=1,
                 parameters=params, model=s["model"], device=r["device"], source=r["dir"]), net=net, slots=slots, wake=wake)
-            self.source = f"measured at W in {sorted(self.lines)}; elsewhere simulate with {os.path.relpath(comm)}"
+            self.source = f"measured at W in {sorted(self.lines)}; elsewhere simulate with {_short(comm)}"
 
     def __call__(self, w: int, b: float) -> Optional[float]:
         if w in self.lines:
@@ -147,6 +147,13 @@ class StepTime:
         m = replace(self.machine, compute=replace(self.machine.compute, compute_s=max(a - upd, 0.0) + c * b,
                                                   batch_size=max(int(b), 1)))
         return simulate.predict(m, self.strategy, w)["step_s"]
+
+
+def _short(path: str) -> str:
+    """A path inside this repository relative to its root (advise.json is committed), else as given."""
+    root = os.path.dirname(os.path.dirname(REPO_COMM))
+    full = os.path.abspath(path)
+    return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
 
 
 def default_comm(device: str) -> tuple:
@@ -232,7 +239,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
     err = [abs(m["predicted_steps"] / m["steps"] - 1) for m in best_rows]
     return {"schema": 1, "source": path, "kind": "sweep" if sweep else "run", "target_loss": target_loss,
             "b_simple": b_simple, "b_crit_fit": b_fit, "s_min": s_min, "runs_used": len(runs),
-            "step_time": step_time.source, "comm": comm, "measured": best_rows, "winners": winners,
+            "step_time": step_time.source, "comm": _short(comm) if comm else None, "measured": best_rows, "winners": winners,
             "steps_error": {"median": float(np.median(err)), "max": float(np.max(err))},
             "predictions": preds, "recommendation": rec}
 
@@ -245,10 +252,14 @@ def plot(doc: Dict[str, Any], out: str) -> Optional[str]:
     fig, (a1, a2) = figure(11.0, 4.2, ncols=2)
     ms = doc["measured"]
     colors = {w: f"C{i}" for i, w in enumerate(sorted({m["workers"] for m in ms} | {p["workers"] for p in doc["predictions"]}))}
-    for w in sorted({m["workers"] for m in ms}):
+    for i, w in enumerate(sorted({m["workers"] for m in ms})):
         mine = [m for m in ms if m["workers"] == w]
-        a1.scatter([m["global"] for m in mine], [m["steps"] for m in mine], color=colors[w], label=f"measured W={w}", zorder=3)
-        a2.scatter([m["global"] for m in mine], [m["time_s"] for m in mine], color=colors[w], label=f"measured W={w}", zorder=3)
+        # W workers x B and 1 x W B read the same samples: their steps coincide, so rings over dots
+        kw = dict(color=colors[w], label=f"measured W={w}", zorder=3 + i, s=30 + 40 * i)
+        if i:
+            kw.update(facecolors="none", edgecolors=colors[w], color=None, linewidths=1.5)
+        a1.scatter([m["global"] for m in mine], [m["steps"] for m in mine], **kw)
+        a2.scatter([m["global"] for m in mine], [m["time_s"] for m in mine], **kw)
     g = np.array(sorted({p["global"] for p in doc["predictions"]}))
     a1.plot(g, steps_curve(doc["s_min"], doc["b_simple"], g), "k-", label=f"predicted, B_crit = B_simple = {doc['b_simple']:.0f}")
     if doc["b_crit_fit"]:
