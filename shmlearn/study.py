@@ -21,8 +21,10 @@
   or the same command again, run it. Optuna's own heartbeat is RDB-only; this one also works on
   JournalStorage.
 * Pruning through Optuna's interface: rank 0 of a trial evaluates at eval points (10 by
-  default, evenly over the budget); at each, the sweep process reports the loss area so far
-  (trial.report(area, point)) and asks trial.should_prune(). AreaPruner is the pooled sweep's
+  default, evenly over the budget); at each, the sweep process reports a value
+  (trial.report(value, point)) and asks trial.should_prune(): the loss area so far for
+  AreaPruner, the test loss for median and halving (they compare a trial's best value so far
+  with its peers', which a growing area never is). AreaPruner is the pooled sweep's
   exact rule (pruning.py) over the study's finished trials; its bound is also posted to the
   trial's rank 0, which prunes at the step it can no longer win, as `sweep --prune` does.
   median / halving are Optuna's MedianPruner and SuccessiveHalvingPruner (tpe/random only: they
@@ -174,9 +176,11 @@ def make_sampler(sc: SweepConfig):
         return _GridSampler({a: list(v) for a, v in sc.axes.items()}, seed=sc.search_seed)
     if sc.search == "random":
         return optuna.samplers.RandomSampler(seed=sc.search_seed)
+    # Optuna 5 reads constraints the trial sets (StudySweep._save); 4 asks constraints_func.
+    kw = {} if hasattr(optuna.trial.Trial, "set_constraint") else {"constraints_func": _constraints}
     # Few random trials before TPE models the rest: a quarter of the budget, 2 to 10.
-    return optuna.samplers.TPESampler(seed=sc.search_seed, multivariate=True, constraints_func=_constraints,
-                                      n_startup_trials=max(2, min(10, (sc.trials or 0) // 4)))
+    return optuna.samplers.TPESampler(seed=sc.search_seed, multivariate=True,
+                                      n_startup_trials=max(2, min(10, (sc.trials or 0) // 4)), **kw)
 
 
 class AreaPruner(optuna.pruners.BasePruner):
@@ -408,6 +412,7 @@ class StudySweep(Sweep):
                     ready.pop(0)
                     slots, free = free[:need], free[need:]
                     shutil.rmtree(os.path.join(self.tmp_dir, f"{o.tid}-{attempt}"), ignore_errors=True)
+                    self._post_bounds([o])
                     o.run = self._start(o.cfg, slots, attempt)
                     o.evals_seen = 0
                     running[o.run.job.id] = o
@@ -581,47 +586,52 @@ class StudySweep(Sweep):
     def _bounds(self) -> Dict[int, Tuple[float, Optional[float]]]:
         return best_bounds(finished_rows(self._trials()), self.sc.threshold, self.sc.target_accuracy)
 
-    def _post_bounds(self) -> None:
-        """The area rule's bound goes to each running trial's rank 0, which checks it every step."""
+    def _post_bounds(self, owned: Optional[List[_Owned]] = None) -> None:
+        """The area rule's bound goes to each trial's rank 0 (before it starts, and whenever a trial
+        finishes), which checks it every step."""
         if self.pruner_name != "area" or self.pool is None:
             return
         bounds = self._bounds()
-        for o in self.owned.values():
-            if o.run is not None and o.cfg.workers in bounds and not o.pruned:
+        for o in self.owned.values() if owned is None else owned:
+            if o.cfg.workers in bounds and not o.pruned:
                 area, t = bounds[o.cfg.workers]
                 post_bound(self.pool.store, self._prune_key(o.cfg, o.tid), area,
                            target=self.sc.target_accuracy is not None, time_to_target=t)
 
     def _progress(self, running) -> None:
-        """Report each new eval point's loss area so far to the study and ask its pruner."""
+        """Report each new eval point to the study and ask its pruner. AreaPruner gets the loss
+        area so far (its rule); median and halving get the test loss there: Optuna's pruners
+        compare a trial's best value so far with its peers', which a growing area never is."""
         from shmlearn.runs import read_jsonl
         for o in running:
             if self.pruner_name is None or o.pruned:
                 continue
             try:
                 evals = [e for e in read_jsonl(os.path.join(o.run.tmp, "eval.jsonl")) if e.get("samples")]
+                metrics = (read_jsonl(os.path.join(o.run.tmp, "metrics.jsonl"))
+                           if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
             except (OSError, ValueError):
                 continue  # not written yet, or a line being written
-            if len(evals) <= o.evals_seen:
-                continue
-            try:
-                metrics = read_jsonl(os.path.join(o.run.tmp, "metrics.jsonl"))
-            except (OSError, ValueError):
-                continue
             for k in range(o.evals_seen, len(evals)):
                 t = evals[k]["time_s"]
-                pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
-                area = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
-                if len(pts) < 2 or not math.isfinite(area):
+                if self.pruner_name == "area":
+                    pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
+                    value = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
+                else:
+                    value = evals[k].get("test_loss")
+                if value is None or not math.isfinite(value):
                     continue
                 try:
-                    o.trial.set_user_attr("shmlearn_progress", {"step": k + 1, "train_s": t, "area": area})
-                    o.trial.report(area, k + 1)
+                    o.trial.set_user_attr("shmlearn_progress", {"step": k + 1, "train_s": t, "value": value})
+                    o.trial.report(value, k + 1)
                     stop = o.trial.should_prune()
                 except UpdateFinishedTrialError:  # taken as lost by another process
                     break
                 if stop:
-                    o.pruned = {"pruner": self.pruner_name, "step": k + 1, "area_at_step": area,
+                    mine = [evals[j].get("test_loss") for j in range(k + 1) if evals[j].get("test_loss") is not None]
+                    o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value,
+                                "metric": "loss area so far" if self.pruner_name == "area" else "test loss",
+                                "best_so_far": min(mine) if mine and self.pruner_name != "area" else value,
                                 "peers": self._peer_value(o, k + 1)}
                     post_bound(self.pool.store, self._prune_key(o.cfg, o.tid), -math.inf, target=False,
                                time_to_target=None)  # (-inf, -inf): stop at the next step
@@ -630,12 +640,12 @@ class StudySweep(Sweep):
         self._post_bounds()
 
     def _peer_value(self, o: _Owned, step: int) -> Optional[float]:
-        """What the pruner compared with, for the record: the median of other trials' areas at
-        that eval point (median), or the bound's area (area)."""
+        """What the pruner compared with, for the record: the bound's area (area), else the
+        median of the other trials' values at that eval point."""
         if self.pruner_name == "area":
             b = self._bounds().get(o.cfg.workers)
             return b[0] if b else None
-        vals = sorted(t.intermediate_values[step] for t in self._trials()
+        vals = sorted(t.intermediate_values[step] for t in self._trials(fresh=True)
                       if t.number != o.trial.number and step in t.intermediate_values)
         if not vals:
             return None
@@ -654,11 +664,12 @@ class StudySweep(Sweep):
             row["pruned"]["pruner"] = self.pruner_name
         area = s.get("loss_area")
         ml = s.get("min_loss")
+        constraint = ml - self.sc.threshold if ml is not None and row["status"] == "completed" else math.inf
         try:
             o.trial.set_user_attr("row", row)
-            o.trial.set_user_attr("shmlearn_constraint",
-                                  ml - self.sc.threshold if ml is not None and row["status"] == "completed"
-                                  else math.inf)
+            o.trial.set_user_attr("shmlearn_constraint", constraint)
+            if hasattr(o.trial, "set_constraint"):
+                o.trial.set_constraint("min_loss_minus_threshold", constraint)
             if row["status"] == "pruned":
                 self.study.tell(o.trial, state=TrialState.PRUNED)
             else:
@@ -681,9 +692,12 @@ class StudySweep(Sweep):
     def _pruned_why(self, row: Dict[str, Any]) -> str:
         p = row.get("pruned") or {}
         peers = p.get("peers")
-        if p.get("pruner") in ("median", "halving") and p.get("step"):
-            return (f"{p['pruner']} pruner at eval point {p['step']}: area so far {p['area_at_step']:.4g}"
-                    + (f", peers' median {peers:.4g}" if p["pruner"] == "median" and peers is not None else ""))
+        if p.get("pruner") == "median" and p.get("step"):
+            return (f"median pruner at eval point {p['step']}: best test loss so far {p['best_so_far']:.4g}"
+                    + (f" > the others' median {peers:.4g}" if peers is not None else ""))
+        if p.get("pruner") == "halving" and p.get("step"):
+            return (f"successive-halving pruner at eval point {p['step']}: test loss {p['value']:.4g}, "
+                    f"not in the best third at its rung")
         b = p.get("bound_area", peers)
         return (f"area so far {row['summary']['loss_area']:.4g} > best {b:.4g}" if b is not None
                 else f"area so far {row['summary']['loss_area']:.4g}")
@@ -741,6 +755,16 @@ class StudySweep(Sweep):
         raise RuntimeError(f"no trial for {tid}")
 
 
+LAUNCHER_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")
+"""What makes launch.detect_env take a process for one rank of a job."""
+
+
 def run_study(sc: SweepConfig) -> int:
-    """Run this process's share of the study; every process ends with the study's report."""
+    """Run this process's share of the study; every process ends with the study's report.
+
+    Under srun (or mpirun, torchrun) each task is one more process of the study, not a rank of
+    one training job: its trials start their own ranks on its pool, so the launcher's rank
+    variables are dropped here (the pooled sweep refuses a launcher instead)."""
+    for k in LAUNCHER_RANK:
+        os.environ.pop(k, None)
     return StudySweep(sc).run()
