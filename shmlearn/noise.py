@@ -58,8 +58,9 @@ def check(cfg, spec, workers: int) -> None:
     cls = spec.entry.cls
     if workers == 1:
         if not getattr(cls, "grads_in_flat_buffer", True):
-            raise BadInput(f"--noise-scale: {spec.flags()} keeps its gradients outside the flat buffer that "
-                           f"the half batches are measured in; use --strategy allreduce or ps")
+            raise BadInput(f"--noise-scale: {spec.flags()} at 1 worker keeps its gradients outside the flat "
+                           f"buffer that the half batches are measured in; use --strategy allreduce (the same "
+                           f"maths at 1 worker) or 2+ workers")
         if cfg.batch_size < 2 or cfg.batch_size % 2:
             raise BadInput(f"--noise-scale: at 1 worker each batch is computed as two halves; "
                            f"--batch-size {cfg.batch_size} is not even")

@@ -169,10 +169,36 @@ def test_half_batches_train_as_the_whole_batch(tmp_path, check_every):
 
 @pytest.mark.parametrize("argv, says", [
     (["--strategy", "weight-avg", "--workers", "2"], "--noise-scale: --strategy weight-avg has no averaged gradient"),
-    (["--strategy", "ddp", "--workers", "1"], "--noise-scale: --strategy ddp keeps its gradients outside"),
+    (["--strategy", "ddp", "--workers", "1"], "--noise-scale: --strategy ddp at 1 worker keeps its gradients outside"),
+    (["--strategy", "async-ps", "--workers", "2"], "--noise-scale: --strategy async-ps has no averaged gradient"),
     (["--workers", "1", "--batch-size", "33"], "--batch-size 33 is not even"),
 ])
 def test_bad_layouts_are_refused_in_one_line(tmp_path, capsys, argv, says):
     code = main(["train", "--noise-scale", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "r"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+def _ddp_worker(rank, world, port, tmp):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    env = DistEnv(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+                  launcher="local", master_port=port)
+    for strategy in ("allreduce", "ddp"):
+        cfg = TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="momentum", lr=0.05,
+                          batch_size=B, samples=80 * world * B, workers=world, eval_points=1, progress=False,
+                          noise_scale=True, check_every=1, out=os.path.join(tmp, strategy))
+        run_worker(cfg, env)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+def test_ddp_measures_what_allreduce_measures(tmp_path):
+    """DDP's communication hook carries the same scalar through its bucket all-reduce: on the same
+    batches and weights it reports allreduce's estimates, step by step."""
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    a, d = (json.load(open(tmp_path / s / "summary.json")) for s in ("allreduce", "ddp"))
+    assert d["gradient_noise_scale"] == pytest.approx(a["gradient_noise_scale"], rel=1e-4)
+    assert d["noise_scale"]["steps"] == a["noise_scale"]["steps"] == 80
+    for (sa, ba), (sd, bd) in zip(a["gradient_noise_scale_trajectory"], d["gradient_noise_scale_trajectory"]):
+        assert sa == sd and bd == pytest.approx(ba, rel=1e-3)

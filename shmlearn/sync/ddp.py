@@ -3,10 +3,17 @@
 DDP all-reduces gradient buckets during backward, overlapped with it, so its communication
 cannot be timed apart from compute: this strategy reports `compute` (forward + backward +
 overlapped all-reduce) and `update` only.
+
+Noise scale (--noise-scale, noise.py, 2+ workers): a communication hook all-reduces each bucket
+with its local squared norm appended (one more float in the collective DDP already makes; the
+bucket is copied once into the longer buffer), and sums the bucket's mean local norm and its
+averaged gradient's norm; `step` records the sums. At 1 worker it is refused: the half batches
+are measured in the flat buffer, which DDP does not use.
 """
 from __future__ import annotations
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 from shmlearn.sync.base import SyncStrategy
@@ -18,9 +25,39 @@ BUCKET_BYTES = 25 << 20  # torch DDP's default bucket_cap_mb
 
 class DDP(SyncStrategy):
     name = "ddp"
-    grads_in_flat_buffer = False  # DDP's buckets hold them: --noise-scale is refused (noise.check)
+    grads_in_flat_buffer = False  # DDP's buckets hold them: --noise-scale at 1 worker is refused (noise.check)
+    measures_noise = True
 
     _ddp = None
+    _noise = None
+
+    @property
+    def noise(self):
+        return self._noise
+
+    @noise.setter
+    def noise(self, meter) -> None:
+        """train.py sets the run's NoiseMeter after setup: from then on DDP reduces through the hook."""
+        self._noise = meter
+        self._noise_parts = []
+        if meter is not None and self.world_size > 1:
+            self._ddp.register_comm_hook(None, self._noise_hook)
+
+    def _noise_hook(self, state, bucket):
+        buf = bucket.buffer()
+        ext = torch.empty(buf.numel() + 1, dtype=buf.dtype, device=buf.device)
+        ext[:-1].copy_(buf)
+        ext[-1] = torch.dot(buf, buf)  # a device copy, no host sync
+        ext.div_(self.world_size)  # SUM of x / W: the mean (Gloo has no AVG)
+        fut = dist.all_reduce(ext, group=self.group, async_op=True).get_future()
+
+        def done(f):
+            t = f.value()[0]
+            # Buckets may finish on different threads: list.append is atomic, a += on one tensor is not.
+            self._noise_parts.append(torch.stack([t[-1], torch.dot(t[:-1], t[:-1])]))
+            buf.copy_(t[:-1])
+            return buf
+        return fut.then(done)
 
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
         # The flat weight buffer as every strategy has it (replicas are checked on it); DDP's
@@ -43,6 +80,11 @@ class DDP(SyncStrategy):
         pass  # DDP already broadcasts rank 0's buffers before every forward
 
     def step(self, timer: PhaseTimer) -> None:
+        if self._noise is not None and self._noise_parts:
+            small, big = torch.stack(self._noise_parts).sum(0)
+            self._noise_parts = []
+            if self.rank == 0:
+                self._noise.record(small, big)
         with timer.phase("update"):
             self.optimizer.step()
 
