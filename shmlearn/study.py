@@ -602,42 +602,50 @@ class StudySweep(Sweep):
         """Report each new eval point to the study and ask its pruner. AreaPruner gets the loss
         area so far (its rule); median and halving get the test loss there: Optuna's pruners
         compare a trial's best value so far with its peers', which a growing area never is."""
-        from shmlearn.runs import read_jsonl
         for o in running:
-            if self.pruner_name is None or o.pruned:
+            if self.pruner_name is not None and not o.pruned:
+                self._report(o, o.run.tmp, decide=True)
+        self._post_bounds()
+
+    def _report(self, o: _Owned, run_dir: str, *, decide: bool) -> None:
+        """Report the eval points of `run_dir` not reported yet; with `decide`, ask the pruner and
+        stop the trial if it says so. A trial that ends between two looks gets the rest reported
+        without deciding, so that its peers have values at every point."""
+        from shmlearn.runs import read_jsonl
+        try:
+            evals = [e for e in read_jsonl(os.path.join(run_dir, "eval.jsonl")) if e.get("samples")]
+            metrics = (read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
+                       if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
+        except (OSError, ValueError):
+            return  # not written yet, or a line being written
+        for k in range(o.evals_seen, len(evals)):
+            t = evals[k]["time_s"]
+            if self.pruner_name == "area":
+                pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
+                value = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
+            else:
+                value = evals[k].get("test_loss")
+            if value is None or not math.isfinite(value):
                 continue
             try:
-                evals = [e for e in read_jsonl(os.path.join(o.run.tmp, "eval.jsonl")) if e.get("samples")]
-                metrics = (read_jsonl(os.path.join(o.run.tmp, "metrics.jsonl"))
-                           if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
-            except (OSError, ValueError):
-                continue  # not written yet, or a line being written
-            for k in range(o.evals_seen, len(evals)):
-                t = evals[k]["time_s"]
-                if self.pruner_name == "area":
-                    pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
-                    value = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
-                else:
-                    value = evals[k].get("test_loss")
-                if value is None or not math.isfinite(value):
-                    continue
-                try:
-                    o.trial.set_user_attr("shmlearn_progress", {"step": k + 1, "train_s": t, "value": value})
-                    o.trial.report(value, k + 1)
-                    stop = o.trial.should_prune()
-                except UpdateFinishedTrialError:  # taken as lost by another process
-                    break
-                if stop:
-                    mine = [evals[j].get("test_loss") for j in range(k + 1) if evals[j].get("test_loss") is not None]
-                    o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value,
-                                "metric": "loss area so far" if self.pruner_name == "area" else "test loss",
-                                "best_so_far": min(mine) if mine and self.pruner_name != "area" else value,
-                                "peers": self._peer_value(o, k + 1)}
-                    post_bound(self.pool.store, self._prune_key(o.cfg, o.tid), -math.inf, target=False,
-                               time_to_target=None)  # (-inf, -inf): stop at the next step
-                    break
-            o.evals_seen = len(evals)
-        self._post_bounds()
+                o.trial.set_user_attr("shmlearn_progress", {"step": k + 1, "train_s": t, "value": value})
+                o.trial.report(value, k + 1)
+                stop = decide and o.trial.should_prune()
+            except UpdateFinishedTrialError:  # taken as lost by another process
+                break
+            if stop and self.pruner_name == "area":
+                # Its values here are areas over the logged steps, not exact: rank 0 applies the
+                # same rule to the exact area at every step (the bound posted), and stops there.
+                continue
+            if stop:
+                mine = [evals[j].get("test_loss") for j in range(k + 1) if evals[j].get("test_loss") is not None]
+                o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value, "metric": "test loss",
+                            "best_so_far": min(mine) if mine else value,
+                            "peers": self._peer_value(o, k + 1)}
+                post_bound(self.pool.store, self._prune_key(o.cfg, o.tid), -math.inf, target=False,
+                           time_to_target=None)  # (-inf, -inf): stop at the next step
+                break
+        o.evals_seen = len(evals)
 
     def _peer_value(self, o: _Owned, step: int) -> Optional[float]:
         """What the pruner compared with, for the record: the bound's area (area), else the
@@ -662,6 +670,8 @@ class StudySweep(Sweep):
             row["pruned"].update(o.pruned)
         elif row["status"] == "pruned":
             row["pruned"]["pruner"] = self.pruner_name
+        if self.pruner_name is not None and not o.pruned and row.get("run_dir"):
+            self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
         area = s.get("loss_area")
         ml = s.get("min_loss")
         constraint = ml - self.sc.threshold if ml is not None and row["status"] == "completed" else math.inf

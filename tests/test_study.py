@@ -1,0 +1,454 @@
+"""Sweeps on an Optuna study (study.py, `sweep --storage URL --study NAME`): real storages
+(SQLite, JournalFileStorage, and PostgreSQL from Debian's package when it is installed), real
+`shmlearn sweep` processes sharing one study, kill -9, the pruners against the pooled sweep's
+rule, and bad input in one line.
+
+Multi-process tests wait on events (a trial RUNNING in the study, a process's exit), never on a
+tight clock: CI is a loaded 2-core machine."""
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+optuna = pytest.importorskip("optuna", reason="optuna is not installed (pip install -e '.[test]')")
+
+from optuna.trial import TrialState  # noqa: E402
+
+from shmlearn.errors import BadInput  # noqa: E402
+from shmlearn.pruning import cannot_win  # noqa: E402
+from shmlearn.study import AreaPruner, distributions, open_storage, study_spec  # noqa: E402
+from shmlearn.sweep import SweepConfig, best_bounds, pick_winners  # noqa: E402
+
+# digits + softmax: a trial trains in well under a second; 8 points.
+GRID = ["--dataset", "digits", "--model", "softmax", "--samples", "4096", "--eval-points", "4", "--workers", "1",
+        "--device", "cpu", "--batch-size", "16,32,64,128", "--lr", "0.1,0.3"]
+# Long enough to be killed mid-trial: ~200k samples of mlp per trial.
+SLOW = ["--dataset", "digits", "--model", "mlp", "--samples", "200000", "--eval-points", "2", "--workers", "1",
+        "--device", "cpu", "--batch-size", "32", "--lr", "0.05,0.1,0.2", "--no-report"]
+
+
+def env():
+    return dict(os.environ, PYTHONUNBUFFERED="1")
+
+
+def sweep(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "shmlearn", "sweep", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env())
+
+
+def start(*args, log):
+    return subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *args], stdout=open(log, "w"),
+                            stderr=subprocess.STDOUT, env=env())
+
+
+def results(out):
+    with open(os.path.join(out, "results.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def load(storage, name):
+    s = open_storage(storage)
+    return optuna.load_study(study_name=name, storage=s)
+
+
+def finished_by_id(study):
+    by = {}
+    for t in study.get_trials(deepcopy=False):
+        if t.state in (TrialState.COMPLETE, TrialState.PRUNED) and "row" in t.user_attrs:
+            by.setdefault(t.user_attrs["row"]["id"], []).append(t.number)
+    return by
+
+
+def expected_ids(args):
+    from shmlearn.cli import build_parser
+    from shmlearn.sweep import expand_grid, sweep_config_from_args, trial_id
+    sc = sweep_config_from_args(build_parser().parse_args(["sweep", *args]))
+    return [trial_id(c) for c in expand_grid(sc.fixed, sc.axes)], sc
+
+
+# --- units ------------------------------------------------------------------------------------
+
+def test_search_space_grid_values_tpe_ranges_and_log_scale():
+    axes = {"workers": [1, 2, 4], "batch_size": [16, 512], "lr": [0.01, 0.03], "optimizer": ["sgd", "adam"]}
+    grid = distributions(SweepConfig(axes=axes))
+    assert all(isinstance(d, optuna.distributions.CategoricalDistribution) for d in grid.values())
+    assert list(grid["lr"].choices) == [0.01, 0.03]
+    d = distributions(SweepConfig(axes=axes, search="tpe", trials=5, storage="x", study="y"))
+    assert isinstance(d["workers"], optuna.distributions.CategoricalDistribution)  # a layout: values only
+    assert (d["batch_size"].low, d["batch_size"].high, d["batch_size"].log) == (16, 512, True)  # 32x: log
+    assert (d["lr"].low, d["lr"].high, d["lr"].log) == (0.01, 0.03, False)
+    assert list(d["optimizer"].choices) == ["sgd", "adam"]
+    assert list(d) == ["workers", "batch_size", "lr", "optimizer"]
+
+
+def _row(w, area, min_loss=0.5, status="completed", curve=None):
+    return {"id": f"w{w}-{area}", "status": status, "config": {"workers": w, "batch_size": 32, "lr": 0.1},
+            "summary": {"loss_area": area, "min_loss": min_loss, "wall_time_s": 1.0},
+            "eval_curve": curve or []}
+
+
+def _study_with(rows):
+    study = optuna.create_study(direction="minimize")
+    for r in rows:
+        t = study.ask()
+        t.set_user_attr("row", r)
+        study.tell(t, r["summary"]["loss_area"])
+    return study
+
+
+def _running(study, area, train_s, workers=None):
+    t = study.ask()
+    t.set_user_attr("shmlearn_progress", {"train_s": train_s})
+    t.report(area, 1)
+    return study._storage.get_trial(t._trial_id)
+
+
+def test_area_pruner_is_the_pooled_sweeps_rule_over_the_studys_rows():
+    rows = [_row(2, 3.0), _row(2, 1.0, min_loss=2.5),  # 1.0 did not learn (min loss > 1.8): no bound
+            _row(2, 5.0), _row(2, 9.0, status="diverged")]
+    study = _study_with(rows)
+    p = AreaPruner(threshold=1.8, workers=2)
+    assert p.bound(study, 2) == best_bounds(rows, 1.8, None)[2] == (3.0, None)
+    for area, t in ((2.9, 100.0), (3.0, 1.0), (3.0001, 0.5), (50.0, 0.1)):
+        ft = _running(study, area, t)
+        assert p.prune(study, ft) == cannot_win(area, t, (3.0, -math.inf)), (area, t)
+    assert p.prune(study, _running(study, 3.5, 1.0)) and not p.prune(study, _running(study, 2.0, 1.0))
+    # With a target: a trial is saved while it may still reach the target first.
+    rows = [_row(2, 3.0, curve=[[4.0, 0.95]])]
+    study = _study_with(rows)
+    p = AreaPruner(threshold=1.8, target_accuracy=0.9, workers=2)
+    assert not p.prune(study, _running(study, 5.0, 3.0)) and p.prune(study, _running(study, 5.0, 4.5))
+    assert not AreaPruner(workers=2).prune(optuna.create_study(), _running(optuna.create_study(), 9.0, 9.0))
+
+
+def test_open_storage_bad_urls_are_bad_input(tmp_path):
+    for url, words in ((f"sqlite:///{tmp_path}/no/such/dir/s.db", "unable to open database file"),
+                       ("nosuchdb://x/y", "cannot open it"),
+                       (f"journal:{tmp_path}/no/such/dir/j.log", "journal:FILE in a writable directory"),
+                       ("journal:", "journal:FILE")):
+        with pytest.raises(BadInput, match="--storage") as e:
+            open_storage(url)
+        assert words in str(e.value) and "\n" not in str(e.value)
+
+
+# --- the CLI: bad input -----------------------------------------------------------------------
+
+def test_bad_input_is_one_line_and_exit_2(tmp_path):
+    db = f"sqlite:///{tmp_path}/s.db"
+    small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+             "--eval-points", "1", "--no-report", "--out", str(tmp_path / "o")]
+    cases = [
+        (["--lr", "0.1,0.2", "--storage", f"sqlite:///{tmp_path}/nodir/s.db", "--study", "a"],
+         "--storage sqlite:///" + str(tmp_path) + "/nodir/s.db: cannot open it"),
+        (["--lr", "0.1,0.2", "--storage", "postgresql://me:hunter2@127.0.0.1:9/db", "--study", "a"],
+         "--storage postgresql://me:***@127.0.0.1:9/db: cannot open it"),
+        (["--lr", "0.1,0.2", "--storage", db], "needs --study NAME"),
+        (["--lr", "0.1,0.2", "--search", "tpe"], "--search tpe: needs --storage URL"),
+        (["--lr", "0.1,0.2", "--storage", db, "--study", "a", "--search", "tpe"], "needs --trials N"),
+        (["--lr", "0.1,0.2", "--storage", db, "--study", "a", "--pruner", "median"], "only with --search tpe"),
+        (["--lr", "0.1,0.2", "--storage", db, "--study", "a", "--search", "bayes"], "--search bayes: expected"),
+    ]
+    for args, words in cases:
+        r = sweep(*small, *args, timeout=300)
+        assert r.returncode == 2, (args, r.stdout, r.stderr)
+        assert r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
+        assert "hunter2" not in r.stderr
+
+
+def test_a_study_created_with_another_grid_is_refused(tmp_path):
+    db = f"sqlite:///{tmp_path}/s.db"
+    small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+             "--eval-points", "1", "--no-report", "--batch-size", "64", "--storage", db, "--study", "s"]
+    r = sweep(*small, "--lr", "0.1,0.2", "--out", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    r = sweep(*small, "--lr", "0.1,0.3", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "--study s: created with another grid (--lr 0.1,0.2 there, 0.1,0.3 here)" in r.stderr
+    assert not os.path.exists(tmp_path / "b" / "results.jsonl")
+    # A study that shmlearn did not create is not taken over either.
+    optuna.create_study(study_name="theirs", storage=db).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    r = sweep(*small[:-1], "theirs", "--lr", "0.1,0.2", "--out", str(tmp_path / "c"))
+    assert r.returncode == 2 and "an Optuna study that shmlearn did not create" in r.stderr, r.stderr
+
+
+def test_optuna_missing_is_one_line_and_exit_2(tmp_path):
+    code = ("import sys; sys.modules['optuna'] = None\n"  # import optuna now raises ImportError
+            "from shmlearn.cli import main\n"
+            f"sys.exit(main(['sweep', '--lr', '0.1,0.2', '--storage', 'sqlite:///{tmp_path}/s.db', '--study', 'a', "
+            f"'--out', '{tmp_path}/o']))")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ("shmlearn: error: --storage: optuna is not installed (optuna); "
+                                "pip install 'shmlearn[optuna]'")
+
+
+def test_without_storage_the_sweep_is_the_pooled_one(tmp_path):
+    r = sweep("--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+              "--eval-points", "1", "--no-report", "--lr", "0.1,0.2", "--out", str(tmp_path / "o"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    spec = json.load(open(tmp_path / "o" / "sweep.json"))
+    assert "study" not in spec and "storage" not in spec and "study " not in r.stdout
+    assert len(results(tmp_path / "o")) == 2 and not os.path.exists(tmp_path / "o" / "study.db")
+
+
+def test_under_srun_each_task_is_one_more_process_of_the_study(tmp_path):
+    small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+             "--eval-points", "1", "--no-report", "--lr", "0.1,0.2", "--storage", f"sqlite:///{tmp_path}/s.db",
+             "--study", "s", "--out", str(tmp_path / "o")]
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", *small], capture_output=True, text=True,
+                       timeout=300, env=dict(env(), SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4", SLURM_LOCALID="1"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert len(results(tmp_path / "o")) == 2
+
+
+# --- one process, real storages -----------------------------------------------------------------
+
+def _grid_once(tmp_path, storage):
+    out = str(tmp_path / "out")
+    r = sweep(*GRID, "--storage", storage, "--study", "g", "--out", out)
+    assert r.returncode == 0, r.stdout + r.stderr
+    ids, sc = expected_ids(GRID)
+    rows = results(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids) and [r["id"] for r in rows] == [i for i in ids]
+    study = load(storage, "g")
+    assert {i: len(n) for i, n in finished_by_id(study).items()} == {i: 1 for i in ids}
+    assert study.user_attrs["shmlearn"] == study_spec(sc)
+    w = json.load(open(os.path.join(out, "winners.json")))
+    assert w == json.loads(json.dumps(pick_winners(rows, swept=["batch_size", "lr"])))
+    assert os.path.exists(os.path.join(out, "report.html"))
+    for row in rows:  # each row's run directory is published, and the study's value is its area
+        assert os.path.isfile(os.path.join(out, row["run_dir"], "summary.json"))
+    for t in study.get_trials(states=(TrialState.COMPLETE,)):
+        assert t.value == t.user_attrs["row"]["summary"]["loss_area"]
+    again = sweep(*GRID, "--storage", storage, "--study", "g", "--out", out)
+    assert again.returncode == 0 and "(8 done)" in again.stdout and "ran " not in again.stdout, again.stdout
+    assert len(load(storage, "g").trials) == len(study.trials)  # nothing asked, nothing run
+
+
+def test_sqlite_grid_once_each_results_winners_report_from_the_study(tmp_path):
+    _grid_once(tmp_path, f"sqlite:///{tmp_path}/study.db")
+
+
+def test_journal_file_storage_grid(tmp_path):
+    _grid_once(tmp_path, f"journal:{tmp_path}/study.log")
+
+
+PG_BIN = next((d for d in ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin")
+               if os.path.exists(os.path.join(d, "initdb"))), None)
+
+
+@pytest.fixture
+def postgres(tmp_path):
+    """A PostgreSQL cluster of our own in a temp dir, on a Unix socket, as a cluster user would
+    start one (initdb refuses root: as nobody then)."""
+    if PG_BIN is None:
+        pytest.skip("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    pytest.importorskip("psycopg", reason="psycopg is not installed (pip install -e '.[test]')")
+    run_as = []
+    if os.geteuid() == 0:
+        if shutil.which("runuser") is None:
+            pytest.skip("running as root without runuser: initdb refuses root")
+        run_as = ["runuser", "-u", "nobody", "--"]
+    import pathlib
+    import tempfile
+    d = pathlib.Path(tempfile.mkdtemp(prefix="shmlearn-pg-"))  # not under pytest's root-only tmp
+    os.chmod(d, 0o755)
+    if run_as:
+        shutil.chown(d, "nobody")
+    data, sock = d / "data", d
+    r = subprocess.run([*run_as, f"{PG_BIN}/initdb", "-D", str(data), "-U", "shm", "--auth=trust", "-E", "UTF8"],
+                       capture_output=True, text=True, timeout=300)
+    if r.returncode != 0:
+        shutil.rmtree(d, ignore_errors=True)
+        pytest.skip(f"initdb failed here: {r.stderr.strip().splitlines()[-1] if r.stderr.strip() else r.returncode}")
+    log = d / "log.txt"
+    r = subprocess.run([*run_as, f"{PG_BIN}/pg_ctl", "-D", str(data), "-l", str(log), "-w", "-t", "120", "-o",
+                        f"-k {sock} -c listen_addresses='' -p 55432", "start"], capture_output=True, text=True,
+                       timeout=300)
+    if r.returncode != 0:
+        pytest.skip(f"pg_ctl start failed: {r.stdout[-300:]} {log.read_text()[-300:] if log.exists() else ''}")
+    try:
+        r = subprocess.run([*run_as, f"{PG_BIN}/createdb", "-h", str(sock), "-p", "55432", "-U", "shm", "study"],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        yield f"postgresql+psycopg://shm@/study?host={sock}&port=55432"
+    finally:
+        subprocess.run([*run_as, f"{PG_BIN}/pg_ctl", "-D", str(data), "-m", "immediate", "stop"],
+                       capture_output=True, timeout=120)
+        shutil.rmtree(d, ignore_errors=True)
+
+
+def test_postgresql_storage_two_processes(tmp_path, postgres):
+    _two_processes(tmp_path, postgres)
+
+
+# --- several processes ----------------------------------------------------------------------------
+
+def _two_processes(tmp_path, storage):
+    out = str(tmp_path / "shared")
+    args = [*GRID, "--storage", storage, "--study", "two", "--out", out]
+    ps = [start(*args, log=tmp_path / f"p{i}.txt") for i in (1, 2)]
+    codes = [p.wait(timeout=900) for p in ps]
+    logs = [(tmp_path / f"p{i}.txt").read_text() for i in (1, 2)]
+    assert codes == [0, 0], logs
+    ids, _ = expected_ids(GRID)
+    study = load(storage, "two")
+    runs = finished_by_id(study)
+    assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs  # every point exactly once
+    # Each process ran some; together all; each process's report covers both.
+    ran = [{line.split()[1].rstrip(":") for line in log.splitlines() if line.startswith("[")} for log in logs]
+    assert ran[0] and ran[1] and not (ran[0] & ran[1]) and ran[0] | ran[1] == set(ids), ran
+    rows = results(out)
+    assert sorted(r["id"] for r in rows) == sorted(ids)
+    w = json.load(open(os.path.join(out, "winners.json")))
+    assert w["by_workers"]["1"]["survivors"] == len(ids)
+    html = open(os.path.join(out, "report.html")).read()
+    assert all(f"lr {lr}" in html or str(lr) in html for lr in ("0.1", "0.3"))
+    assert len(os.listdir(os.path.join(out, "figures"))) > 0
+    for i in ids:
+        assert os.path.isfile(os.path.join(out, "trials", i, "summary.json"))
+    return study
+
+
+def test_two_processes_share_a_sqlite_study_each_trial_once(tmp_path):
+    _two_processes(tmp_path, f"sqlite:///{tmp_path}/study.db")
+
+
+def test_two_processes_share_a_journal_study_each_trial_once(tmp_path):
+    _two_processes(tmp_path, f"journal:{tmp_path}/study.log")
+
+
+def _wait_running(storage, name, pid, proc, deadline_s=600):
+    """Block until process `pid` holds a RUNNING trial whose run has logged a step."""
+    t_end = time.monotonic() + deadline_s
+    while time.monotonic() < t_end:
+        assert proc.poll() is None, "the sweep ended before it was killed"
+        try:
+            study = load(storage, name)
+        except (KeyError, BadInput):
+            time.sleep(1)
+            continue
+        for t in study.get_trials(deepcopy=False, states=(TrialState.RUNNING,)):
+            owner = t.user_attrs.get("shmlearn_owner") or {}
+            tid = t.user_attrs.get("shmlearn_id")
+            if owner.get("pid") == pid and tid:
+                return t.number, tid
+        time.sleep(0.5)
+    raise AssertionError("no trial started")
+
+
+def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path):
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = [*SLOW, "--storage", storage, "--study", "k", "--out", out]
+    ids, _ = expected_ids(SLOW)
+    p = start(*args, log=tmp_path / "first.txt")
+    number, tid = _wait_running(storage, "k", p.pid, p)
+    # Let it train a moment inside the trial, then kill -9: no chance to give the trial back.
+    time.sleep(2)
+    p.send_signal(signal.SIGKILL)
+    p.wait(timeout=120)
+    study = load(storage, "k")
+    t = study.trials[number]
+    assert t.state == TrialState.RUNNING  # what a dead process leaves behind
+    done_before = set(finished_by_id(study))
+    r = sweep(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"trial #{number} ({tid}) lost: its process {p.pid}" in r.stdout and "queued again" in r.stdout, r.stdout
+    study = load(storage, "k")
+    assert study.trials[number].state == TrialState.FAIL and "shmlearn_lost" in study.trials[number].user_attrs
+    runs = finished_by_id(study)
+    assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs
+    ran_again = {line.split()[1].rstrip(":") for line in r.stdout.splitlines() if line.startswith("[")}
+    assert tid in ran_again and not (ran_again & done_before), (ran_again, done_before)  # only what was not done
+    assert sorted(r["id"] for r in results(out)) == sorted(ids)
+
+
+def test_kill_9_of_one_process_the_other_completes_its_trial(tmp_path):
+    storage, out = f"journal:{tmp_path}/study.log", str(tmp_path / "out")
+    args = [*SLOW, "--storage", storage, "--study", "k2", "--out", out]
+    ids, _ = expected_ids(SLOW)
+    victim = start(*args, log=tmp_path / "victim.txt")
+    number, tid = _wait_running(storage, "k2", victim.pid, victim)
+    other = start(*args, log=tmp_path / "other.txt")
+    time.sleep(2)
+    victim.send_signal(signal.SIGKILL)
+    victim.wait(timeout=120)
+    assert other.wait(timeout=900) == 0, (tmp_path / "other.txt").read_text()
+    log = (tmp_path / "other.txt").read_text()
+    assert f"trial #{number} ({tid}) lost" in log, log
+    runs = finished_by_id(load(storage, "k2"))
+    assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs
+    assert sorted(r["id"] for r in results(out)) == sorted(ids)
+
+
+# --- pruning ----------------------------------------------------------------------------------
+
+PRUNE = ["--dataset", "digits", "--model", "mlp", "--samples", "8192", "--workers", "1", "--device", "cpu",
+         "--batch-size", "64", "--lr", "0.3,0.003,0.002,0.001", "--lr-schedule", "constant", "--no-report"]
+
+
+def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
+    """The winner (lr 0.3) is queued first (enqueue_trial, as a user may), so the others can be
+    pruned; the winner is the full grid's, and each pruned run was already beaten."""
+    storage = f"sqlite:///{tmp_path}/study.db"
+    full = sweep(*PRUNE, "--out", str(tmp_path / "full"))
+    assert full.returncode == 0, full.stderr
+    _, sc = expected_ids([*PRUNE, "--storage", storage, "--study", "p"])
+    st = optuna.create_study(storage=storage, study_name="p", direction="minimize")
+    st.set_user_attr("shmlearn", study_spec(sc))
+    st.enqueue_trial({"lr": 0.3})
+    r = sweep(*PRUNE, "--prune", "--storage", storage, "--study", "p", "--out", str(tmp_path / "pruned"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = results(tmp_path / "pruned")
+    wf = pick_winners(results(tmp_path / "full"), swept=["lr"])["by_workers"]["1"]["winner"]
+    wp = pick_winners(rows, swept=["lr"])["by_workers"]["1"]["winner"]
+    assert wf["id"] == wp["id"] and wp["lr"] == 0.3
+    cut = [r for r in rows if r["status"] == "pruned"]
+    assert cut, r.stdout
+    for c in cut:
+        assert c["pruned"]["pruner"] == "area" and c["pruned"]["area_so_far"] > wp["loss_area"]
+        assert c["summary"]["steps"] < c["summary"]["planned_steps"]
+    assert f"the area pruner stopped {len(cut)} trial" in r.stdout
+    study = load(storage, "p")
+    assert len(study.get_trials(states=(TrialState.PRUNED,))) == len(cut)
+    assert "repeats" in r.stdout  # GridSampler handed out the queued point again: dropped, not rerun
+    assert len(finished_by_id(study)) == 4 and all(len(v) == 1 for v in finished_by_id(study).values())
+
+
+def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = ["--dataset", "digits", "--model", "mlp", "--samples", "150000", "--workers", "1", "--device", "cpu",
+            "--batch-size", "16,128", "--lr", "0.0003,0.3", "--lr-schedule", "constant", "--eval-points", "8",
+            "--no-report", "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
+            "--search-seed", "3", "--pruner", "median", "--out", out]
+    r = sweep(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    study = load(storage, "t")
+    counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
+    assert len(counted) == 10
+    for t in counted:
+        assert 16 <= t.params["batch_size"] <= 128 and 0.0003 <= t.params["lr"] <= 0.3
+        steps = sorted(t.intermediate_values)  # the test loss at each eval point went to the study
+        assert steps == list(range(1, 9)) if t.state == TrialState.COMPLETE else steps[:2] == [1, 2], \
+            (t.number, t.state, t.intermediate_values, t.user_attrs.get("row", {}).get("pruned"), r.stdout)
+    rows = results(out)
+    assert len(rows) == 10 and len({r["id"] for r in rows}) == 10
+    pruned = [t for t in study.trials if t.state == TrialState.PRUNED]
+    spec = json.load(open(os.path.join(out, "sweep.json")))
+    assert spec["pruner"] == "median" and len(spec["pruned"]) == len(pruned)
+    for p in spec["pruned"]:
+        row = next(r for r in rows if r["id"] == p["id"])
+        assert row["status"] == "pruned" and p["pruner"] == "median" and p["step"] >= 2  # MedianPruner(n_warmup_steps=2)
+        # Optuna's rule, checked: its best test loss so far was above the others' median there.
+        assert p["best_so_far"] > p["peers"] and p["metric"] == "test loss"
+        assert row["summary"]["steps"] < row["summary"]["planned_steps"]
+    assert pruned, r.stdout  # lr 0.0003 and 0.3 in one range: some trials lag the median
+    assert f"the median pruner stopped {len(pruned)} trial" in r.stdout
+    w = json.load(open(os.path.join(out, "winners.json")))
+    assert w["overall"] is not None and w["by_workers"]["1"]["pruned"] == len(pruned)
