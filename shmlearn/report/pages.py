@@ -86,7 +86,19 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
            f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
            f"{w['threshold']:g}, then take the least loss area (training loss integrated over training seconds)."
            + (" Pruned trials were stopped early because they could no longer win (sweep --prune); their "
-              "loss area is the area so far, a lower bound, and they are never winners." if pruned else ""), "note")
+              "loss area is the area so far, a lower bound, and they are never winners."
+              if pruned and spec.get("pruner") in (None, "area") else ""), "note")
+    if spec.get("study"):  # an Optuna study (study.py): its trials came from every process sharing it
+        page.p(f"Optuna study {spec['study']} on {spec.get('storage')}: {spec.get('search')} search, "
+               f"{spec.get('study_trials')} trials in the study; {len(spec.get('repeats') or [])} repeated "
+               f"trials dropped, {len(spec.get('lost') or [])} lost trials run again.", "note")
+    if pruned and spec.get("pruner") in ("median", "halving"):
+        page.p(f"Pruned trials were stopped by Optuna's {spec['pruner']} pruner (--pruner {spec['pruner']}): their "
+               f"test loss at an evaluation point was worse than their peers'. Unlike --prune, such a trial might "
+               f"have won. Their loss area is the area so far, a lower bound, and they are never winners.", "note")
+        page.table(["trial", "stopped at eval point", "its best test loss", "the others' median"],
+                   [[p.get("id"), fmt(p.get("step")), fmt(p.get("best_so_far")), fmt(p.get("peers"))]
+                    for p in spec.get("pruned") or []])
     if spec.get("command"):
         page.pre("shmlearn " + " ".join(spec["command"][1:]))
     for note in sw.notes:
