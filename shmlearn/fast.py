@@ -102,20 +102,26 @@ class Stepper:
         self.loss = loss or (lambda out, y: loss_fn(task, out, y))
         self.check_every = opts.check_every or DEFAULT_CHECK_EVERY.get(device.type, 1)
         why_not = fast_capable(strategy, optimizer)
-        self.fast = why_not is None and self.check_every > 1
+        # A free-running strategy (async-ps) always takes the fast path's loop (its ranks read
+        # the losses every check_every steps), with fused SGD when the optimizer is SGD.
+        self.fast = strategy.free_running or (why_not is None and self.check_every > 1)
         # Say why only when --check-every was asked for; the default just falls back.
-        self.note = why_not if (why_not and (opts.check_every or 1) > 1) else None
+        self.note = why_not if (why_not and (opts.check_every or 1) > 1 and not strategy.free_running) else None
         self.graphs = None
         self.hist = torch.zeros(total_steps + 1, dtype=torch.float32, device=device)
         """This rank's loss at every step (fast: written on the device, read every K steps)."""
+        self.free_hist = torch.zeros(total_steps + 1, dtype=torch.float64) if strategy.free_running else None
+        """Free running: this rank's step_loss() at every step, in float64 (a server's sum of W losses)."""
         self._pending_from: Optional[int] = None  # first step not yet read
         self._expected: Optional[int] = None
+        self._batches = 0
+        """Free running: batches this rank has trained on (its own count, not the loop's steps)."""
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
         if self.fast:
-            self._setup_fast()
-            if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None:
+            self._setup_fast(fused=why_not is None)
+            if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None and not strategy.free_running:
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
                 self.note = "fault injection runs eagerly (no CUDA graph)"
@@ -123,6 +129,8 @@ class Stepper:
     # -- modes ----------------------------------------------------------------------------------
     @property
     def mode(self) -> str:
+        if self.strategy.free_running:
+            return "free-running"
         return "cuda-graph" if self.graphs else ("fast-eager" if self.fast else "classic")
 
     def autocast(self):
@@ -131,11 +139,16 @@ class Stepper:
         return (torch.autocast(self.device.type, dtype=torch.bfloat16, cache_enabled=False)
                 if self.opts.precision == "bf16" else contextlib.nullcontext())
 
-    def _setup_fast(self) -> None:
+    def _setup_fast(self, fused: bool = True) -> None:
+        """fused=False (a free-running strategy with another optimizer): the flags only; the
+        strategy then skips the update itself (async-ps's server sees the losses on the host)."""
         dev = self.device
         self.found_inf = torch.zeros((), dtype=torch.float32, device=dev)
         self._t = torch.zeros(1, dtype=torch.int64, device=dev)
         self._zero = torch.zeros((), dtype=torch.float32, device=dev)
+        self._lr = []
+        if not fused:
+            return
         for g in self.optimizer.param_groups:
             # fused SGD: one kernel for all parameters, a learning rate read from the device (the
             # schedule fills it in place), and found_inf to skip a step without a host sync.
@@ -186,6 +199,36 @@ class Stepper:
         if meter is not None and meter.micro:
             return meter.two_halves(fb, x, y, self.strategy.grads_flat)
         return fb(x, y)
+
+    def _free_step(self, step: int, meets: bool) -> None:
+        """A free-running strategy's step (async-ps): as many gradients as it asks for, each from
+        the next batch of this rank's own sequence (its gradients, not the loop's steps, count
+        the batches), eagerly."""
+        s = self.strategy
+        s.plan_step(step, meets)
+        if not s.computes:
+            if self.reached is not None:
+                self.reached(step)
+            s.gated_step(self.timer, self._zero, self.found_inf, False)
+        while s.computes and s.wants_gradient():
+            self.loader.prepare(self._batches)
+            self._batches += 1
+            with self.timer.phase("data"):
+                x, y = self.loader.next_batch()
+            with self.timer.phase("compute"):
+                s.zero_grad()
+                loss = self._forward_backward(x, y)
+            if self.fault is not None:
+                loss = self.fault.fire(self.rank, step, loss)
+            if self.reached is not None:
+                self.reached(step)
+            s.gated_step(self.timer, loss, self.found_inf, False)
+        self.free_hist[step] = s.step_loss()
+
+    def meets_after(self, step: int) -> bool:
+        """Whether the loss is read after step `step` (the loop adds its evaluations and the end)."""
+        first = self._pending_from if self._pending_from is not None else step
+        return not self.fast or step + 1 - first >= self.check_every
 
     def _kinds(self) -> List[bool]:
         return self.strategy.round_kinds()
@@ -254,11 +297,18 @@ class Stepper:
         return g
 
     # -- what the loop calls ----------------------------------------------------------------------
-    def run(self, step: int) -> None:
+    def run(self, step: int, meets: bool = False) -> None:
         """Do training step `step`: classic: data and compute only (the loop reads, then calls
-        update()); fast: the whole step, on the device, with no host sync."""
+        update()); fast: the whole step, on the device, with no host sync. meets: the loop meets
+        in a collective after this step (`meets_after`; free-running strategies need to know)."""
         if self._pending_from is None:
             self._pending_from = step
+        if self.fast and self.strategy.free_running:
+            self._free_step(step, meets)
+            self._step_schedule()
+            self._keep_lr_tensors()
+            self.timer.step_done()
+            return
         if not self.fast:
             s = self.strategy
             loss = None
@@ -337,7 +387,9 @@ class Stepper:
         first = self._pending_from if self._pending_from is not None else done
         n, w = done - first, self.world_size
         ctrl = torch.zeros(w * n + 3, dtype=torch.float64, device=self.device)
-        if self.strategy.computes and n:
+        if self.free_hist is not None and n:  # a free-running server: the sums of its updates' losses
+            ctrl[self.rank * n:(self.rank + 1) * n] = self.free_hist[first:done].to(self.device)
+        elif self.strategy.computes and n:
             ctrl[self.rank * n:(self.rank + 1) * n] = self.hist[first:done]
         ctrl[w * n] = float(want_eval)
         ctrl[w * n + 1] = float(want_ckpt)

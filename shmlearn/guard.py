@@ -7,7 +7,8 @@
 * `Heartbeat`: a daemon thread posts this rank's step to the process group's store once a second
   (never on the hot path). When a collective times out, the ranks that are still alive read the
   others' last steps and name the one that is behind.
-* `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise, stop, kill-in-checkpoint) makes one rank misbehave at
+* `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise, stop, kill-in-checkpoint; slow:rank:ms
+  delays every gradient of the rank by ms, a straggler) makes one rank misbehave at
   one step, so the reliability tests exercise the real code paths. It fires only in a fresh run,
   never after a resume or an elastic restart.
 """
@@ -164,8 +165,9 @@ class Fault:
         if not spec or resumed or os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
             return None
         kind, rank, step = spec.split(":")
-        if kind not in ("kill", "sleep", "nan", "raise", "stop", "kill-in-checkpoint"):
-            raise BadInput(f"SHMLEARN_FAULT={spec}: kind must be kill, sleep, nan, raise, stop or kill-in-checkpoint")
+        kinds = ("kill", "sleep", "nan", "raise", "stop", "kill-in-checkpoint", "slow")
+        if kind not in kinds:
+            raise BadInput(f"SHMLEARN_FAULT={spec}: kind must be {', '.join(kinds[:-1])} or {kinds[-1]}")
         return Fault(kind, int(rank), int(step))
 
     def in_checkpoint(self, rank: int, step: int) -> None:
@@ -175,6 +177,10 @@ class Fault:
             os.kill(os.getpid(), signal.SIGKILL)
 
     def fire(self, rank: int, step: int, loss: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        if self.kind == "slow":  # slow:RANK:MS: every gradient of RANK takes MS ms longer (a straggler)
+            if rank == self.rank:
+                time.sleep(self.step / 1000)
+            return loss
         if self.kind == "kill-in-checkpoint" or rank != self.rank or step != self.step:
             return loss
         if self.kind == "kill":

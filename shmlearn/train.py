@@ -212,6 +212,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     model = _build_model(cfg, parts, data)
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
+    strategy.timeout_s = cfg.timeout
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
     shard = spec.shard(env.rank) or 0
     augment = Augment.parse(cfg.augment)
@@ -438,11 +439,12 @@ class _Loop:
             self.setup_s = time.perf_counter() - self.t_entry - self.eval_s
         prev_s = resumed_s
         for step in range(self.start_step, self.steps):
-            self.stepper.run(step)
-            self.heartbeat.step = step  # this rank has reached step's sync (its compute is issued)
             done = step + 1
             ckpt_step = bool(self.ckpt_every and self.ckpt_every[1] == "steps" and done % self.ckpt_every[0] == 0)
-            if not (self.stepper.due(done) or done == self.steps or done in self.eval_at or ckpt_step):
+            meets = self.stepper.meets_after(step) or done == self.steps or done in self.eval_at or ckpt_step
+            self.stepper.run(step, meets)
+            self.heartbeat.step = step  # this rank has reached step's sync (its compute is issued)
+            if not meets:
                 continue
             # A read: the losses of every step since the last one, and rank 0's requests.
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s

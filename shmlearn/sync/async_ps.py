@@ -1,32 +1,45 @@
 """Asynchronous parameter server with bounded staleness (Downpour SGD, Dean et al. 2012, the
 paper's reference [1]; DESIGN.md X3).
 
-Rank 0 only serves; ranks 1..W compute. A worker pushes each gradient to the server (phase
-`push`) and goes on computing on the weights it holds; it pulls new weights (`wait` for them,
-then `pull`: copy them in) only when its weights would otherwise lag more than `staleness` server
-updates behind the gradient it is about to compute. The server's update t averages gradient t of
-every worker (`wait` for them, `average`, `update`) and sends the new weights, version t + 1, to
-every worker (`pull`, the server's side of it) without waiting for them to be taken.
+Rank 0 only serves; ranks 1..W compute, each on its own clock. A worker computes a gradient on
+the weights it holds, pushes it (phase `push`), waits for the server's answer (`wait`): the
+newest weights, with their version, which it copies in (`pull`); then it computes again.
 
-    worker, step t: compute on weights of version v >= t - S; push; pull until v >= t + 1 - S
+The server's update u averages W gradients (the global batch of the synchronous server), in the
+order they were computed (oldest version first, then by rank), from whichever workers sent them:
+a fast worker may give several, a slow one none. Staleness S bounds every gradient's lag, the
+updates between the version it was computed on and the update that applies it:
+  * the server does update u only once every worker still computing holds version >= u + 1 - S
+    (its gradient will be applied with lag <= S); otherwise it waits for that worker (`wait`);
+  * it answers a push at once only while fewer than (S + 1) x W gradients are received or being
+    computed; else the worker waits for the next update (a fast worker cannot run further ahead);
+  * a gradient that would still lag more than S (only after the loop's meetings) is dropped and
+    counted (`dropped_gradients`).
+With S = 0 every worker gives exactly one gradient per update, on the newest weights, and the
+server averages them in rank order with the kernel the synchronous dedicated server uses:
+`ps --ps-dedicated` bit for bit. With S >= 1 a slow worker no longer paces the others.
 
-With S = 0 every worker pulls version t + 1 before step t + 1, which is the synchronous dedicated
-parameter server (`ps --ps-dedicated`) bit for bit: the same rows averaged in the same order by
-the same kernel, the same optimizer on the server. With S >= 1 a worker's compute overlaps the
-server's average, update and send; it pulls only when it must (Downpour's n_fetch = S), so every
-gradient after the first S lags exactly S updates: deterministic, reproducible runs. Each worker's
-staleness histogram goes to summary.json (`staleness_histogram`).
+Loop steps are server updates: rank 0 runs update `step` in the loop's step `step`; a worker's
+step `step` lasts until it holds version `step + 1`: it computes as many gradients as that takes
+(`wants_gradient`; none when the server is already past the step). Where the loop meets in a
+collective (its loss reads, evaluation, the end) the server first answers every worker with the
+weights of that step (`plan_step(meets=True)`), so no rank waits on a message there.
 
-Messages are point-to-point (isend/irecv) on the run's group, beside the loop's collectives.
-Buffers: S + 1 gradient buffers per worker and S + 1 weight versions on the server, reused only
-once the message they held was taken; at most S of them are in flight. A worker that dies or
-hangs makes the server's receive time out (--timeout); the loop then names the rank.
+Messages go point to point over a Gloo group of their own, from pinned host buffers: Gloo's
+receive from any source is what lets the server take gradients in arrival order (NCCL has no such
+receive), and the run's main group (NCCL on GPUs) keeps its collectives. Processes may share a
+GPU (`--backend gloo`). A worker that dies or hangs makes the server's receive time out after
+--timeout; the loop then names the rank from its stale heartbeat. Each gradient's lag is
+recorded per worker (summary.json `staleness_histogram`).
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import timedelta
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -53,18 +66,25 @@ class Params:
 class AsyncPS(SyncStrategy):
     name = "async-ps"
     gated = True
+    free_running = True
 
     def __init__(self, *, rank: int, world_size: int, group=None, staleness: int = 0):
         super().__init__(rank=rank, world_size=world_size, group=group)
         if world_size < 2:
             raise ValueError("async-ps needs a server and at least one worker (2 processes)")
         self.staleness = staleness
+        self.workers = world_size - 1
         self.version = 0
         """Server: updates applied. Worker: the version of the weights it holds."""
-        self.pushed = 0
-        """Worker: gradients pushed (its steps)."""
         self.lags = {r: Counter() for r in range(1, world_size)}
-        """Server: per worker, how many of its gradients lagged by how many updates."""
+        """Server: per worker, how many of its gradients were applied with which lag."""
+        self.dropped = 0
+        """Server: gradients dropped because they would have lagged more than S."""
+        self.gradients = 0
+        """Worker: gradients computed and pushed."""
+        self._step, self._meets = 0, False
+        self._step_loss = 0.0
+        self._diverged = False
 
     @property
     def computes(self) -> bool:
@@ -76,93 +96,173 @@ class AsyncPS(SyncStrategy):
 
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
         super().setup(model, optimizer, group, channels_last=channels_last)  # everyone at version 0
-        n, k = self.grads_flat.numel(), self.staleness + 1
-        like = dict(dtype=self.grads_flat.dtype, device=self.grads_flat.device)
+        timeout = timedelta(seconds=self.timeout_s) if self.timeout_s else None
+        self._p2p = dist.new_group(backend="gloo", timeout=timeout)
+        n, m = self.grads_flat.numel(), self.grads_ext.numel()
+        pin = self.params_flat.is_cuda
+        host = lambda k: torch.empty(k, dtype=self.grads_flat.dtype, pin_memory=pin)  # noqa: E731
         if self.rank == 0:
-            # Row r: worker r's gradient, its loss, its lag. The weight versions go out from a
-            # ring of S + 1 copies, each with its sends to every worker.
-            self._rows = torch.empty((self.world_size, n + 2), **like)
-            self._versions = [torch.empty(n, **like) for _ in range(k)]
-            self._sent = [[] for _ in range(k)]
+            # Rows 1..W: the gradients of one update, laid out as the synchronous server's gather.
+            self._rows = torch.empty((self.world_size, m), dtype=self.grads_flat.dtype,
+                                     device=self.grads_flat.device)
+            cap = (self.staleness + 2) * self.workers + 1
+            self._inbox = [host(m + 1) for _ in range(cap)]  # gradient, control slots, its version
+            self._free = list(range(cap))
+            self._pending: List[Tuple[int, int, int, int]] = []  # (version, rank, arrival, slot)
+            self._arrivals = 0
+            self._computing: Dict[int, Optional[int]] = {r: 0 for r in range(1, self.world_size)}
+            """The version each worker computes on; None while it waits for an answer."""
+            self._waiting: List[int] = []
+            self._replies = {r: host(n + 1) for r in range(1, self.world_size)}
+            self._replying = {r: None for r in range(1, self.world_size)}
+            self._host_weights, self._host_version = host(n), -1
         else:
-            self._out = [torch.empty(n + 2, **like) for _ in range(k)]
-            self._pushes = [None] * k
-            self._in = torch.empty(n, **like)
-            self._pulling = None  # the posted receive of weights version + 1
+            self._out, self._pushing = host(m + 1), None
+            self._in = host(n + 1)
 
     # -- the server ------------------------------------------------------------------------------
-    def _serve(self, timer, found_inf=None) -> None:
+    def _committed(self) -> int:
+        return len(self._pending) + sum(v is not None for v in self._computing.values())
+
+    def _receive(self) -> int:
+        """Take the next gradient from any worker (waits; times out after --timeout)."""
+        if not self._free:  # more gradients held than planned for: grow, never block
+            self._inbox.append(torch.empty_like(self._inbox[0]))
+            self._free.append(len(self._inbox) - 1)
+        slot = self._free.pop()
+        buf = self._inbox[slot]
+        src = dist.recv(buf, group=self._p2p)
+        self._pending.append((int(buf[-1].item()), src, self._arrivals, slot))
+        self._arrivals += 1
+        self._computing[src] = None
+        return src
+
+    def _answer(self, r: int) -> None:
+        """Send worker r the newest weights; from now on it computes on this version."""
         n = self.grads_flat.numel()
+        if self._host_version != self.version:
+            self._host_weights.copy_(self.params_flat)
+            self._host_version = self.version
+        if self._replying[r] is not None:
+            self._replying[r].wait()  # long done: r has pushed since it received it
+        buf = self._replies[r]
+        buf[:n].copy_(self._host_weights)
+        buf[n] = self.version
+        self._replying[r] = dist.isend(buf, dst=r, group=self._p2p)
+        self._computing[r] = self.version
+
+    def _answer_if_allowed(self, r: int) -> None:
+        if self._committed() < (self.staleness + 1) * self.workers:
+            self._answer(r)
+        else:
+            self._waiting.append(r)
+
+    def _ready(self, u: int) -> bool:
+        floor = u + 1 - self.staleness
+        return (len(self._pending) >= self.workers
+                and all(v is None or v >= floor for v in self._computing.values()))
+
+    def _drop_stale(self, u: int) -> None:
+        keep = []
+        for item in self._pending:
+            if u - item[0] > self.staleness:
+                self.dropped += 1
+                self._free.append(item[3])
+            else:
+                keep.append(item)
+        self._pending = keep
+
+    def _serve(self, timer, found_inf=None) -> None:
+        n, u, w = self.grads_flat.numel(), self.version, self.workers
         with timer.phase("wait"):
-            works = [dist.irecv(self._rows[r], src=r, group=self.group) for r in range(1, self.world_size)]
-            for w in works:
-                w.wait()
+            while True:
+                self._drop_stale(u)
+                if self._ready(u):
+                    break
+                self._answer_if_allowed(self._receive())
+        self._pending.sort()
+        chosen, self._pending = self._pending[:w], self._pending[w:]
         with timer.phase("average"):
+            for i, (_, _, _, slot) in enumerate(chosen):
+                self._rows[1 + i].copy_(self._inbox[slot][:-1])
+                self._free.append(slot)
             torch.mean(self._rows[1:, :n], dim=0, out=self.grads_flat)
-        if found_inf is not None:  # any worker's loss not finite: skip this update and the rest
-            check_non_finite(self._rows[1:, n].sum().reshape(1), found_inf, self._one)
+        losses = self._rows[1:, -1]
+        total = sum(losses.tolist())  # in float64, in rank order: as the loop sums ps's losses
+        if not math.isfinite(total):  # a worker's loss not finite: skip this update and the rest
+            self._diverged = True
+        if found_inf is not None:  # fused SGD reads the flag (the same skip)
+            check_non_finite(losses.sum().reshape(1), found_inf, self._one)
         with timer.phase("update"):
-            self.optimizer.step()
+            if not self._diverged:
+                self.optimizer.step()
         self.version += 1
-        for r, lag in enumerate(self._rows[1:, n + 1].tolist(), 1):
-            self.lags[r][int(lag)] += 1
-        slot = self.version % len(self._versions)
+        for v, r, _, _ in chosen:
+            self.lags[r][u - v] += 1
+        self._step_loss = total if math.isfinite(total) else 0.0
         with timer.phase("pull"):
-            for w in self._sent[slot]:  # version - S - 1: every worker has taken it (see the docstring)
-                w.wait()
-            self._versions[slot].copy_(self.params_flat)
-            self._sent[slot] = [dist.isend(self._versions[slot], dst=r, group=self.group)
-                                for r in range(1, self.world_size)]
+            waiting, self._waiting = sorted(self._waiting), []
+            for r in waiting:
+                self._answer_if_allowed(r)
+            if self._meets:
+                self._meet()
+
+    def _meet(self) -> None:
+        """Before the loop's collective: every worker gets this version and waits for the loop.
+        Workers still computing finish their gradient first (kept for the next update)."""
+        for r in sorted(self._waiting):
+            self._answer(r)
+        self._waiting = []
+        # A worker answered with this version computes no more in this step; the others do.
+        while any(v is None or v < self.version for v in self._computing.values()):
+            self._answer(self._receive())
 
     # -- a worker --------------------------------------------------------------------------------
-    def _push(self, timer, loss) -> None:
-        n, t = self.grads_flat.numel(), self.pushed
-        i = t % len(self._out)
-        buf = self._out[i]
+    def _push_pull(self, timer, loss: torch.Tensor) -> None:
+        n = self.grads_flat.numel()
         with timer.phase("push"):
-            if self._pushes[i] is not None:
-                self._pushes[i].wait()  # gradient t - S - 1: the server took it before update t - S
-            buf[:n].copy_(self.grads_flat)
-            buf[n] = loss
-            buf[n + 1] = t - self.version
-            self._pushes[i] = dist.isend(buf, dst=0, group=self.group)
-        self.pushed += 1
-        self._pull(timer, self.pushed - self.staleness)
-
-    def _pull(self, timer, need: int) -> None:
-        """Take new weights until this worker holds version >= need; keep the next receive posted
-        (for versions the server can have made: up to the gradients pushed)."""
-        while True:
-            if self._pulling is None and self.version < self.pushed:
-                self._pulling = dist.irecv(self._in, src=0, group=self.group)
-            if self._pulling is None or self.version >= need:
-                return
-            with timer.phase("wait"):
-                self._pulling.wait()
-            with timer.phase("pull"):
-                self.params_flat.copy_(self._in)
-            self._pulling, self.version = None, self.version + 1
+            if self._pushing is not None:
+                self._pushing.wait()  # done: the server answered it
+            self._out[:-1].copy_(self.grads_ext)
+            self._out[-2:-1].copy_(loss.reshape(1))
+            self._out[-1] = self.version
+            self._pushing = dist.isend(self._out, dst=0, group=self._p2p)
+        with timer.phase("wait"):
+            dist.recv(self._in, src=0, group=self._p2p)
+        with timer.phase("pull"):
+            self.params_flat.copy_(self._in[:n])
+            self.version = int(self._in[n].item())
+        self.gradients += 1
+        v = float(self._out[-2])
+        if v != v or abs(v) == float("inf"):
+            self._step_loss = float("nan")
 
     # -- the strategy interface ------------------------------------------------------------------
+    def plan_step(self, step: int, meets: bool) -> None:
+        self._step, self._meets = step, meets
+        self._step_loss = 0.0
+
+    def wants_gradient(self) -> bool:
+        return self.version <= self._step
+
+    def step_loss(self) -> float:
+        """Server: the sum of the losses its update averaged (the loop divides by W). Worker: NaN
+        if a loss it computed in this step was not finite (so the loop names it), else 0."""
+        return self._step_loss
+
     def step(self, timer: PhaseTimer) -> None:
-        if self.rank == 0:
-            self._serve(timer)
-        else:
-            self._push(timer, 0.0)
+        raise NotImplementedError("async-ps runs only in the fast step (fast.py, free running)")
 
     def gated_step(self, timer, loss, found_inf, round_) -> None:
-        if self.params_flat.is_cuda and torch.cuda.is_current_stream_capturing():
-            # Which messages a step waits for depends on the step: one graph cannot replay it.
-            raise RuntimeError("async-ps: a step's messages vary from step to step; not capturable")
         if self.rank == 0:
             self._serve(timer, found_inf)
         else:
-            self._push(timer, loss)
+            self._push_pull(timer, loss)
 
     @contextmanager
     def eval_weights(self):
-        """Workers may hold older weights than the server: evaluate the server's, then give each
-        worker its own back."""
+        """At a meeting every worker holds the server's weights already; this makes it so
+        anyway (a broadcast) and gives each worker its own back after."""
         self.sync_buffers()
         local = self.params_flat.clone() if self.rank != 0 else None
         dist.broadcast(self.params_flat, src=0, group=self.group)
@@ -173,20 +273,23 @@ class AsyncPS(SyncStrategy):
                 self.params_flat.copy_(local)
 
     def finish(self) -> None:
-        """Every worker takes the last version; every message is delivered: replicas equal."""
-        if self.rank == 0:
-            for sent in self._sent:
-                for w in sent:
-                    w.wait()
-        else:
-            self._pull(PhaseTimer(self.params_flat.device, self.rank), self.pushed)
-            for w in self._pushes:
-                if w is not None:
-                    w.wait()
+        """The last step met: every worker holds the last version; deliver what is in flight."""
+        works = list(self._replying.values()) if self.rank == 0 else [self._pushing]
+        for w in works:
+            if w is not None:
+                w.wait()
 
     def histogram(self) -> dict:
         """{worker rank: {lag: gradients}} as summary.json holds it (the server's record)."""
         return {str(r): {str(k): c[k] for k in sorted(c)} for r, c in self.lags.items()}
+
+    def summary(self) -> dict:
+        if self.rank != 0:
+            return {}
+        applied = sum(sum(c.values()) for c in self.lags.values())
+        return {"staleness_histogram": self.histogram(), "dropped_gradients": self.dropped,
+                "gradients_per_worker": {str(r): sum(c.values()) for r, c in self.lags.items()},
+                "applied_gradients": applied}
 
 
 def check(cfg) -> None:
@@ -213,5 +316,4 @@ def cost(c: Costs, params: Params) -> dict:
 
 
 ENTRY = register(Entry(name="async-ps", cls=AsyncPS, help="asynchronous parameter server, staleness <= S (Downpour)",
-                       params=Params, cost=cost, check=check,
-                       summary=lambda s: {"staleness_histogram": s.histogram()} if s.rank == 0 else {}))
+                       params=Params, cost=cost, check=check, summary=lambda s: s.summary()))

@@ -82,6 +82,14 @@ class SyncStrategy(ABC):
     gated: bool = False
     """Whether `gated_step` is implemented (the fast step in fast.py needs it)."""
 
+    free_running: bool = False
+    """Whether computing ranks run on their own clock (async-ps): in the fast step a rank then
+    computes as many gradients per loop step as `wants_gradient` asks (none, one or several),
+    after `plan_step`, and its loss of the step is `step_loss()`. Not capturable in a graph."""
+
+    timeout_s = None
+    """The run's --timeout, for groups a strategy makes itself (set by train.py before setup)."""
+
     measures_noise: bool = False
     """Whether the strategy measures the gradient noise scale at 2+ workers (noise.py): it adds
     `noise.local_sq` to its gradient collective and records the averaged gradient's norm."""
@@ -151,6 +159,18 @@ class SyncStrategy(ABC):
     def next_round(self) -> bool:
         """Whether the coming step communicates weights (weight averaging every K steps)."""
         return False
+
+    def plan_step(self, step: int, meets: bool) -> None:
+        """Free running only: loop step `step` comes next; `meets`: the loop meets in a
+        collective after it (a read, an evaluation, the end), so no message may be left waiting."""
+
+    def wants_gradient(self) -> bool:
+        """Free running only: whether this rank computes another gradient in the planned step."""
+        raise NotImplementedError
+
+    def step_loss(self) -> float:
+        """Free running only: this rank's entry in the loss history for the planned step."""
+        raise NotImplementedError
 
     def host_step(self, round_: bool) -> None:
         """Host bookkeeping after a fast step (the device work may have been a graph replay)."""

@@ -1,6 +1,10 @@
-"""async-ps (issue 17): staleness 0 is the dedicated parameter server bit for bit; staleness S
-lags every gradient after the first S by exactly S updates, recorded per worker; it learns."""
+"""async-ps (issue 17): staleness 0 is the dedicated parameter server bit for bit; with S >= 1
+workers run on their own clock (a straggler gives fewer gradients, nobody waits for it), every
+gradient lags at most S updates, the lags are recorded per worker; it learns."""
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,41 +16,74 @@ from shmlearn.errors import BadInput
 
 def _run(tmp_path, name, **kw):
     cfg = dict(dataset="digits", model="mlp", workers=2, samples=2 * 32 * 40, eval_points=2, log_every=1,
-               progress=False, out=str(tmp_path / name))
+               progress=False, out=str(tmp_path / name), device="cpu")
     cfg.update(kw)
     res = shmlearn.train(TrainConfig(**cfg))
     losses = [json.loads(line)["loss"] for line in open(tmp_path / name / "metrics.jsonl")]
     return res, losses
 
 
-@pytest.mark.parametrize("optimizer", ["momentum", "adam"])  # the fast step (losses read every 10), classic
+@pytest.mark.parametrize("optimizer", ["momentum", "adam"])  # fused SGD on the server; any other optimizer
 def test_staleness_0_is_the_dedicated_parameter_server_bit_for_bit(tmp_path, optimizer):
     ps, ps_losses = _run(tmp_path, "ps", strategy="ps", ps_dedicated=True, optimizer=optimizer, lr=0.01)
     ap, ap_losses = _run(tmp_path, "async", strategy="async-ps", staleness=0, optimizer=optimizer, lr=0.01)
-    assert ap.summary["step_mode"] == ps.summary["step_mode"]
+    assert ap.summary["step_mode"] == "free-running"
     assert ap_losses == ps_losses and len(ap_losses) == 40
     for a, b in zip(ap.model.parameters(), ps.model.parameters()):
         assert torch.equal(a, b)
     assert ap.summary["test_accuracy"] == ps.summary["test_accuracy"]
     assert (ap.summary["workers"], ap.summary["processes"]) == (2, 3)
     assert ap.summary["staleness_histogram"] == {"1": {"0": 40}, "2": {"0": 40}}
-    assert {"wait", "average", "update", "pull"} <= set(ap.summary["phase_s"])  # the server's phases
+    assert ap.summary["dropped_gradients"] == 0
+    assert {"wait", "average", "update", "pull"} <= set(ap.summary["phase_s"])  # the server's (rank 0)
 
 
-def test_staleness_s_lags_each_gradient_by_s_updates_and_records_it(tmp_path):
-    res, losses = _run(tmp_path, "s3", strategy="async-ps", staleness=3)
+def _lags(summary):
+    return [int(k) for h in summary["staleness_histogram"].values() for k, c in h.items() if c]
+
+
+@pytest.mark.parametrize("staleness", [1, 3])
+def test_staleness_s_bounds_every_lag_and_every_update_averages_w_gradients(tmp_path, staleness):
+    res, losses = _run(tmp_path, f"s{staleness}", strategy="async-ps", staleness=staleness, workers=3,
+                       samples=3 * 32 * 60)
     s = res.summary
-    assert s["strategy_params"] == {"staleness": 3}
-    # the first S gradients were computed on the weights every rank started from (version 0)
-    assert s["staleness_histogram"] == {w: {"0": 1, "1": 1, "2": 1, "3": 37} for w in ("1", "2")}
+    assert s["strategy_params"] == {"staleness": staleness}
+    assert max(_lags(s)) <= staleness
+    assert s["applied_gradients"] == 3 * 60 == sum(s["gradients_per_worker"].values())
+    assert s["samples_seen"] == 3 * 32 * 60 and len(losses) == 60
     assert all(torch.isfinite(torch.tensor(losses))) and losses[-1] < losses[0]
+
+
+def _cli(tmp_path, name, *args, fault=None, timeout_s=600):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if fault:
+        env["SHMLEARN_FAULT"] = fault
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--device", "cpu", "--no-progress",
+                        "--out", str(tmp_path / name), *args], capture_output=True, text=True, env=env,
+                       timeout=timeout_s)
+    summary = json.load(open(tmp_path / name / "summary.json")) if r.returncode == 0 else None
+    return r, summary
+
+
+def test_a_straggler_gives_fewer_gradients_and_paces_nobody(tmp_path):
+    """slow:1:40: worker 1 sleeps 40 ms per gradient (an mlp step on digits takes ~1 ms). The
+    server fills its updates from the other two; worker 1's gradients still lag at most S."""
+    r, s = _cli(tmp_path, "slow", "--strategy", "async-ps", "--workers", "3", "--staleness", "2",
+                "--samples", str(3 * 32 * 150), fault="slow:1:40")
+    assert r.returncode == 0, r.stderr
+    per = s["gradients_per_worker"]
+    assert per["1"] < 0.5 * min(per["2"], per["3"]), per
+    assert max(_lags(s)) <= 2 and s["applied_gradients"] == 3 * 150
 
 
 def test_staleness_2_on_three_workers_learns_digits(tmp_path):
     """Issue 17, acceptance 2: shmlearn train --strategy async-ps --workers 3 --staleness 2."""
-    res = shmlearn.train(TrainConfig(strategy="async-ps", workers=3, staleness=2, progress=False,
+    res = shmlearn.train(TrainConfig(strategy="async-ps", workers=3, staleness=2, progress=False, device="cpu",
                                      out=str(tmp_path / "run")))
     assert res.summary["test_accuracy"] >= 0.95, res.summary["test_accuracy"]
+    assert max(_lags(res.summary)) <= 2
 
 
 def test_what_async_ps_cannot_run_with_is_refused_in_one_line():
@@ -69,20 +106,13 @@ def test_simulate_predicts_async_ps_as_the_dedicated_server_at_staleness_0_and_h
     assert s2["step_s"] < s0["step_s"]
 
 
-@pytest.mark.parametrize("fault,timeout_s", [("kill:2:20", 60), ("stop:1:20", 60)])
-def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(tmp_path, fault, timeout_s):
-    import os
-    import subprocess
-    import sys
+@pytest.mark.parametrize("fault", ["kill:2:20", "stop:1:20"])
+def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(tmp_path, fault):
     import time
-    env = dict(os.environ, SHMLEARN_FAULT=fault, PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        env.pop(k, None)
     t0 = time.monotonic()
-    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--strategy", "async-ps", "--workers", "2",
-                        "--staleness", "2", "--samples", "8192", "--timeout", "5", "--no-progress",
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=timeout_s)
+    r, _ = _cli(tmp_path, "run", "--strategy", "async-ps", "--workers", "2", "--staleness", "2",
+                "--samples", "8192", "--timeout", "5", fault=fault, timeout_s=120)
     assert r.returncode == 1, r.stderr
     rank = fault.split(":")[1]
     assert f"rank {rank}" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 45  # the server gave up after --timeout, it did not wait forever
+    assert time.monotonic() - t0 < 100  # the server gave up after --timeout, it did not wait forever
