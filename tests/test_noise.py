@@ -189,8 +189,25 @@ def _ddp_worker(rank, world, port, tmp):
                           batch_size=B, samples=80 * world * B, workers=world, eval_points=1, progress=False,
                           noise_scale=True, check_every=1, out=os.path.join(tmp, strategy))
         run_worker(cfg, env)
+    # a dedicated server and 1 worker: the worker's half batches ride in the gather to the server
+    cfg = TrainConfig(model="mlp", dataset="digits", strategy="ps", ps_dedicated=True, optimizer="momentum",
+                      lr=0.05, batch_size=B, samples=80 * B, eval_points=1, progress=False, noise_scale=True,
+                      out=os.path.join(tmp, "ps-dedicated-w1"))
+    run_worker(cfg, env)
     dist.destroy_process_group()
     os._exit(0)
+
+
+def test_dedicated_server_measures_its_one_workers_half_batches(tmp_path):
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    cfg = TrainConfig(model="mlp", dataset="digits", strategy="allreduce", optimizer="momentum", lr=0.05,
+                      batch_size=B, samples=80 * B, workers=1, eval_points=1, progress=False, noise_scale=True,
+                      out=str(tmp_path / "allreduce-w1"))
+    env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local", master_port=free_port())
+    ref = run_worker(cfg, env).summary
+    ps = json.load(open(tmp_path / "ps-dedicated-w1" / "summary.json"))
+    assert ps["workers"] == 1 and ps["noise_scale"]["b_small"] == B / 2 and ps["noise_scale"]["steps"] == 80
+    assert ps["gradient_noise_scale"] == pytest.approx(ref["gradient_noise_scale"], rel=1e-4)
 
 
 def test_ddp_measures_what_allreduce_measures(tmp_path):
