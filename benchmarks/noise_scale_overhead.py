@@ -3,58 +3,48 @@
     python benchmarks/noise_scale_overhead.py --device cpu --out benchmarks/results/noise-scale-overhead-cpu.json
     python benchmarks/noise_scale_overhead.py --device cuda --out benchmarks/results/noise-scale-overhead-h100.json
 
-For each setting (model, dataset, batch, strategy, workers) it trains the same run with and
-without --noise-scale, alternating on and off run by run (drift on a shared machine hits both
-alike), after one warm-up pair that is not kept (data cache, pool start-up, CUDA graph capture,
-cuDNN autotuning). Step time = the run's wall_time_s / steps: training only (train.py starts the
-clock after setup and excludes evaluation), the fast step where the strategy has one. The overhead
-is median(on) / median(off) - 1, and the median of the paired ratios run by run.
+Method: `shmlearn bench throughput` (shmlearn/bench/throughput.py), in one process group per worker
+count, with each strategy twice: as `shmlearn train` runs it, and with the noise meter attached
+(variant `NAME:noise`, exactly what --noise-scale attaches). Each variant is built and warmed up
+(its CUDA graph captured, cuDNN autotuned), then timed round-robin: repeat 1 of every variant,
+repeat 2 of every variant, ..., each repeat ~--seconds of steps, its time the slowest rank's. On
+a CPU that other processes share this interleaving is what makes the two comparable; whole runs
+one after another were not (a first version of this script timed alternating `train` runs: under
+a load average of 5-7 on 2 cores, step times swung 20x between runs). The overhead is
+median(step time with) / median(step time without) - 1; the JSON keeps both medians and spreads.
 
 What the measurement adds: at 2+ workers two dot products over the gradient (|g_local|^2 on every
 rank, |averaged g|^2 on rank 0) and one more float in the all-reduce or gather; at 1 worker the
 batch is computed as two halves (two smaller forward/backward passes) plus one gradient-sized
-copy, which is not free on a GPU (docs/noise-scale.md).
+copy, which is not free (docs/noise-scale.md).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
-import statistics
 import sys
-import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-from shmlearn import train  # noqa: E402
-from shmlearn.bench.common import environment, parse_int_list, stats  # noqa: E402
-from shmlearn.config import TrainConfig  # noqa: E402
+from shmlearn.bench.common import parse_int_list  # noqa: E402
+from shmlearn.bench.throughput import ThroughputConfig, run  # noqa: E402
 
-SETTINGS = {  # device -> [(model, dataset, batch per worker, steps)]
-    "cpu": [("mlp", "digits", 32, 400), ("alexnet-small", "synthetic", 32, 60)],
-    "cuda": [("mlp", "digits", 32, 2000), ("alexnet-small", "synthetic", 128, 1000),
-             ("resnet18", "synthetic", 128, 300)],
+SETTINGS = {  # device -> [(model, input C x H x W, batch per worker)]
+    "cpu": [("mlp", [1, 8, 8], 32), ("alexnet-small", [3, 32, 32], 32)],
+    "cuda": [("mlp", [1, 8, 8], 32), ("alexnet-small", [3, 32, 32], 128), ("resnet18", [3, 32, 32], 128)],
 }
-
-
-def one_run(model, dataset, batch, steps, strategy, workers, device, on, out) -> float:
-    cfg = TrainConfig(model=model, dataset=dataset, batch_size=batch, samples=steps * workers * batch,
-                      workers=workers, strategy=strategy, device=device, optimizer="momentum", lr=0.01,
-                      noise_scale=on, eval_points=1, progress=False, out=out)
-    s = train(cfg).summary
-    if on and not s.get("gradient_noise_scale"):
-        raise RuntimeError(f"{model} {strategy} W={workers}: no gradient_noise_scale in summary.json")
-    return s["wall_time_s"] / s["steps"]
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
-    p.add_argument("--workers", default=None, help="worker counts [cpu: 1,2; cuda: 1 and 2 if 2 GPUs]")
+    p.add_argument("--workers", default=None, help="worker counts [cpu: 1,2; cuda: 1, and 2 with 2+ GPUs]")
     p.add_argument("--strategies", default="allreduce,ps")
-    p.add_argument("--models", default=None, help="comma list of models from the device's settings [all]")
-    p.add_argument("--runs", type=int, default=7, help="kept runs per setting, each on and off [7]")
+    p.add_argument("--models", default=None, help="comma list of the device's models [all]")
+    p.add_argument("--repeats", type=int, default=9, help="timed repeats per variant, >= 5 [9]")
+    p.add_argument("--seconds", type=float, default=0.5, help="length of one repeat [0.5]")
     p.add_argument("--out", required=True, help="JSON file to write")
     a = p.parse_args()
     import torch
@@ -63,39 +53,36 @@ def main() -> int:
         return 2
     default_w = "1,2" if a.device == "cpu" or torch.cuda.device_count() >= 2 else "1"
     workers = parse_int_list(a.workers or default_w, flag="--workers")
+    strategies = a.strategies.split(",")
     settings = [s for s in SETTINGS[a.device] if not a.models or s[0] in a.models.split(",")]
-    doc = {"benchmark": "noise_scale_overhead", "env": environment("nccl" if a.device == "cuda" else "gloo"),
-           "method": "alternating on/off runs after one warm-up pair; step = wall_time_s / steps (training only)",
-           "runs": a.runs, "results": []}
-    tmp = tempfile.mkdtemp(prefix="noise-bench-")
-    k = 0
-    for model, dataset, batch, steps in settings:
-        for strategy in a.strategies.split(","):
-            for w in workers:
-                if w == 1 and strategy != "allreduce":
-                    continue  # at one worker every strategy is the same half-batch step
-                times = {True: [], False: []}
-                for i in range(a.runs + 1):
-                    for on in ((True, False) if i % 2 else (False, True)):
-                        k += 1
-                        t = one_run(model, dataset, batch, steps, strategy, w, a.device, on, os.path.join(tmp, f"r{k}"))
-                        if i > 0:  # the first pair warms up
-                            times[on].append(t)
-                on_s, off_s = stats(times[True]), stats(times[False])
-                ratios = [x / y for x, y in zip(times[True], times[False])]
-                row = {"model": model, "dataset": dataset, "batch": batch, "steps": steps, "strategy": strategy,
-                       "workers": w, "step_s_on": on_s, "step_s_off": off_s,
-                       "step_s_on_runs": times[True], "step_s_off_runs": times[False],
-                       "overhead": on_s["median"] / off_s["median"] - 1,
-                       "overhead_paired_median": statistics.median(ratios) - 1}
-                doc["results"].append(row)
-                print(f"{model} b{batch} {strategy} W={w}: off {off_s['median'] * 1e3:.3f} ms, on "
-                      f"{on_s['median'] * 1e3:.3f} ms per step: {row['overhead']:+.1%} "
-                      f"(paired {row['overhead_paired_median']:+.1%}, n={a.runs})", flush=True)
-    doc["env"]["loadavg_end"] = list(os.getloadavg())
+    out = {"benchmark": "noise_scale_overhead", "method": __doc__.split("Method: ")[1].split("\n\n")[0],
+           "results": [], "throughput": []}
+    for model, shape, batch in settings:
+        c = ThroughputConfig(model=model, input_shape=shape, batch_sizes=[batch], workers=workers, device=a.device,
+                             strategies=[v for s in strategies for v in (s, f"{s}:noise")], baselines=[],
+                             repeats=a.repeats, seconds=a.seconds)
+        doc = run(c, log=lambda m: print(m, flush=True))
+        out.setdefault("env", doc["env"])
+        out["throughput"].append(doc)
+        rows = {(r["workers"], r["variant"]): r for r in doc["results"] if "error" not in r}
+        for (w, v), off in sorted(rows.items()):
+            on = rows.get((w, f"{v}:noise"))
+            if v.endswith(":noise") or on is None:
+                continue
+            t_off, t_on = off["repeat_s"]["median"] / off["steps_per_repeat"], on["repeat_s"]["median"] / on["steps_per_repeat"]
+            row = {"model": model, "input": shape, "batch": batch, "strategy": v, "workers": w,
+                   "mode": off.get("mode"), "step_s_off": t_off, "step_s_on": t_on,
+                   "steps_per_s_off": off["steps_per_s"], "steps_per_s_on": on["steps_per_s"],
+                   "repeats": a.repeats, "overhead": t_on / t_off - 1}
+            out["results"].append(row)
+            print(f"{model} b{batch} {v} W={w} ({row['mode']}): {t_off * 1e3:.3f} ms -> {t_on * 1e3:.3f} ms "
+                  f"per step with --noise-scale: {row['overhead']:+.1%} (median of {a.repeats} repeats; "
+                  f"steps/s spread off {off['steps_per_s']['min']:.0f}-{off['steps_per_s']['max']:.0f}, "
+                  f"on {on['steps_per_s']['min']:.0f}-{on['steps_per_s']['max']:.0f})", flush=True)
+    out["env"]["loadavg_end"] = list(os.getloadavg())
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump(doc, f, indent=1)
+        json.dump(out, f, indent=1)
     print(f"wrote {a.out}")
     return 0
 

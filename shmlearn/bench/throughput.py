@@ -15,7 +15,9 @@ same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input s
                ceiling for any strategy.
   <strategy>   shmlearn's step (fast.py) exactly as `shmlearn train` runs it: device loader,
                the chosen step mode (CUDA graph on CUDA unless --cuda-graph off), the loss read
-               every --check-every steps. `allreduce:eager` forces --cuda-graph off.
+               every --check-every steps. `allreduce:eager` forces --cuda-graph off;
+               `allreduce:noise` measures the gradient noise scale as --noise-scale does
+               (noise.py), `allreduce:eager+noise` both.
 
 Method: each variant is built, warmed up (its CUDA graph captured, cuDNN autotuned), then timed
 `repeats` times. A repeat: synchronize the device, barrier, perf_counter, `steps` steps,
@@ -163,7 +165,8 @@ class _Plain:
 class _Shmlearn:
     """shmlearn's step (fast.py), built the way train.py builds it."""
 
-    def __init__(self, c, device, batch, rank, world, *, strategy: str, eager: bool, local: bool):
+    def __init__(self, c, device, batch, rank, world, *, strategy: str, eager: bool, local: bool,
+                 noise: bool = False):
         from shmlearn.data.loader import ShardedLoader
         from shmlearn.fast import StepOptions, Stepper
         from shmlearn.optim import build_schedule
@@ -176,6 +179,10 @@ class _Shmlearn:
         self.strategy = build_strategy(strategy, rank=r, world_size=w, avg_period=c.avg_period)
         self.strategy.setup(model, opt, channels_last=c.channels_last)
         n = max(c.samples, 4 * batch * world)
+        if noise:  # as train.py attaches it: after setup, before the Stepper (which binds its step counter)
+            from shmlearn.noise import NoiseMeter
+            self.strategy.noise = NoiseMeter(workers=w, batch_size=batch, steps=1 << 20, device=device,
+                                             n_train=n, world_size=w)
         x, y = _random_data(c, n, device, 0)
         mean = torch.full((1, c.input_shape[0], 1, 1), 127.5, device=device)
         inv = torch.full((1, c.input_shape[0], 1, 1), 1 / 64.0, device=device)
@@ -233,7 +240,9 @@ def _build(c, v: str, device, batch, rank, world):
     if v == "local":
         return _Shmlearn(c, device, batch, rank, world, strategy=registry.DEFAULT, eager=False, local=True)
     name, _, mod = v.partition(":")
-    return _Shmlearn(c, device, batch, rank, world, strategy=name, eager=mod == "eager", local=False)
+    mods = set(mod.split("+"))
+    return _Shmlearn(c, device, batch, rank, world, strategy=name, eager="eager" in mods, local=False,
+                     noise="noise" in mods)
 
 
 def _worker(env, cfg: dict):
@@ -381,8 +390,9 @@ def check(c: ThroughputConfig) -> None:
             raise BadInput(f"--model {m}: unknown model; choose one of {', '.join(MODELS)}")
     for s in c.strategies:
         name, _, mod = s.partition(":")
-        if name not in strategy_names() or mod not in ("", "eager"):
-            raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())} (optionally :eager)")
+        if name not in strategy_names() or not set(mod.split("+")) - {""} <= {"eager", "noise"}:
+            raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())} "
+                           f"(optionally :eager, :noise or :eager+noise)")
     for b in c.baselines:
         if b not in BASELINES:
             raise BadInput(f"--baselines {b}: choose from {', '.join(BASELINES)}")
