@@ -425,7 +425,7 @@ def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
     args = ["--dataset", "digits", "--model", "mlp", "--samples", "150000", "--workers", "1", "--device", "cpu",
             "--batch-size", "16,128", "--lr", "0.0003,0.3", "--lr-schedule", "constant", "--eval-points", "8",
-            "--no-report", "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
+            "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
             "--search-seed", "3", "--pruner", "median", "--out", out]
     r = sweep(*args)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -450,5 +450,7 @@ def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
         assert row["summary"]["steps"] < row["summary"]["planned_steps"]
     assert pruned, r.stdout  # lr 0.0003 and 0.3 in one range: some trials lag the median
     assert f"the median pruner stopped {len(pruned)} trial" in r.stdout
+    html = open(os.path.join(out, "report.html")).read()
+    assert "stopped by Optuna&#x27;s median pruner" in html and all(p["id"] in html for p in spec["pruned"])
     w = json.load(open(os.path.join(out, "winners.json")))
     assert w["overall"] is not None and w["by_workers"]["1"]["pruned"] == len(pruned)
