@@ -98,6 +98,14 @@ def part_commands(p: str, workers: str) -> dict:
         "own-model": (_py(os.path.join(HERE, "own_model.py"), "--device", "cuda", "--runs", "3",
                           "--out", os.path.join(p("own-model"), "own_model.json")), 300),
         "cnn": (_py(*sh, "experiment", "run", "cnn", "--device", "cuda", "--out", os.path.join(p("cnn"), "cnn")), 360),
+        # async-ps on one GPU: the server and its workers share it through --backend gloo.
+        "async-smoke": (["bash", "-c", "set -x; for a in 'async-ps --staleness 2 --workers 3' 'async-ps --staleness 0 "
+                                       "--workers 2' 'ps --ps-dedicated --workers 2' 'allreduce --workers 2'; do "
+                         f"python -m shmlearn train --device cuda --backend gloo --no-progress --dataset fashion-mnist --data-dir {os.path.join(ROOT_DIR, 'data', 'fashion-mnist')} --samples 60000 --strategy $a "
+                         f"--out {p('async-smoke')}/$(echo $a | tr -d ' -'); done"], 240),
+        "straggler": (_py(os.path.join(HERE, "straggler.py"), "--device", "cuda", "--runs", "2",
+                          "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                          "--out", os.path.join(p("straggler"), "h100.json")), 540),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

@@ -21,6 +21,7 @@ DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "
 """Budget when neither --samples nor --epochs is given: enough for the default model to learn the
 dataset well on a laptop (digits: 20 x 1437 samples; Fashion-MNIST: 2 x 60,000)."""
 DEVICES = ("cpu", "cuda", "auto")
+BACKENDS = ("auto", "nccl", "gloo")
 
 
 @dataclass(kw_only=True)
@@ -39,6 +40,10 @@ class TrainConfig:
     size (minus one with --ps-dedicated or async-ps: the server)."""
     device: str = "auto"
     """cpu, cuda (one process per GPU, NCCL) or auto (cuda when present)."""
+    backend: str = "auto"
+    """How the processes talk: auto (NCCL on GPUs, Gloo on the CPU), nccl, or gloo. gloo on GPUs
+    lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
+    two workers on one GPU."""
     threads: Optional[int] = None
     """Intra-op threads per CPU worker. Default: the cores divided among the processes, at least 1."""
     strategy: str = registry.DEFAULT
@@ -279,6 +284,10 @@ def validate(cfg: TrainConfig) -> None:
     registry.spec(cfg)  # the strategy, its parameters' ranges, and no other strategy's flags
     if cfg.device not in DEVICES:
         raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
+    if cfg.backend not in BACKENDS:
+        raise BadInput(f"--backend {cfg.backend}: choose one of {', '.join(BACKENDS)}")
+    if cfg.backend == "nccl" and cfg.device == "cpu":
+        raise BadInput("--backend nccl: needs --device cuda (NCCL talks between GPUs); the CPU uses gloo")
     if cfg.optimizer not in OPTIMIZERS:
         raise BadInput(f"--optimizer {cfg.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
     if cfg.checkpoint_every is not None:

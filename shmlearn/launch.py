@@ -174,12 +174,13 @@ def _mem_available() -> Optional[int]:
     return None
 
 
-def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float) -> list:
+def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None) -> list:
     """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
     or on a pool of `world` workers made for this call. Returns every rank's result; raises
-    BadInput / Diverged / WorkerFailed naming the rank."""
+    BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
+    (Gloo on GPUs: ranks may share one)."""
     from shmlearn.pool import Pool, current
-    backend = "nccl" if cuda else "gloo"
+    backend = backend or ("nccl" if cuda else "gloo")
     pool = current()
     if pool is not None:
         if len(pool.free_slots()) < world and not cuda:  # CPU slots are processes: grow

@@ -95,10 +95,11 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers))
     if not cfg.resume:
         check_out_dir(cfg.out)
-    if cuda and world > torch.cuda.device_count():
+    backend = _backend(cfg, cuda)
+    if cuda and world > torch.cuda.device_count() and backend == "nccl":
         extra = f" + {count(spec.servers, 'server')}" if spec.servers else ""
         raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
-                       f"{world} GPUs, {torch.cuda.device_count()} present")
+                       f"{world} GPUs, {torch.cuda.device_count()} present (--backend gloo shares GPUs)")
     if not cuda:
         check_capacity(world, cfg.threads, cfg.oversubscribe)
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
@@ -116,7 +117,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
         summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent), world,
-                                           cuda=cuda, timeout_s=cfg.timeout)[0]
+                                           cuda=cuda, timeout_s=cfg.timeout, backend=backend)[0]
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
@@ -144,6 +145,13 @@ def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, wan
         torch.save(copy.deepcopy(result.model).cpu(), buf)
         blob = buf.getvalue()
     return result.summary, result.run_dir, blob
+
+
+def _backend(cfg: TrainConfig, cuda: bool) -> str:
+    """--backend: auto is NCCL on GPUs, Gloo on the CPU."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    return "nccl" if cuda else "gloo"
 
 
 def _device_type(device: str) -> str:
@@ -230,7 +238,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                normalize=normalizer(data, device), augment=augment,
                                channels_last=cfg.channels_last)
 
-    backend = "nccl" if device.type == "cuda" else "gloo"
+    backend = _backend(cfg, device.type == "cuda")
     owns_group = not dist.is_initialized()
     if owns_group:
         init_process_group(backend, env, cfg.timeout)

@@ -145,3 +145,13 @@ def test_a_budget_of_one_worker_says_worker_not_workers():
         TrainConfig(workers=1, samples=16).budget_samples(1437)  # said "1 workers"
     with pytest.raises(BadInput, match="steps of 1 worker x 1 samples; expected at most"):
         TrainConfig(workers=1, batch_size=1, samples=10**12).budget_samples(1437)
+
+
+def test_backend_is_checked_once_with_the_flag_named():
+    from shmlearn.config import TrainConfig, validate
+    from shmlearn.errors import BadInput
+    validate(TrainConfig(backend="gloo", device="cpu"))
+    with pytest.raises(BadInput, match=r"^--backend mpi: choose one of auto, nccl, gloo$"):
+        validate(TrainConfig(backend="mpi"))
+    with pytest.raises(BadInput, match=r"^--backend nccl: needs --device cuda"):
+        validate(TrainConfig(backend="nccl", device="cpu"))
