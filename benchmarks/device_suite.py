@@ -103,7 +103,8 @@ def part_commands(p: str, workers: str) -> dict:
                                        "--workers 2' 'ps --ps-dedicated --workers 2' 'allreduce --workers 2'; do "
                          f"python -m shmlearn train --device cuda --backend gloo --no-progress --dataset fashion-mnist --data-dir {os.path.join(ROOT_DIR, 'data', 'fashion-mnist')} --samples 60000 --strategy $a "
                          f"--out {p('async-smoke')}/$(echo $a | tr -d ' -'); done"], 240),
-        "straggler": (_py(os.path.join(HERE, "straggler.py"), "--device", "cuda", "--runs", "2",
+        "straggler": (_py(os.path.join(HERE, "straggler.py"), "--device", "cuda", "--runs", "2", "--steps", "200",
+                          "--staleness", "2",
                           "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
                           "--out", os.path.join(p("straggler"), "h100.json")), 540),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
