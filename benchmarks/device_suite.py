@@ -107,6 +107,8 @@ def part_commands(p: str, workers: str) -> dict:
                           "--staleness", "2",
                           "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
                           "--out", os.path.join(p("straggler"), "h100.json")), 540),
+        "noise": (_py(os.path.join(HERE, "noise_scale_overhead.py"), "--device", "cuda",
+                      "--out", os.path.join(p("noise"), "noise-scale-overhead-h100.json")), 420),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
