@@ -165,6 +165,11 @@ def test_half_batches_train_as_the_whole_batch(tmp_path, check_every):
     assert torch.allclose(out[True][0], out[False][0], rtol=1e-4, atol=1e-6)
     assert out[True][1]["final_loss"] == pytest.approx(out[False][1]["final_loss"], rel=1e-4)
     assert out[True][1]["gradient_noise_scale"] > 0 and "gradient_noise_scale" not in out[False][1]
+    # the report draws B_simple for the run that measured it, and no such figure for the other
+    from shmlearn.report import write_report
+    for on in (False, True):
+        write_report([str(tmp_path / f"ns-{on}")])
+        assert (tmp_path / f"ns-{on}" / "figures" / "noise-scale.png").exists() == on
 
 
 @pytest.mark.parametrize("argv, says", [

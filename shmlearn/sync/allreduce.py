@@ -15,8 +15,6 @@ averaged gradient's squared norm (one dot product over the gradient, on the devi
 """
 from __future__ import annotations
 
-import torch
-
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, register
 from shmlearn.timing import PhaseTimer
@@ -35,7 +33,7 @@ class AllReduce(SyncStrategy):
                     self._average_(self.grads_flat)
                 else:
                     buf = self.grads_ext
-                    buf[-2].copy_(self.noise.local_sq(self.grads_flat))
+                    self.noise.put_local(buf[-2], self.grads_flat)
                     self._average_(buf)
             self._record_noise()
         with timer.phase("update"):
@@ -46,7 +44,7 @@ class AllReduce(SyncStrategy):
         if self.world_size > 1:
             with timer.phase("allreduce"):
                 if self.noise is not None:
-                    buf[-2].copy_(self.noise.local_sq(self.grads_flat))
+                    self.noise.put_local(buf[-2], self.grads_flat)
                 buf[-1].copy_(loss)
                 self._average_(buf)
             check_non_finite(buf[-1:], found_inf, self._one)
@@ -59,7 +57,7 @@ class AllReduce(SyncStrategy):
     def _record_noise(self) -> None:
         # Rank 0 alone reads the estimates: the others skip the pass over the gradient.
         if self.noise is not None and self.rank == 0:
-            self.noise.record(self.grads_ext[-2], torch.dot(self.grads_flat, self.grads_flat))
+            self.noise.record_grad(self.grads_ext[-2], self.grads_flat)
 
 
 def cost(c: Costs, params) -> dict:

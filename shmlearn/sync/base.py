@@ -92,7 +92,7 @@ class SyncStrategy(ABC):
 
     measures_noise: bool = False
     """Whether the strategy measures the gradient noise scale at 2+ workers (noise.py): it adds
-    `noise.local_sq` to its gradient collective and records the averaged gradient's norm."""
+    `noise.put_local` to its gradient collective and records the averaged gradient's norm."""
     control_slots: int = 1
     """Elements after the gradients and weights in the flat buffers: the loss of the fast step,
     and, for strategies that measure the noise scale, |g_local|^2 before it."""

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
+from shmlearn.noise import sq_norm
 from shmlearn.sync.base import SyncStrategy
 from shmlearn.sync.registry import Costs, Entry, register
 from shmlearn.timing import PhaseTimer
@@ -47,14 +48,14 @@ class DDP(SyncStrategy):
         buf = bucket.buffer()
         ext = torch.empty(buf.numel() + 1, dtype=buf.dtype, device=buf.device)
         ext[:-1].copy_(buf)
-        ext[-1] = torch.dot(buf, buf)  # a device copy, no host sync
+        sq_norm(buf, out=ext[-1])  # on the device, no host sync
         ext.div_(self.world_size)  # SUM of x / W: the mean (Gloo has no AVG)
         fut = dist.all_reduce(ext, group=self.group, async_op=True).get_future()
 
         def done(f):
             t = f.value()[0]
             # Buckets may finish on different threads: list.append is atomic, a += on one tensor is not.
-            self._noise_parts.append(torch.stack([t[-1], torch.dot(t[:-1], t[:-1])]))
+            self._noise_parts.append(torch.stack([t[-1], sq_norm(t[:-1])]))
             buf.copy_(t[:-1])
             return buf
         return fut.then(done)

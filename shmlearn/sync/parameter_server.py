@@ -67,7 +67,7 @@ class ParameterServer(SyncStrategy):
     def _gather_average(self, timer) -> None:
         server = self.rank == 0
         if self.noise is not None and self.computes:
-            self.grads_ext[-2].copy_(self.noise.local_sq(self.grads_flat))
+            self.noise.put_local(self.grads_ext[-2], self.grads_flat)
         with timer.phase("gather"):
             dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
                         dst=0, group=self.group)
@@ -77,7 +77,7 @@ class ParameterServer(SyncStrategy):
                 first = 1 if self.dedicated else 0
                 torch.mean(self._gathered[first:, :-self.control_slots], dim=0, out=self.grads_flat)
             if self.noise is not None:
-                self.noise.record(self._gathered[first:, -2].mean(), torch.dot(self.grads_flat, self.grads_flat))
+                self.noise.record_grad(self._gathered[first:, -2].mean(), self.grads_flat)
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size == 1:
