@@ -364,14 +364,26 @@ class StudySweep(Sweep):
         self.total, self.finished = (len(self.grid_ids) if self.grid_ids is not None else self.sc.trials), done
         widest = max(self._procs(c) for c in trials)
         t0 = time.monotonic()
-        first = self._next(busy=False)
-        if first == "done":  # nothing to run or wait for: no pool to start
-            return self._end()
+        # From the first trial claimed on, Ctrl-C or SIGTERM (scancel, a preemption) gives this
+        # process's trials back to the study before it leaves.
+        prev = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            self._loop(trials, widest, [(first, 1)] if isinstance(first, _Owned) else [])
+            first = self._next(busy=False)
+            if first == "done":  # nothing to run or wait for: no pool to start
+                return self._end()
+            try:
+                self._loop(trials, widest, [(first, 1)] if isinstance(first, _Owned) else [])
+            finally:
+                if self.pool is not None:
+                    self._write_timing(time.monotonic() - t0)
+        except KeyboardInterrupt:
+            n = len(self.owned)
+            self._release(list(self.owned.values()))
+            print(f"sweep: interrupted; {count(n, 'trial')} of this process went back to the study",
+                  file=sys.stderr, flush=True)
+            raise
         finally:
-            if self.pool is not None:
-                self._write_timing(time.monotonic() - t0)
+            signal.signal(signal.SIGTERM, prev)
         return self._end()
 
     def _loop(self, trials: List[TrainConfig], widest: int, ready: List[Tuple[_Owned, int]]) -> None:
@@ -384,7 +396,6 @@ class StudySweep(Sweep):
         self.pool.wait_ready()
         free = list(range(self.nslots))
         running: Dict[int, _Owned] = {}  # ready: claimed (or to retry), waiting for slots
-        prev = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
             while True:
                 for job in self.pool.poll(0.5) if running else []:
@@ -418,14 +429,7 @@ class StudySweep(Sweep):
                     running[o.run.job.id] = o
                 if not running:
                     time.sleep(LOOK_S if not ready else 0.05)
-        except KeyboardInterrupt:
-            self._release([o for o in self.owned.values()])
-            self.pool.close()
-            print(f"sweep: interrupted; {count(len(running), 'trial')} in flight went back to the study",
-                  file=sys.stderr, flush=True)
-            raise
         finally:
-            signal.signal(signal.SIGTERM, prev)
             self.pool.close()
 
     # -- asking ----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from optuna.trial import TrialState  # noqa: E402
 
 from shmlearn.errors import BadInput  # noqa: E402
 from shmlearn.pruning import cannot_win  # noqa: E402
-from shmlearn.study import AreaPruner, distributions, open_storage, study_spec  # noqa: E402
+from shmlearn.study import AreaPruner, distributions, make_pruner, open_storage, study_spec  # noqa: E402
 from shmlearn.sweep import SweepConfig, best_bounds, pick_winners  # noqa: E402
 
 # digits + softmax: a trial trains in well under a second; 8 points.
@@ -85,6 +85,16 @@ def test_search_space_grid_values_tpe_ranges_and_log_scale():
     assert (d["lr"].low, d["lr"].high, d["lr"].log) == (0.01, 0.03, False)
     assert list(d["optimizer"].choices) == ["sgd", "adam"]
     assert list(d) == ["workers", "batch_size", "lr", "optimizer"]
+
+
+def test_pruner_names_are_optunas_pruners():
+    sc = SweepConfig(threshold=1.5, target_accuracy=0.9, fixed={"workers": 4})
+    area = make_pruner("area", sc)
+    assert isinstance(area, optuna.pruners.BasePruner) and (area.threshold, area.target_accuracy, area.workers) == \
+        (1.5, 0.9, 4)
+    assert isinstance(make_pruner("median", sc), optuna.pruners.MedianPruner)
+    assert isinstance(make_pruner("halving", sc), optuna.pruners.SuccessiveHalvingPruner)
+    assert isinstance(make_pruner(None, sc), optuna.pruners.NopPruner)
 
 
 def _row(w, area, min_loss=0.5, status="completed", curve=None):
@@ -385,6 +395,40 @@ def test_kill_9_of_one_process_the_other_completes_its_trial(tmp_path):
     runs = finished_by_id(load(storage, "k2"))
     assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs
     assert sorted(r["id"] for r in results(out)) == sorted(ids)
+
+
+def test_a_silent_trial_of_another_host_is_lost_after_stale_after_and_run_here(tmp_path):
+    """The cross-machine case: no pid to check, only a heartbeat that stopped moving."""
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+            "--eval-points", "1", "--no-report", "--lr", "0.1,0.2", "--storage", storage, "--study", "h",
+            "--out", out, "--stale-after", "3"]
+    ids, sc = expected_ids(args)
+    st = optuna.create_study(storage=storage, study_name="h", direction="minimize")
+    st.set_user_attr("shmlearn", study_spec(sc))
+    ghost = st.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
+    ghost.set_user_attr("shmlearn_owner", {"host": "node-that-died", "pid": 1, "start": None})
+    ghost.set_user_attr("shmlearn_beat", 7)
+    r = sweep(*args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert f"trial #{ghost.number}" in r.stdout and "lost: no heartbeat for" in r.stdout, r.stdout
+    study = load(storage, "h")
+    assert study.trials[ghost.number].state == TrialState.FAIL
+    assert {i: len(n) for i, n in finished_by_id(study).items()} == {i: 1 for i in ids}
+
+
+def test_sigterm_gives_the_trial_back_at_once(tmp_path):
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = [*SLOW, "--storage", storage, "--study", "t", "--out", out]
+    p = start(*args, log=tmp_path / "log.txt")
+    number, tid = _wait_running(storage, "t", p.pid, p)
+    p.send_signal(signal.SIGTERM)  # what scancel or a preemption sends first
+    assert p.wait(timeout=300) != 0
+    study = load(storage, "t")
+    assert study.trials[number].state == TrialState.FAIL
+    assert study.trials[number].user_attrs["shmlearn_lost"] == "its process was interrupted"
+    queued = [t for t in study.trials if t.state == TrialState.WAITING]
+    assert [t.user_attrs["shmlearn_id"] for t in queued] == [tid]  # the next process runs it first
 
 
 # --- pruning ----------------------------------------------------------------------------------
