@@ -61,7 +61,9 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
                   (_keep(figs, "accuracy", rf.accuracy_vs_time(runs)), "test accuracy against training time"),
                   (_keep(figs, "phases", rf.phases(runs)), "mean time per step by phase (rank 0)"),
                   (_keep(figs, "noise-scale", rf.noise_scale(runs)),
-                   "gradient noise scale B_simple against the step (dashed: the global batch)")])
+                   "gradient noise scale B_simple against the step (dashed: the global batch)"),
+                  (_keep(figs, "staleness", rf.staleness(runs)),
+                   "async-ps: gradients applied per worker by lag (summary.json staleness_histogram)")])
     page.h2("Configuration")
     keys = sorted({k for r in runs for k in r.config})
     page.table(["", *(r.label for r in runs)], [[k, *(fmt(r.config.get(k)) for r in runs)] for k in keys])

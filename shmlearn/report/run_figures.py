@@ -122,6 +122,28 @@ def noise_scale(runs: List[Run], title: str = "Gradient noise scale (--noise-sca
     return png(fig)
 
 
+def staleness(runs: List[Run], title: str = "Staleness of applied gradients (async-ps)") -> Optional[bytes]:
+    """Per worker, how many of its gradients the server applied with each lag (summary.json
+    `staleness_histogram`): grouped bars, one group per lag, one bar per run and worker. A
+    straggler's bars sit at higher lags and are shorter (it gave fewer gradients)."""
+    runs = [r for r in runs if r.summary.get("staleness_histogram")]
+    if not runs:
+        return None
+    series = [(f"{r.label} w{w}" if len(runs) > 1 else f"worker {w}", h)
+              for r in runs for w, h in sorted(r.summary["staleness_histogram"].items(), key=lambda x: int(x[0]))]
+    lags = sorted({int(k) for _, h in series for k in h})
+    fig, ax = figure()
+    width = 0.8 / len(series)
+    for i, (label, h) in enumerate(series):
+        ax.bar([lag - 0.4 + width * (i + 0.5) for lag in lags], [h.get(str(lag), 0) for lag in lags],
+               width=width, label=label, color=f"C{i}")
+    ax.set(title=title, xlabel="lag (server updates between the weights a gradient used and its update)",
+           ylabel="gradients applied", xticks=lags)
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=8)
+    return png(fig)
+
+
 def own_plots(run: Run) -> Optional[bytes]:
     """One run's loss, test accuracy and phases side by side in one figure: the plots of its own
     report, ~20% cheaper than three figures (a sweep draws one for each worker count's winner;

@@ -164,3 +164,20 @@ def test_write_report_leaves_the_garbage_collector_as_it_found_it(fake_runs):
         assert gc.get_freeze_count() > 0
     finally:
         gc.unfreeze()
+
+
+def test_an_async_ps_run_page_draws_each_workers_staleness(tmp_path, make_run):
+    make_run(tmp_path / "a", strategy="async-ps")
+    path = tmp_path / "a" / "summary.json"
+    s = json.load(open(path))
+    s["staleness_histogram"] = {"1": {"1": 3, "2": 40}, "2": {"0": 10, "1": 80}, "3": {"0": 9, "1": 78, "2": 3}}
+    json.dump(s, open(path, "w"))
+    write_report([str(tmp_path / "a")])
+    assert "staleness.png" in os.listdir(tmp_path / "a" / "figures")
+    w, h = png_size(tmp_path / "a" / "figures" / "staleness.png")
+    assert w >= 500 and h >= 200
+    html = open(tmp_path / "a" / "report.html").read()
+    assert "gradients applied per worker by lag" in html
+    make_run(tmp_path / "b")  # no histogram: no staleness figure
+    write_report([str(tmp_path / "b")])
+    assert "staleness.png" not in os.listdir(tmp_path / "b" / "figures")
