@@ -368,11 +368,10 @@ class StudySweep(Sweep):
         # process's trials back to the study before it leaves.
         prev = signal.signal(signal.SIGTERM, _raise_interrupt)
         try:
-            first = self._next(busy=False)
-            if first == "done":  # nothing to run or wait for: no pool to start
+            if self._want(busy=False) == "done":  # nothing to run or wait for: no pool to start
                 return self._end()
-            try:
-                self._loop(trials, widest, [(first, 1)] if isinstance(first, _Owned) else [])
+            try:  # the pool starts before the first trial is claimed: a claimed trial beats
+                self._loop(trials, widest, [])
             finally:
                 if self.pool is not None:
                     self._write_timing(time.monotonic() - t0)
@@ -435,6 +434,13 @@ class StudySweep(Sweep):
     # -- asking ----------------------------------------------------------------------------------
     def _next(self, *, busy: bool):
         """A claimed trial to run, or 'wait' (others still run trials), or 'done'."""
+        want = self._want(busy=busy)
+        return (self._claim() or "wait") if want == "ask" else want
+
+    def _want(self, *, busy: bool) -> str:
+        """'ask' (the study wants a trial run), 'wait' (others still run trials) or 'done'; lost
+        trials are failed and queued again, and a grid's points that GridSampler counts as
+        visited but nobody finished are queued."""
         trials = self._trials(fresh=True)
         if self._reap(trials):
             trials = self._trials(fresh=True)
@@ -462,7 +468,7 @@ class StudySweep(Sweep):
             failed_all = sum(1 for t in trials if "shmlearn_failed" in t.user_attrs)
             want = len(done) + len({i for i in live if i}) + failed_all < (self.sc.trials or 0)
         if want or waiting:
-            return self._claim() or "wait"
+            return "ask"
         return "wait" if (busy or others_running) else "done"
 
     def _params_of(self, tid: str) -> Dict[str, Any]:

@@ -28,8 +28,8 @@ from shmlearn.sweep import SweepConfig, best_bounds, pick_winners  # noqa: E402
 # digits + softmax: a trial trains in well under a second; 8 points.
 GRID = ["--dataset", "digits", "--model", "softmax", "--samples", "4096", "--eval-points", "4", "--workers", "1",
         "--device", "cpu", "--batch-size", "16,32,64,128", "--lr", "0.1,0.3"]
-# Long enough to be killed mid-trial: ~200k samples of mlp per trial.
-SLOW = ["--dataset", "digits", "--model", "mlp", "--samples", "200000", "--eval-points", "2", "--workers", "1",
+# Long enough to be killed mid-trial on a loaded machine: 600k samples of mlp, ~12 s a trial.
+SLOW = ["--dataset", "digits", "--model", "mlp", "--samples", "600000", "--eval-points", "2", "--workers", "1",
         "--device", "cpu", "--batch-size", "32", "--lr", "0.05,0.1,0.2", "--no-report"]
 
 
@@ -360,7 +360,7 @@ def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path
     p = start(*args, log=tmp_path / "first.txt")
     number, tid = _wait_running(storage, "k", p.pid, p)
     # Let it train a moment inside the trial, then kill -9: no chance to give the trial back.
-    time.sleep(2)
+    time.sleep(0.5)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=120)
     study = load(storage, "k")
@@ -386,7 +386,7 @@ def test_kill_9_of_one_process_the_other_completes_its_trial(tmp_path):
     victim = start(*args, log=tmp_path / "victim.txt")
     number, tid = _wait_running(storage, "k2", victim.pid, victim)
     other = start(*args, log=tmp_path / "other.txt")
-    time.sleep(2)
+    time.sleep(0.5)
     victim.send_signal(signal.SIGKILL)
     victim.wait(timeout=120)
     assert other.wait(timeout=900) == 0, (tmp_path / "other.txt").read_text()
