@@ -466,23 +466,36 @@ def average_s(m: Machine, rows: int, nbytes: float) -> float:
 def predict(m: Machine, strategy: str, w: int, params=None) -> Dict[str, float]:
     """Seconds per step by part for `w` workers; 'step_s' is their sum. The strategy's own parts
     come from its cost model (its registry entry); params: a measured run's parameters."""
+    entry, params, costs = _costs(m, strategy, w, params)
+    parts = {"data": costs.local["data"], "compute": costs.local["compute"], "other": costs.local["other"]}
+    k = control_period(m, strategy)
+    parts["control"] = costs.all_reduce(costs.processes, 8.0 * (k * costs.processes + 2)) / k \
+        if costs.processes > 1 else 0.0
+    parts.update(entry.cost(costs, params))
+    parts["step_s"] = sum(parts.values())
+    return parts
+
+
+def predict_more(m: Machine, strategy: str, w: int, params=None, slow=None) -> Dict[str, Any]:
+    """What the strategy predicts besides time per step ({} for most; async-ps: each worker's
+    staleness histogram), slow = (rank, k): that worker computes k times slower."""
+    entry, params, costs = _costs(m, strategy, w, params)
+    return entry.predict_more(costs, params, slow=slow) if entry.predict_more else {}
+
+
+def _costs(m: Machine, strategy: str, w: int, params=None):
     entry, params = _variant(strategy, m, params)
     c = m.compute
     S = 4.0 * c.parameters
     allreduce = m.net.all_reduce if m.allreduce_algo == "ring" else replace(m.net.all_reduce, form="tree")
     procs = entry.spec(params).processes(w)
     local = c.parts(w, m.slots)  # w processes compute at once (a dedicated server waits meanwhile)
-    parts = {"data": local["data"], "compute": local["compute"], "other": local["other"]}
-    k = control_period(m, strategy)
-    parts["control"] = allreduce.time(procs, 8.0 * (k * procs + 2)) / k if procs > 1 else 0.0
     # The computing ranks set the wake (a server only waits): wake(op, W), W not the processes.
     wake = (lambda op: m.wake(op, w)) if m.wake is not None and procs > 1 else (lambda op: 0.0)
     costs = Costs(workers=w, processes=procs, grad_bytes=S, local=local, update_s=c.update_s,
                   all_reduce=allreduce.time, gather=m.net.gather.time, broadcast=m.net.broadcast.time,
                   average=lambda rows, nbytes: average_s(m, rows, nbytes), wake=wake, bwd_frac=m.bwd_frac)
-    parts.update(entry.cost(costs, params))
-    parts["step_s"] = sum(parts.values())
-    return parts
+    return entry, params, costs
 
 
 def scaling_table(m: Machine, strategies: Sequence[str], workers: Sequence[int]) -> List[Dict[str, Any]]:
@@ -544,7 +557,8 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
                         "strategy_params": asdict(params),
                         "avg_period": _period(name, params),
                         "step_s": s.get("step_s") or s["wall_time_s"] / s["steps"],
-                        "phase_s": s.get("phase_s", {})})
+                        "phase_s": s.get("phase_s", {}),
+                        "staleness_histogram": s.get("staleness_histogram")})
     return out
 
 
@@ -568,6 +582,9 @@ def validate(m: Machine, measured: Sequence[Dict[str, Any]]) -> List[Dict[str, A
                      "measured_step_s": r["step_s"],
                      "predicted_step_s": p["step_s"], "error": p["step_s"] / r["step_s"] - 1,
                      "parts": p, "measured_phase_s": r["phase_s"]})
+        more = predict_more(mm, r["strategy"], r["workers"], params)
+        if more:  # async-ps: the staleness histogram, predicted beside the run's
+            rows[-1].update(predicted_more=more, measured_staleness_histogram=r.get("staleness_histogram"))
     return rows
 
 

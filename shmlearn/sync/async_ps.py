@@ -34,12 +34,13 @@ recorded per worker (summary.json `staleness_histogram`).
 """
 from __future__ import annotations
 
+import heapq
 import math
 from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -315,5 +316,66 @@ def cost(c: Costs, params: Params) -> dict:
     return parts
 
 
+def simulate_protocol(cycle_s: Sequence[float], serve_s: float, staleness: int, updates: int):
+    """The server's rules above, replayed on a clock: worker r (1..W) pushes cycle_s[r - 1]
+    seconds after each answer (its data, compute, push and pull); an update costs the server
+    serve_s. Messages are instant and the loop's meetings are left out. Returns (seconds for
+    `updates` updates, {rank: Counter(lag: gradients applied)}, gradients dropped)."""
+    w, s = len(cycle_s), staleness
+    t, version, dropped, arrivals = 0.0, 0, 0, 0
+    computing: Dict[int, Optional[int]] = {r: 0 for r in range(1, w + 1)}
+    clock = [(cycle_s[r - 1], r) for r in range(1, w + 1)]
+    heapq.heapify(clock)
+    pending: List[Tuple[int, int, int]] = []
+    waiting: List[int] = []
+    lags = {r: Counter() for r in range(1, w + 1)}
+
+    def committed() -> int:
+        return len(pending) + sum(v is not None for v in computing.values())
+
+    def answer_if_allowed(r: int) -> None:
+        if committed() < (s + 1) * w:
+            computing[r] = version
+            heapq.heappush(clock, (t + cycle_s[r - 1], r))
+        else:
+            waiting.append(r)
+
+    while version < updates:
+        while True:
+            kept = [p for p in pending if version - p[0] <= s]
+            dropped += len(pending) - len(kept)
+            pending = kept
+            if len(pending) >= w and all(v is None or v >= version + 1 - s for v in computing.values()):
+                break
+            at, r = heapq.heappop(clock)
+            t = max(t, at)
+            pending.append((computing[r], r, arrivals))
+            arrivals += 1
+            computing[r] = None
+            answer_if_allowed(r)
+        pending.sort()
+        chosen, pending = pending[:w], pending[w:]
+        t += serve_s
+        for v, r, _ in chosen:
+            lags[r][version - v] += 1
+        version += 1
+        again, waiting = sorted(waiting), []
+        for r in again:
+            answer_if_allowed(r)
+    return t, lags, dropped
+
+
+def predict_more(c: Costs, params: Params, slow: Optional[Tuple[int, float]] = None) -> dict:
+    """simulate's prediction of each worker's staleness histogram: the protocol replayed with the
+    cost model's times (equal workers; slow = (rank, k): that worker k times slower)."""
+    parts = cost(c, Params(staleness=0))
+    cycle = c.local["data"] + c.local["compute"] + c.local.get("other", 0.0) + parts["push"] + parts["pull"]
+    cycles = [cycle * (slow[1] if slow and r == slow[0] else 1.0) for r in range(1, c.workers + 1)]
+    t, lags, dropped = simulate_protocol(cycles, parts["average"] + parts["update"], params.staleness, 1000)
+    return {"seconds_per_update": t / 1000, "dropped_gradients": dropped,
+            "staleness_histogram": {str(r): {str(k): n[k] for k in sorted(n)} for r, n in lags.items()}}
+
+
 ENTRY = register(Entry(name="async-ps", cls=AsyncPS, help="asynchronous parameter server, staleness <= S (Downpour)",
-                       params=Params, cost=cost, check=check, summary=lambda s: s.summary()))
+                       params=Params, cost=cost, check=check, summary=lambda s: s.summary(),
+                       predict_more=predict_more))

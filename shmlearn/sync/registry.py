@@ -82,6 +82,9 @@ class Entry:
     """simulate's names for this strategy with fixed parameters; default {name: {}}."""
     check: Callable[[Any], None] = lambda cfg: None
     """Refuses (BadInput) the rest of a TrainConfig this strategy cannot run with."""
+    predict_more: Optional[Callable[..., Dict[str, Any]]] = None
+    """simulate's predictions besides seconds per step, f(Costs, params, slow=(rank, k) or None)
+    -> dict (async-ps: each worker's staleness histogram)."""
 
     @property
     def fast_step(self) -> bool:

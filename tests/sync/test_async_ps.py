@@ -116,3 +116,35 @@ def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(tmp_path, fau
     rank = fault.split(":")[1]
     assert f"rank {rank}" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert time.monotonic() - t0 < 100  # the server gave up after --timeout, it did not wait forever
+
+
+def test_the_protocol_replayed_on_a_clock_keeps_the_servers_rules():
+    from shmlearn.sync.async_ps import simulate_protocol
+    # S = 0: one gradient per worker per update, on the newest weights; the pace is the slowest's.
+    t, lags, dropped = simulate_protocol([1.0, 1.0, 3.0], 0.1, 0, 100)
+    assert {r: dict(c) for r, c in lags.items()} == {1: {0: 100}, 2: {0: 100}, 3: {0: 100}}
+    assert t == pytest.approx(100 * 3.1) and dropped == 0
+    # S = 2, equal workers: every gradient lands, lag <= 2, the workers share the updates evenly.
+    t, lags, _ = simulate_protocol([1.0, 1.0, 1.0], 0.01, 2, 300)
+    assert max(k for c in lags.values() for k in c) <= 2
+    assert sum(sum(c.values()) for c in lags.values()) == 900
+    assert max(sum(c.values()) for c in lags.values()) - min(sum(c.values()) for c in lags.values()) <= 3
+    # A straggler at 1/3 pace with S large enough never to bind: it gives 1/3 as many gradients
+    # and the others set the pace: 900 gradients at 2 + 1/3 per second.
+    t, lags, _ = simulate_protocol([1.0, 1.0, 3.0], 0.0, 8, 300)
+    n = {r: sum(c.values()) for r, c in lags.items()}
+    assert n[3] == pytest.approx(n[1] / 3, rel=0.05) and t == pytest.approx(900 / (2 + 1 / 3), rel=0.02)
+
+
+def test_simulate_predicts_the_staleness_histogram_and_a_stragglers_share():
+    from shmlearn.simulate import Compute, Machine, Network, predict_more
+    from shmlearn.sync import registry
+    c = Compute(data_s=0.001, compute_s=0.010, update_s=0.002, other_s=0.0, batch_size=32, parameters=10**5,
+                model="m", device="cpu", source="test")
+    m = Machine(compute=c, net=Network.assumed(10.0, 20.0, "test"), check_every=10)
+    p2 = registry.get("async-ps").params_of({"staleness": 2})
+    even = predict_more(m, "async-ps", 3, p2)["staleness_histogram"]
+    assert set(even) == {"1", "2", "3"} and max(int(k) for h in even.values() for k in h) <= 2
+    slow = predict_more(m, "async-ps", 3, p2, slow=(1, 3.0))["staleness_histogram"]
+    assert sum(slow["1"].values()) < 0.5 * sum(slow["2"].values())
+    assert predict_more(m, "allreduce", 3) == {}
