@@ -11,7 +11,8 @@ run with and without the straggler, interleaved, --runs times, each a fresh `shm
   * ps --ps-dedicated (synchronous: every step waits for every worker);
   * async-ps --staleness 0 (the same, bit for bit);
   * async-ps --staleness S for each S in --staleness.
-samples/s is the run's summary (training seconds only: start-up and evaluation excluded). The
+samples/s is the run's summary (training seconds only: start-up and evaluation excluded). Each
+async-ps row also gets simulate's prediction of the straggler run (`predict`). The
 ideal for an asynchronous server is (W - 1 + 1/k) / W of the unslowed rate (the straggler still
 contributes 1/k); a synchronous one gets 1/k. On GPUs every process shares the one GPU through
 --backend gloo (a one-GPU machine holds a server and three workers that way).
@@ -42,6 +43,24 @@ def _train(args, out, fault=None):
         raise SystemExit(f"straggler: {' '.join(cmd)} failed:\n{r.stderr[-2000:]}")
     with open(os.path.join(out, "summary.json")) as f:
         return json.load(f)
+
+
+def predict(res: dict) -> None:
+    """Beside each async-ps row: simulate's replay of the server's rules (async_ps.simulate_protocol)
+    with this run's own times: a clean update's seconds as every worker's cycle, plus the injected
+    delay for the straggler (rank 1). Prediction against measurement of the histogram and rate."""
+    from shmlearn.sync.async_ps import simulate_protocol
+    w, b = res["workers"], int(res["common_flags"].split("--batch-size ")[1].split()[0])
+    for name, r in res["results"].items():
+        if not name.startswith("async-ps S="):
+            continue
+        s = int(name.split("=")[1])
+        cycle = w * b / r["samples_per_s_clean"]["median"]
+        steps = sum(sum(h.values()) for h in r["staleness_histogram_straggler"].values()) // w
+        t, lags, dropped = simulate_protocol([cycle + res["delay_ms"] / 1000] + [cycle] * (w - 1), 0.0, s, steps)
+        r["predicted_straggler"] = {"samples_per_s": steps * w * b / t, "dropped_gradients": dropped,
+                                    "staleness_histogram": {str(k): {str(g): n for g, n in sorted(c.items())}
+                                                            for k, c in lags.items()}}
 
 
 def main() -> None:
@@ -112,6 +131,7 @@ def main() -> None:
         print(f"{name:14s} clean {clean['median']:9.0f}  straggler {slow['median']:9.0f} samples/s  "
               f"ratio {out[name]['ratio']:.2f}", flush=True)
     res["results"] = out
+    predict(res)
     print(f"ideal: async {res['ideal_async_ratio']:.2f}, synchronous {res['sync_ratio']:.2f}")
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
