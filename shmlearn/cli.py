@@ -1,6 +1,15 @@
 """Command line: each subcommand only builds a config and calls the library.
 
 Exit codes (DESIGN.md): 0 completed, 1 a worker failed, 2 bad input, 3 diverged.
+
+The train flags are generated from TrainConfig with argparse (issue 17 asked: tyro, or argparse
+from the dataclass): one flag per field, its type from the resolved annotations
+(typing.get_type_hints), its help from the docstring under the field, each strategy's own flags
+in a group of their own from the strategy registry. Why not tyro: it would bring a dependency to
+do what ~100 lines do here, and our flags keep their own conventions (negative numbers in sweep
+lists, one-line errors with exit 2, flags a strategy owns grouped under it). The help texts come
+from attribute docstrings read from the class's source (`field_docs`), which is how tyro finds
+them too; moving them into field metadata would let them be read without the source.
 """
 from __future__ import annotations
 
