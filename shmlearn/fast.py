@@ -42,6 +42,11 @@ from shmlearn.timing import NULL_TIMER
 
 PRECISIONS = ("fp32", "bf16")
 CUDA_GRAPH = ("auto", "off")
+COMPILE = ("off", "default", "max-autotune", "auto")
+"""--compile: torch.compile the model's forward (and through AOTAutograd its backward) with
+Inductor; its kernels run inside the fast step, and on CUDA inside the step's one CUDA graph.
+max-autotune is Inductor's max-autotune-no-cudagraphs (the step makes its own graph); auto
+compiles with default, times a few steps of each and keeps the faster."""
 DEFAULT_CHECK_EVERY = {"cpu": 10, "cuda": 50}
 """Steps between reads of the loss when --check-every is not given. On a GPU each read drains
 the launch queue. On the CPU a read is one more collective per step, and a rank waits in it for
@@ -61,6 +66,8 @@ class StepOptions:
     """Graph mode: run one step in this many eagerly, with phase timing."""
     cudnn_benchmark: bool = True
     """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
+    compile: str = "off"
+    """COMPILE: off, default, max-autotune or auto."""
 
 
 @dataclass
@@ -119,6 +126,12 @@ class Stepper:
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
+        self.forward = strategy.module
+        """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
+        self.compile_s: Optional[float] = None
+        self.compiled: Optional[str] = None
+        if opts.compile != "off":
+            self._compile()
         if self.fast:
             self._setup_fast(fused=why_not is None)
             if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None and not strategy.free_running:
@@ -191,7 +204,7 @@ class Stepper:
         at one worker, as two half batches (noise.py: their gradients' norms are the measurement)."""
         def fb(xb, yb):
             with self.autocast():
-                out = self.strategy.module(xb)
+                out = self.forward(xb)
             loss = self.loss(out.float(), yb)
             loss.backward()
             return loss.detach()
@@ -199,6 +212,56 @@ class Stepper:
         if meter is not None and meter.micro:
             return meter.two_halves(fb, x, y, self.strategy.grads_flat)
         return fb(x, y)
+
+    # -- --compile ---------------------------------------------------------------------------------
+    def _compile(self) -> None:
+        """Compile before the clock starts: a first forward and backward on a real batch (Inductor
+        compiles both; its caches keep them for later runs and a sweep's trials), then, with
+        auto, a few steps of each to keep the faster. Weights, gradients and buffers (BatchNorm)
+        are put back as they were; the optimizer never steps here."""
+        import time
+        mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
+        compiled = torch.compile(self.strategy.module, mode=mode, dynamic=False)
+        if not self.strategy.computes:  # a server never runs forward
+            self.forward, self.compiled = compiled, self.opts.compile
+            return
+        saved_buffers = [b.clone() for b in self.model.buffers()]
+        x, y = self.loader.batch(0)
+
+        def fb(fwd) -> None:
+            self.strategy.zero_grad()
+            with self.autocast():
+                out = fwd(x)
+            self.loss(out.float(), y).backward()
+
+        def timed(fwd, n: int) -> float:
+            self._sync()
+            t0 = time.perf_counter()
+            for _ in range(n):
+                fb(fwd)
+            self._sync()
+            return (time.perf_counter() - t0) / n
+        try:
+            self.compile_s = timed(compiled, 1)
+            choice = self.opts.compile
+            if choice == "auto":
+                timed(self.strategy.module, 2)  # warm (cuDNN autotuning) before timing
+                eager_s, compiled_s = timed(self.strategy.module, 5), timed(compiled, 5)
+                choice = "default" if compiled_s < eager_s else "off"
+                self.note = (f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms "
+                             f"a forward and backward; {'compiled' if choice == 'default' else 'eager'}")
+            if choice != "off":
+                self.forward = compiled
+            self.compiled = choice
+        finally:
+            self.strategy.zero_grad()
+            with torch.no_grad():
+                for b, v in zip(self.model.buffers(), saved_buffers):
+                    b.copy_(v)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def _free_step(self, step: int, meets: bool) -> None:
         """A free-running strategy's step (async-ps): as many gradients as it asks for, each from

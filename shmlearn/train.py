@@ -431,6 +431,7 @@ class _Loop:
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
+                                                compile=cfg.compile,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self.loss,
@@ -668,6 +669,7 @@ class _Loop:
             "step_mode": self.stepper.mode, "check_every": 1 if not self.stepper.fast else self.stepper.check_every,
             "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
             "step_note": self.stepper.note,
+            "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields
