@@ -19,6 +19,7 @@ from torch import nn
 from shmlearn.data.base import DataSpec
 from shmlearn.errors import BadInput
 from shmlearn.models.alexnet import build_alexnet, build_alexnet_small
+from shmlearn.models.fashion import build_fashion_net
 from shmlearn.models.lenet import build_lenet
 from shmlearn.models.linear import build_single_layer
 from shmlearn.models.mlp import build_mlp
@@ -34,6 +35,7 @@ _BUILDERS: Dict[str, Callable[[DataSpec, type], nn.Module]] = {
     "alexnet": build_alexnet,
     "resnet18": partial(build_resnet, name="resnet18"),
     "resnet34": partial(build_resnet, name="resnet34"),
+    "fashion-net": build_fashion_net,  # the Fashion-MNIST time-to-accuracy recipes (recipes/)
 }
 
 MODELS = tuple(_BUILDERS)

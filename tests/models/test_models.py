@@ -23,7 +23,7 @@ VECTORS = {
 FLAT_MODELS = ("neuron", "linreg", "softmax", "mlp")
 IMAGE_MODELS = tuple(m for m in MODELS if m not in FLAT_MODELS)
 FC_LAYERS = {"neuron": 1, "linreg": 1, "softmax": 1, "mlp": 3, "lenet": 2,
-             "alexnet-small": 3, "alexnet": 3, "resnet18": 1, "resnet34": 1}
+             "alexnet-small": 3, "alexnet": 3, "resnet18": 1, "resnet34": 1, "fashion-net": 1}
 
 # resnet34 is resnet18 with more blocks per stage: its full-resolution CIFAR-stem runs cost
 # seconds each, so it is run only through the cheaper ImageNet stem (64x64 enters at 16x16).
