@@ -23,7 +23,7 @@ import sys
 import typing
 from typing import Dict, List, Optional
 
-from shmlearn.config import TrainConfig, load_yaml
+from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 
 
@@ -150,7 +150,12 @@ def build_parser() -> argparse.ArgumentParser:
 def config_from_args(ns: argparse.Namespace) -> TrainConfig:
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
     values = {k.replace("-", "_"): v for k, v in values.items()}
-    values.update({k: v for k, v in vars(ns).items() if k not in ("command", "config", "func")})
+    flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "func")}
+    for pair in ALTERNATIVES:  # flags win, also over the file's other way of saying the same
+        if any(k in flags for k in pair):
+            for k in pair:
+                values.pop(k, None)
+    values.update(flags)
     return TrainConfig.from_dict(values, source=f"--config {ns.config}" if ns.config else "config")
 
 

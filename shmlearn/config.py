@@ -20,6 +20,10 @@ DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "
                   "synthetic": 10, "step": 1, "line": 20, "line-exact": 20}
 """Budget when neither --samples nor --epochs is given: enough for the default model to learn the
 dataset well on a laptop (digits: 20 x 1437 samples; Fashion-MNIST: 2 x 60,000)."""
+ALTERNATIVES = (("samples", "epochs"), ("warmup", "warmup_fraction"), ("eval_every", "eval_points"))
+"""Fields that say one thing two ways (give one of each pair): a flag on the command line
+replaces its pair in a --config file, so `--config recipe.yaml --samples 2048` overrides the
+recipe's epochs instead of being refused as a second budget."""
 DEVICES = ("cpu", "cuda", "auto")
 BACKENDS = ("auto", "nccl", "gloo")
 
@@ -65,10 +69,17 @@ class TrainConfig:
     """linear or cosine (decay to zero at the last step), or constant (the paper's experiments)."""
     warmup: int = 0
     """Steps of linear learning-rate warmup before the schedule."""
+    warmup_fraction: Optional[float] = None
+    """Instead of --warmup: warmup over this fraction of the run's steps, rounded down (0.2: the
+    first 20%), so a recipe's warmup follows --samples/--epochs/--batch-size overrides."""
     momentum: Optional[float] = None
     """Momentum for sgd/momentum/nesterov/rmsprop. Default 0.9 for momentum and nesterov, else 0."""
     weight_decay: float = 0.0
     """L2 penalty (the seed's AlexNet uses 0.004)."""
+    label_smoothing: float = 0.0
+    """Classification: train on cross-entropy against targets mixed with the uniform distribution
+    by this much (torch's F.cross_entropy(label_smoothing=...); 0.1 in the Fashion-MNIST recipes).
+    Training loss only: test_loss stays plain cross-entropy."""
     folded_linear: bool = False
     """Build every fully connected layer as a bias-folded FoldedLinear (paper §4) instead of nn.Linear."""
     init: str = "default"
@@ -174,6 +185,11 @@ class TrainConfig:
                            f"{MAX_STEPS:.0e} steps "
                            f"(raise --batch-size, or train for fewer samples)")
         return budget
+
+    def warmup_steps(self, steps: int) -> int:
+        """Warmup steps of a run of `steps` steps: --warmup, or --warmup-fraction x steps rounded
+        down (as benchmarks/fashion_tta.py computes it)."""
+        return int(self.warmup_fraction * steps) if self.warmup_fraction is not None else self.warmup
 
     def to_dict(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
@@ -317,6 +333,10 @@ def validate(cfg: TrainConfig) -> None:
     _number("lr", cfg.lr, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")
     _number("weight-decay", cfg.weight_decay, 0, F32_MAX, unit=" (float32's largest)")
     _number("momentum", cfg.momentum, 0, 1, hi_open=True)
+    _number("warmup-fraction", cfg.warmup_fraction, 0, 1, hi_open=True)  # 1 would never reach --lr
+    _number("label-smoothing", cfg.label_smoothing, 0, 1, hi_open=True)  # 1: every target uniform, nothing to learn
+    if cfg.warmup_fraction is not None and cfg.warmup:
+        raise BadInput(f"--warmup {cfg.warmup} and --warmup-fraction {cfg.warmup_fraction}: give one warmup, not both")
     _number("epochs", cfg.epochs, 0, MAX_SAMPLES, lo_open=True)  # x the training set: budget_samples
     _number("eval-every", cfg.eval_every, 0, lo_open=True, unit=" seconds")  # past the run: at the end only
     _number("timeout", cfg.timeout, *TIMEOUT_RANGE, unit=" seconds")

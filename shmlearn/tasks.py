@@ -7,9 +7,14 @@ import torch
 import torch.nn.functional as F
 
 
-def loss_fn(task: str, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+def loss_fn(task: str, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean",
+            label_smoothing: float = 0.0) -> torch.Tensor:
+    """The task's loss. label_smoothing (classification only, --label-smoothing): cross-entropy
+    against (1 - s) one-hot + s / classes, as torch computes it."""
     if task == "classification":
-        return F.cross_entropy(out, y, reduction=reduction)
+        return F.cross_entropy(out, y, reduction=reduction, label_smoothing=label_smoothing)
+    if label_smoothing:
+        raise ValueError(f"label smoothing is for classification, not {task}")
     if task == "binary":
         # The paper's single sigmoid neuron is trained on the L2 loss of its sigmoid output
         # (seed 000 plots "L2 loss"), not on binary cross-entropy.

@@ -213,6 +213,12 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if steps == 0:
         raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
                        f"{cfg.batch_size} samples")
+    if cfg.label_smoothing and data.spec.task != "classification":
+        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
+                       f"{cfg.dataset} is a {data.spec.task} task")
+    if cfg.label_smoothing and parts.loss is not None:
+        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, "
+                       f"and your own loss= replaces it (smooth inside your loss)")
     if cfg.warmup >= steps:
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
@@ -253,7 +259,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                               n_train=None if augment.active else data.n_train,
                                               world_size=env.world_size)
         check_replicas(strategy.params_flat, env.world_size)
-        schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup)
+        schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
                      t_entry=t_entry, loss=parts.loss, spec=spec)
@@ -434,7 +440,7 @@ class _Loop:
                                                 compile=cfg.compile,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
-                               total_steps=self.steps, fault=self.fault, loss=self.loss,
+                               total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
                                reached=lambda step: setattr(self.heartbeat, "step", step))
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
@@ -596,6 +602,14 @@ class _Loop:
             self.noise.load_state_dict(state["noise"])
         self.area = (loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses) or 0.0) \
             if self.step_losses else 0.0
+
+    def _train_loss(self):
+        """What the step minimizes: the user's loss, or the task's with --label-smoothing (None:
+        the step's default, the task's plain loss). Evaluation keeps the plain loss."""
+        if self.loss is not None or not self.cfg.label_smoothing:
+            return self.loss
+        task, smoothing = self.task, self.cfg.label_smoothing
+        return lambda out, y: loss_fn(task, out, y, label_smoothing=smoothing)
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
