@@ -10,21 +10,37 @@ same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input s
                step; same precision and memory format as shmlearn's (--precision,
                --channels-last). With W > 1 every rank runs it alone: no communication.
   plain-fp32   the same loop in fp32, contiguous (what most code does).
+  graph        the plain step captured by hand in one CUDA graph, the torch docs' "whole
+               network capture" recipe: a static input (the batch's indices into the device
+               dataset; the gather is in the graph), warm-up on a side stream, torch.cuda.graph
+               around zero_grad, forward, loss, backward and step (SGD fused: one kernel), then
+               copy the next indices and replay. CUDA only: on the CPU the row says skipped.
+  compile      the plain loop with torch.compile(model, mode="reduce-overhead"): Inductor's
+               kernels in its own CUDA graphs (cudagraph trees); the loss and SGD stay eager.
+  compile-max  the same with mode="max-autotune". On the CPU both run mode default (the
+               modes' CUDA graphs do not apply there) and their rows say so.
   ddp          torch DistributedDataParallel around the plain loop (W > 1).
   local        shmlearn's step with no communication (each rank its own world; W > 1): the
                ceiling for any strategy.
   <strategy>   shmlearn's step (fast.py) exactly as `shmlearn train` runs it: device loader,
                the chosen step mode (CUDA graph on CUDA unless --cuda-graph off), the loss read
-               every --check-every steps. `allreduce:eager` forces --cuda-graph off;
-               `allreduce:noise` measures the gradient noise scale as --noise-scale does
-               (noise.py), `allreduce:eager+noise` both.
+               every --check-every steps. Modifiers after a colon, joined by +: `eager` forces
+               --cuda-graph off; `noise` measures the gradient noise scale as --noise-scale does
+               (noise.py); `compile` is --compile default and `compile-max` --compile
+               max-autotune (Inductor's kernels inside the step's one CUDA graph), e.g.
+               `allreduce:compile`, `allreduce:eager+compile`; not both compile and compile-max.
+With W > 1 the baselines other than ddp run on every rank alone (no communication).
 
 Method: each variant is built, warmed up (its CUDA graph captured, cuDNN autotuned), then timed
 `repeats` times. A repeat: synchronize the device, barrier, perf_counter, `steps` steps,
 synchronize, perf_counter; its time is the slowest rank's. `steps` is chosen from the warm-up so
-a repeat lasts about --seconds (the same on every rank). Reported: median and spread (min,
-quartiles, max) of steps/s and samples/s (all workers' samples), and ratios to plain, ddp and
-the same variant at one worker.
+a repeat lasts about --seconds (the same on every rank). Compiling and capturing happen while a
+variant is built (compile and compile-max run 3 steps there: Inductor compiles forward and
+backward, its CUDA graphs are recorded), so `setup_s` (build + warm-up, slowest rank) holds
+them and no timed repeat does. Reported: median and spread (min, quartiles, max) of steps/s and
+samples/s (all workers' samples), ratios to plain, ddp and the same variant at one worker, and
+for shmlearn's variants (and local) `ratio_to_best_baseline`: against the best median samples/s
+of plain, graph, compile and compile-max at the same W and B (`best_baseline` names it).
 
 `--sync-models resnet34` adds, for W > 1, the gradient sync alone: shmlearn's average of the
 flat gradient buffer (what every allreduce step does) against a bare all_reduce of the same
@@ -47,7 +63,14 @@ from shmlearn.errors import BadInput, WorkerFailed
 from shmlearn.launch import run_local
 from shmlearn.sync import registry
 
-BASELINES = ("plain", "plain-fp32", "ddp", "local")
+BASELINES = ("plain", "plain-fp32", "ddp", "local", "graph", "compile", "compile-max")
+BEST_OF = ("plain", "graph", "compile", "compile-max")
+"""What a user could write instead: ratio_to_best_baseline is against the best of these."""
+COMPILE_MODES = {"compile": "reduce-overhead", "compile-max": "max-autotune"}
+"""Baseline -> torch.compile mode on CUDA (on the CPU: default)."""
+MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "compile": {"compile": "default"},
+             "compile-max": {"compile": "max-autotune"}}
+"""Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter)."""
 
 
 def strategy_names() -> List[str]:
@@ -116,14 +139,18 @@ def _random_data(c: ThroughputConfig, n: int, device, rank: int):
     return _DATA[key]
 
 
-def _sgd(params, lr):
-    return torch.optim.SGD(params, lr=lr, momentum=0.9)
+def _sgd(params, lr, **kw):
+    return torch.optim.SGD(params, lr=lr, momentum=0.9, **kw)
 
 
 class _Plain:
-    """The loop a user would write, on data already on the device."""
+    """The loop a user would write, on data already on the device; compile_mode: with its model
+    torch.compile'd (the compile baselines)."""
 
-    def __init__(self, c, device, batch, rank, world, *, fp32: bool, ddp: bool):
+    mode = "eager"
+
+    def __init__(self, c, device, batch, rank, world, *, fp32: bool = False, ddp: bool = False,
+                 compile_mode: Optional[str] = None, fused: bool = False):
         import torch.nn.functional as F
         self.F = F
         self.bf16 = c.precision == "bf16" and not fp32
@@ -135,7 +162,7 @@ class _Plain:
             from torch.nn.parallel import DistributedDataParallel
             model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None,
                                             gradient_as_bucket_view=True)
-        self.model, self.opt = model, _sgd(model.parameters(), c.lr)
+        self.model, self.opt = model, _sgd(model.parameters(), c.lr, **({"fused": True} if fused else {}))
         n = max(c.samples, 4 * batch * world)
         xu, self.y = _random_data(c, n, device, 0)
         x = (xu.float() - 127.5) / 64.0
@@ -143,30 +170,99 @@ class _Plain:
         self.batch, self.n, self.device = batch, n, device
         self.gen = torch.Generator(device=device).manual_seed(rank)
         self.perm, self.i = torch.randperm(n, device=device, generator=self.gen), 0
+        self.forward, self.mark_steps, self.note = model, False, None
+        if compile_mode:
+            self._compile(compile_mode)
 
-    def step(self, _step: int) -> None:
+    def _compile(self, mode: str) -> None:
+        # dynamic=False: one batch shape per variant, as a user's run has (without it Dynamo
+        # recompiles the next batch size of this process with dynamic shapes).
+        if self.device.type != "cuda":
+            self.note = f"CPU: torch.compile mode default ({mode}'s CUDA graphs do not apply)"
+            mode = "default"
+        self.compile_mode = mode
+        self.forward = torch.compile(self.model, mode=None if mode == "default" else mode, dynamic=False)
+        # Inductor's CUDA graphs (cudagraph trees): a new step starts here, so the last step's
+        # outputs (already dead) may be overwritten by the next replay.
+        self.mark_steps = mode != "default"
+        self.mode = "compiled"
+        for s in range(3):  # compile forward and backward, record the graphs: setup, not timing
+            self.step(s)
+
+    def _next_index(self) -> torch.Tensor:
         b = self.batch
         if self.i + b > self.n:
             self.perm, self.i = torch.randperm(self.n, device=self.device, generator=self.gen), 0
-        idx = self.perm[self.i:self.i + b]
         self.i += b
+        return self.perm[self.i - b:self.i]
+
+    def step(self, _step: int) -> None:
+        idx = self._next_index()
         x, y = self.x[idx], self.y[idx]
+        if self.mark_steps:
+            torch.compiler.cudagraph_mark_step_begin()
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.device.type, dtype=torch.bfloat16, enabled=self.bf16):
-            out = self.model(x)
+            out = self.forward(x)
         loss = self.F.cross_entropy(out.float(), y)
         loss.backward()
         self.opt.step()
 
     def close(self) -> None:
-        self.model = None
+        self.model = self.forward = None
+
+
+class _Graph(_Plain):
+    """The plain step captured by hand in one CUDA graph, as the torch docs' whole-network capture
+    does it: static inputs, 3 warm-up steps on a side stream (autograd's and cuDNN's per-stream
+    state, momentum buffers, cuDNN autotuning), capture, then per step: fill the static input,
+    replay. The static input is the batch's indices (one small copy a step); the gather from the
+    device dataset, zero_grad(set_to_none), forward, loss, backward and fused SGD are all in the
+    graph (grads live in the graph's memory pool, as in the recipe)."""
+
+    mode = "cuda-graph"
+
+    def __init__(self, c, device, batch, rank, world):
+        super().__init__(c, device, batch, rank, world, fused=True)  # fused SGD: one kernel, capturable
+        self.static_idx = self._next_index().clone()
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                self._body()
+        torch.cuda.current_stream(device).wait_stream(side)
+        self.graph = torch.cuda.CUDAGraph()
+        # thread_local: other threads (the process group's watchdog) make CUDA calls meanwhile.
+        with torch.cuda.graph(self.graph, capture_error_mode="thread_local"):
+            self._body()
+
+    def _body(self) -> None:
+        idx = self.static_idx
+        x, y = self.x[idx], self.y[idx]
+        self.opt.zero_grad(set_to_none=True)
+        # cache_enabled=False: autocast's weight-cast cache would hold tensors across the capture.
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=self.bf16, cache_enabled=False):
+            out = self.model(x)
+        self.F.cross_entropy(out.float(), y).backward()
+        self.opt.step()
+
+    def step(self, _step: int) -> None:
+        self.static_idx.copy_(self._next_index())
+        self.graph.replay()
+
+    def close(self) -> None:
+        torch.cuda.synchronize(self.device)
+        self.graph = None
+        super().close()
 
 
 class _Shmlearn:
     """shmlearn's step (fast.py), built the way train.py builds it."""
 
-    def __init__(self, c, device, batch, rank, world, *, strategy: str, eager: bool, local: bool,
-                 noise: bool = False):
+    def __init__(self, c, device, batch, rank, world, *, strategy: str, local: bool, mods=frozenset(),
+                 eager: bool = False, noise: bool = False):
+        """mods: MODIFIERS names (eager, noise, compile, compile-max); eager and noise add theirs."""
+        mods = set(mods) | {m for m, on in (("eager", eager), ("noise", noise)) if on}
         from shmlearn.data.loader import ShardedLoader
         from shmlearn.fast import StepOptions, Stepper
         from shmlearn.optim import build_schedule
@@ -179,7 +275,7 @@ class _Shmlearn:
         self.strategy = build_strategy(strategy, rank=r, world_size=w, avg_period=c.avg_period)
         self.strategy.setup(model, opt, channels_last=c.channels_last)
         n = max(c.samples, 4 * batch * world)
-        if noise:  # as train.py attaches it: after setup, before the Stepper (which binds its step counter)
+        if "noise" in mods:  # as train.py attaches it: after setup, before the Stepper (which binds its step counter)
             from shmlearn.noise import NoiseMeter
             self.strategy.noise = NoiseMeter(workers=w, batch_size=batch, steps=1 << 20, device=device,
                                              n_train=n, world_size=w)
@@ -190,8 +286,11 @@ class _Shmlearn:
                                normalize=lambda t: (t.float() - mean) * inv, channels_last=c.channels_last)
         schedule = build_schedule("constant", opt, 1 << 30)
         self.timer = PhaseTimer(device, rank)
-        opts = StepOptions(precision=c.precision, channels_last=c.channels_last,
-                           cuda_graph="off" if eager else c.cuda_graph, check_every=c.check_every)
+        opts = dict(precision=c.precision, channels_last=c.channels_last, cuda_graph=c.cuda_graph,
+                    check_every=c.check_every)
+        for m in mods:
+            opts.update(MODIFIERS[m])
+        opts = StepOptions(**opts)
         self.stepper = Stepper(model=model, strategy=self.strategy, optimizer=opt, schedule=schedule,
                                loader=loader, task="classification", device=device, opts=opts,
                                timer=self.timer, rank=r, world_size=w, total_steps=1 << 20)
@@ -200,6 +299,10 @@ class _Shmlearn:
     @property
     def mode(self) -> str:
         return self.stepper.mode
+
+    @property
+    def note(self) -> Optional[str]:
+        return self.stepper.note
 
     def step(self, step: int) -> None:
         st = self.stepper
@@ -221,28 +324,42 @@ class _Shmlearn:
 
 # --- one rank ----------------------------------------------------------------------------------
 
+def _parse(v: str):
+    """'allreduce:eager+noise' -> ('allreduce', {'eager', 'noise'})."""
+    name, _, mod = v.partition(":")
+    return name, set(mod.split("+")) - {""}
+
+
 def _variants(c: ThroughputConfig, world: int) -> List[str]:
     out = []
     for b in c.baselines:
-        if b in ("plain", "plain-fp32") or (world > 1 and b in ("ddp", "local")):
+        if b not in ("ddp", "local") or world > 1:
             out.append(b)
     for s in c.strategies:
-        name = s.split(":")[0]
+        name = _parse(s)[0]
         if world == 1 and name != registry.DEFAULT:
             continue  # every strategy is the same step at one worker: the reference stands for all
         out.append(s)
     return out
 
 
+def _skipped(v: str, device) -> Optional[str]:
+    """Why variant v does not run on this device (a row that says so, not an error)."""
+    if v == "graph" and device.type != "cuda":
+        return "CUDA only: a CUDA graph captures GPU work"
+    return None
+
+
 def _build(c, v: str, device, batch, rank, world):
-    if v in ("plain", "plain-fp32", "ddp"):
-        return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v == "ddp")
+    if v in ("plain", "plain-fp32", "ddp", "compile", "compile-max"):
+        return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v == "ddp",
+                      compile_mode=COMPILE_MODES.get(v))
+    if v == "graph":
+        return _Graph(c, device, batch, rank, world)
     if v == "local":
-        return _Shmlearn(c, device, batch, rank, world, strategy=registry.DEFAULT, eager=False, local=True)
-    name, _, mod = v.partition(":")
-    mods = set(mod.split("+"))
-    return _Shmlearn(c, device, batch, rank, world, strategy=name, eager="eager" in mods, local=False,
-                     noise="noise" in mods)
+        return _Shmlearn(c, device, batch, rank, world, strategy=registry.DEFAULT, local=True)
+    name, mods = _parse(v)
+    return _Shmlearn(c, device, batch, rank, world, strategy=name, local=False, mods=mods)
 
 
 def _worker(env, cfg: dict):
@@ -257,6 +374,10 @@ def _worker(env, cfg: dict):
         torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
     else:
         torch.backends.cudnn.benchmark = True  # fixed shapes: every variant gets autotuned convs
+    # Every compiled variant and batch is a new model compiled from the same forward code: past
+    # Dynamo's default of 8 entries per code object it would silently run eagerly.
+    from torch._dynamo import config as dynamo_config
+    dynamo_config.recompile_limit = max(dynamo_config.recompile_limit, 64)
     flag = torch.zeros(1, device=device)
 
     def barrier():
@@ -286,13 +407,20 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
     for v in _variants(c, world):
         row = {"workers": world, "batch": batch, "variant": v}
         rows.append(row)
+        if _skipped(v, device):
+            row["skipped"] = _skipped(v, device)
+            continue
         try:
             t_build = time.perf_counter()
             runner = _build(c, v, device, batch, rank, world)
             row["mode"] = getattr(runner, "mode", "eager")
-            note = getattr(getattr(runner, "stepper", None), "note", None)
-            if note:
-                row["note"] = note
+            if getattr(runner, "note", None):
+                row["note"] = runner.note
+            if getattr(runner, "compile_mode", None):  # a compile baseline: the torch.compile mode run
+                row["compile_mode"] = runner.compile_mode
+            st = getattr(runner, "stepper", None)
+            if st is not None and st.compiled is not None:  # shmlearn --compile: its choice, its compile seconds
+                row.update(compile=st.compiled, compile_s=st.compile_s)
             step[v] = 0
             barrier()
             t0 = time.perf_counter()
@@ -389,10 +517,11 @@ def check(c: ThroughputConfig) -> None:
         if m not in MODELS:
             raise BadInput(f"--model {m}: unknown model; choose one of {', '.join(MODELS)}")
     for s in c.strategies:
-        name, _, mod = s.partition(":")
-        if name not in strategy_names() or not set(mod.split("+")) - {""} <= {"eager", "noise"}:
-            raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())} "
-                           f"(optionally :eager, :noise or :eager+noise)")
+        name, mods = _parse(s)
+        if name not in strategy_names() or not mods <= set(MODIFIERS) or {"compile", "compile-max"} <= mods:
+            raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())}, optionally with "
+                           f"modifiers {', '.join(MODIFIERS)} joined by + (allreduce:eager+noise; "
+                           f"compile or compile-max, not both)")
     for b in c.baselines:
         if b not in BASELINES:
             raise BadInput(f"--baselines {b}: choose from {', '.join(BASELINES)}")
@@ -427,7 +556,8 @@ def run(c: ThroughputConfig, *, log=print) -> Dict[str, Any]:
 
 
 def _ratios(rows: List[dict]) -> None:
-    """vs_plain, vs_ddp (same W and B) and scaling (same variant at W=1, same B) of median samples/s."""
+    """vs_plain, vs_ddp (same W and B) and scaling (same variant at W=1, same B) of median
+    samples/s; for shmlearn's variants, ratio_to_best_baseline (BEST_OF, same W and B)."""
     def med(w, b, v):
         for r in rows:
             if (r["workers"], r["batch"], r["variant"]) == (w, b, v) and "samples_per_s" in r:
@@ -437,6 +567,11 @@ def _ratios(rows: List[dict]) -> None:
         if "samples_per_s" not in r:
             continue
         x = r["samples_per_s"]["median"]
+        if r["variant"] == "local" or r["variant"] not in BASELINES:
+            best = max(((med(r["workers"], r["batch"], v), v) for v in BEST_OF
+                        if med(r["workers"], r["batch"], v)), default=None)
+            if best:
+                r["ratio_to_best_baseline"], r["best_baseline"] = x / best[0], best[1]
         for key, ref in (("vs_plain", med(r["workers"], r["batch"], "plain")),
                          ("vs_ddp", med(r["workers"], r["batch"], "ddp")),
                          ("vs_local", med(r["workers"], r["batch"], "local")),
@@ -452,20 +587,28 @@ def table(doc: Dict[str, Any]) -> str:
              f"{e['device']} x{max(doc['config']['workers'])}, torch {e['torch_version']}, "
              f"precision {doc['config']['precision']}{', channels_last' if doc['config']['channels_last'] else ''}, "
              f"{doc['config']['repeats']} repeats, {e['date']}",
-             f"{'W':>2} {'B':>5} {'variant':<16}{'mode':<11}{'ms/step':>9}{'steps/s':>10}{'samples/s':>12}"
-             f"{'p25-p75 samples/s':>22}{'vs plain':>9}{'vs ddp':>8}{'vs local':>9}{'scaling':>8}"]
+             f"{'W':>2} {'B':>5} {'variant':<25}{'mode':<11}{'ms/step':>9}{'steps/s':>10}{'samples/s':>12}"
+             f"{'p25-p75 samples/s':>22}{'vs plain':>9}{'vs ddp':>8}{'vs local':>9}{'scaling':>8}"
+             f"{'vs best':>8}{'setup s':>9}"]
 
     def f(r, k):
         return f"{r[k]:.2f}" if k in r else "-"
     for r in doc["results"]:
         if "samples_per_s" not in r:
-            lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<16}failed: {r.get('error', '?')}")
+            why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r.get('error', '?')}"
+            lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<25}{why}")
             continue
         sp, st = r["samples_per_s"], r["steps_per_s"]
-        lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<16}{r.get('mode', ''):<11}"
+        lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<25}{r.get('mode', ''):<11}"
                      f"{1e3 / st['median']:>9.3f}{st['median']:>10.1f}{sp['median']:>12.0f}"
                      f"{sp['p25']:>11.0f}-{sp['p75']:<10.0f}{f(r, 'vs_plain'):>9}{f(r, 'vs_ddp'):>8}"
-                     f"{f(r, 'vs_local'):>9}{f(r, 'scaling'):>8}")
+                     f"{f(r, 'vs_local'):>9}{f(r, 'scaling'):>8}{f(r, 'ratio_to_best_baseline'):>8}"
+                     f"{r.get('setup_s', 0):>9.1f}")
+    notes = [f"{r['workers']} {r['batch']} {r['variant']}: {r['note']}" for r in doc["results"] if r.get("note")]
+    if any("ratio_to_best_baseline" in r for r in doc["results"]):
+        lines.append(f"vs best: median samples/s over the best of {', '.join(BEST_OF)} at the same W and B; "
+                     "setup s: build + warm-up (compiling, capturing), not timed")
+    lines += [f"note (W B variant): {n}" for n in notes]
     for s in doc.get("sync", []):
         lines.append(f"gradient sync {s['sync_model']} W={s['workers']} {s['bytes'] / 2**20:.1f} MiB: shmlearn "
                      f"{s['shmlearn']['time_s']['median'] * 1e3:.3f} ms ({s['shmlearn']['busbw_GBps']:.1f} GB/s busbw), "
@@ -478,9 +621,11 @@ def table(doc: Dict[str, Any]) -> str:
 
 def register(bench_sub) -> None:
     p = bench_sub.add_parser(
-        "throughput", help="steps/s of shmlearn's step vs a plain PyTorch loop and DDP, same run",
+        "throughput", help="steps/s of shmlearn's step vs a plain PyTorch loop, its CUDA graph, torch.compile "
+                           "and DDP, same run",
         description="Median and spread of steps/s and samples/s over repeats, for shmlearn's strategies and, "
-                    "in the same run, a plain PyTorch eager loop, torch DDP and shmlearn with no "
+                    "in the same run, a plain PyTorch eager loop, the same step captured in a CUDA graph, "
+                    "torch.compile of the model (reduce-overhead, max-autotune), torch DDP and shmlearn with no "
                     "communication, with the same model, batch and optimizer (SGD momentum). JSON out, "
                     "table printed last.")
     p.add_argument("--model", default="alexnet-small", help="model name [alexnet-small]")
@@ -490,9 +635,13 @@ def register(bench_sub) -> None:
     p.add_argument("--batch-sizes", default="128", help="per-worker batch sizes, e.g. 128,1024 [128]")
     p.add_argument("--workers", default="1", help="worker counts, e.g. 1,2 [1]")
     p.add_argument("--strategies", default=registry.DEFAULT,
-                   help=f"shmlearn strategies: {','.join(strategy_names())}; name:eager = without a CUDA graph "
-                        f"[{registry.DEFAULT}]")
-    p.add_argument("--baselines", default="plain,ddp,local", help=f"subset of {','.join(BASELINES)} [plain,ddp,local]")
+                   help=f"shmlearn strategies: {','.join(strategy_names())}; modifiers after a colon, joined by +: "
+                        f"eager (no CUDA graph), noise (noise-scale meter), compile (--compile default), "
+                        f"compile-max (--compile max-autotune), e.g. allreduce:compile [{registry.DEFAULT}]")
+    p.add_argument("--baselines", default="plain,ddp,local",
+                   help=f"subset of {','.join(BASELINES)}; graph: the plain step in one CUDA graph (CUDA only), "
+                        f"compile/compile-max: torch.compile reduce-overhead/max-autotune (default mode on CPU) "
+                        f"[plain,ddp,local]")
     p.add_argument("--avg-period", type=int, default=8, help="weight-avg: average every K steps [8]")
     p.add_argument("--precision", default="fp32", help="fp32 or bf16 (shmlearn and plain) [fp32]")
     p.add_argument("--channels-last", action="store_true", help="channels_last weights and batches (shmlearn and plain)")
