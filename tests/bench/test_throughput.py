@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from shmlearn.bench.throughput import ThroughputConfig, _variants
+from shmlearn.bench.throughput import ThroughputConfig, _ratios, _variants
 from shmlearn.cli import main
 
 
@@ -15,6 +15,28 @@ def test_variants_per_worker_count():
     assert _variants(c, 1) == ["plain", "plain-fp32", "allreduce", "allreduce:eager"]
     assert _variants(c, 2) == ["plain", "plain-fp32", "ddp", "local", "allreduce", "ps", "weight-avg",
                                "allreduce:eager"]
+    # the graph and compile baselines run at every worker count (each rank alone when W > 1)
+    c = ThroughputConfig(strategies=["allreduce", "allreduce:compile", "ps:eager+compile-max"],
+                         baselines=["plain", "graph", "compile", "compile-max", "ddp"])
+    assert _variants(c, 1) == ["plain", "graph", "compile", "compile-max", "allreduce", "allreduce:compile"]
+    assert _variants(c, 2) == ["plain", "graph", "compile", "compile-max", "ddp", "allreduce", "allreduce:compile",
+                               "ps:eager+compile-max"]
+
+
+def test_ratio_to_best_baseline_is_against_the_best_of_plain_graph_compile():
+    def row(w, v, sps):
+        return {"workers": w, "batch": 16, "variant": v, "samples_per_s": {"median": sps}}
+    rows = [row(1, "plain", 100.0), {"workers": 1, "batch": 16, "variant": "graph", "skipped": "CUDA only"},
+            row(1, "compile", 150.0), row(1, "compile-max", 120.0), row(1, "plain-fp32", 400.0),
+            row(1, "allreduce", 300.0), row(1, "allreduce:compile", 75.0),
+            row(2, "plain", 90.0), row(2, "ddp", 500.0), row(2, "local", 180.0), row(2, "allreduce", 45.0)]
+    _ratios(rows)
+    by = {(r["workers"], r["variant"]): r for r in rows}
+    # plain-fp32 and ddp are not what ratio_to_best_baseline compares with; baselines get none
+    assert by[1, "allreduce"]["ratio_to_best_baseline"] == 2.0 and by[1, "allreduce"]["best_baseline"] == "compile"
+    assert by[1, "allreduce:compile"]["ratio_to_best_baseline"] == 0.5
+    assert by[2, "local"]["ratio_to_best_baseline"] == 2.0 and by[2, "allreduce"]["best_baseline"] == "plain"
+    assert not any("ratio_to_best_baseline" in by[k] for k in [(1, "plain"), (1, "compile"), (2, "ddp")])
 
 
 def test_bench_throughput_cpu_one_and_two_processes(tmp_path, capsys):
@@ -47,14 +69,48 @@ def test_bench_throughput_cpu_one_and_two_processes(tmp_path, capsys):
     assert "vs plain" in capsys.readouterr().out
 
 
+def test_graph_and_compile_baselines_and_compiled_step_on_cpu(tmp_path, capsys):
+    """On the CPU: graph is a skipped row, compile and compile-max run torch.compile mode default and
+    say so, shmlearn's :compile step runs compiled; ratio_to_best_baseline is what the rows give."""
+    out = tmp_path / "tp.json"
+    rc = main(["bench", "throughput", "--device", "cpu", "--model", "mlp", "--input", "1x8x8", "--workers", "1",
+               "--batch-sizes", "16", "--strategies", "allreduce,allreduce:compile",
+               "--baselines", "plain,graph,compile,compile-max", "--repeats", "5", "--seconds", "0.02",
+               "--warmup-steps", "2", "--samples", "512", "--threads", "1", "--out", str(out)])
+    assert rc == 0
+    rows = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
+    assert list(rows) == ["plain", "graph", "compile", "compile-max", "allreduce", "allreduce:compile"]
+    assert "CUDA only" in rows["graph"]["skipped"] and "samples_per_s" not in rows["graph"]
+    for v in ("compile", "compile-max"):
+        r = rows[v]
+        assert r["mode"] == "compiled" and r["compile_mode"] == "default" and "mode default" in r["note"], r
+    assert rows["compile"]["setup_s"] > 0.5  # Inductor compiled forward and backward before the clock
+    assert rows["allreduce:compile"]["compile"] == "default" and rows["allreduce:compile"]["compile_s"] >= 0
+    assert "compile" not in rows["allreduce"]
+    best = max(("plain", "compile", "compile-max"), key=lambda v: rows[v]["samples_per_s"]["median"])
+    for v in ("allreduce", "allreduce:compile"):
+        r = rows[v]
+        assert "error" not in r, r
+        assert r["steps_per_s"]["n"] == 5 and r["best_baseline"] == best
+        assert r["ratio_to_best_baseline"] == pytest.approx(
+            r["samples_per_s"]["median"] / rows[best]["samples_per_s"]["median"], rel=1e-12)
+    text = capsys.readouterr().out
+    assert "vs best" in text and "graph" in text and "skipped: CUDA only" in text
+
+
 @pytest.mark.parametrize("args,needle", [(["--strategies", "gossip"], "--strategies gossip"),
                                          (["--repeats", "3"], "--repeats 3"),
                                          (["--baselines", "keras"], "--baselines keras"),
+                                         (["--baselines", "plain,graphs"], "--baselines graphs"),
+                                         (["--strategies", "allreduce:jit"], "--strategies allreduce:jit"),
+                                         (["--strategies", "allreduce:compile+compile-max"],
+                                          "--strategies allreduce:compile+compile-max"),
                                          (["--device", "cuda", "--workers", "64"], "--workers 64"),
                                          (["--input", "3x32"], "--input 3x32")])
 def test_bad_input_exits_2(tmp_path, capsys, args, needle):
     assert main(["bench", "throughput", *args, "--out", str(tmp_path / "x.json")]) == 2
-    assert needle in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert needle in err and len(err.strip().splitlines()) == 1, err  # one line, no traceback
 
 
 def test_check_every_help_gives_the_real_defaults():
