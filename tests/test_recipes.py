@@ -1,0 +1,131 @@
+"""recipes/: each config is TrainConfig fields that validate, says what it aims at, and runs
+through `shmlearn train --config` (flags on the command line win, a --samples included over the
+recipe's epochs); and the fashion recipes train exactly what benchmarks/fashion_tta.py measured.
+
+The equivalence test runs the benchmark's own _train_one (its network, optimizer, schedule,
+label-smoothed loss and augmentation, on shmlearn's step) and `shmlearn.train` with the recipe
+file's config, on the same small slice of Fashion-MNIST, seed and step count, on the CPU: every
+step's loss and the final test accuracy must be equal. What it cannot cover: the GPU-only parts
+(the CUDA graph and cuDNN's algorithm choice; precision, channels_last and the step code are
+the same on both sides), and the recipes' full length (1875 steps of fashion-94 against the
+benchmark's 1872: shmlearn counts 16 x 60,000 samples, the benchmark 16 x 117 whole batches).
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import shmlearn
+from shmlearn.config import TrainConfig, load_yaml, validate
+from shmlearn.data.idx import load_idx_pair
+
+ROOT = Path(__file__).resolve().parents[1]
+RECIPES = sorted((ROOT / "recipes").glob("*.yaml"))
+FASHION_DIRS = [ROOT / "data" / "fashion-mnist", Path("/usr/share/datasets/fashion-mnist")]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+
+def _write_idx(path: Path, array: np.ndarray) -> None:
+    magic = 0x0803 if array.ndim == 3 else 0x0801
+    path.write_bytes(struct.pack(f">I{array.ndim}I", magic, *array.shape) + array.astype(np.uint8).tobytes())
+
+
+@pytest.fixture(scope="module")
+def small_fashion(tmp_path_factory) -> str:
+    """The first 1024 training and 500 test images of Fashion-MNIST, as IDX files: the recipes'
+    data at a size a 2-core CPU trains in seconds."""
+    src = next((d for d in FASHION_DIRS if d.is_dir()), None)
+    if src is None:
+        pytest.skip("no Fashion-MNIST IDX files in data/fashion-mnist or /usr/share/datasets/fashion-mnist")
+    out = tmp_path_factory.mktemp("fashion-small")
+    for split, n in (("train", 1024), ("t10k", 500)):
+        x, y = load_idx_pair("fashion-mnist", src, split)
+        _write_idx(out / f"{split}-images-idx3-ubyte", x[:n, 0])
+        _write_idx(out / f"{split}-labels-idx1-ubyte", y[:n])
+    return str(out)
+
+
+def shmlearn_cli(*args, timeout=300):
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    return subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env, cwd=ROOT)
+
+
+def test_the_fashion_recipes_are_there():
+    assert {p.name for p in RECIPES} >= {"fashion-93.yaml", "fashion-94.yaml"}
+
+
+@pytest.mark.parametrize("path", RECIPES, ids=lambda p: p.name)
+def test_a_recipe_is_valid_config_with_a_header_saying_what_it_aims_at(path):
+    cfg = TrainConfig.from_dict(load_yaml(str(path)), source=str(path))
+    validate(cfg)
+    header = path.read_text().split("\n\n")[0]
+    assert header.startswith("#") and "aims at" in header and "Measured" in path.read_text()
+
+
+@pytest.mark.parametrize("name,epochs,augment", [("fashion-93", 5, "flip"), ("fashion-94", 16, "flip,translate:2")])
+def test_the_fashion_recipes_are_the_benchmarks(name, epochs, augment):
+    import fashion_tta as b
+    cfg = TrainConfig.from_dict(load_yaml(str(ROOT / "recipes" / f"{name}.yaml")))
+    assert (cfg.model, cfg.dataset, cfg.workers, cfg.batch_size, cfg.lr, cfg.optimizer, cfg.momentum,
+            cfg.weight_decay, cfg.label_smoothing, cfg.lr_schedule, cfg.warmup_fraction) == (
+        "fashion-net", "fashion-mnist", 1, b.BATCH, b.LR, "nesterov", b.MOMENTUM, b.WD, b.SMOOTHING, "linear",
+        b.WARMUP)
+    assert (cfg.epochs, cfg.augment, cfg.precision, cfg.channels_last) == (epochs, augment, "bf16", True)
+    assert b.RECIPES["fast5-flip" if epochs == 5 else "long16"] | {"target": None} == \
+        {"epochs": epochs, "augment": augment, "target": None}
+
+
+def test_the_recipe_runs_from_the_cli_with_a_budget_override(small_fashion, tmp_path):
+    out = tmp_path / "run"
+    r = shmlearn_cli("train", "--config", "recipes/fashion-94.yaml", "--data-dir", small_fashion,
+                     "--device", "cpu", "--samples", "1024", "--no-progress", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = json.loads((out / "summary.json").read_text())
+    assert (s["status"], s["steps"], s["model"], s["batch_size"]) == ("completed", 2, "fashion-net", 512)
+    assert 0 <= s["test_accuracy"] <= 1 and s["wall_time_s"] > 0
+
+
+def test_a_bad_override_of_a_recipe_is_exit_2_and_one_line(tmp_path):
+    r = shmlearn_cli("train", "--config", "recipes/fashion-93.yaml", "--label-smoothing", "1.5",
+                     "--out", str(tmp_path / "run"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip().splitlines() == [
+        "shmlearn: error: --label-smoothing 1.5: expected a finite number >= 0 and < 1"]
+
+
+@pytest.mark.parametrize("recipe", ["fashion-93", "fashion-94"])
+def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, small_fashion, tmp_path, monkeypatch):
+    """3 epochs of 1024 images = 6 steps of 512 (warmup 1), seed 3, on the CPU in the recipe's
+    bf16 and channels_last: the same losses, step for step, and the same test accuracy."""
+    import fashion_tta as b
+    from shmlearn.data import load_dataset
+    from shmlearn.fast import StepOptions, Stepper
+
+    cfg = TrainConfig.from_dict({**load_yaml(str(ROOT / "recipes" / f"{recipe}.yaml")), "epochs": 3})
+    augment = cfg.augment
+    cfg = TrainConfig(**{**cfg.to_dict(), "data_dir": small_fashion, "device": "cpu", "threads": 1, "seed": 3,
+                         "log_every": 1, "progress": False, "out": str(tmp_path / "run")})
+    torch.set_num_threads(1)
+    result = shmlearn.train(cfg)
+    ours = [json.loads(line)["loss"] for line in open(tmp_path / "run" / "metrics.jsonl")]
+
+    seen = []
+    read = Stepper.read
+    monkeypatch.setattr(Stepper, "read", lambda self, *a, **k: seen.append(read(self, *a, **k)) or seen[-1])
+    data = load_dataset("fashion-mnist", small_fashion)
+    opts = StepOptions(precision=cfg.precision, channels_last=cfg.channels_last, cuda_graph="off", check_every=1)
+    row = b._train_one(data, torch.device("cpu"), 0, 1, 3, 3, opts, lambda: None, lambda t: t, augment)
+    theirs = [loss for win in seen for loss in win.losses]
+
+    assert row["steps"] == result.summary["steps"] == len(ours) == len(theirs) == 6
+    assert ours == theirs
+    assert result.summary["test_accuracy"] == row["test_accuracy"]
