@@ -103,6 +103,14 @@ def part_commands(p: str, workers: str) -> dict:
                                        "--workers 2' 'ps --ps-dedicated --workers 2' 'allreduce --workers 2'; do "
                          f"python -m shmlearn train --device cuda --backend gloo --no-progress --dataset fashion-mnist --data-dir {os.path.join(ROOT_DIR, 'data', 'fashion-mnist')} --samples 60000 --strategy $a "
                          f"--out {p('async-smoke')}/$(echo $a | tr -d ' -'); done"], 240),
+        # --compile inside the captured step: it must still be cuda-graph mode, and say what compile cost.
+        "compile-smoke": (["bash", "-c", "set -x; for c in off default auto; do "
+                           f"python -m shmlearn train --device cuda --workers 1 --model alexnet-small --dataset fashion-mnist "
+                           f"--data-dir {os.path.join(ROOT_DIR, 'data', 'fashion-mnist')} --samples 120000 --batch-size 512 "
+                           f"--precision bf16 --channels-last --no-progress --compile $c --out {p('compile-smoke')}/$c && "
+                           f"python -c \"import json; s=json.load(open('{p('compile-smoke')}/$c/summary.json')); "
+                           f"print({{k: s[k] for k in ('compile', 'compile_s', 'step_mode', 'samples_per_s', 'test_accuracy', 'step_note')}})\"; "
+                           "done"], 300),
         "straggler": (_py(os.path.join(HERE, "straggler.py"), "--device", "cuda", "--runs", "2", "--steps", "200",
                           "--staleness", "2",
                           "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
