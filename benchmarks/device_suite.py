@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -41,6 +42,20 @@ SEED_GRID = ("--model", "alexnet-small", "--dataset", "fashion-mnist", "--sample
 uniform init and L2 (plain SGD: the seed's 0.9 momentum goes with its lr 0.001, seed 001)."""
 
 
+def _tput_compile(p, part: str, runs) -> list:
+    """Issue 18: shmlearn's step (with and without --compile) against plain, the plain step in a
+    CUDA graph and torch.compile (reduce-overhead, max-autotune), one GPU. One process and one
+    JSON per (model, batch): a part that runs out of time keeps what finished (batch 128 first)."""
+    cmds = []
+    for model, batch, strategies in runs:
+        cmds.append(shlex.join(_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", "1",
+                                   "--model", model, "--input", "3x32x32", "--batch-sizes", str(batch),
+                                   "--baselines", "plain,graph,compile,compile-max", "--strategies", strategies,
+                                   "--precision", "bf16", "--channels-last", "--repeats", "5", "--seconds", "0.2",
+                                   "--out", os.path.join(p(part), f"throughput-{model}-b{batch}.json"))))
+    return ["bash", "-c", "; ".join(cmds)]
+
+
 def part_commands(p: str, workers: str) -> dict:
     """name -> (command, time limit in s). p(name) is the part's output folder."""
     sh = "-m", "shmlearn"
@@ -60,6 +75,16 @@ def part_commands(p: str, workers: str) -> dict:
                               "--strategies", "allreduce,ps,weight-avg", "--baselines", "plain,ddp,local",
                               "--avg-period", "8", "--precision", "bf16", "--channels-last", "--repeats", "5",
                               "--seconds", "0.3", "--out", os.path.join(p("tput-resnet34"), "throughput.json")), 300),
+        # Issue 18, split in two so that each fits one 10-minute device call: Inductor compiles
+        # (cold cache) and max-autotune's template benchmarking take most of the time, not the timing.
+        "tput-compile-a": (_tput_compile(p, "tput-compile-a", [
+            ("alexnet-small", 128, "allreduce,allreduce:compile,allreduce:compile-max"),
+            ("resnet18", 128, "allreduce,allreduce:compile"),
+            ("alexnet-small", 1024, "allreduce,allreduce:compile,allreduce:compile-max"),
+            ("resnet18", 1024, "allreduce,allreduce:compile")]), 540),
+        "tput-compile-b": (_tput_compile(p, "tput-compile-b", [
+            ("resnet34", 128, "allreduce,allreduce:compile"),
+            ("resnet34", 1024, "allreduce,allreduce:compile")]), 540),
         "validation": (_py(os.path.join(HERE, "comm_validation.py"), "--device", "cuda", "--tag", f"h200x{big}",
                            "--workers", workers.split(",", 1)[1] if "," in workers else workers,
                            "--comm-workers", workers.split(",", 1)[1] if "," in workers else workers,
