@@ -90,8 +90,10 @@ class ThroughputConfig:
     """Per worker."""
     workers: List[int] = field(default_factory=lambda: [1])
     strategies: List[str] = field(default_factory=lambda: [registry.DEFAULT])
-    """shmlearn strategies; 'name:eager' runs it without a CUDA graph."""
+    """shmlearn strategies, each optionally NAME:m1+m2 with MODIFIERS (eager: no CUDA graph; noise;
+    compile / compile-max: --compile default / max-autotune)."""
     baselines: List[str] = field(default_factory=lambda: ["plain", "ddp", "local"])
+    """Subset of BASELINES, timed in the same run (graph: CUDA only; compile*: mode default on CPU)."""
     avg_period: int = 8
     precision: str = "fp32"
     channels_last: bool = False
