@@ -142,6 +142,13 @@ def part_commands(p: str, workers: str) -> dict:
                           "--out", os.path.join(p("straggler"), "h100.json")), 540),
         "noise": (_py(os.path.join(HERE, "noise_scale_overhead.py"), "--device", "cuda",
                       "--out", os.path.join(p("noise"), "noise-scale-overhead-h100.json")), 420),
+        # Issue 18: the Fashion-MNIST recipes as a user runs them (`shmlearn train --config
+        # recipes/fashion-9X.yaml`, one process per seed 0-4), against their targets; 10 runs of
+        # <= 5 s training plus each process's start-up.
+        "fashion-recipe": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
+                               "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                               "--runs", os.path.join(p("fashion-recipe"), "runs"),
+                               "--out", os.path.join(p("fashion-recipe"), "fashion-recipe-h100.json")), 480),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
