@@ -129,3 +129,13 @@ def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, small
     assert row["steps"] == result.summary["steps"] == len(ours) == len(theirs) == 6
     assert ours == theirs
     assert result.summary["test_accuracy"] == row["test_accuracy"]
+
+
+def test_a_flag_replaces_its_pair_from_the_config_file():
+    from shmlearn.cli import build_parser, config_from_args
+    path = "recipes/fashion-93.yaml"
+    cfg = config_from_args(build_parser().parse_args(["train", "--config", str(ROOT / path), "--samples", "1024",
+                                                      "--warmup", "3"]))
+    assert (cfg.samples, cfg.epochs, cfg.warmup, cfg.warmup_fraction) == (1024, None, 3, None)
+    cfg = config_from_args(build_parser().parse_args(["train", "--config", str(ROOT / path), "--lr", "0.1"]))
+    assert (cfg.samples, cfg.epochs, cfg.warmup, cfg.warmup_fraction, cfg.lr) == (None, 5, 0, 0.2, 0.1)
