@@ -217,47 +217,76 @@ class Stepper:
     def _compile(self) -> None:
         """Compile before the clock starts: a first forward and backward on a real batch (Inductor
         compiles both; its caches keep them for later runs and a sweep's trials), then, with
-        auto, a few steps of each to keep the faster. Weights, gradients and buffers (BatchNorm)
-        are put back as they were; the optimizer never steps here."""
+        auto, time eager against compiled and keep the faster: where the step will be captured,
+        as CUDA graph replays (what the step will run: Python and launch overheads gone), else
+        as eager calls. Every rank keeps the same choice (the ranks' times are summed). Weights'
+        gradients and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         import time
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
         compiled = torch.compile(self.strategy.module, mode=mode, dynamic=False)
-        if not self.strategy.computes:  # a server never runs forward
-            self.forward, self.compiled = compiled, self.opts.compile
-            return
+        times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
+        computes = self.strategy.computes
         saved_buffers = [b.clone() for b in self.model.buffers()]
-        x, y = self.loader.batch(0)
-
-        def fb(fwd) -> None:
-            self.strategy.zero_grad()
-            with self.autocast():
-                out = fwd(x)
-            self.loss(out.float(), y).backward()
-
-        def timed(fwd, n: int) -> float:
-            self._sync()
-            t0 = time.perf_counter()
-            for _ in range(n):
-                fb(fwd)
-            self._sync()
-            return (time.perf_counter() - t0) / n
         try:
-            self.compile_s = timed(compiled, 1)
-            choice = self.opts.compile
-            if choice == "auto":
-                timed(self.strategy.module, 2)  # warm (cuDNN autotuning) before timing
-                eager_s, compiled_s = timed(self.strategy.module, 5), timed(compiled, 5)
-                choice = "default" if compiled_s < eager_s else "off"
-                self.note = (f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms "
-                             f"a forward and backward; {'compiled' if choice == 'default' else 'eager'}")
-            if choice != "off":
-                self.forward = compiled
-            self.compiled = choice
+            if computes:
+                x, y = self.loader.batch(0)
+
+                def fb(fwd) -> None:
+                    self.strategy.zero_grad()
+                    with self.autocast():
+                        out = fwd(x)
+                    self.loss(out.float(), y).backward()
+
+                def timed(fwd, n: int) -> float:
+                    self._sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fb(fwd)
+                    self._sync()
+                    return (time.perf_counter() - t0) / n
+
+                def replayed(fwd, n: int = 20) -> float:
+                    with self._side_stream():
+                        for _ in range(3):
+                            fb(fwd)
+                    g = self._graph_of(lambda: fb(fwd))
+                    g.replay()
+                    self._sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        g.replay()
+                    self._sync()
+                    return (time.perf_counter() - t0) / n
+
+                self.compile_s = timed(compiled, 1)
+                if self.opts.compile == "auto":
+                    captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
+                                and not self.strategy.free_running and self.check_every > 1)
+                    if captured:
+                        times[0], times[1] = replayed(self.strategy.module), replayed(compiled)
+                    else:
+                        timed(self.strategy.module, 2)  # warm (cuDNN autotuning) before timing
+                        times[0], times[1] = timed(self.strategy.module, 5), timed(compiled, 5)
+            if self.opts.compile == "auto" and self.world_size > 1:
+                t = times.to(self.device)
+                dist.all_reduce(t)
+                times = t.cpu()
         finally:
-            self.strategy.zero_grad()
+            if computes:
+                self._sync()
+                self.strategy.zero_grad()
             with torch.no_grad():
                 for b, v in zip(self.model.buffers(), saved_buffers):
                     b.copy_(v)
+        choice = self.opts.compile
+        if choice == "auto":
+            eager_s, compiled_s = times.tolist()
+            choice = "default" if compiled_s < eager_s else "off"
+            self.note = (f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms a "
+                         f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
+        if choice != "off":
+            self.forward = compiled
+        self.compiled = choice
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -257,3 +257,13 @@ def test_compiled_step_agrees_with_the_eager_step_to_bf16_tolerance_on_the_cpu(t
 def test_compile_flag_is_checked():
     with pytest.raises(BadInput, match=r"^--compile fast: choose one of off, default, max-autotune, auto$"):
         validate(TrainConfig(compile="fast"))
+
+
+def test_compile_auto_times_both_and_every_rank_keeps_the_same_choice(tmp_path):
+    import shmlearn
+    res = shmlearn.train(TrainConfig(workers=2, device="cpu", samples=64 * 10, compile="auto", eval_points=1,
+                                     progress=False, out=str(tmp_path / "auto")))
+    s = res.summary
+    assert s["compile"] in ("off", "default") and s["compile_s"] > 0
+    assert s["step_note"].startswith("--compile auto: compiled ")
+    assert s["step_note"].endswith("; compiled" if s["compile"] == "default" else "; eager")
