@@ -149,6 +149,23 @@ def part_commands(p: str, workers: str) -> dict:
                                "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
                                "--runs", os.path.join(p("fashion-recipe"), "runs"),
                                "--out", os.path.join(p("fashion-recipe"), "fashion-recipe-h100.json")), 480),
+        # The recipes with --compile (a faster step buys epochs within the time budget).
+        "fashion-93-compile": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
+                                   "--recipes", "fashion-93", "--train-args", "--compile default --epochs 6",
+                                   "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                                   "--runs", os.path.join(p("fashion-93-compile"), "runs"),
+                                   "--out", os.path.join(p("fashion-93-compile"), "fashion-93-compile-e6-h100.json")), 300),
+        "fashion-94-compile": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
+                                   "--recipes", "fashion-94", "--train-args", "--compile default --epochs 20",
+                                   "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                                   "--runs", os.path.join(p("fashion-94-compile"), "runs"),
+                                   "--out", os.path.join(p("fashion-94-compile"), "fashion-94-compile-e20-h100.json")), 360),
+        "tput-compile-1024": (["bash", "-c", "; ".join(
+            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
+            f"--batch-sizes 1024 --baselines plain,graph,compile --strategies allreduce,allreduce:compile "
+            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
+            f"--out {p('tput-compile-1024')}/throughput-{m}-b1024.json" for m in ("alexnet-small", "resnet18", "resnet34"))],
+            480),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
