@@ -31,6 +31,7 @@ its phases; phase_s is the mean over those sampled steps, step time comes from t
 from __future__ import annotations
 
 import contextlib
+import time
 from dataclasses import dataclass
 from typing import List, Optional, Tuple
 
@@ -219,9 +220,8 @@ class Stepper:
         compiles both; its caches keep them for later runs and a sweep's trials), then, with
         auto, time eager against compiled and keep the faster: where the step will be captured,
         as CUDA graph replays (what the step will run: Python and launch overheads gone), else
-        as eager calls. Every rank keeps the same choice (the ranks' times are summed). Weights'
-        gradients and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
-        import time
+        as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
+        and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
         compiled = torch.compile(self.strategy.module, mode=mode, dynamic=False)
         times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
