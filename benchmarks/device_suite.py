@@ -160,6 +160,12 @@ def part_commands(p: str, workers: str) -> dict:
                                    "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
                                    "--runs", os.path.join(p("fashion-94-compile"), "runs"),
                                    "--out", os.path.join(p("fashion-94-compile"), "fashion-94-compile-e20-h100.json")), 360),
+        "fashion-94-compile-e22": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
+                                       "--recipes", "fashion-94", "--train-args", "--compile default --epochs 22",
+                                       "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                                       "--runs", os.path.join(p("fashion-94-compile-e22"), "runs"),
+                                       "--out", os.path.join(p("fashion-94-compile-e22"), "fashion-94-compile-e22-h100.json")),
+                                   360),
         "tput-compile-1024": (["bash", "-c", "; ".join(
             f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
             f"--batch-sizes 1024 --baselines plain,graph,compile --strategies allreduce,allreduce:compile "
