@@ -27,8 +27,17 @@ from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 
 
+class _LiteralHelp(argparse.HelpFormatter):
+    """Help texts as written: ours come from docstrings ("the first 20% of steps") and use no
+    %(default)s placeholders, so argparse's %-formatting would only break on a bare %."""
+
+    def _expand_help(self, action) -> str:
+        return self._get_help_string(action)
+
+
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", _LiteralHelp)
         super().__init__(*args, **kwargs)
         # A word starting "-<digit>" or "-.<digit>" is a value, not an option: "--lr -1e-3",
         # "sweep --lr -1,0.1" (argparse takes only "-1" and "-0.5" so, and no flag of ours

@@ -254,3 +254,17 @@ def test_flag_types_come_from_the_annotations():
     ns = build_parser().parse_args(["train", "--momentum", "0.5", "--workers", "3", "--eval-every", "2"])
     assert (ns.momentum, ns.workers, ns.eval_every) == (0.5, 3, 2.0)
     assert isinstance(ns.eval_every, float) and isinstance(ns.workers, int)
+
+
+@pytest.mark.parametrize("argv", [["train"], ["sweep"], ["advise"], ["simulate"], ["report"],
+                                  ["bench", "throughput"], ["bench", "comm"], ["experiment"]])
+def test_every_help_prints_and_keeps_a_percent_sign_as_written(argv, capsys):
+    """A docstring with a bare % ('the first 20%') broke argparse's %-formatting of `train --help`."""
+    from shmlearn.cli import build_parser
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args([*argv, "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert out.startswith("usage: ")
+    if argv == ["train"]:
+        assert "(0.2: the first 20%)" in " ".join(out.split())
