@@ -59,6 +59,12 @@ def _tput_compile(p, part: str, runs) -> list:
 def part_commands(p: str, workers: str) -> dict:
     """name -> (command, time limit in s). p(name) is the part's output folder."""
     sh = "-m", "shmlearn"
+
+    def recipe(part: str, out: str, limit: int, *extra: str) -> tuple:
+        """benchmarks/fashion_recipe.py on the GPU, 5 seeds, its runs and JSON in the part's folder."""
+        return (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5", *extra,
+                    "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                    "--runs", os.path.join(p(part), "runs"), "--out", os.path.join(p(part), out)), limit)
     big = workers.split(",")[-1]
     return {
         "env": (["bash", "-c", "nvidia-smi; nvidia-smi topo -m; python3 -c 'import torch; print(torch.__version__, "
@@ -145,27 +151,14 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 18: the Fashion-MNIST recipes as a user runs them (`shmlearn train --config
         # recipes/fashion-9X.yaml`, one process per seed 0-4), against their targets; 10 runs of
         # <= 5 s training plus each process's start-up.
-        "fashion-recipe": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
-                               "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                               "--runs", os.path.join(p("fashion-recipe"), "runs"),
-                               "--out", os.path.join(p("fashion-recipe"), "fashion-recipe-h100.json")), 480),
+        "fashion-recipe": recipe("fashion-recipe", "fashion-recipe-h100.json", 480),
         # The recipes with --compile (a faster step buys epochs within the time budget).
-        "fashion-93-compile": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
-                                   "--recipes", "fashion-93", "--train-args", "--compile default --epochs 6",
-                                   "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                                   "--runs", os.path.join(p("fashion-93-compile"), "runs"),
-                                   "--out", os.path.join(p("fashion-93-compile"), "fashion-93-compile-e6-h100.json")), 300),
-        "fashion-94-compile": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
-                                   "--recipes", "fashion-94", "--train-args", "--compile default --epochs 20",
-                                   "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                                   "--runs", os.path.join(p("fashion-94-compile"), "runs"),
-                                   "--out", os.path.join(p("fashion-94-compile"), "fashion-94-compile-e20-h100.json")), 360),
-        "fashion-94-compile-e22": (_py(os.path.join(HERE, "fashion_recipe.py"), "run", "--device", "cuda", "--seeds", "5",
-                                       "--recipes", "fashion-94", "--train-args", "--compile default --epochs 22",
-                                       "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                                       "--runs", os.path.join(p("fashion-94-compile-e22"), "runs"),
-                                       "--out", os.path.join(p("fashion-94-compile-e22"), "fashion-94-compile-e22-h100.json")),
-                                   360),
+        "fashion-93-compile": recipe("fashion-93-compile", "fashion-93-compile-e6-h100.json", 300,
+                                     "--recipes", "fashion-93", "--train-args", "--compile default --epochs 6"),
+        "fashion-94-compile": recipe("fashion-94-compile", "fashion-94-compile-e20-h100.json", 360,
+                                     "--recipes", "fashion-94", "--train-args", "--compile default --epochs 20"),
+        "fashion-94-compile-e22": recipe("fashion-94-compile-e22", "fashion-94-compile-e22-h100.json", 360,
+                                         "--recipes", "fashion-94", "--train-args", "--compile default --epochs 22"),
         "tput-compile-1024": (["bash", "-c", "; ".join(
             f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
             f"--batch-sizes 1024 --baselines plain,graph,compile --strategies allreduce,allreduce:compile "

@@ -471,7 +471,7 @@ class Stepper:
 
     def due(self, done: int) -> bool:
         """Whether the loop must read after `done` steps (classic: always)."""
-        return not self.fast or done - self._pending_from >= self.check_every
+        return self.meets_after(done - 1)
 
     def read(self, done: int, want_eval: bool = False, want_ckpt: bool = False, want_stop: bool = False) -> Window:
         """One all-reduce of every rank's losses of steps [first, done) and rank 0's requests;
