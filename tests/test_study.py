@@ -313,7 +313,10 @@ def _two_processes(tmp_path, storage):
     assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs  # every point exactly once
     # Each process ran some; together all; each process's report covers both.
     ran = [{line.split()[1].rstrip(":") for line in log.splitlines() if line.startswith("[")} for log in logs]
-    assert ran[0] and ran[1] and not (ran[0] & ran[1]) and ran[0] | ran[1] == set(ids), ran
+    # Which process takes which trial is the scheduler's: on a loaded 2-core box one process can
+    # start after the other has taken every point (seen once with PostgreSQL in CI). What must
+    # hold is that no trial ran in both and together they ran the grid.
+    assert not (ran[0] & ran[1]) and ran[0] | ran[1] == set(ids), ran
     rows = results(out)
     assert sorted(r["id"] for r in rows) == sorted(ids)
     w = json.load(open(os.path.join(out, "winners.json")))
