@@ -311,7 +311,7 @@ def _two_processes(tmp_path, storage):
     study = load(storage, "two")
     runs = finished_by_id(study)
     assert {i: len(n) for i, n in runs.items()} == {i: 1 for i in ids}, runs  # every point exactly once
-    # Each process ran some; together all; each process's report covers both.
+    # Together the processes ran every trial; each process's report covers all of them.
     ran = [{line.split()[1].rstrip(":") for line in log.splitlines() if line.startswith("[")} for log in logs]
     # Which process takes which trial is the scheduler's: on a loaded 2-core box one process can
     # start after the other has taken every point (seen once with PostgreSQL in CI). What must
