@@ -311,7 +311,9 @@ class Stepper:
                 s.zero_grad()
                 loss = self._forward_backward(x, y)
             if self.fault is not None:
-                loss = self.fault.fire(self.rank, step, loss)
+                # A free-running worker may compute no gradient in a given loop step (it ran ahead
+                # earlier), so a fault counts this rank's gradients, which reach every number.
+                loss = self.fault.fire(self.rank, self._batches - 1, loss)
             if self.reached is not None:
                 self.reached(step)
             s.gated_step(self.timer, loss, self.found_inf, False)

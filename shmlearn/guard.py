@@ -9,7 +9,8 @@
   others' last steps and name the one that is behind.
 * `Fault`: SHMLEARN_FAULT=kind:rank:step (kill, sleep, nan, raise, stop, kill-in-checkpoint; slow:rank:ms
   delays every gradient of the rank by ms, a straggler) makes one rank misbehave at
-  one step, so the reliability tests exercise the real code paths. It fires only in a fresh run,
+  one step (a free-running strategy's worker: at its step-th gradient), so the reliability
+  tests exercise the real code paths. It fires only in a fresh run,
   never after a resume or an elastic restart.
 """
 from __future__ import annotations
