@@ -116,6 +116,9 @@ class Stepper:
         # Say why only when --check-every was asked for; the default just falls back.
         self.note = why_not if (why_not and (opts.check_every or 1) > 1 and not strategy.free_running) else None
         self.graphs = None
+        """CUDA graphs of the step, one per kind (`_kinds`, `_key`), replayed by `run`."""
+        self._pool = None
+        """The memory pool the step's graphs share (`_capture`)."""
         self.hist = torch.zeros(total_steps + 1, dtype=torch.float32, device=device)
         """This rank's loss at every step (fast: written on the device, read every K steps)."""
         self.free_hist = torch.zeros(total_steps + 1, dtype=torch.float64) if strategy.free_running else None
@@ -210,7 +213,7 @@ class Stepper:
             loss.backward()
             return loss.detach()
         meter = self.strategy.noise
-        if meter is not None and meter.micro:
+        if meter is not None and meter.micro and meter.on:  # only a measured step splits (--noise-every)
             return meter.two_halves(fb, x, y, self.strategy.grads_flat)
         return fb(x, y)
 
@@ -324,8 +327,28 @@ class Stepper:
         first = self._pending_from if self._pending_from is not None else step
         return not self.fast or step + 1 - first >= self.check_every
 
-    def _kinds(self) -> List[bool]:
-        return self.strategy.round_kinds()
+    def _kinds(self) -> List[Tuple[bool, bool]]:
+        """The kinds of step a graph is captured for: (round kind, measures the noise scale); the
+        measuring variant only with --noise-scale (noise.py: a measured step runs other kernels,
+        e.g. two half batches at 1 worker)."""
+        measuring = (False, True) if self.strategy.noise is not None else (False,)
+        return [(k, m) for m in measuring for k in self.strategy.round_kinds()]
+
+    @staticmethod
+    def _key(round_: bool, measuring: bool):
+        """self.graphs' key of a kind of step: the plain step's graph keeps the round kind alone
+        (what the benchmarks and tests read as graphs[False]), a measuring step's is (round_, True)."""
+        return (round_, True) if measuring else round_
+
+    def _begin(self, step: int) -> bool:
+        """Whether step `step` measures the noise scale (--noise-every); tells the meter."""
+        meter = self.strategy.noise
+        return meter.begin(step) if meter is not None else False
+
+    def _as_kind(self, kind: Tuple[bool, bool]) -> None:
+        """Capture: run the next device step as `kind` (round kind, measuring)."""
+        if self.strategy.noise is not None:
+            self.strategy.noise.on = kind[1]
 
     def _capture_all_ranks(self) -> None:
         """Capture on every rank; if any rank fails, every rank runs eagerly (same maths)."""
@@ -346,7 +369,10 @@ class Stepper:
 
     def _capture(self):
         """Warm up on a side stream (allocator, cuDNN autotuning, NCCL communicators), capture one
-        graph per kind of step, and put back everything the warm-up touched."""
+        graph per kind of step, and put back everything the warm-up touched. The graphs share one
+        memory pool: they are never replayed concurrently, and nothing allocated in one is read by
+        another (what outlives a step was allocated in the warm-up), so the measuring variant does
+        not double the activation memory."""
         saved_params = self.strategy.params_flat.clone()
         saved_buffers = [b.clone() for b in self.model.buffers()]
         self.found_inf.fill_(1.0)  # warm-up steps compute and communicate but never update
@@ -357,8 +383,14 @@ class Stepper:
             with self._side_stream():
                 for _ in range(3):
                     for k in kinds:
-                        self._device_step(NULL_TIMER, k)
-            return {k: self._graph_of(lambda k=k: self._device_step(NULL_TIMER, k)) for k in kinds}
+                        self._as_kind(k)
+                        self._device_step(NULL_TIMER, k[0])
+            self._pool = torch.cuda.graph_pool_handle() if self.device.type == "cuda" else None
+            graphs = {}
+            for k in kinds:
+                self._as_kind(k)
+                graphs[self._key(*k)] = self._graph_of(lambda k=k: self._device_step(NULL_TIMER, k[0]))
+            return graphs
         finally:  # also after a failed capture: the eager fallback starts from the same state
             if self.device.type == "cuda":
                 with contextlib.suppress(Exception):
@@ -383,10 +415,11 @@ class Stepper:
         torch.cuda.current_stream(self.device).wait_stream(side)
 
     def _graph_of(self, fn):
-        """fn's device work captured in a CUDA graph (fn does not run); replay() runs it."""
+        """fn's device work captured in a CUDA graph (fn does not run); replay() runs it. In
+        the memory pool self._pool (the step's graphs share one, `_capture`), else its own."""
         g = torch.cuda.CUDAGraph()
         # thread_local: other threads (NCCL's watchdog, the heartbeat) may make CUDA calls.
-        with torch.cuda.graph(g, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g, pool=self._pool, capture_error_mode="thread_local"):
             fn()
         return g
 
@@ -397,6 +430,7 @@ class Stepper:
         in a collective after this step (`meets_after`; free-running strategies need to know)."""
         if self._pending_from is None:
             self._pending_from = step
+        measuring = self._begin(step)
         if self.fast and self.strategy.free_running:
             self._free_step(step, meets)
             self._step_schedule()
@@ -427,7 +461,7 @@ class Stepper:
         if sampled:
             self._device_step(self.timer, round_, step)
         else:
-            self.graphs[round_].replay()
+            self.graphs[self._key(round_, measuring)].replay()
         self.strategy.host_step(round_)
         self._step_schedule()
         self._keep_lr_tensors()

@@ -18,9 +18,13 @@ control slot of the flat buffer, sync/base.py); whoever holds the averaged gradi
 pair. At one worker the batch is computed as two half batches (b_s = B/2, b_b = B): the same
 samples and, for models without batch statistics, the same gradient, at two smaller kernels.
 
+Only every K-th step measures (--noise-every, `default_every`): step s measures when s % K == 0
+(0-based, the same on every rank; `NoiseMeter.begin`). The other steps run exactly as without
+--noise-scale: one whole batch, no norms, nothing recorded.
+
 Device side (`NoiseMeter`): no host sync; the pair goes into a device history indexed by the
-step counter, read with the losses at the loop's reads (fast.py). Host side (`NoiseTracker`,
-rank 0): per-step estimates, an exponential moving average of |G|^2 and of tr(Sigma) taken
+step counter, read with the losses at the loop's reads (fast.py); only measured steps' rows are
+written and read. Host side (`NoiseTracker`, rank 0): per-measurement estimates, an exponential moving average of |G|^2 and of tr(Sigma) taken
 separately (their ratio is what is reported: the ratio of noisy estimates would be biased and
 heavy-tailed), and the run's totals for summary.json.
 """
@@ -36,6 +40,20 @@ from shmlearn.errors import BadInput
 EMA_DECAY = 0.99
 """Per step: the moving averages of |G|^2 and tr(Sigma) forget with a time constant of ~100
 steps (bias-corrected as Adam's moments are, so the first steps are not pulled toward 0)."""
+MIN_DECAY = 0.9
+"""Per measurement, at least: measuring every K steps, the averages decay by EMA_DECAY**K per
+measurement (still ~100 steps), but never faster than this (10 measurements). At K = 50,
+0.99**50 = 0.61 would make each estimate 40% of the average: a single step's |G|^2 is about as
+noisy as it is large (docs/noise-scale.md), so a few measurements must not be forgotten at once;
+the average then spans ~10 K steps instead (500 at K = 50)."""
+EVERY_ONE_WORKER = 50
+"""Default --noise-every at 1 worker: a measured step computes its batch as two halves, which
+cost +73% of the step on the CPU's digits mlp and +20-55% on one H100 in its CUDA graph
+(benchmarks/results/noise-scale/NOTES.md); 1/50 of that is <= 1.5%."""
+EVERY_WORKERS = 10
+"""Default --noise-every at 2+ workers: a measured step adds two squared norms of the gradient
+and a scalar in the collective, +4-7% on the CPU's 2 ms mlp step, < 0.3% on alexnet-small;
+1/10 of that is <= 0.7%, and 10x the measurements of the 1-worker default."""
 TRAJECTORY_POINTS = 200
 """summary.json keeps at most this many (step, B_simple) points, evenly thinned."""
 
@@ -58,6 +76,16 @@ def sq_norm(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor
     (3 us either way)."""
     n = torch.linalg.vector_norm(x) if out is None else torch.linalg.vector_norm(x, out=out)
     return n.square_()
+
+
+def default_every(workers: int) -> int:
+    """--noise-every when not given: steps per measurement, by what a measured step costs."""
+    return EVERY_ONE_WORKER if workers == 1 else EVERY_WORKERS
+
+
+def measured_steps(first: int, stop: int, every: int) -> range:
+    """The measured steps (0-based) in [first, stop)."""
+    return range(first + (-first) % every, stop, every)
 
 
 def check(cfg, spec, workers: int) -> None:
@@ -83,7 +111,12 @@ class NoiseMeter:
     """One rank's device side: this rank's |g_local|^2, the recorded (small, big) pairs."""
 
     def __init__(self, *, workers: int, batch_size: int, steps: int, device: torch.device,
-                 n_train: Optional[int], world_size: int):
+                 n_train: Optional[int], world_size: int, every: int = 1):
+        self.every = every
+        """Steps per measurement: step s measures when s % every == 0."""
+        self.on = False
+        """Whether the current step measures (`begin`); every hook checks it, so nothing of the
+        measurement runs on the other steps (a CUDA graph captures each case apart, fast.py)."""
         self.micro = workers == 1
         """One worker: two half batches give the small gradients."""
         self.b_small = batch_size / 2 if self.micro else float(batch_size)
@@ -94,6 +127,7 @@ class NoiseMeter:
         self.hist = torch.zeros(steps + 1, 2, dtype=torch.float32, device=device)
         self.t = torch.zeros(1, dtype=torch.int64, device=device)
         self.owns_t = True
+        """No fast step (classic loop): `begin` sets t to the measured step itself."""
         self._local = torch.zeros((), dtype=torch.float32, device=device)
         self._saved: Optional[torch.Tensor] = None
         self._pair = torch.zeros(1, 2, dtype=torch.float32, device=device)
@@ -105,10 +139,16 @@ class NoiseMeter:
         """Index the history by the fast step's device step counter (fast.py advances it)."""
         self.t, self.owns_t = t, False
 
-    def seek(self, step: int) -> None:
-        """Classic loop: the next record is step `step` (a resumed run)."""
-        if self.owns_t:
+    def measures(self, step: int) -> bool:
+        return step % self.every == 0
+
+    def begin(self, step: int) -> bool:
+        """Step `step` starts (0-based, every rank alike): whether it measures. The classic loop
+        has no device step counter: the record of a measured step goes to row `step`."""
+        self.on = self.measures(step)
+        if self.on and self.owns_t:
             self.t.fill_(step)
+        return self.on
 
     def put_local(self, slot: torch.Tensor, grads: torch.Tensor) -> None:
         """slot <- |g_local|^2 (a 0-dim view of the collective's buffer): the half batches' mean
@@ -132,8 +172,6 @@ class NoiseMeter:
 
     def _push(self) -> None:
         self.hist.index_copy_(0, self.t, self._pair)
-        if self.owns_t:
-            self.t.add_(1)
 
     def two_halves(self, fb: Callable[[Any, Any], torch.Tensor], x, y, grads: torch.Tensor) -> torch.Tensor:
         """Forward and backward of the batch as two halves; `fb(x, y)` runs one and returns its
@@ -154,17 +192,26 @@ class NoiseMeter:
         return (l1 + l2) * 0.5
 
     # -- host side -----------------------------------------------------------------------------
-    def read(self, first: int, n: int) -> List[Tuple[float, float]]:
-        """The pairs of steps [first, first + n); syncs the device (call it at the loop's reads)."""
-        return [tuple(r) for r in self.hist[first:first + n].tolist()]
+    def read(self, first: int, n: int) -> Dict[int, Tuple[float, float]]:
+        """step -> pair, for the measured steps in [first, first + n) only (the other rows hold
+        nothing, or a CUDA graph's warm-up); syncs the device (call it at the loop's reads)."""
+        steps = measured_steps(first, first + n, self.every)
+        if not steps:
+            return {}
+        rows = self.hist[steps.start:steps.stop:self.every].tolist()
+        return {s: tuple(r) for s, r in zip(steps, rows)}
 
 
 class NoiseTracker:
-    """Rank 0's host side: per-step estimates, their moving averages and the run's totals."""
+    """Rank 0's host side: the measured steps' estimates, their moving averages and the run's
+    totals. `add` only the measured steps."""
 
-    def __init__(self, b_small: float, b_big: float, n_train: Optional[int]):
-        self.b_small, self.b_big, self.n_train = b_small, b_big, n_train
+    def __init__(self, b_small: float, b_big: float, n_train: Optional[int], every: int = 1):
+        self.b_small, self.b_big, self.n_train, self.every = b_small, b_big, n_train, every
+        self.decay = max(EMA_DECAY ** every, MIN_DECAY)
+        """Per measurement (MIN_DECAY says why); EMA_DECAY itself at every = 1."""
         self.steps = 0
+        """Measurements taken (not training steps)."""
         self.ema_g2 = self.ema_trace = 0.0
         self.sum_g2 = self.sum_trace = 0.0
         self.trajectory: List[List[float]] = []
@@ -177,12 +224,14 @@ class NoiseTracker:
             self.steps += 1
             self.sum_g2 += g2
             self.sum_trace += trace
-            self.ema_g2 = EMA_DECAY * self.ema_g2 + (1 - EMA_DECAY) * g2
-            self.ema_trace = EMA_DECAY * self.ema_trace + (1 - EMA_DECAY) * trace
-        debias = 1 - EMA_DECAY ** self.steps if self.steps else 1.0
+            d = self.decay
+            self.ema_g2 = d * self.ema_g2 + (1 - d) * g2
+            self.ema_trace = d * self.ema_trace + (1 - d) * trace
+        debias = 1 - self.decay ** self.steps if self.steps else 1.0
         eg2, etr = self.ema_g2 / debias, self.ema_trace / debias
         b = etr / eg2 if eg2 > 0 else None
-        self.last = {"b_simple": b, "g2": eg2, "trace": etr, "small_sq": small, "big_sq": big}
+        self.last = {"b_simple": b, "g2": eg2, "trace": etr, "small_sq": small, "big_sq": big,
+                     "measured_step": step}
         return self.last
 
     def log_point(self, step: int) -> Dict[str, Optional[float]]:
@@ -203,7 +252,7 @@ class NoiseTracker:
             "gradient_noise_scale_trajectory": traj,
             "noise_scale": {"g2_mean": g2, "trace_mean": trace, "steps": self.steps,
                             "b_small": self.b_small, "b_big": self.b_big, "n_train": self.n_train,
-                            "ema_decay": EMA_DECAY,
+                            "every": self.every, "ema_decay": self.decay,
                             "estimator": "McCandlish et al. 2018 appendix A, finite-population corrected; "
                                          "gradient_noise_scale = mean tr(Sigma) / mean |G|^2 over the run"}}
 

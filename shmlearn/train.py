@@ -257,7 +257,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         if cfg.noise_scale:  # augmented samples are drawn afresh: no finite population to correct for
             strategy.noise = noise.NoiseMeter(workers=compute, batch_size=cfg.batch_size, steps=steps, device=device,
                                               n_train=None if augment.active else data.n_train,
-                                              world_size=env.world_size)
+                                              world_size=env.world_size,
+                                              every=cfg.noise_every or noise.default_every(compute))
         check_replicas(strategy.params_flat, env.world_size)
         schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
@@ -389,11 +390,9 @@ class _Loop:
         self.area = 0.0
         """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
         m = strategy.noise
-        self.noise = noise.NoiseTracker(m.b_small, m.b_big, m.n_train) if m is not None and self.lead else None
+        self.noise = noise.NoiseTracker(m.b_small, m.b_big, m.n_train, m.every) if m is not None and self.lead else None
         """Rank 0's noise-scale estimates (--noise-scale): rank 0 holds the averaged gradient."""
         self.start_step = self._resume() if cfg.resume else 0
-        if m is not None:
-            m.seek(self.start_step)
         # Resumed from step 0 (no checkpoint): the old rows go, the step-0 evaluation included.
         self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if self.start_step > 0 else None) \
             if self.lead else None
@@ -508,8 +507,8 @@ class _Loop:
                 self.area += t * loss
             self.step_times.append(t)
             self.step_losses.append(loss)
-            if pairs is not None:
-                self.noise.add(step_done, *pairs[i])
+            if pairs and step_done - 1 in pairs:  # a measured step (--noise-every)
+                self.noise.add(step_done, *pairs[step_done - 1])
             if self.lead and (step_done % self.cfg.log_every == 0 or step_done == self.steps):
                 if phases is None:
                     totals, timed = self.timer.take_window()

@@ -11,7 +11,8 @@ term is non-finite); every rank then skips the same update, with no extra collec
 
 Noise scale (--noise-scale, noise.py): each rank's |g_local|^2 rides in the slot before the loss,
 so after the same all-reduce the slot holds its mean over the ranks; rank 0 records it with the
-averaged gradient's squared norm (one dot product over the gradient, on the device).
+averaged gradient's squared norm (one norm over the gradient, on the device). Only on measured
+steps (`noise.on`, every --noise-every steps); the others all-reduce as without the meter.
 """
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ class AllReduce(SyncStrategy):
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size > 1:
             with timer.phase("allreduce"):
-                if self.noise is None:
+                if not self._measuring:
                     self._average_(self.grads_flat)
                 else:
                     buf = self.grads_ext
@@ -43,7 +44,7 @@ class AllReduce(SyncStrategy):
         buf = self.grads_ext
         if self.world_size > 1:
             with timer.phase("allreduce"):
-                if self.noise is not None:
+                if self._measuring:
                     self.noise.put_local(buf[-2], self.grads_flat)
                 buf[-1].copy_(loss)
                 self._average_(buf)
@@ -54,9 +55,13 @@ class AllReduce(SyncStrategy):
         with timer.phase("update"):
             self.optimizer.step()
 
+    @property
+    def _measuring(self) -> bool:
+        return self.noise is not None and self.noise.on
+
     def _record_noise(self) -> None:
         # Rank 0 alone reads the estimates: the others skip the pass over the gradient.
-        if self.noise is not None and self.rank == 0:
+        if self._measuring and self.rank == 0:
             self.noise.record_grad(self.grads_ext[-2], self.grads_flat)
 
 

@@ -7,13 +7,15 @@ overlapped all-reduce) and `update` only.
 Noise scale (--noise-scale, noise.py, 2+ workers): a communication hook all-reduces each bucket
 with its local squared norm appended (one more float in the collective DDP already makes; the
 bucket is copied once into the longer buffer), and sums the bucket's mean local norm and its
-averaged gradient's norm; `step` records the sums. At 1 worker it is refused: the half batches
+averaged gradient's norm; `step` records the sums. On steps that do not measure (`noise.on`,
+every --noise-every steps) the hook is torch's own allreduce_hook, what DDP does without one. At 1 worker it is refused: the half batches
 are measured in the flat buffer, which DDP does not use.
 """
 from __future__ import annotations
 
 import torch
 import torch.distributed as dist
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
 from shmlearn.noise import sq_norm
@@ -45,6 +47,8 @@ class DDP(SyncStrategy):
             self._ddp.register_comm_hook(None, self._noise_hook)
 
     def _noise_hook(self, state, bucket):
+        if not self._noise.on:
+            return allreduce_hook(self.group, bucket)
         buf = bucket.buffer()
         ext = torch.empty(buf.numel() + 1, dtype=buf.dtype, device=buf.device)
         ext[:-1].copy_(buf)

@@ -14,6 +14,7 @@ skips its update if any gathered loss is not finite, and broadcasts the weights 
 
 Noise scale (--noise-scale, noise.py): each worker's |g_local|^2 rides in the slot before its
 loss; the server averages the workers' slots and records them with the averaged gradient's norm.
+Only on measured steps (`noise.on`, every --noise-every steps); the slot travels unwritten on the others.
 """
 from __future__ import annotations
 
@@ -66,7 +67,8 @@ class ParameterServer(SyncStrategy):
 
     def _gather_average(self, timer) -> None:
         server = self.rank == 0
-        if self.noise is not None and self.computes:
+        measuring = self.noise is not None and self.noise.on
+        if measuring and self.computes:
             self.noise.put_local(self.grads_ext[-2], self.grads_flat)
         with timer.phase("gather"):
             dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
@@ -76,7 +78,7 @@ class ParameterServer(SyncStrategy):
                 # A dedicated server's own row holds no gradient: average the workers' rows only.
                 first = 1 if self.dedicated else 0
                 torch.mean(self._gathered[first:, :-self.control_slots], dim=0, out=self.grads_flat)
-            if self.noise is not None:
+            if measuring:
                 self.noise.record_grad(self._gathered[first:, -2].mean(), self.grads_flat)
 
     def step(self, timer: PhaseTimer) -> None:
