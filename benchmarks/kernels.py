@@ -1,0 +1,239 @@
+"""The kernels issue 18 names as far from their limit, each alone, against the alternatives a
+generic change could use, and against its own memory floor.
+
+    PYTHONPATH=. python benchmarks/kernels.py --device cuda --batch-sizes 128,1024 --out kernels.json
+
+Each case is one layer's forward and backward in bf16 and channels_last, as the fast step runs
+them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
+
+* first-conv: the convolution of the 3-channel image (weight and bias gradients; the image needs
+  none). Variants: as is; the image and the weight zero-padded to 4 or 8 channels once (what a
+  data-side pad would give: the extra weights get zero gradients and stay zero, so the model is
+  the same); padded to 8 inside the step (F.pad each step); the same conv in NCHW.
+* max-pool: 2x2 max-pool forward and backward of the first conv's output. Variants: aten in
+  channels_last, aten in NCHW, torch.compile'd (Inductor), and a reshape + amax (same forward;
+  the backward splits a tie's gradient where max-pool gives it to one input, so ties aside).
+* bias-grad: a conv bias's gradient, the sum of the output gradient over N, H, W. Variants: aten
+  sum, torch.compile'd, and a matmul with a ones vector (the reduction on tensor cores).
+
+Every variant is captured in a CUDA graph (as the step is) and timed by CUDA events: 5 runs of
+200 replays after warm-up, the median, with p25-p75. Inputs are random, never zeros. The floor is
+the bytes the case must move (read once, written once) over this device's measured copy bandwidth
+(shmlearn/bench/roofline.py). --device cpu runs each variant eagerly and only checks that they
+agree (tests/bench/test_kernels.py); its timings mean nothing.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from typing import Callable, Dict, List
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+BF16 = torch.bfloat16
+
+
+def _cl(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def first_conv_cases(batch: int, device, *, cout: int = 32, k: int = 5) -> Dict[str, Callable]:
+    """name -> step(); each step computes the weight and bias gradients into .grad."""
+    g = torch.Generator(device="cpu").manual_seed(0)
+    x3 = torch.randn(batch, 3, 32, 32, generator=g).to(device, BF16)
+    w3 = torch.randn(cout, 3, k, k, generator=g).to(device, BF16) * 0.1
+    bias = torch.randn(cout, generator=g).to(device, BF16)
+    gy = torch.randn(batch, cout, 32, 32, generator=g).to(device, BF16)
+
+    def padded(c):
+        return F.pad(x3, (0, 0, 0, 0, 0, c - 3)), F.pad(w3, (0, 0, 0, 0, 0, c - 3))
+
+    def case(x, w, fmt, pad_to=None):
+        x = _cl(x) if fmt == "cl" else x.contiguous()
+        w = (_cl(w) if fmt == "cl" else w.contiguous()).clone().requires_grad_(True)
+        b = bias.clone().requires_grad_(True)
+        gy_ = _cl(gy) if fmt == "cl" else gy.contiguous()
+
+        def step():
+            w.grad = b.grad = None
+            xin = F.pad(x, (0, 0, 0, 0, 0, pad_to - x.shape[1])) if pad_to else x
+            wk = F.pad(w, (0, 0, 0, 0, 0, pad_to - w.shape[1])) if pad_to else w
+            F.conv2d(xin, wk, b, padding=k // 2).backward(gy_)
+            return w.grad, b.grad
+        return step
+
+    x4, w4 = padded(4)
+    x8, w8 = padded(8)
+    return {"c3 channels_last": case(x3, w3, "cl"), "c4 padded once": case(x4, w4, "cl"),
+            "c8 padded once": case(x8, w8, "cl"), "c8 padded each step": case(x3, w3, "cl", pad_to=8),
+            "c3 nchw": case(x3, w3, "nchw")}
+
+
+def first_conv_bytes(batch: int, cout: int = 32, k: int = 5) -> int:
+    """Read the image, the weight and the output gradient, write the output (forward) and the
+    weight and bias gradients: bf16, each once."""
+    return 2 * (batch * 3 * 32 * 32 + cout * 3 * k * k + 2 * batch * cout * 32 * 32 + cout * 3 * k * k + cout)
+
+
+def max_pool_cases(batch: int, device, *, c: int = 32, hw: int = 32) -> Dict[str, Callable]:
+    g = torch.Generator(device="cpu").manual_seed(1)
+    x0 = torch.randn(batch, c, hw, hw, generator=g).to(device, BF16)
+    gy0 = torch.randn(batch, c, hw // 2, hw // 2, generator=g).to(device, BF16)
+
+    def amax_pool(x):  # channels_last memory is (N, H, W, C): pool over a view of it
+        n, ch, h, w = x.shape
+        y = x.permute(0, 2, 3, 1).reshape(n, h // 2, 2, w // 2, 2, ch).amax(dim=(2, 4))
+        return y.permute(0, 3, 1, 2)
+
+    def case(fmt, fn):
+        x = (_cl(x0) if fmt == "cl" else x0.contiguous()).clone().requires_grad_(True)
+        gy = _cl(gy0) if fmt == "cl" else gy0.contiguous()
+
+        def step():
+            x.grad = None
+            y = fn(x)
+            y.backward(gy)
+            return y.detach(), x.grad
+        return step
+
+    pool = lambda t: F.max_pool2d(t, 2)  # noqa: E731
+    cases = {"aten channels_last": case("cl", pool), "aten nchw": case("nchw", pool),
+             "reshape+amax channels_last": case("cl", amax_pool)}
+    if device.type == "cuda":
+        cases["compiled channels_last"] = case("cl", torch.compile(pool, dynamic=False))
+    return cases
+
+
+def max_pool_bytes(batch: int, c: int = 32, hw: int = 32) -> int:
+    """Forward: read x, write y; backward: read the output gradient (and the argmax or x), write
+    the input gradient: bf16."""
+    big, small = batch * c * hw * hw, batch * c * (hw // 2) ** 2
+    return 2 * (big + small + small + big + big)
+
+
+def bias_grad_cases(batch: int, device, *, c: int = 32, hw: int = 32) -> Dict[str, Callable]:
+    g = torch.Generator(device="cpu").manual_seed(2)
+    gy = _cl(torch.randn(batch, c, hw, hw, generator=g).to(device, BF16))
+    ones = torch.ones(1, batch * hw * hw, device=device, dtype=BF16)
+    rows = gy.permute(0, 2, 3, 1).reshape(-1, c)  # a view: channels_last is (N*H*W, C) row-major
+
+    def aten():
+        return gy.sum(dim=(0, 2, 3), dtype=torch.float32)
+
+    def mm():
+        return torch.mm(ones, rows).reshape(c).float()
+
+    cases = {"aten sum": aten, "ones @ grad (tensor cores)": mm}
+    if device.type == "cuda":
+        cases["compiled sum"] = torch.compile(aten, dynamic=False)
+    return cases
+
+
+def bias_grad_bytes(batch: int, c: int = 32, hw: int = 32) -> int:
+    return 2 * batch * c * hw * hw + 4 * c
+
+
+CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
+         "bias-grad": (bias_grad_cases, bias_grad_bytes)}
+
+
+def time_graph(step: Callable, device, replays: int = 200) -> List[float]:
+    """Microseconds per call of step, captured in a CUDA graph: 5 runs of `replays` replays."""
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    for _ in range(20):
+        graph.replay()
+    out = []
+    for _ in range(5):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / replays)
+    return out
+
+
+def agree(results: List, rtol: float = 0.05, windows: bool = False) -> bool:
+    """Whether every variant's outputs match the first's (the padded conv's weight gradient on
+    its first 3 channels, with zeros on the rest). windows: compare input gradients summed over
+    each 2x2 pooling window (where a tie's gradient went may differ, not how much there was)."""
+    def norm(i, t):
+        t = t.float()
+        return F.avg_pool2d(t, 2) if windows and i == 1 else t
+    ref = [norm(i, t) for i, t in enumerate(results[0])]
+    for res in results[1:]:
+        for i, (r, t) in enumerate(zip(ref, res)):
+            t = norm(i, t)
+            if t.shape != r.shape:
+                if t[:, 3:].abs().max() != 0:
+                    return False
+                t = t[:, :3]
+            if not torch.allclose(t, r.reshape(t.shape), rtol=rtol, atol=rtol * r.abs().max().item()):
+                return False
+    return True
+
+
+def run_case(name: str, batch: int, device, bandwidth: float = None) -> dict:
+    build, nbytes = CASES[name]
+    cases = build(batch, device)
+    outs = [[t.detach().clone() for t in (r if isinstance(r, tuple) else (r,))] for r in (f() for f in cases.values())]
+    res = {"case": name, "batch": batch, "outputs_agree": agree(outs, windows=name == "max-pool"),
+           "bytes": nbytes(batch), "variants": []}
+    if bandwidth:
+        res["floor_us"] = nbytes(batch) / bandwidth * 1e6
+    if device.type == "cuda":
+        for v, step in cases.items():
+            us = time_graph(step, device)
+            q = statistics.quantiles(us, n=4)
+            row = {"variant": v, "us": statistics.median(us), "p25": q[0], "p75": q[2], "n": len(us)}
+            if bandwidth:
+                row["of_floor"] = res["floor_us"] / row["us"]
+            res["variants"].append(row)
+    return res
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--batch-sizes", default="128,1024")
+    p.add_argument("--cases", default=",".join(CASES))
+    p.add_argument("--out", default="kernels.json")
+    a = p.parse_args(argv)
+    from shmlearn.bench.common import environment
+    from shmlearn.bench.roofline import measure_limits
+    device = torch.device(a.device, 0) if a.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    limits = measure_limits(device, copy_mib=1024 if device.type == "cuda" else 64,
+                            matmul_n=8192 if device.type == "cuda" else 256)
+    doc = {"env": environment("nccl" if device.type == "cuda" else "gloo"), "limits": vars(limits),
+           "method": __doc__, "results": []}
+    for b in (int(v) for v in a.batch_sizes.split(",")):
+        for name in a.cases.split(","):
+            r = run_case(name, b, device, limits.bandwidth)
+            doc["results"].append(r)
+            print(f"{name} B={b}: floor {r['floor_us']:.1f} us, outputs agree: {r['outputs_agree']}", flush=True)
+            for v in r["variants"]:
+                print(f"    {v['us']:9.1f} us ({v['p25']:.1f}-{v['p75']:.1f}) {v['of_floor']:6.1%} of floor  {v['variant']}")
+    with open(a.out, "w") as f:
+        json.dump(doc, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
