@@ -8,6 +8,15 @@ For each batch size: the number of kernels one step launches, their summed GPU t
 kernels by GPU time, the eager step's wall time, and the graph replay's time per step (the
 median of 5 x 200 replays). A graph removes the launch gaps, so its step time approaches the
 summed kernel time: what is left is the kernels themselves (the floor without fusing them).
+
+Each kernel against its limit (issue 18, acceptance 3): the eager step is recorded once more
+operator by operator (shmlearn/bench/roofline.py): each aten operator's kernels' device time,
+the bytes it must move and its FLOPs, against this GPU's measured copy bandwidth and matmul rate,
+so each row says how far that operator is from its floor and which limit sets it. With
+--variants off,compile the step is also built with --compile: Inductor's generated Triton kernels
+are listed with the bytes Inductor counts for each (torch._inductor.config.benchmark_kernel) and
+the bandwidth they reached; its extern kernels (cuDNN convolutions, cuBLAS matmuls) are the
+eager step's.
 """
 from __future__ import annotations
 
@@ -23,38 +32,101 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def profile_one(c, batch: int, device) -> dict:
+def _sync(device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _inductor_gb() -> dict:
+    """Triton kernel name -> GB it moves, as Inductor counted it (its generated kernels' metadata)."""
+    import gc
+    try:
+        from torch._inductor.runtime.triton_heuristics import CachingAutotuner
+    except Exception:  # noqa: BLE001 - no Inductor: nothing to list
+        return {}
+    out = {}
+    for o in gc.get_objects():
+        try:
+            if not isinstance(o, CachingAutotuner):
+                continue
+        except ReferenceError:  # a dead weak proxy
+            continue
+        name = getattr(getattr(o, "fn", None), "__name__", None) or o.inductor_meta.get("kernel_name")
+        if name and o.inductor_meta.get("kernel_num_gb") is not None:
+            out[name] = float(o.inductor_meta["kernel_num_gb"])
+    return out
+
+
+def roofline_of(st, device, limits) -> dict:
+    """The eager step, operator by operator, against the limits."""
+    from shmlearn.bench.roofline import record, rows
+    from shmlearn.timing import NULL_TIMER
+    st.loader.invalidate()
+    st.loader.prepare(0)
+    ops = record(lambda: st._device_step(NULL_TIMER, False), device)
+    st._expected = None
+    table = rows(ops, limits)
+    kernel_us = sum(r["us"] for r in table)
+    floor_us = sum(r["min_us"] for r in table)
+    return {"ops": table, "kernel_us": kernel_us, "floor_us": floor_us,
+            "of_limit": floor_us / kernel_us if kernel_us else None}
+
+
+def kernels_against_gb(top: list, gb: dict, limits) -> list:
+    """Annotate Triton kernels with Inductor's bytes and the share of the bandwidth they reached."""
+    for k in top:
+        g = gb.get(k["name"])
+        if g is not None and k["us"] > 0:
+            per_call_s = k["us"] / k["count"] * 1e-6
+            k["gb"] = g
+            k["of_bandwidth"] = g * 1e9 / per_call_s / limits.bandwidth
+    return top
+
+
+def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dict:
     from torch.profiler import ProfilerActivity, profile
     from shmlearn.bench.throughput import _Shmlearn
     from shmlearn.timing import NULL_TIMER
-    r = _Shmlearn(c, device, batch, 0, 1, strategy="allreduce", eager=False, local=True)
+    mods = frozenset() if variant == "off" else frozenset({variant})
+    r = _Shmlearn(c, device, batch, 0, 1, strategy="allreduce", eager=False, local=True, mods=mods)
     st = r.stepper
-    out = {"batch": batch, "mode": st.mode, "note": st.note}
+    out = {"batch": batch, "variant": variant, "mode": st.mode, "compiled": st.compiled, "note": st.note}
     step = 0
     for _ in range(20):
         r.step(step)
         step += 1
     r.flush(step)
-    torch.cuda.synchronize()
+    _sync(device)
     # eager: one step, profiled (the same device function the graph holds)
     st.loader.invalidate()
     st.loader.prepare(0)
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             st._device_step(NULL_TIMER, False)
-            torch.cuda.synchronize()
-        events = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+            _sync(device)
+        kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
+        events = [e for e in prof.events() if e.device_type == kind and not e.name.startswith("op#")]
         kernels = {}
         for e in events:
             k = kernels.setdefault(e.name, [0, 0.0])
             k[0] += 1
             k[1] += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        top = [{"name": n, "count": v[0], "us": round(v[1], 2)}
+               for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]]
+        if limits is not None and variant != "off":
+            top = kernels_against_gb(top, _inductor_gb(), limits)
+        for k in top:
+            k["name"] = k["name"][:110]
         out.update(kernels=sum(v[0] for v in kernels.values()), kernel_us=sum(v[1] for v in kernels.values()),
-                   top=[{"name": n[:110], "count": v[0], "us": round(v[1], 2)}
-                        for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:20]])
+                   top=top)
     except Exception as e:  # noqa: BLE001 - the timings below still say something
         out.update(kernels=-1, kernel_us=float("nan"), top=[], profile_error=f"{type(e).__name__}: {e}"[:300])
     st._expected = None  # the eager step advanced the device counters
+    if limits is not None and variant == "off":  # a compiled region is opaque to the operator log
+        try:
+            out["roofline"] = roofline_of(st, device, limits)
+        except Exception as e:  # noqa: BLE001 - the timings below still say something
+            out["roofline_error"] = f"{type(e).__name__}: {e}"[:300]
     # chunks of steps that stay inside one epoch: the device counters are reset before each
     n = min(100, st.loader.steps_per_epoch)
 
@@ -66,15 +138,15 @@ def profile_one(c, batch: int, device) -> dict:
     ts = []
     for _ in range(5):  # eager step wall time
         rewind()
-        torch.cuda.synchronize()
+        _sync(device)
         t0 = time.perf_counter()
         for _ in range(n):
             st._device_step(NULL_TIMER, False)
-        torch.cuda.synchronize()
+        _sync(device)
         ts.append((time.perf_counter() - t0) / n * 1e6)
     out["eager_step_us"] = statistics.median(ts)
     if st.graphs:
-        g = st.graphs[False]
+        g = st.graphs.get(False) or st.graphs.get((False, False)) or next(iter(st.graphs.values()))
         ts = []
         for _ in range(5):
             rewind()
@@ -98,30 +170,57 @@ def main(argv=None) -> int:
     p.add_argument("--input", default="3x32x32")
     p.add_argument("--batch-sizes", default="128,1024")
     p.add_argument("--precision", default="bf16")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run of this script")
     p.add_argument("--channels-last", action="store_true")
+    p.add_argument("--variants", default="off", help="off (shmlearn's step), compile, compile-max; comma-separated")
+    p.add_argument("--no-roofline", action="store_true", help="skip the operator-by-operator limits")
     p.add_argument("--out", default="profile.json")
     a = p.parse_args(argv)
     import torch.distributed as dist
     from shmlearn.bench.common import environment
     from shmlearn.launch import free_port
     from shmlearn.bench.throughput import ThroughputConfig
-    dist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
-    device = torch.device("cuda", 0)
-    torch.cuda.set_device(device)
-    torch.backends.cudnn.benchmark = True
-    c = ThroughputConfig(model=a.model, input_shape=[int(v) for v in a.input.split("x")], device="cuda",
+    cuda = a.device == "cuda"
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,
+                            world_size=1)
+    device = torch.device("cuda", 0) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+        torch.backends.cudnn.benchmark = True
+    c = ThroughputConfig(model=a.model, input_shape=[int(v) for v in a.input.split("x")], device=a.device,
                          precision=a.precision, channels_last=a.channels_last)
-    doc = {"env": environment("nccl"), "config": vars(a), "results": []}
+    limits = None
+    if not a.no_roofline:
+        from shmlearn.bench.roofline import measure_limits
+        import torch._inductor.config as inductor_config
+        limits = measure_limits(device) if cuda else measure_limits(device, copy_mib=64, matmul_n=256)
+        inductor_config.benchmark_kernel = True  # Inductor then records each kernel's bytes
+    doc = {"env": environment("nccl" if cuda else "gloo"), "config": vars(a), "limits": vars(limits) if limits else None,
+           "results": []}
     for b in (int(v) for v in a.batch_sizes.split(",")):
-        doc["results"].append(profile_one(c, b, device))
+        for v in a.variants.split(","):
+            doc["results"].append(profile_one(c, b, device, v, limits))
+            with open(a.out, "w") as f:  # what finished survives a time limit
+                json.dump(doc, f, indent=1)
     dist.destroy_process_group()
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
+    if limits:
+        print(f"limits on {limits.device}: copy {limits.bandwidth / 1e12:.2f} TB/s, bf16 matmul "
+              f"{limits.bf16_flops / 1e12:.0f} TFLOP/s, fp32 matmul {limits.fp32_flops / 1e12:.0f} TFLOP/s")
     for r in doc["results"]:
-        print(f"B={r['batch']} {r['mode']}: {r['kernels']} kernels, {r['kernel_us']:.1f} us of kernels; "
+        print(f"B={r['batch']} {r['variant']} {r['mode']}: {r['kernels']} kernels, {r['kernel_us']:.1f} us of kernels; "
               f"eager step {r['eager_step_us']:.1f} us; graph step {r.get('graph_step_us', float('nan')):.1f} us")
-        for k in r["top"][:12]:
-            print(f"    {k['us']:9.1f} us {k['count']:4d}x  {k['name']}")
+        for k in r["top"][:25]:
+            bw = f" {k['gb'] * 1e3:8.3f} MB {k['of_bandwidth']:6.1%} of bw" if "gb" in k else ""
+            print(f"    {k['us']:9.1f} us {k['count']:4d}x{bw}  {k['name']}")
+        rl = r.get("roofline")
+        if rl:
+            print(f"  operators: {rl['kernel_us']:.1f} us of kernels, floor {rl['floor_us']:.1f} us "
+                  f"({rl['of_limit']:.1%} of the limits)")
+            for o in rl["ops"][:25]:
+                print(f"    {o['us']:9.1f} us {o['calls']:3d}x {o['bytes'] / 1e6:9.3f} MB {o['flops'] / 1e9:9.3f} GFLOP "
+                      f"floor {o['min_us']:8.2f} us {o['of_limit']:6.1%} ({o['bound']})  {o['op']}")
     return 0
 
 
