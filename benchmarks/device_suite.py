@@ -165,6 +165,15 @@ def part_commands(p: str, workers: str) -> dict:
             f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
             f"--out {p('tput-compile-1024')}/throughput-{m}-b1024.json" for m in ("alexnet-small", "resnet18", "resnet34"))],
             480),
+        # Issue 18, acceptance 3: each operator of the step against the GPU's measured limits
+        # (eager kernels), and the compiled step's Triton kernels with Inductor's byte counts.
+        "roofline": (["bash", "-c", "; ".join(
+            f"{sys.executable} {os.path.join(HERE, 'throughput_profile.py')} --model {m} --batch-sizes {b} "
+            f"--precision bf16 --channels-last --variants off,compile --out {p('roofline')}/profile-{m}.json"
+            for m, b in (("alexnet-small", "128,1024"), ("resnet18", "128")))], 420),
+        # Issue 18: the candidate kernels alone, against their alternatives and floors.
+        "kernels": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
+                        "--out", os.path.join(p("kernels"), "kernels-h100.json")), 240),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
