@@ -33,7 +33,8 @@ CASES = [("allreduce", {}), ("ps", {"check_every": 1})]
 def _cfg(out, workers, model, strategy, **kw):
     return TrainConfig(model=model, dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
                        lr_schedule="constant", batch_size=B, samples=STEPS[workers] * workers * B,
-                       workers=workers, eval_points=1, progress=False, noise_scale=True, out=str(out), **kw)
+                       workers=workers, eval_points=1, progress=False, noise_scale=True, noise_every=1,
+                       out=str(out), **kw)
 
 
 def exact_b_simple(model: torch.nn.Module):
@@ -157,7 +158,7 @@ def test_half_batches_train_as_the_whole_batch(tmp_path, check_every):
     for on in (False, True):
         cfg = TrainConfig(model="mlp", dataset="digits", optimizer="momentum", lr=0.1, batch_size=B,
                           samples=60 * B, workers=1, eval_points=1, progress=False, noise_scale=on,
-                          check_every=check_every, out=str(tmp_path / f"ns-{on}"))
+                          noise_every=1, check_every=check_every, out=str(tmp_path / f"ns-{on}"))
         env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
                       master_port=free_port())
         res = run_worker(cfg, env)
@@ -177,11 +178,16 @@ def test_half_batches_train_as_the_whole_batch(tmp_path, check_every):
     (["--strategy", "ddp", "--workers", "1"], "--noise-scale: --strategy ddp at 1 worker keeps its gradients outside"),
     (["--strategy", "async-ps", "--workers", "2"], "--noise-scale: --strategy async-ps has no averaged gradient"),
     (["--workers", "1", "--batch-size", "33"], "--batch-size 33 is not even"),
+    (["--noise-every", "0"], "--noise-every 0: expected a whole number from 1"),
 ])
 def test_bad_layouts_are_refused_in_one_line(tmp_path, capsys, argv, says):
     code = main(["train", "--noise-scale", "--device", "cpu", "--no-progress", "--out", str(tmp_path / "r"), *argv])
     err = capsys.readouterr().err
     assert code == 2 and says in err and len(err.strip().splitlines()) == 1
+
+
+DDP_EVERY = 3
+"""The DDP and dedicated-server tests measure every 3rd step of 80: 27 measurements."""
 
 
 def _ddp_worker(rank, world, port, tmp):
@@ -192,12 +198,12 @@ def _ddp_worker(rank, world, port, tmp):
     for strategy in ("allreduce", "ddp"):
         cfg = TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="momentum", lr=0.05,
                           batch_size=B, samples=80 * world * B, workers=world, eval_points=1, progress=False,
-                          noise_scale=True, check_every=1, out=os.path.join(tmp, strategy))
+                          noise_scale=True, noise_every=DDP_EVERY, check_every=1, out=os.path.join(tmp, strategy))
         run_worker(cfg, env)
     # a dedicated server and 1 worker: the worker's half batches ride in the gather to the server
     cfg = TrainConfig(model="mlp", dataset="digits", strategy="ps", ps_dedicated=True, optimizer="momentum",
                       lr=0.05, batch_size=B, samples=80 * B, eval_points=1, progress=False, noise_scale=True,
-                      out=os.path.join(tmp, "ps-dedicated-w1"))
+                      noise_every=DDP_EVERY, out=os.path.join(tmp, "ps-dedicated-w1"))
     run_worker(cfg, env)
     dist.destroy_process_group()
     os._exit(0)
@@ -207,20 +213,183 @@ def test_dedicated_server_measures_its_one_workers_half_batches(tmp_path):
     mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     cfg = TrainConfig(model="mlp", dataset="digits", strategy="allreduce", optimizer="momentum", lr=0.05,
                       batch_size=B, samples=80 * B, workers=1, eval_points=1, progress=False, noise_scale=True,
-                      out=str(tmp_path / "allreduce-w1"))
+                      noise_every=DDP_EVERY, out=str(tmp_path / "allreduce-w1"))
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local", master_port=free_port())
     ref = run_worker(cfg, env).summary
     ps = json.load(open(tmp_path / "ps-dedicated-w1" / "summary.json"))
-    assert ps["workers"] == 1 and ps["noise_scale"]["b_small"] == B / 2 and ps["noise_scale"]["steps"] == 80
+    assert ps["workers"] == 1 and ps["noise_scale"]["b_small"] == B / 2 and ps["noise_scale"]["steps"] == 27
     assert ps["gradient_noise_scale"] == pytest.approx(ref["gradient_noise_scale"], rel=1e-4)
 
 
 def test_ddp_measures_what_allreduce_measures(tmp_path):
-    """DDP's communication hook carries the same scalar through its bucket all-reduce: on the same
-    batches and weights it reports allreduce's estimates, step by step."""
+    """DDP's communication hook carries the same scalar through its bucket all-reduce, on the
+    measured steps only (every 3rd): on the same batches and weights it reports allreduce's
+    estimates, step by step."""
     mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     a, d = (json.load(open(tmp_path / s / "summary.json")) for s in ("allreduce", "ddp"))
     assert d["gradient_noise_scale"] == pytest.approx(a["gradient_noise_scale"], rel=1e-4)
-    assert d["noise_scale"]["steps"] == a["noise_scale"]["steps"] == 80
+    assert d["noise_scale"]["steps"] == a["noise_scale"]["steps"] == 27  # steps 0, 3, ..., 78
     for (sa, ba), (sd, bd) in zip(a["gradient_noise_scale_trajectory"], d["gradient_noise_scale_trajectory"]):
         assert sa == sd and bd == pytest.approx(ba, rel=1e-3)
+    rows = [json.loads(line) for line in open(tmp_path / "ddp" / "metrics.jsonl")]
+    assert [r["noise_scale"]["measured_step"] for r in rows] == [r["step"] - (r["step"] - 1) % 3 for r in rows]
+
+
+# --- --noise-every: measure every K-th step only ---------------------------------------------------
+EVERY = 3
+"""Not a divisor of the loss reads' 10 steps: measured steps fall anywhere in a read's window."""
+EVERY_STEPS = 40
+EVERY_CASES = [("allreduce", {}), ("ps", {"check_every": 1})]  # the fast step and the classic loop
+
+
+def _every_cfg(out, workers, strategy, every, **kw):
+    return TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
+                       lr_schedule="constant", batch_size=B, samples=EVERY_STEPS * workers * B, workers=workers,
+                       eval_points=1, log_every=1, progress=False, noise_scale=True, noise_every=every,
+                       out=str(out), **kw)
+
+
+def _every_worker(rank, world, port, tmp):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    env = DistEnv(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
+                  launcher="local", master_port=port)
+    for strategy, extra in EVERY_CASES:
+        for every in (1, EVERY):
+            run_worker(_every_cfg(os.path.join(tmp, f"{strategy}-k{every}"), world, strategy, every, **extra), env)
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("world", [1, 2], ids=["w1", "w2"])
+def test_every_kth_step_measures_what_every_step_measures_there(tmp_path, world):
+    """At frozen weights a run measuring every 3rd step records, at steps 1, 4, 7, ... (1-based),
+    the squared norms that a run measuring every step records there; its tracker takes exactly
+    those ceil(40 / 3) = 14 measurements, with the per-measurement decay 0.99**3."""
+    if world == 1:
+        for strategy, extra in EVERY_CASES:
+            for every in (1, EVERY):
+                env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
+                              master_port=free_port())
+                run_worker(_every_cfg(tmp_path / f"{strategy}-k{every}", 1, strategy, every, **extra), env)
+    else:
+        mp.spawn(_every_worker, args=(world, free_port(), str(tmp_path)), nprocs=world, join=True)
+    for strategy, _ in EVERY_CASES:
+        rows = {k: [json.loads(line) for line in open(tmp_path / f"{strategy}-k{k}" / "metrics.jsonl")]
+                for k in (1, EVERY)}
+        every_step = {r["step"]: r["noise_scale"] for r in rows[1]}
+        assert all(ns["measured_step"] == step for step, ns in every_step.items())
+        measured = [r for r in rows[EVERY] if r["noise_scale"]["measured_step"] == r["step"]]
+        assert [r["step"] for r in measured] == list(range(1, EVERY_STEPS + 1, EVERY))
+        for r in rows[EVERY]:  # between measurements a row repeats the last one
+            assert r["noise_scale"]["measured_step"] == r["step"] - (r["step"] - 1) % EVERY
+        ref = NoiseTracker(B / 2 if world == 1 else B, world * B, 1437, every=EVERY)
+        for r in measured:
+            got, want = r["noise_scale"], every_step[r["step"]]
+            assert (got["small_sq"], got["big_sq"]) == pytest.approx((want["small_sq"], want["big_sq"]), rel=1e-5)
+            ref.add(r["step"], want["small_sq"], want["big_sq"])
+            # the moving averages (their ratio is undefined while |G|^2's is not positive)
+            assert (got["g2"], got["trace"]) == pytest.approx((ref.last["g2"], ref.last["trace"]), rel=1e-4)
+        s = json.load(open(tmp_path / f"{strategy}-k{EVERY}" / "summary.json"))
+        want = ref.summary()
+        assert s["noise_scale"]["steps"] == len(measured) == 14 and s["noise_scale"]["every"] == EVERY
+        assert s["noise_scale"]["ema_decay"] == pytest.approx(0.99 ** EVERY)
+        assert s["gradient_noise_scale"] == pytest.approx(want["gradient_noise_scale"], rel=1e-4)
+
+
+def test_tracker_decays_per_measurement_with_a_floor():
+    """Every K steps the averages forget as much per measurement as K steps did (time constant ~100
+    steps), but at most 10% per measurement (a few measurements are not forgotten at once)."""
+    assert NoiseTracker(8, 32, None, every=1).decay == 0.99
+    assert NoiseTracker(8, 32, None, every=5).decay == pytest.approx(0.99 ** 5)
+    assert NoiseTracker(8, 32, None, every=50).decay == 0.9
+    t = NoiseTracker(8, 32, None, every=50)
+    values = [(2.0, 1.0), (5.0, 1.5)]
+    for i, (sm, bg) in enumerate(values):
+        t.add(1 + 50 * i, sm, bg)
+    (g1, t1), (g2, t2) = (estimate(sm, bg, 8, 32) for sm, bg in values)
+    norm = 1 - 0.9 ** 2
+    assert t.last["b_simple"] == pytest.approx((0.1 * 0.9 * t1 + 0.1 * t2) / (0.1 * 0.9 * g1 + 0.1 * g2))
+    assert t.last["g2"] == pytest.approx((0.1 * 0.9 * g1 + 0.1 * g2) / norm)
+
+
+def _bn_mlp():
+    """An mlp with BatchNorm: its loss depends on which samples share a forward, so a step that
+    computes its batch as two halves has a different loss than the whole batch's."""
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
+                               torch.nn.ReLU(), torch.nn.Linear(32, 10))
+
+
+@pytest.mark.parametrize("check_every", [10, 1], ids=["fast", "classic"])
+def test_unmeasured_steps_compute_the_whole_batch(tmp_path, check_every):
+    """At 1 worker only a measured step is split in two halves: with BatchNorm (batch statistics)
+    and frozen weights, every other step's loss is the loss of a run without --noise-scale,
+    and each measured step's differs (so a split would show)."""
+    from shmlearn.train import train
+    losses = {}
+    for on in (False, True):
+        cfg = TrainConfig(model="mlp", dataset="digits", optimizer="sgd", lr=1e-12, lr_schedule="constant",
+                          batch_size=B, samples=20 * B, workers=1, eval_points=1, log_every=1, progress=False,
+                          noise_scale=on, noise_every=4, check_every=check_every, out=str(tmp_path / f"ns-{on}"))
+        train(cfg, model=_bn_mlp())
+        losses[on] = [json.loads(line)["loss"] for line in open(tmp_path / f"ns-{on}" / "metrics.jsonl")]
+    assert len(losses[True]) == len(losses[False]) == 20
+    for step, (got, plain) in enumerate(zip(losses[True], losses[False])):
+        if step % 4:
+            assert got == pytest.approx(plain, rel=1e-6), step
+        else:
+            assert got != pytest.approx(plain, rel=1e-4), step
+
+
+class _FakeGraph:
+    """As tests/test_fast.py's stand-in for a CUDA graph: keeps fn, calls it on replay."""
+
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+
+    def replay(self):
+        self.replays += 1
+        self.fn()
+
+
+def test_graph_mode_replays_the_measuring_graph_on_measured_steps_only(tmp_path, monkeypatch):
+    """The CUDA-graph protocol on the CPU, with a stand-in graph: one graph for plain steps and one
+    for measuring steps (each captured as its kind runs), replayed by the step number; the run
+    gives the eager run's losses and measurements."""
+    import contextlib
+
+    from shmlearn.fast import Stepper
+    steppers = []
+    setup = Stepper._setup_fast
+
+    def setup_and_capture(self, fused=True):
+        setup(self, fused)
+        if self.strategy.noise is not None:
+            self._capture_all_ranks()
+            steppers.append(self)
+
+    rows = {}
+    for graphed in (False, True):
+        with monkeypatch.context() as m:
+            if graphed:
+                m.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
+                m.setattr(Stepper, "_graph_of", lambda self, fn: _FakeGraph(fn))
+                m.setattr(Stepper, "_setup_fast", setup_and_capture)
+                m.setattr(Stepper, "close", lambda self: None)  # a GPU's synchronize; keeps the graphs
+            cfg = TrainConfig(model="mlp", dataset="digits", optimizer="momentum", lr=0.05, batch_size=B,
+                              samples=40 * B, workers=1, eval_points=1, log_every=1, progress=False,
+                              noise_scale=True, noise_every=EVERY, out=str(tmp_path / f"g-{graphed}"))
+            env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
+                          master_port=free_port())
+            run_worker(cfg, env)
+        rows[graphed] = [json.loads(line) for line in open(tmp_path / f"g-{graphed}" / "metrics.jsonl")]
+    (st,) = steppers
+    assert set(st.graphs) == {False, (False, True)}
+    # step 0 runs eagerly (phase timing, sample_every); then 13 measured steps and 26 others
+    assert (st.graphs[(False, True)].replays, st.graphs[False].replays) == (13, 26)
+    assert [r["loss"] for r in rows[True]] == pytest.approx([r["loss"] for r in rows[False]], rel=1e-6)
+    for a, b in zip(rows[True], rows[False]):
+        assert a["noise_scale"]["measured_step"] == b["noise_scale"]["measured_step"]
+        assert (a["noise_scale"]["small_sq"], a["noise_scale"]["big_sq"]) == \
+            pytest.approx((b["noise_scale"]["small_sq"], b["noise_scale"]["big_sq"]), rel=1e-6)
