@@ -98,6 +98,11 @@ class TrainConfig:
     few steps against eager, keep the faster). Its kernels run inside the fast step (on CUDA
     inside the step's one CUDA graph); compile time is reported (summary.json compile_s) and
     Inductor caches it for later runs and a sweep's trials."""
+    im2col: bool = False
+    """Compute each convolution of the input image (in_channels x kernel area <= 128, e.g. the
+    3-channel first conv; groups 1, dilation 1) as one im2col gather plus one GEMM instead of
+    cuDNN's kernels, which run such convs far from their limits (shmlearn/nn/im2col.py).
+    Same maths; parameters and checkpoints unchanged; costs a buffer of the gathered inputs."""
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""

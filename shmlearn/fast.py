@@ -38,6 +38,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from shmlearn.nn import im2col
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -69,6 +70,8 @@ class StepOptions:
     """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
     compile: str = "off"
     """COMPILE: off, default, max-autotune or auto."""
+    im2col: bool = False
+    """Convolutions of the input image as an im2col gather plus a GEMM (shmlearn/nn/im2col.py)."""
 
 
 @dataclass
@@ -130,6 +133,8 @@ class Stepper:
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
+        self.im2col_convs = im2col.convert(model) if opts.im2col else 0
+        """--im2col: how many convolutions were switched (before compiling: Inductor sees the GEMM)."""
         self.forward = strategy.module
         """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
         self.compile_s: Optional[float] = None
