@@ -9,7 +9,8 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
 * first-conv: the convolution of the 3-channel image (weight and bias gradients; the image needs
   none). Variants: as is; the image and the weight zero-padded to 4 or 8 channels once (what a
   data-side pad would give: the extra weights get zero gradients and stay zero, so the model is
-  the same); padded to 8 inside the step (F.pad each step); the same conv in NCHW.
+  the same); padded to 8 inside the step (F.pad each step); the same conv in NCHW; as an im2col
+  gather plus GEMMs (shmlearn/nn/im2col.py, --im2col), eager and torch.compile'd.
 * max-pool: 2x2 max-pool forward and backward of the first conv's output. Variants: aten in
   channels_last, aten in NCHW, torch.compile'd (Inductor), and a reshape + amax (same forward;
   the backward splits a tie's gradient where max-pool gives it to one input, so ties aside).
@@ -68,11 +69,28 @@ def first_conv_cases(batch: int, device, *, cout: int = 32, k: int = 5) -> Dict[
             return w.grad, b.grad
         return step
 
+    def im2col_case(compiled: bool):
+        from shmlearn.nn.im2col import im2col_conv2d
+        x = _cl(x3)
+        w = _cl(w3).clone().requires_grad_(True)
+        b = bias.clone().requires_grad_(True)
+        gy_ = _cl(gy)
+        fn = (torch.compile(im2col_conv2d, dynamic=False) if compiled else im2col_conv2d)
+
+        def step():
+            w.grad = b.grad = None
+            fn(x, w, b, 1, k // 2).backward(gy_)
+            return w.grad, b.grad
+        return step
+
     x4, w4 = padded(4)
     x8, w8 = padded(8)
-    return {"c3 channels_last": case(x3, w3, "cl"), "c4 padded once": case(x4, w4, "cl"),
-            "c8 padded once": case(x8, w8, "cl"), "c8 padded each step": case(x3, w3, "cl", pad_to=8),
-            "c3 nchw": case(x3, w3, "nchw")}
+    cases = {"c3 channels_last": case(x3, w3, "cl"), "c4 padded once": case(x4, w4, "cl"),
+             "c8 padded once": case(x8, w8, "cl"), "c8 padded each step": case(x3, w3, "cl", pad_to=8),
+             "c3 nchw": case(x3, w3, "nchw"), "im2col + GEMM (--im2col)": im2col_case(False)}
+    if device.type == "cuda":
+        cases["im2col + GEMM, compiled"] = im2col_case(True)
+    return cases
 
 
 def first_conv_bytes(batch: int, cout: int = 32, k: int = 5) -> int:
