@@ -1,27 +1,36 @@
-"""What --noise-scale costs per training step (issue 19, acceptance 3: <= 2% of step time).
+"""What --noise-scale costs per training step (issue 19, acceptance 3: <= 2% of step time), at the
+default --noise-every (noise.default_every: 50 at 1 worker, 10 at 2+), amortized over its K-step
+cycle, and per measured step.
 
     python benchmarks/noise_scale_overhead.py --device cpu --out benchmarks/results/noise-scale-overhead-cpu.json
     python benchmarks/noise_scale_overhead.py --device cuda --out benchmarks/results/noise-scale-overhead-h100.json
 
 Method on a CPU (--device cpu): shmlearn/bench/noise_cost.py. One run per setting, its steps timed
-one by one, the noise meter attached on even steps and detached on odd ones on every rank alike;
-the overhead is the median over adjacent pairs of (with - without) / without. The machine this
-was measured on is shared (load average 5-7 on 2 cores): other load lasts many steps, so it
-lands on both steps of a pair, while whole runs or even 0.5 s repeats one after another swung by
-far more than the effect.
+one by one in blocks of K (--noise-every), the noise meter attached in one block of each adjacent
+pair and detached in the other (which comes first alternates), on every rank alike; a block with
+the meter is one K-step cycle as training runs it, its first step measuring. The overhead is the
+median over block pairs of (time with) / (time without) - 1; per measured step, the same median
+of the blocks' first steps (the cost of one measurement). The machine this was
+measured on is shared (load average 5-7 on 2 cores): other load lasts many steps, so it lands on
+both steps of a pair, while whole runs or even 0.5 s repeats one after another swung by far more
+than the effect.
 
 Method on GPUs (--device cuda): `shmlearn bench throughput` (shmlearn/bench/throughput.py), in one process group per worker
-count, with each strategy twice: as `shmlearn train` runs it, and with the noise meter attached
-(variant `NAME:noise`, exactly what --noise-scale attaches). Each variant is built and warmed up
+count, with each strategy three times: as `shmlearn train` runs it, with the noise meter attached
+at the default --noise-every (variant `NAME:noise`, exactly what --noise-scale attaches: a
+measuring CUDA graph replayed every K-th step, the plain one otherwise), and measuring every step
+(`NAME:noise1`, --noise-every 1: the cost per measured step). Each variant is built and warmed up
 (its CUDA graph captured, cuDNN autotuned), then timed round-robin: repeat 1 of every variant,
 repeat 2 of every variant, ..., each repeat ~--seconds of steps, its time the slowest rank's. On
 a CPU that other processes share this interleaving is what makes the two comparable; whole runs
 one after another were not (a first version of this script timed alternating `train` runs: under
 a load average of 5-7 on 2 cores, step times swung 20x between runs). The overhead is
-median(step time with) / median(step time without) - 1; the JSON keeps both medians and spreads.
+median(step time with) / median(step time without) - 1 (a repeat spans many K-step cycles: the
+amortized cost); per_measured_step is the same ratio for `NAME:noise1`. The JSON keeps the
+medians and spreads.
 A CUDA graph captures one step as it was, so the step-by-step alternation cannot run there.
 
-What the measurement adds: at 2+ workers two dot products over the gradient (|g_local|^2 on every
+What a measured step adds: at 2+ workers two squared norms of the gradient (|g_local|^2 on every
 rank, |averaged g|^2 on rank 0) and one more float in the all-reduce or gather; at 1 worker the
 batch is computed as two halves (two smaller forward/backward passes) plus one gradient-sized
 copy, which is not free (docs/noise-scale.md).
@@ -38,13 +47,15 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from shmlearn.bench.common import parse_int_list  # noqa: E402
 from shmlearn.bench.throughput import ThroughputConfig, run  # noqa: E402
+from shmlearn.noise import default_every  # noqa: E402
 
 SETTINGS = {  # device -> [(model, input C x H x W, batch per worker)]
     "cpu": [("mlp", [1, 8, 8], 32), ("alexnet-small", [3, 32, 32], 32)],
     "cuda": [("mlp", [1, 8, 8], 32), ("alexnet-small", [3, 32, 32], 128), ("resnet18", [3, 32, 32], 128)],
 }
-CPU_PAIRS = {"mlp": 3000, "alexnet-small": 300}
-"""cpu: (with, without) pairs per setting unless --pairs: a ~2 ms step varies more from step to step."""
+CPU_STEPS = {"mlp": 10000, "alexnet-small": 1600}
+"""cpu: timed steps per setting unless --steps, in pairs of K-step blocks: mlp at 1 worker (K = 50)
+100 pairs, at 2 (K = 10) 500; alexnet-small 16 and 80 (~6 min in all on 2 loaded cores)."""
 
 
 def main() -> int:
@@ -55,8 +66,12 @@ def main() -> int:
     p.add_argument("--models", default=None, help="comma list of the device's models [all]")
     p.add_argument("--repeats", type=int, default=9, help="timed repeats per variant, >= 5 [9]")
     p.add_argument("--seconds", type=float, default=0.5, help="cuda: length of one repeat [0.5]")
-    p.add_argument("--pairs", type=int, default=None, help="cpu: timed (with, without) step pairs per setting "
-                                                         "[mlp 3000, alexnet-small 300]")
+    p.add_argument("--steps", type=int, default=None, help="cpu: timed steps per setting, in (with, without) "
+                                                         "pairs of K-step blocks, >= 10 pairs "
+                                                         "[mlp 10000, alexnet-small 1600]")
+    p.add_argument("--noise-every", type=int, default=None,
+                   help="cpu: the overhead at --noise-every K [the default: 50 at 1 worker, 10 at 2+]; "
+                        "cuda: the default")
     p.add_argument("--out", required=True, help="JSON file to write")
     a = p.parse_args()
     import torch
@@ -73,24 +88,31 @@ def main() -> int:
            "results": [], "throughput": []}
     for model, shape, batch in settings:
         c = ThroughputConfig(model=model, input_shape=shape, batch_sizes=[batch], workers=workers, device=a.device,
-                             strategies=[v for s in strategies for v in (s, f"{s}:noise")], baselines=[],
+                             strategies=[v for s in strategies for v in (s, f"{s}:noise", f"{s}:noise1")],
+                             baselines=[],
                              repeats=a.repeats, seconds=a.seconds)
         doc = run(c, log=lambda m: print(m, flush=True))
         out.setdefault("env", doc["env"])
         out["throughput"].append(doc)
         rows = {(r["workers"], r["variant"]): r for r in doc["results"] if "error" not in r}
+        def step_s(r):
+            return r["repeat_s"]["median"] / r["steps_per_repeat"]
         for (w, v), off in sorted(rows.items()):
-            on = rows.get((w, f"{v}:noise"))
-            if v.endswith(":noise") or on is None:
+            on, every = rows.get((w, f"{v}:noise")), rows.get((w, f"{v}:noise1"))
+            if ":" in v or on is None:
                 continue
-            t_off, t_on = off["repeat_s"]["median"] / off["steps_per_repeat"], on["repeat_s"]["median"] / on["steps_per_repeat"]
+            t_off, t_on = step_s(off), step_s(on)
             row = {"model": model, "input": shape, "batch": batch, "strategy": v, "workers": w,
-                   "mode": off.get("mode"), "step_s_off": t_off, "step_s_on": t_on,
+                   "every": default_every(w), "mode": off.get("mode"), "step_s_off": t_off, "step_s_on": t_on,
                    "steps_per_s_off": off["steps_per_s"], "steps_per_s_on": on["steps_per_s"],
-                   "repeats": a.repeats, "overhead": t_on / t_off - 1}
+                   "repeats": a.repeats, "overhead": t_on / t_off - 1,
+                   "step_s_every_step": step_s(every) if every else None,
+                   "per_measured_step": step_s(every) / t_off - 1 if every else None}
             out["results"].append(row)
+            per = f"{row['per_measured_step']:+.1%}" if every else "n/a"
             print(f"{model} b{batch} {v} W={w} ({row['mode']}): {t_off * 1e3:.3f} ms -> {t_on * 1e3:.3f} ms "
-                  f"per step with --noise-scale: {row['overhead']:+.1%} (median of {a.repeats} repeats; "
+                  f"per step with --noise-scale at --noise-every {row['every']}: {row['overhead']:+.1%} "
+                  f"(per measured step {per}; median of {a.repeats} repeats; "
                   f"steps/s spread off {off['steps_per_s']['min']:.0f}-{off['steps_per_s']['max']:.0f}, "
                   f"on {on['steps_per_s']['min']:.0f}-{on['steps_per_s']['max']:.0f})", flush=True)
     out["env"]["loadavg_end"] = list(os.getloadavg())
@@ -112,14 +134,16 @@ def _cpu(a, workers, strategies, settings) -> int:
             for s in strategies:
                 if w == 1 and s != "allreduce":
                     continue  # at one worker every strategy is the same half-batch step
-                pairs = a.pairs or CPU_PAIRS[model]
-                row = {"model": model, "input": shape, **measure(c, s, w, batch, pairs)}
+                row = {"model": model, "input": shape,
+                       **measure(c, s, w, batch, a.steps or CPU_STEPS[model], every=a.noise_every)}
                 out["results"].append(row)
-                on, off = row["step_s_on"], row["step_s_off"]
-                print(f"{model} b{batch} {s} W={w} ({row['mode']}): {off['median'] * 1e3:.3f} ms -> "
-                      f"{on['median'] * 1e3:.3f} ms per step with --noise-scale: {row['overhead']:+.1%} "
-                      f"(median over {pairs} adjacent pairs; ratio of medians {row['overhead_of_medians']:+.1%}; "
-                      f"without: p25-p75 {off['p25'] * 1e3:.3f}-{off['p75'] * 1e3:.3f} ms)", flush=True)
+                off, k, u = row["step_s_off"], row["every"], row["per_unmeasured_step"]
+                print(f"{model} b{batch} {s} W={w} ({row['mode']}): --noise-scale at --noise-every {k} costs "
+                      f"{row['overhead']:+.2%} of a {off['median'] * 1e3:.3f} ms step (median over {row['cycles']} "
+                      f"pairs of {k}-step blocks; per measured step {row['per_measured_step']:+.1%}, "
+                      f"/ {k} = {row['per_measured_step_over_k']:+.2%}; per other step "
+                      f"{'n/a' if u is None else f'{u:+.2%}'}; without: p25-p75 "
+                      f"{off['p25'] * 1e3:.3f}-{off['p75'] * 1e3:.3f} ms)", flush=True)
     out["env"]["loadavg_end"] = list(os.getloadavg())
     os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:

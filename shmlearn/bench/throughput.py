@@ -26,7 +26,8 @@ same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input s
                the chosen step mode (CUDA graph on CUDA unless --cuda-graph off), the loss read
                every --check-every steps. Modifiers after a colon, joined by +: `eager` forces
                --cuda-graph off; `noise` measures the gradient noise scale as --noise-scale does
-               (noise.py); `compile` is --compile default and `compile-max` --compile
+               (noise.py: every noise.default_every(W) steps, the default --noise-every),
+               `noise1` at every step (--noise-every 1); `compile` is --compile default and `compile-max` --compile
                max-autotune (Inductor's kernels inside the step's one CUDA graph), e.g.
                `allreduce:compile`, `allreduce:eager+compile`; not both compile and compile-max.
 With W > 1 the baselines other than ddp run on every rank alone (no communication).
@@ -68,9 +69,10 @@ BEST_OF = ("plain", "graph", "compile", "compile-max")
 """What a user could write instead: ratio_to_best_baseline is against the best of these."""
 COMPILE_MODES = {"compile": "reduce-overhead", "compile-max": "max-autotune"}
 """Baseline -> torch.compile mode on CUDA (on the CPU: default)."""
-MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "compile": {"compile": "default"},
-             "compile-max": {"compile": "max-autotune"}}
-"""Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter)."""
+MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile": {"compile": "default"},
+             "compile-max": {"compile": "max-autotune"}, "im2col": {"im2col": True}}
+"""Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
+the default --noise-every, noise1 at --noise-every 1)."""
 
 
 def strategy_names() -> List[str]:
@@ -277,10 +279,11 @@ class _Shmlearn:
         self.strategy = build_strategy(strategy, rank=r, world_size=w, avg_period=c.avg_period)
         self.strategy.setup(model, opt, channels_last=c.channels_last)
         n = max(c.samples, 4 * batch * world)
-        if "noise" in mods:  # as train.py attaches it: after setup, before the Stepper (which binds its step counter)
-            from shmlearn.noise import NoiseMeter
+        if mods & {"noise", "noise1"}:  # as train.py attaches it: after setup, before the Stepper (which binds its step counter)
+            from shmlearn.noise import NoiseMeter, default_every
             self.strategy.noise = NoiseMeter(workers=w, batch_size=batch, steps=1 << 20, device=device,
-                                             n_train=n, world_size=w)
+                                             n_train=n, world_size=w,
+                                             every=1 if "noise1" in mods else default_every(w))
         x, y = _random_data(c, n, device, 0)
         mean = torch.full((1, c.input_shape[0], 1, 1), 127.5, device=device)
         inv = torch.full((1, c.input_shape[0], 1, 1), 1 / 64.0, device=device)
@@ -520,10 +523,11 @@ def check(c: ThroughputConfig) -> None:
             raise BadInput(f"--model {m}: unknown model; choose one of {', '.join(MODELS)}")
     for s in c.strategies:
         name, mods = _parse(s)
-        if name not in strategy_names() or not mods <= set(MODIFIERS) or {"compile", "compile-max"} <= mods:
+        if (name not in strategy_names() or not mods <= set(MODIFIERS) or {"compile", "compile-max"} <= mods
+                or {"noise", "noise1"} <= mods):
             raise BadInput(f"--strategies {s}: choose from {', '.join(strategy_names())}, optionally with "
                            f"modifiers {', '.join(MODIFIERS)} joined by + (allreduce:eager+noise; "
-                           f"compile or compile-max, not both)")
+                           f"compile or compile-max, not both; noise or noise1, not both)")
     for b in c.baselines:
         if b not in BASELINES:
             raise BadInput(f"--baselines {b}: choose from {', '.join(BASELINES)}")
@@ -638,8 +642,10 @@ def register(bench_sub) -> None:
     p.add_argument("--workers", default="1", help="worker counts, e.g. 1,2 [1]")
     p.add_argument("--strategies", default=registry.DEFAULT,
                    help=f"shmlearn strategies: {','.join(strategy_names())}; modifiers after a colon, joined by +: "
-                        f"eager (no CUDA graph), noise (noise-scale meter), compile (--compile default), "
-                        f"compile-max (--compile max-autotune), e.g. allreduce:compile [{registry.DEFAULT}]")
+                        f"eager (no CUDA graph), noise (noise-scale meter at the default --noise-every), "
+                        f"noise1 (at every step), compile (--compile default), "
+                        f"compile-max (--compile max-autotune), im2col (--im2col), e.g. allreduce:compile "
+                        f"[{registry.DEFAULT}]")
     p.add_argument("--baselines", default="plain,ddp,local",
                    help=f"subset of {','.join(BASELINES)}; graph: the plain step in one CUDA graph (CUDA only), "
                         f"compile/compile-max: torch.compile reduce-overhead/max-autotune (default mode on CPU) "
