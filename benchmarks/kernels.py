@@ -174,16 +174,8 @@ def time_graph(step: Callable, device, replays: int = 200) -> List[float]:
         step()
     for _ in range(20):
         graph.replay()
-    out = []
-    for _ in range(5):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(replays):
-            graph.replay()
-        b.record()
-        b.synchronize()
-        out.append(a.elapsed_time(b) * 1e3 / replays)
-    return out
+    from shmlearn.bench.common import replay_us
+    return replay_us(graph, replays)
 
 
 def agree(results: List, rtol: float = 0.05, windows: bool = False) -> bool:

@@ -146,18 +146,8 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
         ts.append((time.perf_counter() - t0) / n * 1e6)
     out["eager_step_us"] = statistics.median(ts)
     if st.graphs:
-        g = st.graphs.get(False) or st.graphs.get((False, False)) or next(iter(st.graphs.values()))
-        ts = []
-        for _ in range(5):
-            rewind()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            for _ in range(n):
-                g.replay()
-            b.record()
-            b.synchronize()
-            ts.append(a.elapsed_time(b) * 1e3 / n)
-        out["graph_step_us"] = statistics.median(ts)
+        from shmlearn.bench.common import replay_us
+        out["graph_step_us"] = statistics.median(replay_us(st.graphs[False], n, before=rewind))
     out["steps_timed"] = n
     st._expected = None
     r.close()

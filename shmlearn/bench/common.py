@@ -57,6 +57,23 @@ def parse_int_list(text: str, *, flag: str) -> List[int]:
     return sorted(set(out))
 
 
+def replay_us(graph, replays: int, runs: int = 5, before=None) -> List[float]:
+    """Microseconds per replay of a captured CUDA graph, timed by CUDA events around `replays`
+    replays, `runs` times (before(): called ahead of each run, untimed, e.g. to rewind counters)."""
+    out = []
+    for _ in range(runs):
+        if before is not None:
+            before()
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        for _ in range(replays):
+            graph.replay()
+        b.record()
+        b.synchronize()
+        out.append(a.elapsed_time(b) * 1e3 / replays)
+    return out
+
+
 def stats(values: Sequence[float]) -> Dict[str, float]:
     """Median and spread (min, quartiles, max) of repeated timings, in the values' unit."""
     v = sorted(values)

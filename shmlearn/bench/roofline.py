@@ -193,18 +193,19 @@ def _timed(fn, device, n: int) -> float:
 
 def measure_limits(device: torch.device, *, copy_mib: int = 1024, matmul_n: int = 8192) -> Limits:
     """This device's reachable bandwidth and matmul rates, measured (random data, not zeros)."""
-    src = torch.rand(copy_mib << 18, device=device)  # float32: MiB * 2^18 elements
-    dst = torch.empty_like(src)
-    copy_s = _timed(lambda: dst.copy_(src), device, 20 if device.type == "cuda" else 2)
-    bandwidth = 2 * src.numel() * src.element_size() / copy_s
-    del src, dst
-    rates = {}
-    for dt in (torch.bfloat16, torch.float32):
+    def copy_rate() -> float:
+        src = torch.rand(copy_mib << 18, device=device)  # float32: MiB * 2^18 elements
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * src.element_size() / _timed(lambda: dst.copy_(src), device,
+                                                             20 if device.type == "cuda" else 2)
+
+    def matmul_rate(dt) -> float:
         a = torch.randn(matmul_n, matmul_n, device=device, dtype=dt)
         b = torch.randn(matmul_n, matmul_n, device=device, dtype=dt)
-        s = _timed(lambda: a @ b, device, 20 if device.type == "cuda" else 1)
-        rates[dt] = 2 * matmul_n ** 3 / s
-        del a, b
+        return 2 * matmul_n ** 3 / _timed(lambda: a @ b, device, 20 if device.type == "cuda" else 1)
+
+    bandwidth = copy_rate()  # each measurement's tensors are freed before the next
+    rates = {dt: matmul_rate(dt) for dt in (torch.bfloat16, torch.float32)}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     spec = next((v for k, v in SPEC.items() if k in name), None)
     return Limits(name, bandwidth, rates[torch.bfloat16], rates[torch.float32], spec)
