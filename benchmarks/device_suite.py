@@ -159,10 +159,10 @@ def part_commands(p: str, workers: str) -> dict:
                                      "--recipes", "fashion-94", "--train-args", "--compile default --epochs 20"),
         "fashion-94-compile-e22": recipe("fashion-94-compile-e22", "fashion-94-compile-e22-h100.json", 360,
                                          "--recipes", "fashion-94", "--train-args", "--compile default --epochs 22"),
-        # --im2col takes fashion-net's 1-channel first conv off cuDNN: one more epoch in the budget?
+        # --image-conv im2col takes fashion-net's 1-channel first conv off cuDNN: one more epoch in the budget?
         "fashion-94-im2col-e23": recipe("fashion-94-im2col-e23", "fashion-94-compile-im2col-e23-h100.json", 300,
                                         "--recipes", "fashion-94", "--train-args",
-                                        "--compile default --im2col --epochs 23"),
+                                        "--compile default --image-conv im2col --epochs 23"),
         "tput-compile-1024": (["bash", "-c", "; ".join(
             f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
             f"--batch-sizes 1024 --baselines plain,graph,compile --strategies allreduce,allreduce:compile "
@@ -178,7 +178,7 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 18: the candidate kernels alone, against their alternatives and floors.
         "kernels": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
                         "--out", os.path.join(p("kernels"), "kernels-h100.json")), 240),
-        # Issue 18: --im2col (the image's convolution as a gather and GEMMs) against the same step
+        # Issue 18: --image-conv im2col (the image's convolution as a gather and GEMMs) against the same step
         # without it and against the baselines, same run; one JSON per (model, batch).
         "tput-im2col": (["bash", "-c", "; ".join(
             f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
@@ -190,6 +190,21 @@ def part_commands(p: str, workers: str) -> dict:
                 ("alexnet-small", 1024, "plain,graph,compile", "allreduce,allreduce:im2col,allreduce:compile,allreduce:compile+im2col"),
                 ("resnet18", 128, "graph,compile", "allreduce:compile,allreduce:compile+im2col"),
                 ("resnet18", 1024, "graph,compile", "allreduce:compile,allreduce:compile+im2col")))], 480),
+        # Issue 18: --image-conv triton (shmlearn's implicit-GEMM kernels for the image's conv)
+        # against cudnn and im2col in the same run, with and without --compile.
+        "tput-triton-conv": (["bash", "-c", "; ".join(
+            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
+            f"--batch-sizes {b} --baselines graph,compile --strategies {strats} "
+            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
+            f"--out {p('tput-triton-conv')}/throughput-{m}-b{b}.json"
+            for m, b, strats in (
+                ("alexnet-small", 1024, "allreduce,allreduce:triton-conv,allreduce:compile,allreduce:compile+im2col,"
+                                        "allreduce:compile+triton-conv"),
+                ("alexnet-small", 128, "allreduce:compile,allreduce:compile+triton-conv"),
+                ("resnet18", 128, "allreduce:compile,allreduce:compile+triton-conv")))], 480),
+        "fashion-94-triton-e23": recipe("fashion-94-triton-e23", "fashion-94-compile-triton-e23-h100.json", 300,
+                                        "--recipes", "fashion-94", "--train-args",
+                                        "--compile default --image-conv triton --epochs 23"),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

@@ -10,7 +10,8 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   none). Variants: as is; the image and the weight zero-padded to 4 or 8 channels once (what a
   data-side pad would give: the extra weights get zero gradients and stay zero, so the model is
   the same); padded to 8 inside the step (F.pad each step); the same conv in NCHW; as an im2col
-  gather plus GEMMs (shmlearn/nn/im2col.py, --im2col), eager and torch.compile'd.
+  gather plus GEMMs (--image-conv im2col), eager and torch.compile'd; by shmlearn's Triton
+  implicit-GEMM kernels (--image-conv triton); all in shmlearn/nn/image_conv.py.
 * max-pool: 2x2 max-pool forward and backward of the first conv's output. Variants: aten in
   channels_last, aten in NCHW, torch.compile'd (Inductor), and a reshape + amax (same forward;
   the backward splits a tie's gradient where max-pool gives it to one input, so ties aside).
@@ -69,13 +70,14 @@ def first_conv_cases(batch: int, device, *, cout: int = 32, k: int = 5) -> Dict[
             return w.grad, b.grad
         return step
 
-    def im2col_case(compiled: bool):
-        from shmlearn.nn.im2col import im2col_conv2d
+    def im2col_case(compiled: bool, triton: bool = False):
+        from shmlearn.nn.image_conv import im2col_conv2d, triton_conv2d
         x = _cl(x3)
         w = _cl(w3).clone().requires_grad_(True)
         b = bias.clone().requires_grad_(True)
         gy_ = _cl(gy)
-        fn = (torch.compile(im2col_conv2d, dynamic=False) if compiled else im2col_conv2d)
+        fn = triton_conv2d if triton else im2col_conv2d
+        fn = torch.compile(fn, dynamic=False) if compiled else fn
 
         def step():
             w.grad = b.grad = None
@@ -87,9 +89,10 @@ def first_conv_cases(batch: int, device, *, cout: int = 32, k: int = 5) -> Dict[
     x8, w8 = padded(8)
     cases = {"c3 channels_last": case(x3, w3, "cl"), "c4 padded once": case(x4, w4, "cl"),
              "c8 padded once": case(x8, w8, "cl"), "c8 padded each step": case(x3, w3, "cl", pad_to=8),
-             "c3 nchw": case(x3, w3, "nchw"), "im2col + GEMM (--im2col)": im2col_case(False)}
+             "c3 nchw": case(x3, w3, "nchw"), "im2col + GEMM (--image-conv im2col)": im2col_case(False)}
     if device.type == "cuda":
         cases["im2col + GEMM, compiled"] = im2col_case(True)
+        cases["Triton implicit GEMM (--image-conv triton)"] = im2col_case(False, triton=True)
     return cases
 
 

@@ -98,11 +98,12 @@ class TrainConfig:
     few steps against eager, keep the faster). Its kernels run inside the fast step (on CUDA
     inside the step's one CUDA graph); compile time is reported (summary.json compile_s) and
     Inductor caches it for later runs and a sweep's trials."""
-    im2col: bool = False
-    """Compute each convolution of the input image (in_channels x kernel area <= 128, e.g. the
-    3-channel first conv; groups 1, dilation 1) as one im2col gather plus one GEMM instead of
-    cuDNN's kernels, which run such convs far from their limits (shmlearn/nn/im2col.py).
-    Same maths; parameters and checkpoints unchanged; costs a buffer of the gathered inputs."""
+    image_conv: str = "cudnn"
+    """How each convolution of the input image runs (in_channels x kernel area <= 128, e.g. the
+    3-channel first conv; groups 1, dilation 1), which cuDNN runs far from its limits: cudnn
+    (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile) or triton
+    (shmlearn's implicit-GEMM kernels; CUDA with Triton). Same maths, parameters and
+    checkpoints; shmlearn/nn/image_conv.py."""
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
@@ -359,11 +360,14 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
     from shmlearn.fast import COMPILE, CUDA_GRAPH, PRECISIONS
+    from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
     if cfg.cuda_graph not in CUDA_GRAPH:
         raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
+    if cfg.image_conv not in IMAGE_CONV:
+        raise BadInput(f"--image-conv {cfg.image_conv}: choose one of {', '.join(IMAGE_CONV)}")
     if cfg.compile not in COMPILE:
         raise BadInput(f"--compile {cfg.compile}: choose one of {', '.join(COMPILE)}")
     Augment.parse(cfg.augment)

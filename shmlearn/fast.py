@@ -38,7 +38,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from shmlearn.nn import im2col
+from shmlearn.errors import BadInput
+from shmlearn.nn import image_conv
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -70,8 +71,8 @@ class StepOptions:
     """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
     compile: str = "off"
     """COMPILE: off, default, max-autotune or auto."""
-    im2col: bool = False
-    """Convolutions of the input image as an im2col gather plus a GEMM (shmlearn/nn/im2col.py)."""
+    image_conv: str = "cudnn"
+    """How the input image's convolutions run: cudnn, im2col or triton (shmlearn/nn/image_conv.py)."""
 
 
 @dataclass
@@ -133,8 +134,10 @@ class Stepper:
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
-        self.im2col_convs = im2col.convert(model) if opts.im2col else 0
-        """--im2col: how many convolutions were switched (before compiling: Inductor sees the GEMM)."""
+        if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
+            raise BadInput(why)
+        self.image_convs = image_conv.convert(model, opts.image_conv)
+        """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
         self.forward = strategy.module
         """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
         self.compile_s: Optional[float] = None

@@ -436,7 +436,7 @@ class _Loop:
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
-                                                compile=cfg.compile, im2col=cfg.im2col,
+                                                compile=cfg.compile, image_conv=cfg.image_conv,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
@@ -683,7 +683,7 @@ class _Loop:
             "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
             "step_note": self.stepper.note,
             "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
-            "im2col_convs": self.stepper.im2col_convs,
+            "image_conv": cfg.image_conv, "image_convs": self.stepper.image_convs,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

@@ -70,7 +70,8 @@ BEST_OF = ("plain", "graph", "compile", "compile-max")
 COMPILE_MODES = {"compile": "reduce-overhead", "compile-max": "max-autotune"}
 """Baseline -> torch.compile mode on CUDA (on the CPU: default)."""
 MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile": {"compile": "default"},
-             "compile-max": {"compile": "max-autotune"}, "im2col": {"im2col": True}}
+             "compile-max": {"compile": "max-autotune"}, "im2col": {"image_conv": "im2col"},
+             "triton-conv": {"image_conv": "triton"}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
@@ -644,7 +645,7 @@ def register(bench_sub) -> None:
                    help=f"shmlearn strategies: {','.join(strategy_names())}; modifiers after a colon, joined by +: "
                         f"eager (no CUDA graph), noise (noise-scale meter at the default --noise-every), "
                         f"noise1 (at every step), compile (--compile default), "
-                        f"compile-max (--compile max-autotune), im2col (--im2col), e.g. allreduce:compile "
+                        f"compile-max (--compile max-autotune), im2col (--image-conv im2col), triton-conv (--image-conv triton), e.g. allreduce:compile "
                         f"[{registry.DEFAULT}]")
     p.add_argument("--baselines", default="plain,ddp,local",
                    help=f"subset of {','.join(BASELINES)}; graph: the plain step in one CUDA graph (CUDA only), "

@@ -1,0 +1,205 @@
+"""shmlearn/nn/image_conv.py against torch.nn.functional.conv2d (im2col, and the Triton kernels in
+Triton's interpreter), and --image-conv against the same run without it."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shmlearn.nn.image_conv import ImageConv2d, convert, im2col_conv2d, qualifies
+
+
+@pytest.mark.parametrize("cin,k,stride,padding,bias", [(3, 5, 1, 2, True), (1, 3, 1, 1, False),
+                                                        (3, 3, 2, 1, True), (3, 7, 2, 3, False), (2, 3, 1, 0, True)])
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_forward_and_weight_gradients_match_conv2d(cin, k, stride, padding, bias, channels_last):
+    torch.manual_seed(0)
+    x = torch.randn(3, cin, 11, 13)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(6, cin, k, k, requires_grad=True)
+    b = torch.randn(6, requires_grad=True) if bias else None
+    ref = F.conv2d(x, w, b, stride, padding)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [w.grad.clone()] + ([b.grad.clone()] if bias else [])
+    w.grad = None
+    if bias:
+        b.grad = None
+    out = im2col_conv2d(x, w, b, stride, padding)
+    out.backward(g)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    for got, exp in zip([w.grad] + ([b.grad] if bias else []), want):
+        torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-4)
+
+
+def test_under_bf16_autocast_it_gathers_bf16_and_matches_to_bf16_tolerance():
+    torch.manual_seed(1)
+    x = torch.randn(4, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    conv = nn.Conv2d(3, 8, 5, padding=2)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ref = conv(x)
+        out = im2col_conv2d(x, conv.weight, conv.bias, 1, 2)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), ref.float(), rtol=2e-2, atol=2e-2)
+
+
+def test_convert_switches_only_the_convs_it_computes_exactly_and_keeps_the_parameters():
+    m = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.Conv2d(16, 16, 3, padding=1),  # 144 > 128
+                      nn.Conv2d(3, 4, 3, groups=1, dilation=2), nn.Conv2d(4, 4, 3, groups=2), nn.Conv2d(1, 4, 3))
+    before = copy.deepcopy(m.state_dict())
+    assert convert(m) == 2
+    assert [type(c) is ImageConv2d for c in m if isinstance(c, nn.Conv2d)] == [True, False, False, False, True]
+    assert all(torch.equal(before[k], v) for k, v in m.state_dict().items()) and before.keys() == m.state_dict().keys()
+    assert not qualifies(nn.Conv2d(3, 4, 3, padding="same"))
+
+
+def test_an_input_that_needs_its_gradient_takes_conv2ds_own_path():
+    torch.manual_seed(2)
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    x = torch.randn(2, 3, 8, 8, requires_grad=True)
+    ref = F.conv2d(x, conv.weight, conv.bias, 1, 1)
+    convert(conv)
+    out = conv(x)
+    out.sum().backward()
+    torch.testing.assert_close(out, ref)
+    assert x.grad is not None and x.grad.shape == x.shape
+
+
+def test_inductor_compiles_it_and_agrees():
+    torch.manual_seed(3)
+    m = nn.Sequential(nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 4))
+    ref = copy.deepcopy(m)
+    convert(m)
+    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    out = torch.compile(m, dynamic=False)(x)
+    out.sum().backward()
+    r = ref(x)
+    r.sum().backward()
+    torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_training_with_im2col_is_the_same_run(tmp_path):
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    runs = []
+    for flag in (False, True):
+        res = shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=2048, workers=1,
+                                         image_conv="im2col" if flag else "cudnn", device="cpu", progress=False, deterministic=True,
+                                         out=str(tmp_path / f"run{int(flag)}")))
+        runs.append(res)
+    assert runs[1].summary["image_convs"] == 1 and runs[0].summary["image_convs"] == 0
+    assert runs[1].summary["image_conv"] == "im2col"
+    a = [p.detach() for p in runs[0].model.parameters()]
+    b = [p.detach() for p in runs[1].model.parameters()]
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert runs[1].summary["test_accuracy"] == pytest.approx(runs[0].summary["test_accuracy"], abs=0.01)
+
+
+# --- --image-conv triton: the same kernels a GPU runs, in Triton's interpreter on the CPU -----------
+
+def interpreted(test):
+    """Run the test in Triton's interpreter, which must be chosen before Triton is first imported
+    (its own library functions are compiled then): in a fresh pytest process with
+    TRITON_INTERPRET=1, unless this is that process."""
+    import functools
+    import os
+
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        pytest.importorskip("triton")
+        if os.environ.get("TRITON_INTERPRET") == "1":
+            return test(*args, **kwargs)
+        import subprocess
+        import sys
+        node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
+        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
+                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
+                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+        assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+    return run
+
+
+@pytest.mark.parametrize("cin,k,stride,padding,cout,bias", [(3, 5, 1, 2, 32, True), (1, 3, 1, 1, 20, False),
+                                                             (3, 3, 2, 1, 64, True), (2, 7, 2, 3, 8, True)])
+@interpreted
+def test_triton_kernels_match_conv2d_forward_and_weight_and_bias_gradients(cin, k, stride, padding, cout, bias):
+    from shmlearn.nn.image_conv import triton_conv2d
+    torch.manual_seed(4)
+    x = torch.randn(3, cin, 13, 11).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(cout, cin, k, k, requires_grad=True)
+    b = torch.randn(cout, requires_grad=True) if bias else None
+    ref = F.conv2d(x, w, b, stride, padding)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [w.grad.clone()] + ([b.grad.clone()] if bias else [])
+    w.grad = None
+    if bias:
+        b.grad = None
+    out = triton_conv2d(x, w, b, stride, padding)
+    out.backward(g)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
+    for got, exp in zip([w.grad] + ([b.grad] if bias else []), want):
+        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-3)
+
+
+@interpreted
+def test_triton_kernels_under_autocast_read_and_write_its_dtype():
+    # float16, not bfloat16: the interpreter runs kernels in numpy, which has no bfloat16 (its
+    # emulation gave 1e10s where the GPU computes); the dtype plumbing is the same.
+    from shmlearn.nn.image_conv import triton_conv2d
+    torch.manual_seed(5)
+    x = torch.randn(2, 3, 16, 16).contiguous(memory_format=torch.channels_last)
+    conv = nn.Conv2d(3, 16, 5, padding=2)
+    with torch.autocast("cpu", dtype=torch.float16):
+        out = triton_conv2d(x, conv.weight, conv.bias, 1, 2)
+    ref = F.conv2d(x.half().float(), conv.weight.half().float(), conv.bias.half().float(), 1, 2)
+    assert out.dtype == torch.float16
+    torch.testing.assert_close(out.float(), ref, rtol=1e-2, atol=1e-2)
+    out.float().sum().backward()
+    assert conv.weight.grad.dtype == torch.float32 and conv.weight.grad.abs().sum() > 0
+
+
+@interpreted
+def test_a_run_with_the_triton_kernels_is_the_same_run(tmp_path):
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=1024, workers=1,
+                                       image_conv=mode, device="cpu", progress=False, deterministic=True,
+                                       out=str(tmp_path / mode))) for mode in ("cudnn", "triton")]
+    assert runs[1].summary["image_convs"] == 1 and runs[1].summary["image_conv"] == "triton"
+    for x, y in zip(runs[0].model.parameters(), runs[1].model.parameters()):
+        torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-5)
+
+
+def test_triton_on_a_cpu_outside_the_interpreter_is_refused_in_one_line(tmp_path, monkeypatch):
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    from shmlearn.errors import BadInput
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(BadInput, match="--image-conv triton: Triton's kernels run on CUDA devices, not cpu"):
+        shmlearn.train(TrainConfig(dataset="digits", model="alexnet-small", samples=256, workers=1, device="cpu",
+                                   image_conv="triton", progress=False, out=str(tmp_path / "r")))
+    with pytest.raises(BadInput, match="--image-conv fast: choose one of cudnn, im2col, triton"):
+        shmlearn.train(TrainConfig(dataset="digits", image_conv="fast", progress=False, out=str(tmp_path / "s")))
+
+
+@interpreted
+def test_inductor_compiles_around_the_triton_kernels_and_agrees():
+    torch.manual_seed(6)
+    m = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 8 * 8, 4))
+    ref = copy.deepcopy(m)
+    assert convert(m, "triton") == 1
+    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    out = torch.compile(m, dynamic=False)(x)
+    out.sum().backward()
+    r = ref(x)
+    r.sum().backward()
+    torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, rtol=1e-4, atol=1e-3)
+    torch.testing.assert_close(m[0].bias.grad, ref[0].bias.grad, rtol=1e-4, atol=1e-3)
