@@ -87,7 +87,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
     from torch.profiler import ProfilerActivity, profile
     from shmlearn.bench.throughput import _Shmlearn
     from shmlearn.timing import NULL_TIMER
-    mods = frozenset() if variant == "off" else frozenset({variant})
+    mods = frozenset() if variant == "off" else frozenset(variant.split("+"))  # e.g. compile+triton-conv
     r = _Shmlearn(c, device, batch, 0, 1, strategy="allreduce", eager=False, local=True, mods=mods)
     st = r.stepper
     out = {"batch": batch, "variant": variant, "mode": st.mode, "compiled": st.compiled, "note": st.note}
@@ -113,7 +113,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
             k[1] += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         top = [{"name": n, "count": v[0], "us": round(v[1], 2)}
                for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]]
-        if limits is not None and variant != "off":
+        if limits is not None and mods & {"compile", "compile-max"}:
             top = kernels_against_gb(top, _inductor_gb(), limits)
         for k in top:
             k["name"] = k["name"][:110]
@@ -122,7 +122,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
     except Exception as e:  # noqa: BLE001 - the timings below still say something
         out.update(kernels=-1, kernel_us=float("nan"), top=[], profile_error=f"{type(e).__name__}: {e}"[:300])
     st._expected = None  # the eager step advanced the device counters
-    if limits is not None and variant == "off":  # a compiled region is opaque to the operator log
+    if limits is not None and not mods & {"compile", "compile-max"}:  # a compiled region is opaque to the log
         try:
             out["roofline"] = roofline_of(st, device, limits)
         except Exception as e:  # noqa: BLE001 - the timings below still say something
@@ -162,7 +162,9 @@ def main(argv=None) -> int:
     p.add_argument("--precision", default="bf16")
     p.add_argument("--device", default="cuda", choices=["cuda", "cpu"], help="cpu: a smoke run of this script")
     p.add_argument("--channels-last", action="store_true")
-    p.add_argument("--variants", default="off", help="off (shmlearn's step), compile, compile-max; comma-separated")
+    p.add_argument("--variants", default="off",
+                   help="off (shmlearn's step) or bench throughput modifiers joined by + (compile, compile-max, "
+                        "im2col, triton-conv), comma-separated: off,compile,compile+triton-conv")
     p.add_argument("--no-roofline", action="store_true", help="skip the operator-by-operator limits")
     p.add_argument("--out", default="profile.json")
     a = p.parse_args(argv)

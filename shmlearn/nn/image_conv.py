@@ -150,6 +150,26 @@ def _backward(ctx, grad_out):
 _triton_conv.register_autograd(_backward, setup_context=_setup)
 
 
+def _register_flops() -> None:
+    """The conv's FLOPs for torch.utils.flop_counter (FlopCounterMode, bench/roofline.py): the
+    forward's and the weight gradient's are each those of the convolution."""
+    from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
+    fwd, wgrad = torch.ops.shmlearn.image_conv2d, torch.ops.shmlearn.image_conv2d_weight_grad
+    if fwd in flop_registry:
+        return
+
+    @register_flop_formula(fwd)
+    def _(x_shape, w_shape, bias_shape, stride, padding, *, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, w_shape, out_shape)
+
+    @register_flop_formula(wgrad)
+    def _(x_shape, grad_shape, weight_shape, stride, padding, *, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, list(weight_shape), grad_shape)
+
+
+_register_flops()
+
+
 def triton_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                   stride=1, padding=0) -> torch.Tensor:
     """F.conv2d for groups 1 and dilation 1 by shmlearn's Triton kernels (x needs no gradient);

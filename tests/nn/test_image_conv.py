@@ -203,3 +203,15 @@ def test_inductor_compiles_around_the_triton_kernels_and_agrees():
     torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(m[0].weight.grad, ref[0].weight.grad, rtol=1e-4, atol=1e-3)
     torch.testing.assert_close(m[0].bias.grad, ref[0].bias.grad, rtol=1e-4, atol=1e-3)
+
+
+def test_the_triton_ops_count_a_convolutions_flops():
+    from torch.utils.flop_counter import FlopCounterMode
+    from shmlearn.nn.image_conv import _triton_conv, _triton_weight_grad  # noqa: F401 (registers the ops)
+    x = torch.empty(2, 3, 8, 8, device="meta")
+    w = torch.empty(16, 3, 5, 5, device="meta")
+    with FlopCounterMode(display=False) as fc:
+        torch.ops.shmlearn.image_conv2d(x, w, None, [1, 1], [2, 2])
+        torch.ops.shmlearn.image_conv2d_weight_grad(x, torch.empty(2, 16, 8, 8, device="meta"), [16, 3, 5, 5],
+                                                    [1, 1], [2, 2])
+    assert fc.get_total_flops() == 2 * (2 * 2 * 16 * 8 * 8 * 3 * 5 * 5)
