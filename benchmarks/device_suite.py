@@ -175,6 +175,11 @@ def part_commands(p: str, workers: str) -> dict:
             f"{sys.executable} {os.path.join(HERE, 'throughput_profile.py')} --model {m} --batch-sizes {b} "
             f"--precision bf16 --channels-last --variants off,compile --out {p('roofline')}/profile-{m}.json"
             for m, b in (("alexnet-small", "128,1024"), ("resnet18", "128")))], 420),
+        # Issue 18: the same with the image's conv on shmlearn's Triton kernels (--image-conv triton).
+        "roofline-triton": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "alexnet-small",
+                                "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
+                                "--variants", "triton-conv,compile+triton-conv",
+                                "--out", os.path.join(p("roofline-triton"), "profile-alexnet-small.json")), 300),
         # Issue 18: the candidate kernels alone, against their alternatives and floors.
         "kernels": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
                         "--out", os.path.join(p("kernels"), "kernels-h100.json")), 240),
