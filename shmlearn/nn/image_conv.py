@@ -97,77 +97,77 @@ def triton_usable(device: torch.device) -> Optional[str]:
     return None
 
 
-@torch.library.custom_op("shmlearn::image_conv2d", mutates_args=())
-def _triton_conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
-                 padding: List[int]) -> torch.Tensor:
-    from shmlearn.nn import _image_conv_triton as kernels
-    cout = weight.shape[0]
-    xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
-    w_kn = weight.permute(2, 3, 1, 0).reshape(-1, cout).contiguous()  # [(ky, kx, ci), cout]
-    return kernels.forward(xn, w_kn, bias, tuple(weight.shape), tuple(stride), tuple(padding))
+_OPS = None
 
 
-def _out_shape(x, weight, stride, padding):
-    n, _, h, w = x.shape
-    cout, _, kh, kw = weight.shape
-    return n, cout, (h + 2 * padding[0] - kh) // stride[0] + 1, (w + 2 * padding[1] - kw) // stride[1] + 1
+def _ops():
+    """The custom ops (forward, weight gradient), defined on first use: defining them imports
+    torch.utils.flop_counter, which imports Triton, and a process that has imported Triton can
+    hang in a fork (a DataLoader's workers, seen in CI). Runs that do not ask for --image-conv
+    triton never pay for it."""
+    global _OPS
+    if _OPS is None:
+        _OPS = _define_ops()
+    return _OPS
 
 
-@_triton_conv.register_fake
-def _(x, weight, bias, stride, padding):
-    return x.new_empty(_out_shape(x, weight, stride, padding)).contiguous(memory_format=torch.channels_last)
+def _define_ops():
+    @torch.library.custom_op("shmlearn::image_conv2d", mutates_args=())
+    def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
+             padding: List[int]) -> torch.Tensor:
+        from shmlearn.nn import _image_conv_triton as kernels
+        cout = weight.shape[0]
+        xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
+        w_kn = weight.permute(2, 3, 1, 0).reshape(-1, cout).contiguous()  # [(ky, kx, ci), cout]
+        return kernels.forward(xn, w_kn, bias, tuple(weight.shape), tuple(stride), tuple(padding))
 
+    @conv.register_fake
+    def _(x, weight, bias, stride, padding):
+        n, _, h, w = x.shape
+        cout, _, kh, kw = weight.shape
+        shape = (n, cout, (h + 2 * padding[0] - kh) // stride[0] + 1, (w + 2 * padding[1] - kw) // stride[1] + 1)
+        return x.new_empty(shape).contiguous(memory_format=torch.channels_last)
 
-@torch.library.custom_op("shmlearn::image_conv2d_weight_grad", mutates_args=())
-def _triton_weight_grad(x: torch.Tensor, grad_out: torch.Tensor, weight_shape: List[int], stride: List[int],
-                        padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-    from shmlearn.nn import _image_conv_triton as kernels
-    cout, cin, kh, kw = weight_shape
-    dw, db = kernels.weight_grad(x.permute(0, 2, 3, 1).contiguous(), grad_out.permute(0, 2, 3, 1).contiguous(),
-                                 tuple(weight_shape), tuple(stride), tuple(padding))
-    return dw.t().reshape(cout, kh, kw, cin).permute(0, 3, 1, 2).contiguous(), db.clone()
+    @torch.library.custom_op("shmlearn::image_conv2d_weight_grad", mutates_args=())
+    def weight_grad(x: torch.Tensor, grad_out: torch.Tensor, weight_shape: List[int], stride: List[int],
+                    padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        from shmlearn.nn import _image_conv_triton as kernels
+        cout, cin, kh, kw = weight_shape
+        dw, db = kernels.weight_grad(x.permute(0, 2, 3, 1).contiguous(), grad_out.permute(0, 2, 3, 1).contiguous(),
+                                     tuple(weight_shape), tuple(stride), tuple(padding))
+        return dw.t().reshape(cout, kh, kw, cin).permute(0, 3, 1, 2).contiguous(), db.clone()
 
+    @weight_grad.register_fake
+    def _(x, grad_out, weight_shape, stride, padding):
+        return (x.new_empty(weight_shape, dtype=torch.float32), x.new_empty(weight_shape[0], dtype=torch.float32))
 
-@_triton_weight_grad.register_fake
-def _(x, grad_out, weight_shape, stride, padding):
-    return (x.new_empty(weight_shape, dtype=torch.float32), x.new_empty(weight_shape[0], dtype=torch.float32))
+    def setup(ctx, inputs, output):
+        x, weight, bias, stride, padding = inputs
+        ctx.save_for_backward(x)
+        ctx.meta = (list(weight.shape), weight.dtype, bias is not None, bias.dtype if bias is not None else None,
+                    stride, padding)
 
+    def backward(ctx, grad_out):
+        (x,) = ctx.saved_tensors
+        shape, w_dtype, has_bias, b_dtype, stride, padding = ctx.meta
+        dw, db = weight_grad(x, grad_out, shape, stride, padding)
+        return None, dw.to(w_dtype), (db.to(b_dtype) if has_bias else None), None, None
 
-def _setup(ctx, inputs, output):
-    x, weight, bias, stride, padding = inputs
-    ctx.save_for_backward(x)
-    ctx.meta = (list(weight.shape), weight.dtype, bias is not None, bias.dtype if bias is not None else None,
-                stride, padding)
+    conv.register_autograd(backward, setup_context=setup)
 
+    # The conv's FLOPs for torch.utils.flop_counter (FlopCounterMode, bench/roofline.py): the
+    # forward's and the weight gradient's are each those of the convolution.
+    from torch.utils.flop_counter import conv_flop_count, register_flop_formula
 
-def _backward(ctx, grad_out):
-    (x,) = ctx.saved_tensors
-    shape, w_dtype, has_bias, b_dtype, stride, padding = ctx.meta
-    dw, db = _triton_weight_grad(x, grad_out, shape, stride, padding)
-    return None, dw.to(w_dtype), (db.to(b_dtype) if has_bias else None), None, None
-
-
-_triton_conv.register_autograd(_backward, setup_context=_setup)
-
-
-def _register_flops() -> None:
-    """The conv's FLOPs for torch.utils.flop_counter (FlopCounterMode, bench/roofline.py): the
-    forward's and the weight gradient's are each those of the convolution."""
-    from torch.utils.flop_counter import conv_flop_count, flop_registry, register_flop_formula
-    fwd, wgrad = torch.ops.shmlearn.image_conv2d, torch.ops.shmlearn.image_conv2d_weight_grad
-    if fwd in flop_registry:
-        return
-
-    @register_flop_formula(fwd)
+    @register_flop_formula(torch.ops.shmlearn.image_conv2d)
     def _(x_shape, w_shape, bias_shape, stride, padding, *, out_shape=None, **kwargs) -> int:
         return conv_flop_count(x_shape, w_shape, out_shape)
 
-    @register_flop_formula(wgrad)
+    @register_flop_formula(torch.ops.shmlearn.image_conv2d_weight_grad)
     def _(x_shape, grad_shape, weight_shape, stride, padding, *, out_shape=None, **kwargs) -> int:
         return conv_flop_count(x_shape, list(weight_shape), grad_shape)
 
-
-_register_flops()
+    return conv, weight_grad
 
 
 def triton_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -176,8 +176,8 @@ def triton_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     the result is channels_last. Under autocast the kernels read and write the autocast dtype."""
     dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     with torch.autocast(x.device.type, enabled=False):
-        return _triton_conv(x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None,
-                            list(_pair(stride)), list(_pair(padding)))
+        return _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None,
+                         list(_pair(stride)), list(_pair(padding)))
 
 
 class ImageConv2d(nn.Conv2d):

@@ -207,7 +207,8 @@ def test_inductor_compiles_around_the_triton_kernels_and_agrees():
 
 def test_the_triton_ops_count_a_convolutions_flops():
     from torch.utils.flop_counter import FlopCounterMode
-    from shmlearn.nn.image_conv import _triton_conv, _triton_weight_grad  # noqa: F401 (registers the ops)
+    from shmlearn.nn.image_conv import _ops
+    _ops()  # defines the ops (on first use)
     x = torch.empty(2, 3, 8, 8, device="meta")
     w = torch.empty(16, 3, 5, 5, device="meta")
     with FlopCounterMode(display=False) as fc:
@@ -215,3 +216,15 @@ def test_the_triton_ops_count_a_convolutions_flops():
         torch.ops.shmlearn.image_conv2d_weight_grad(x, torch.empty(2, 16, 8, 8, device="meta"), [16, 3, 5, 5],
                                                     [1, 1], [2, 2])
     assert fc.get_total_flops() == 2 * (2 * 2 * 16 * 8 * 8 * 3 * 5 * 5)
+
+
+def test_importing_the_module_or_training_with_cudnn_imports_no_triton():
+    # A process that has imported Triton can hang when it forks (a DataLoader's workers did in CI):
+    # only --image-conv triton may import it.
+    import subprocess
+    import sys
+    code = ("import sys, torch, shmlearn.fast, shmlearn.nn.image_conv as m, torch.nn as nn; "
+            "m.convert(nn.Sequential(nn.Conv2d(3, 4, 3)), 'im2col'); "
+            "print('triton' in sys.modules)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
