@@ -32,9 +32,7 @@ import torch
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
-def _sync(device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from shmlearn.bench.common import sync  # noqa: E402
 
 
 def _inductor_gb() -> dict:
@@ -96,14 +94,14 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
         r.step(step)
         step += 1
     r.flush(step)
-    _sync(device)
+    sync(device)
     # eager: one step, profiled (the same device function the graph holds)
     st.loader.invalidate()
     st.loader.prepare(0)
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             st._device_step(NULL_TIMER, False)
-            _sync(device)
+            sync(device)
         kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
         events = [e for e in prof.events() if e.device_type == kind and not e.name.startswith("op#")]
         kernels = {}
@@ -138,11 +136,11 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
     ts = []
     for _ in range(5):  # eager step wall time
         rewind()
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(n):
             st._device_step(NULL_TIMER, False)
-        _sync(device)
+        sync(device)
         ts.append((time.perf_counter() - t0) / n * 1e6)
     out["eager_step_us"] = statistics.median(ts)
     if st.graphs:

@@ -177,16 +177,15 @@ class Limits:
 
 def _timed(fn, device, n: int) -> float:
     """Seconds per call: warmed up, synchronized, the median of 5 runs of n calls."""
+    from shmlearn.bench.common import sync
     fn()
     runs = []
     for _ in range(5):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         t0 = time.perf_counter()
         for _ in range(n):
             fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
         runs.append((time.perf_counter() - t0) / n)
     return sorted(runs)[2]
 
@@ -239,11 +238,11 @@ def rows(ops: List[Op], limits: Limits) -> List[Dict[str, Any]]:
 def record(step_fn, device: torch.device) -> List[Op]:
     """Run step_fn once under the OpLog and the profiler; its operators with their device time."""
     from torch.profiler import ProfilerActivity, profile
+    from shmlearn.bench.common import sync
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     log = OpLog()
     with profile(activities=acts) as prof:
         with log:
             step_fn()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync(device)
     return attribute(prof, log.ops)

@@ -10,6 +10,27 @@ from torch import nn
 from shmlearn.nn.image_conv import ImageConv2d, convert, im2col_conv2d, qualifies
 
 
+def _matches_conv2d(conv, x, cout, k, stride, padding, bias, tol):
+    """conv(x, w, b, stride, padding) against F.conv2d: output (channels_last), weight and bias
+    gradients; tol: (rtol, atol) of the output, the gradients get 10x the atol."""
+    cin = x.shape[1]
+    w = torch.randn(cout, cin, k, k, requires_grad=True)
+    b = torch.randn(cout, requires_grad=True) if bias else None
+    ref = F.conv2d(x, w, b, stride, padding)
+    g = torch.randn_like(ref)
+    ref.backward(g)
+    want = [w.grad.clone()] + ([b.grad.clone()] if bias else [])
+    w.grad = None
+    if bias:
+        b.grad = None
+    out = conv(x, w, b, stride, padding)
+    out.backward(g)
+    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
+    torch.testing.assert_close(out, ref, rtol=tol[0], atol=tol[1])
+    for got, exp in zip([w.grad] + ([b.grad] if bias else []), want):
+        torch.testing.assert_close(got, exp, rtol=tol[0], atol=10 * tol[1])
+
+
 @pytest.mark.parametrize("cin,k,stride,padding,bias", [(3, 5, 1, 2, True), (1, 3, 1, 1, False),
                                                         (3, 3, 2, 1, True), (3, 7, 2, 3, False), (2, 3, 1, 0, True)])
 @pytest.mark.parametrize("channels_last", [True, False])
@@ -18,21 +39,7 @@ def test_forward_and_weight_gradients_match_conv2d(cin, k, stride, padding, bias
     x = torch.randn(3, cin, 11, 13)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
-    w = torch.randn(6, cin, k, k, requires_grad=True)
-    b = torch.randn(6, requires_grad=True) if bias else None
-    ref = F.conv2d(x, w, b, stride, padding)
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    want = [w.grad.clone()] + ([b.grad.clone()] if bias else [])
-    w.grad = None
-    if bias:
-        b.grad = None
-    out = im2col_conv2d(x, w, b, stride, padding)
-    out.backward(g)
-    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
-    for got, exp in zip([w.grad] + ([b.grad] if bias else []), want):
-        torch.testing.assert_close(got, exp, rtol=1e-5, atol=1e-4)
+    _matches_conv2d(im2col_conv2d, x, 6, k, stride, padding, bias, (1e-5, 1e-5))
 
 
 def test_under_bf16_autocast_it_gathers_bf16_and_matches_to_bf16_tolerance():
@@ -131,21 +138,7 @@ def test_triton_kernels_match_conv2d_forward_and_weight_and_bias_gradients(cin, 
     from shmlearn.nn.image_conv import triton_conv2d
     torch.manual_seed(4)
     x = torch.randn(3, cin, 13, 11).contiguous(memory_format=torch.channels_last)
-    w = torch.randn(cout, cin, k, k, requires_grad=True)
-    b = torch.randn(cout, requires_grad=True) if bias else None
-    ref = F.conv2d(x, w, b, stride, padding)
-    g = torch.randn_like(ref)
-    ref.backward(g)
-    want = [w.grad.clone()] + ([b.grad.clone()] if bias else [])
-    w.grad = None
-    if bias:
-        b.grad = None
-    out = triton_conv2d(x, w, b, stride, padding)
-    out.backward(g)
-    assert out.shape == ref.shape and out.is_contiguous(memory_format=torch.channels_last)
-    torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-4)
-    for got, exp in zip([w.grad] + ([b.grad] if bias else []), want):
-        torch.testing.assert_close(got, exp, rtol=1e-4, atol=1e-3)
+    _matches_conv2d(triton_conv2d, x, cout, k, stride, padding, bias, (1e-4, 1e-4))
 
 
 @interpreted
