@@ -180,6 +180,11 @@ def part_commands(p: str, workers: str) -> dict:
                                 "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
                                 "--variants", "triton-conv,compile+triton-conv",
                                 "--out", os.path.join(p("roofline-triton"), "profile-alexnet-small.json")), 300),
+        # Issue 18: the fashion-94 recipe's network at its batch: where its 1.8 ms step goes.
+        "roofline-fashion": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "fashion-net",
+                                 "--input", "1x28x28", "--batch-sizes", "512", "--precision", "bf16",
+                                 "--channels-last", "--variants", "off,compile,compile+im2col",
+                                 "--out", os.path.join(p("roofline-fashion"), "profile-fashion-net.json")), 300),
         # Issue 18: the candidate kernels alone, against their alternatives and floors.
         "kernels": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
                         "--out", os.path.join(p("kernels"), "kernels-h100.json")), 240),
