@@ -104,6 +104,12 @@ class TrainConfig:
     (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile) or triton
     (shmlearn's implicit-GEMM kernels; CUDA with Triton). Same maths, parameters and
     checkpoints; shmlearn/nn/image_conv.py."""
+    max_pool: str = "auto"
+    """How max-pools with kernel == stride (2x2/2) and global max-pools run: aten (torch's
+    max_pool2d, which stores argmax indices and scatters through them backward), reduce (a view
+    and an amax, which Inductor fuses into the neighbouring kernels) or auto (reduce exactly when
+    the step is compiled). Same outputs; gradients differ only where a window's maximum ties;
+    shmlearn/nn/max_pool.py."""
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
@@ -361,6 +367,7 @@ def validate(cfg: TrainConfig) -> None:
     _check_init(cfg.init)
     from shmlearn.fast import COMPILE, CUDA_GRAPH, PRECISIONS
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
+    from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
@@ -368,6 +375,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
     if cfg.image_conv not in IMAGE_CONV:
         raise BadInput(f"--image-conv {cfg.image_conv}: choose one of {', '.join(IMAGE_CONV)}")
+    if cfg.max_pool not in MAX_POOL:
+        raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:
         raise BadInput(f"--compile {cfg.compile}: choose one of {', '.join(COMPILE)}")
     Augment.parse(cfg.augment)

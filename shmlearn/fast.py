@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.errors import BadInput
-from shmlearn.nn import image_conv
+from shmlearn.nn import image_conv, max_pool
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -73,6 +73,8 @@ class StepOptions:
     """COMPILE: off, default, max-autotune or auto."""
     image_conv: str = "cudnn"
     """How the input image's convolutions run: cudnn, im2col or triton (shmlearn/nn/image_conv.py)."""
+    max_pool: str = "auto"
+    """How max-pools run: aten, reduce, or auto (reduce when compiled; shmlearn/nn/max_pool.py)."""
 
 
 @dataclass
@@ -138,6 +140,9 @@ class Stepper:
             raise BadInput(why)
         self.image_convs = image_conv.convert(model, opts.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
+        self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
+        self.max_pools = max_pool.convert(model, self.max_pool)
+        """--max-pool: how many pools run as reductions (before compiling, as above)."""
         self.forward = strategy.module
         """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
         self.compile_s: Optional[float] = None
@@ -297,6 +302,8 @@ class Stepper:
                          f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
         if choice != "off":
             self.forward = compiled
+        elif self.opts.max_pool == "auto" and self.max_pool != "aten":  # eager won: torch's pools are faster eagerly
+            self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
         self.compiled = choice
 
     def _sync(self) -> None:

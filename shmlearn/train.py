@@ -436,7 +436,7 @@ class _Loop:
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
-                                                compile=cfg.compile, image_conv=cfg.image_conv,
+                                                compile=cfg.compile, image_conv=cfg.image_conv, max_pool=cfg.max_pool,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
@@ -684,6 +684,7 @@ class _Loop:
             "step_note": self.stepper.note,
             "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
             "image_conv": cfg.image_conv, "image_convs": self.stepper.image_convs,
+            "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

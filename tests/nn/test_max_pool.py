@@ -1,0 +1,130 @@
+"""--max-pool reduce against torch's max_pool2d and adaptive_max_pool2d (shmlearn/nn/max_pool.py)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shmlearn.config import TrainConfig, validate
+from shmlearn.errors import BadInput
+from shmlearn.nn.max_pool import ReduceAdaptiveMaxPool2d, ReduceMaxPool2d, convert, qualifies, resolve
+
+LAYOUTS = (torch.contiguous_format, torch.channels_last)
+
+
+def _pool_pair(pool: nn.Module, x: torch.Tensor):
+    """(reduce's output and input gradient, torch's), for the same upstream gradient."""
+    ref = copy.deepcopy(pool)
+    convert(pool, "reduce")
+    assert type(pool) in (ReduceMaxPool2d, ReduceAdaptiveMaxPool2d)
+    outs = []
+    for m in (pool, ref):
+        xi = x.detach().clone().requires_grad_(True)
+        y = m(xi)
+        g = torch.randn(y.shape, generator=torch.Generator().manual_seed(1), dtype=torch.float32).to(y.dtype)
+        y.backward(g)
+        outs.append((y, xi.grad))
+    return outs
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", (torch.float32, torch.bfloat16))
+@pytest.mark.parametrize("hw,k", (((8, 8), 2), ((7, 7), 2), ((6, 9), 3), ((5, 8), (1, 2))))
+def test_window_pool_is_max_pool2d_forward_and_backward(layout, dtype, hw, k):
+    """Distinct values within every window: no ties, so the gradients must match exactly too; odd
+    sizes drop their last row and column as floor mode does."""
+    n, c = 3, 5
+    # Integers below 256 (exact in bf16): 37 * position mod 256 differs between any two
+    # positions less than 256 apart, so within every window; a random shift per plane.
+    pos = torch.arange(hw[0] * hw[1]).reshape(1, 1, *hw)
+    shift = torch.randint(0, 256, (n, c, 1, 1), generator=torch.Generator().manual_seed(0))
+    x = ((pos * 37 + shift) % 256).to(dtype).contiguous(memory_format=layout)
+    (y, gx), (yr, gr) = _pool_pair(nn.MaxPool2d(k), x)
+    assert y.shape == yr.shape
+    assert torch.equal(y, yr)
+    assert torch.equal(gx, gr)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_global_pool_is_adaptive_max_pool2d(layout):
+    x = torch.randn(4, 6, 5, 7, generator=torch.Generator().manual_seed(2)).contiguous(memory_format=layout)
+    (y, gx), (yr, gr) = _pool_pair(nn.AdaptiveMaxPool2d(1), x)
+    assert y.shape == yr.shape == (4, 6, 1, 1)
+    assert torch.equal(y, yr) and torch.equal(gx, gr)
+    (y, gx), (yr, gr) = _pool_pair(nn.AdaptiveMaxPool2d((1, 1)), x)
+    assert torch.equal(y, yr) and torch.equal(gx, gr)
+
+
+def test_ties_split_the_gradient_and_keep_its_sum():
+    """A window of equal values: torch gives the whole gradient to one input, reduce splits it;
+    both pass the same total back (each is a subgradient of max)."""
+    x = torch.zeros(1, 1, 2, 2)
+    (y, gx), (yr, gr) = _pool_pair(nn.MaxPool2d(2), x)
+    assert torch.equal(y, yr)
+    assert torch.allclose(gx.sum(), gr.sum())
+    assert torch.allclose(gx, gr.sum() / 4 * torch.ones_like(gx))
+    assert (gr != 0).sum() == 1
+
+
+def test_only_exact_cases_convert_and_conversion_goes_both_ways():
+    keep = [nn.MaxPool2d(3, 2), nn.MaxPool2d(2, padding=1), nn.MaxPool2d(2, dilation=2),
+            nn.MaxPool2d(2, ceil_mode=True), nn.MaxPool2d(2, return_indices=True), nn.AdaptiveMaxPool2d(2),
+            nn.AdaptiveMaxPool2d(1, return_indices=True), nn.AvgPool2d(2)]
+    assert not any(qualifies(m) for m in keep)
+    model = nn.Sequential(nn.Conv2d(1, 4, 3), nn.MaxPool2d(2), *keep[:2], nn.MaxPool2d((2, 2), stride=2),
+                          nn.AdaptiveMaxPool2d(1))
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    assert convert(model, "reduce") == 3
+    assert [type(m) for m in model] == [nn.Conv2d, ReduceMaxPool2d, nn.MaxPool2d, nn.MaxPool2d, ReduceMaxPool2d,
+                                        ReduceAdaptiveMaxPool2d]
+    assert convert(model, "aten") == 0
+    assert [type(m) for m in model] == [nn.Conv2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d,
+                                        nn.AdaptiveMaxPool2d]
+    assert all(torch.equal(v, model.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(ValueError):
+        convert(model, "auto")
+
+
+def test_auto_is_reduce_exactly_when_compiled():
+    assert resolve("auto", True) == "reduce" and resolve("auto", False) == "aten"
+    assert resolve("aten", True) == "aten" and resolve("reduce", False) == "reduce"
+
+
+def test_inductor_compiles_the_reductions_and_agrees():
+    torch.manual_seed(4)
+    m = nn.Sequential(nn.Conv2d(2, 8, 3, padding=1), nn.GELU(), nn.MaxPool2d(2), nn.Conv2d(8, 8, 3, padding=1),
+                      nn.MaxPool2d(2), nn.AdaptiveMaxPool2d(1), nn.Flatten(), nn.Linear(8, 3))
+    ref = copy.deepcopy(m)
+    assert convert(m, "reduce") == 3
+    x = torch.randn(4, 2, 12, 12).contiguous(memory_format=torch.channels_last)
+    out = torch.compile(m, dynamic=False)(x)
+    out.square().sum().backward()
+    r = ref(x)
+    r.square().sum().backward()
+    torch.testing.assert_close(out, r, rtol=1e-4, atol=1e-4)
+    for a, b in zip(m.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.grad, b.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_max_pool_flag_is_checked():
+    with pytest.raises(BadInput, match=r"^--max-pool fused: choose one of aten, reduce, auto$"):
+        validate(TrainConfig(max_pool="fused"))
+
+
+def test_summary_says_how_the_pools_ran(tmp_path):
+    """lenet's two 2x2 pools: reduce converts both, auto without --compile leaves them; the run
+    with reduce pools is the same training run (no ties in float32 here: same losses)."""
+    import json
+
+    import shmlearn
+    losses = {}
+    for mode in ("auto", "reduce"):
+        res = shmlearn.train(TrainConfig(model="lenet", dataset="digits", workers=1, device="cpu", samples=640,
+                                         max_pool=mode, log_every=1, eval_points=1, progress=False,
+                                         deterministic=True, out=str(tmp_path / mode)))
+        s = res.summary
+        assert (s["max_pool"], s["max_pools"]) == (("aten", 0) if mode == "auto" else ("reduce", 2))
+        losses[mode] = [json.loads(line)["loss"] for line in open(tmp_path / mode / "metrics.jsonl")]
+    assert len(losses["auto"]) == 20
+    assert losses["auto"] == pytest.approx(losses["reduce"], rel=1e-5, abs=1e-6)
