@@ -98,12 +98,12 @@ class TrainConfig:
     few steps against eager, keep the faster). Its kernels run inside the fast step (on CUDA
     inside the step's one CUDA graph); compile time is reported (summary.json compile_s) and
     Inductor caches it for later runs and a sweep's trials."""
-    image_conv: str = "cudnn"
+    image_conv: str = "auto"
     """How each convolution of the input image runs (in_channels x kernel area <= 128, e.g. the
     3-channel first conv; groups 1, dilation 1), which cuDNN runs far from its limits: cudnn
-    (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile) or triton
-    (shmlearn's implicit-GEMM kernels; CUDA with Triton). Same maths, parameters and
-    checkpoints; shmlearn/nn/image_conv.py."""
+    (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile), triton
+    (shmlearn's implicit-GEMM kernels; CUDA with Triton) or auto (im2col in a compiled step on
+    CUDA, else cudnn). Same maths, parameters and checkpoints; shmlearn/nn/image_conv.py."""
     max_pool: str = "auto"
     """How max-pools with kernel == stride (2x2/2) and global max-pools run: aten (torch's
     max_pool2d, which stores argmax indices and scatters through them backward), reduce (a view

@@ -71,10 +71,15 @@ class StepOptions:
     """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
     compile: str = "off"
     """COMPILE: off, default, max-autotune or auto."""
-    image_conv: str = "cudnn"
-    """How the input image's convolutions run: cudnn, im2col or triton (shmlearn/nn/image_conv.py)."""
+    image_conv: str = "auto"
+    """How the input image's convolutions run: cudnn, im2col, triton or auto (im2col when compiled
+    on CUDA; shmlearn/nn/image_conv.py)."""
     max_pool: str = "auto"
     """How max-pools run: aten, reduce, or auto (reduce when compiled; shmlearn/nn/max_pool.py)."""
+    adopt_grads: bool = True
+    """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
+    (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the
+    latter (the bench's `accumulate` modifier, to compare)."""
 
 
 @dataclass
@@ -138,7 +143,8 @@ class Stepper:
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
         if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
             raise BadInput(why)
-        self.image_convs = image_conv.convert(model, opts.image_conv)
+        self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
+        self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
@@ -204,8 +210,7 @@ class Stepper:
             with timer.phase("data"):
                 x, y = self.loader.next_batch()
             with timer.phase("compute"):
-                s.zero_grad()
-                loss = self._forward_backward(x, y)
+                loss = self._gradients(x, y)
             if self.fault is not None and step is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             self.hist.index_copy_(0, self._t, loss.reshape(1))
@@ -215,6 +220,22 @@ class Stepper:
             self.reached(step)
         s.gated_step(timer, loss, self.found_inf, round_)
         self._t.add_(1)
+
+    def _gradients(self, x, y) -> torch.Tensor:
+        """This rank's gradients of the batch, in the strategy's flat buffer; the mean loss."""
+        s = self.strategy
+        meter = s.noise
+        # Whole gradients are taken, not accumulated, except where the noise meter's two half
+        # batches accumulate into the buffer (a measured step at one worker).
+        adopt = self.opts.adopt_grads and s.adopts_grads and not (meter is not None and meter.micro and meter.on)
+        if adopt:
+            s.release_grads()
+        else:
+            s.zero_grad()
+        loss = self._forward_backward(x, y)
+        if adopt:
+            s.adopt_grads()
+        return loss
 
     def _forward_backward(self, x, y) -> torch.Tensor:
         """Forward and backward of this rank's batch; its mean loss, detached. With a noise meter
@@ -302,8 +323,11 @@ class Stepper:
                          f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
         if choice != "off":
             self.forward = compiled
-        elif self.opts.max_pool == "auto" and self.max_pool != "aten":  # eager won: torch's pools are faster eagerly
-            self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
+        else:  # eager won: what auto chose for a compiled step is slower eagerly
+            if self.opts.max_pool == "auto" and self.max_pool != "aten":
+                self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
+            if self.opts.image_conv == "auto" and self.image_conv != "cudnn":
+                self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
         self.compiled = choice
 
     def _sync(self) -> None:
@@ -326,8 +350,7 @@ class Stepper:
             with self.timer.phase("data"):
                 x, y = self.loader.next_batch()
             with self.timer.phase("compute"):
-                s.zero_grad()
-                loss = self._forward_backward(x, y)
+                loss = self._gradients(x, y)
             if self.fault is not None:
                 # A free-running worker may compute no gradient in a given loop step (it ran ahead
                 # earlier), so a fault counts this rank's gradients, which reach every number.
@@ -459,8 +482,7 @@ class Stepper:
                 with self.timer.phase("data"):
                     x, y = self.loader.batch(step)
                 with self.timer.phase("compute"):
-                    s.zero_grad()
-                    loss = self._forward_backward(x, y)
+                    loss = self._gradients(x, y)
             if self.fault is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             if loss is not None:

@@ -683,7 +683,7 @@ class _Loop:
             "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
             "step_note": self.stepper.note,
             "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
-            "image_conv": cfg.image_conv, "image_convs": self.stepper.image_convs,
+            "image_conv": self.stepper.image_conv, "image_convs": self.stepper.image_convs,
             "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,

@@ -110,6 +110,9 @@ class SyncStrategy(ABC):
             self.group = group
         self.params_flat, self.grads_flat = flatten_parameters(model, channels_last=channels_last,
                                                                extra=self.control_slots)
+        self._trainable = [p for p in model.parameters() if p.requires_grad]
+        self._grad_views = [p.grad for p in self._trainable]
+        self._zero_src: dict = {}  # index -> zeros, for parameters a backward gave no gradient
         self._one = torch.ones((), dtype=torch.float32, device=self.params_flat.device)
         # NCCL averages in the collective; Gloo has no AVG op: SUM, then one pass to scale.
         self._avg_op = (dist.ReduceOp.AVG if self.world_size > 1
@@ -136,6 +139,42 @@ class SyncStrategy(ABC):
     def zero_grad(self) -> None:
         # Zero in place: set_to_none would cut the .grad views out of the flat buffer.
         self.grads_flat.zero_()
+
+    adopts_grads: bool = True
+    """Whether `release_grads` / `adopt_grads` may stand in for `zero_grad` around a backward
+    (False where .grad is not this class's flat buffer: DDP's buckets)."""
+
+    def release_grads(self) -> None:
+        """Before a backward whose gradients the step takes whole (no accumulation over several
+        backwards): unset .grad, so that autograd's AccumulateGrad keeps the gradient tensor it
+        made (no kernel) instead of adding it into the zeroed flat buffer (one memset, then one
+        add kernel per parameter: 62 of 403 kernels in resnet18's compiled step at batch 128 on
+        an H100, 135 us). `adopt_grads` must follow the backward."""
+        for p in self._trainable:
+            p.grad = None
+
+    def adopt_grads(self) -> None:
+        """After the backward: copy every gradient into the flat buffer in one multi-tensor
+        kernel (zeros for a parameter that got none, and for the control slots, as `zero_grad`
+        leaves them) and point .grad at its views again."""
+        src, dst = [], []
+        for i, (p, view) in enumerate(zip(self._trainable, self._grad_views)):
+            g = p.grad
+            if g is None:
+                g = self._zero_src.get(i)
+                if g is None:
+                    g = self._zero_src[i] = torch.zeros_like(view)
+            src.append(g)
+            dst.append(view)
+            p.grad = view
+        tail = self.grads_flat._base[self.grads_flat.numel():] if self.grads_flat._base is not None else None
+        if tail is not None and tail.numel():
+            z = self._zero_src.get("tail")
+            if z is None:
+                z = self._zero_src["tail"] = torch.zeros_like(tail)
+            src.append(z)
+            dst.append(tail)
+        torch._foreach_copy_(dst, src)
 
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:

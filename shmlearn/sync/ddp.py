@@ -78,6 +78,8 @@ class DDP(SyncStrategy):
     def module(self) -> torch.nn.Module:
         return self._ddp if self._ddp is not None else self.model
 
+    adopts_grads = False  # .grad lives in DDP's buckets, not in the flat buffer
+
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 

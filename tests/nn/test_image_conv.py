@@ -221,3 +221,18 @@ def test_importing_the_module_or_training_with_cudnn_imports_no_triton():
             "print('triton' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "False", r.stdout + r.stderr
+
+
+def test_auto_is_im2col_exactly_in_a_compiled_cuda_step_and_convert_goes_back():
+    from shmlearn.nn.image_conv import resolve
+    assert resolve("auto", True, "cuda") == "im2col"
+    assert resolve("auto", False, "cuda") == resolve("auto", True, "cpu") == "cudnn"
+    assert resolve("triton", False, "cpu") == "triton"
+    m = nn.Sequential(nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.Conv2d(8, 64, 3))  # the second: K 72 <= 128
+    state = {k: v.clone() for k, v in m.state_dict().items()}
+    assert convert(m, "im2col") == 2 and type(m[0]) is ImageConv2d
+    assert convert(m, "cudnn") == 0 and type(m[0]) is nn.Conv2d and type(m[2]) is nn.Conv2d
+    assert "image_conv" not in m[0].__dict__
+    assert all(torch.equal(v, m.state_dict()[k]) for k, v in state.items())
+    with pytest.raises(ValueError):
+        convert(m, "auto")
