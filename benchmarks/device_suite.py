@@ -215,6 +215,35 @@ def part_commands(p: str, workers: str) -> dict:
         "fashion-94-triton-e23": recipe("fashion-94-triton-e23", "fashion-94-compile-triton-e23-h100.json", 300,
                                         "--recipes", "fashion-94", "--train-args",
                                         "--compile default --image-conv triton --epochs 23"),
+        # Issue 18: the step with this session's defaults under --compile (image conv as im2col,
+        # max-pools as reductions, gradients taken whole) against each change undone and against
+        # the baselines, same run; one JSON per (model, batch).
+        "tput-step-a": (["bash", "-c", "; ".join(
+            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input {i} "
+            f"--batch-sizes {b} --baselines {base} --strategies {strats} "
+            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
+            f"--out {p('tput-step-a')}/throughput-{m}-b{b}.json"
+            for m, i, b, base, strats in (
+                ("alexnet-small", "3x32x32", 128, "plain,graph,compile,compile-max",
+                 "allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
+                 "allreduce:compile+cudnn-conv+aten-pool+accumulate"),
+                ("alexnet-small", "3x32x32", 1024, "plain,graph,compile",
+                 "allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
+                 "allreduce:compile+cudnn-conv+aten-pool+accumulate"),
+                ("fashion-net", "1x28x28", 512, "graph,compile",
+                 "allreduce:compile,allreduce:compile+aten-pool,allreduce:compile+cudnn-conv+aten-pool+accumulate")))],
+            540),
+        "tput-step-b": (["bash", "-c", "; ".join(
+            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
+            f"--batch-sizes {b} --baselines plain,graph,compile --strategies "
+            f"allreduce,allreduce:compile,allreduce:compile+accumulate "
+            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
+            f"--out {p('tput-step-b')}/throughput-{m}-b{b}.json"
+            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024)))], 560),
+        "fashion-94-e25": recipe("fashion-94-e25", "fashion-94-e25-h100.json", 300,
+                                 "--recipes", "fashion-94", "--train-args", "--epochs 25"),
+        "fashion-94-e26": recipe("fashion-94-e26", "fashion-94-e26-h100.json", 300,
+                                 "--recipes", "fashion-94", "--train-args", "--epochs 26"),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
