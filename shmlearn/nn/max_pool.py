@@ -1,29 +1,35 @@
 """Max-pools written as reductions, so that Inductor fuses them (--max-pool aten|reduce|auto).
 
 Why: a non-overlapping max-pool (kernel == stride, the 2x2/2 of alexnet-small, fashion-net and
-most CIFAR-style nets) and a global max-pool are a max over a window that a view can expose:
+most CIFAR-style nets) and a global max-pool are a max over windows that a view exposes:
+x.view(N, C, H/kh, kh, W/kw, kw), or x.flatten(2). torch's max_pool2d stores int64 argmax
+indices and its backward scatters through them: on one H100 (torch 2.11, bf16, channels_last,
+fashion-net at batch 512, compiled) the global pool's backward (atomicAdd) took 82 us for 6 MB
+(2% of its memory floor) and Inductor's 2x2 pool backward kernels ran at 30% of the memory
+bandwidth (benchmarks/results/roofline-fashion-h100/).
 
-    y = x.view(N, C, H/kh, kh, W/kw, kw).amax(dim=(3, 5))      # 2x2/2 pool
-    y = x.amax(dim=(2, 3), keepdim=True)                         # AdaptiveMaxPool2d(1)
+Here the forward is a max over the window's last dimension (values and the position within
+the window, kept as uint8 for a 2x2 window), which Inductor fuses into the kernel that produces
+x; the backward is pointwise, where(position == i, grad, 0), and fuses into the next backward
+kernel: no int64 indices, no scatter.
 
-torch's own max_pool2d returns the argmax indices and its backward scatters through them: on
-one H100 (torch 2.11, bf16, channels_last, fashion-net at batch 512, compiled) the global pool's
-backward (atomicAdd) took 82 us for 6 MB (2% of its memory floor) and Inductor's 2x2 pool
-backward kernels ran at 30% of the memory bandwidth (benchmarks/results/roofline-fashion-h100/).
-Written as amax, the forward is a reduction Inductor fuses into the kernel that produces x, and
-the backward (grad * (x == y) / ties) is pointwise and fuses into the next backward kernel:
-no indices are stored and no scatter runs.
+Why not x.amax(...), whose backward is grad * (x == y) / (number of ties): under torch.compile
+the partitioner may recompute x in the backward (BatchNorm + GELU, cheap pointwise work) in a
+different precision from the forward's, then no input equals the saved maximum, the count is 0
+and the gradient 0/0 = NaN (fashion-net diverged at step 1 on an H100 and on the CPU). The
+positions saved here do not depend on recomputing anything.
 
-Same outputs bit for bit. The gradients are the same wherever a window's maximum is unique;
-where several inputs tie for it, amax splits the gradient evenly among them and max_pool2d
-gives it all to the first (both are subgradients of max). Eagerly the view + amax is slower than
-max_pool2d's one kernel (97 vs 66 us at alexnet-small batch 128, benchmarks/results/kernels-h100/),
-so `auto` converts only when the step is compiled. `convert` switches qualifying modules in
-place (their class only: pools have no parameters or buffers; state_dicts are unchanged).
-Functional calls (F.max_pool2d inside a user's forward) are not seen and keep torch's kernel.
+Same outputs and the same gradients as max_pool2d and adaptive_max_pool2d, ties included (the
+first maximum in row-major window order gets the gradient, as torch's kernels give it).
+Eagerly the window view + max is slower than max_pool2d's one kernel (97 vs 66 us at
+alexnet-small batch 128, benchmarks/results/kernels-h100/), so `auto` converts only when the
+step is compiled. `convert` switches qualifying modules in place (their class only: pools have
+no parameters or buffers; state_dicts are unchanged). Functional calls (F.max_pool2d inside a
+user's forward) are not seen and keep torch's kernel.
 """
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 MODES = ("aten", "reduce", "auto")
@@ -34,29 +40,58 @@ def _pair(v):
     return (v, v) if isinstance(v, int) else tuple(v)
 
 
+class _WindowMax(torch.autograd.Function):
+    """max over the last dimension of windows (..., K); backward through the saved positions."""
+
+    @staticmethod
+    def forward(ctx, windows: torch.Tensor):
+        values, pos = windows.max(dim=-1)
+        k = windows.shape[-1]
+        pos = pos.to(torch.uint8 if k <= 256 else torch.int32 if k < 2 ** 31 else torch.int64)
+        ctx.save_for_backward(pos)
+        ctx.k = k
+        return values
+
+    @staticmethod
+    def backward(ctx, grad):
+        (pos,) = ctx.saved_tensors
+        i = torch.arange(ctx.k, device=grad.device, dtype=pos.dtype)
+        return torch.where(pos.unsqueeze(-1) == i, grad.unsqueeze(-1), torch.zeros((), dtype=grad.dtype,
+                                                                                   device=grad.device))
+
+
+def window_max_pool2d(x: torch.Tensor, kernel) -> torch.Tensor:
+    """F.max_pool2d(x, kernel) (stride = kernel, no padding, floor mode) of a 4-D x."""
+    kh, kw = _pair(kernel)
+    n, c, h, w = x.shape
+    ho, wo = h // kh, w // kw
+    crop = x[:, :, :ho * kh, :wo * kw] if (ho * kh, wo * kw) != (h, w) else x
+    # (N, C, Ho, kh, Wo, kw) -> (N, C, Ho, Wo, kh*kw): row-major window order, as max_pool2d scans
+    windows = crop.reshape(n, c, ho, kh, wo, kw).permute(0, 1, 2, 4, 3, 5).reshape(n, c, ho, wo, kh * kw)
+    return _WindowMax.apply(windows)
+
+
+def global_max_pool2d(x: torch.Tensor) -> torch.Tensor:
+    """F.adaptive_max_pool2d(x, 1) of a 4-D x."""
+    return _WindowMax.apply(x.flatten(2)).unsqueeze(-1).unsqueeze(-1)
+
+
 class ReduceMaxPool2d(nn.MaxPool2d):
-    """nn.MaxPool2d with kernel == stride, no padding or dilation, as a view and an amax."""
+    """nn.MaxPool2d with kernel == stride, no padding or dilation, as a window reduction."""
 
     def forward(self, x):
         if x.dim() != 4:  # unbatched (C, H, W): torch's own
             return super().forward(x)
-        kh, kw = _pair(self.kernel_size)
-        n, c, h, w = x.shape
-        ho, wo = h // kh, w // kw
-        if (ho * kh, wo * kw) != (h, w):  # floor mode drops the last rows and columns
-            x = x[:, :, :ho * kh, :wo * kw]
-        # reshape, not view: the slice above (or an odd layout) may not be viewable; for
-        # contiguous and channels_last inputs of whole windows it is a view (no copy).
-        return x.reshape(n, c, ho, kh, wo, kw).amax(dim=(3, 5))
+        return window_max_pool2d(x, self.kernel_size)
 
 
 class ReduceAdaptiveMaxPool2d(nn.AdaptiveMaxPool2d):
-    """nn.AdaptiveMaxPool2d(1) (a global max-pool) as an amax over height and width."""
+    """nn.AdaptiveMaxPool2d(1) (a global max-pool) as a reduction over height and width."""
 
     def forward(self, x):
         if x.dim() != 4:
             return super().forward(x)
-        return x.amax(dim=(2, 3), keepdim=True)
+        return global_max_pool2d(x)
 
 
 def qualifies(m: nn.Module) -> bool:
