@@ -240,6 +240,15 @@ def part_commands(p: str, workers: str) -> dict:
             f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
             f"--out {p('tput-step-b')}/throughput-{m}-b{b}.json"
             for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024)))], 560),
+        # Which max-pools pay as reductions on fashion-net (after the whole-reduce run was 14% slower).
+        "tput-pool-fashion": (_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", "1",
+                                  "--model", "fashion-net", "--input", "1x28x28", "--batch-sizes", "512",
+                                  "--baselines", "graph", "--strategies",
+                                  "allreduce:compile+aten-pool,allreduce:compile+global-pool,allreduce:compile+reduce-pool",
+                                  "--precision", "bf16", "--channels-last", "--repeats", "5", "--seconds", "0.2",
+                                  "--out", os.path.join(p("tput-pool-fashion"), "throughput-fashion-net-b512.json")), 240),
+        "fashion-94-e24": recipe("fashion-94-e24", "fashion-94-e24-h100.json", 300,
+                                 "--recipes", "fashion-94", "--train-args", "--epochs 24"),
         "fashion-94-e25": recipe("fashion-94-e25", "fashion-94-e25-h100.json", 300,
                                  "--recipes", "fashion-94", "--train-args", "--epochs 25"),
         "fashion-94-e26": recipe("fashion-94-e26", "fashion-94-e26-h100.json", 300,

@@ -72,6 +72,7 @@ COMPILE_MODES = {"compile": "reduce-overhead", "compile-max": "max-autotune"}
 MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile": {"compile": "default"},
              "compile-max": {"compile": "max-autotune"}, "im2col": {"image_conv": "im2col"},
              "triton-conv": {"image_conv": "triton"}, "aten-pool": {"max_pool": "aten"},
+             "global-pool": {"max_pool": "global"},
              "reduce-pool": {"max_pool": "reduce"}, "accumulate": {"adopt_grads": False},
              "cudnn-conv": {"image_conv": "cudnn"}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at

@@ -32,8 +32,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODES = ("aten", "reduce", "auto")
-"""--max-pool: torch's max_pool2d kernels, the reductions below, or reduce exactly when compiled."""
+MODES = ("aten", "global", "reduce", "auto")
+"""--max-pool: torch's kernels for every pool; the global pools as reductions; every qualifying
+pool as a reduction; auto: global when the step is compiled, else aten."""
 
 
 def _pair(v):
@@ -106,21 +107,23 @@ def qualifies(m: nn.Module) -> bool:
 
 
 def resolve(mode: str, compiled: bool) -> str:
-    """The mode that runs: auto is reduce under torch.compile, aten otherwise."""
-    return ("reduce" if compiled else "aten") if mode == "auto" else mode
+    """The mode that runs: auto is global under torch.compile, aten otherwise."""
+    return ("global" if compiled else "aten") if mode == "auto" else mode
 
 
 def convert(model: nn.Module, mode: str) -> int:
-    """Switch every qualifying max-pool of model to `mode` (aten or reduce; resolve auto first),
-    in place, both ways; how many pools qualify (0 when aten)."""
-    if mode not in ("aten", "reduce"):
+    """Switch every qualifying max-pool of model to `mode` (aten, global or reduce; resolve auto
+    first), in place, both ways; how many pools run as reductions."""
+    if mode not in ("aten", "global", "reduce"):
         raise ValueError(f"convert: mode {mode!r}: resolve auto first")
     n = 0
     for m in model.modules():
         if qualifies(m):
             if isinstance(m, nn.MaxPool2d):
-                m.__class__ = ReduceMaxPool2d if mode == "reduce" else nn.MaxPool2d
+                on = mode == "reduce"
+                m.__class__ = ReduceMaxPool2d if on else nn.MaxPool2d
             else:
-                m.__class__ = ReduceAdaptiveMaxPool2d if mode == "reduce" else nn.AdaptiveMaxPool2d
-            n += mode == "reduce"
+                on = mode in ("global", "reduce")
+                m.__class__ = ReduceAdaptiveMaxPool2d if on else nn.AdaptiveMaxPool2d
+            n += on
     return n

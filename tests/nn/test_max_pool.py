@@ -122,6 +122,9 @@ def test_only_exact_cases_convert_and_conversion_goes_both_ways():
     assert convert(model, "reduce") == 3
     assert [type(m) for m in model] == [nn.Conv2d, ReduceMaxPool2d, nn.MaxPool2d, nn.MaxPool2d, ReduceMaxPool2d,
                                         ReduceAdaptiveMaxPool2d]
+    assert convert(model, "global") == 1
+    assert [type(m) for m in model] == [nn.Conv2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d,
+                                        ReduceAdaptiveMaxPool2d]
     assert convert(model, "aten") == 0
     assert [type(m) for m in model] == [nn.Conv2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d, nn.MaxPool2d,
                                         nn.AdaptiveMaxPool2d]
@@ -130,8 +133,8 @@ def test_only_exact_cases_convert_and_conversion_goes_both_ways():
         convert(model, "auto")
 
 
-def test_auto_is_reduce_exactly_when_compiled():
-    assert resolve("auto", True) == "reduce" and resolve("auto", False) == "aten"
+def test_auto_is_global_exactly_when_compiled():
+    assert resolve("auto", True) == "global" and resolve("auto", False) == "aten"
     assert resolve("aten", True) == "aten" and resolve("reduce", False) == "reduce"
 
 
@@ -152,7 +155,7 @@ def test_inductor_compiles_the_reductions_and_agrees():
 
 
 def test_max_pool_flag_is_checked():
-    with pytest.raises(BadInput, match=r"^--max-pool fused: choose one of aten, reduce, auto$"):
+    with pytest.raises(BadInput, match=r"^--max-pool fused: choose one of aten, global, reduce, auto$"):
         validate(TrainConfig(max_pool="fused"))
 
 
