@@ -105,11 +105,11 @@ class TrainConfig:
     (shmlearn's implicit-GEMM kernels; CUDA with Triton) or auto (im2col in a compiled step on
     CUDA, else cudnn). Same maths, parameters and checkpoints; shmlearn/nn/image_conv.py."""
     max_pool: str = "auto"
-    """How max-pools with kernel == stride (2x2/2) and global max-pools run: aten (torch's
-    max_pool2d, which stores argmax indices and scatters through them backward), reduce (a view
-    and an amax, which Inductor fuses into the neighbouring kernels) or auto (reduce exactly when
-    the step is compiled). Same outputs; gradients differ only where a window's maximum ties;
-    shmlearn/nn/max_pool.py."""
+    """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
+    global (global max-pools as a max over the map with a pointwise backward, which Inductor
+    fuses), reduce (global and kernel == stride pools alike) or auto (global when the step is
+    compiled, else aten; every pool as a reduction was slower on fashion-net). Same outputs and
+    gradients, ties included; shmlearn/nn/max_pool.py."""
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""

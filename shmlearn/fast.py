@@ -75,7 +75,7 @@ class StepOptions:
     """How the input image's convolutions run: cudnn, im2col, triton or auto (im2col when compiled
     on CUDA; shmlearn/nn/image_conv.py)."""
     max_pool: str = "auto"
-    """How max-pools run: aten, reduce, or auto (reduce when compiled; shmlearn/nn/max_pool.py)."""
+    """How max-pools run: aten, global, reduce, or auto (global when compiled; shmlearn/nn/max_pool.py)."""
     adopt_grads: bool = True
     """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
     (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the

@@ -1,4 +1,4 @@
-"""Max-pools written as reductions, so that Inductor fuses them (--max-pool aten|reduce|auto).
+"""Max-pools written as reductions, so that Inductor fuses them (--max-pool aten|global|reduce|auto).
 
 Why: a non-overlapping max-pool (kernel == stride, the 2x2/2 of alexnet-small, fashion-net and
 most CIFAR-style nets) and a global max-pool are a max over windows that a view exposes:
@@ -21,9 +21,13 @@ positions saved here do not depend on recomputing anything.
 
 Same outputs and the same gradients as max_pool2d and adaptive_max_pool2d, ties included (the
 first maximum in row-major window order gets the gradient, as torch's kernels give it).
-Eagerly the window view + max is slower than max_pool2d's one kernel (97 vs 66 us at
-alexnet-small batch 128, benchmarks/results/kernels-h100/), so `auto` converts only when the
-step is compiled. `convert` switches qualifying modules in place (their class only: pools have
+Measured in the compiled step on one H100 (benchmarks/results/throughput-step-h100/,
+fashion-net at batch 512): the global pool as a reduction took the step from 1.639 to 1.555 ms,
+but the 2x2 pools as reductions too made it 1.882 ms (Inductor's reduction over the permuted
+window is slower than its own max_pool2d lowering; alexnet-small gained 1%). Eagerly the window
+view + max is slower than max_pool2d's one kernel (97 vs 66 us at alexnet-small batch 128,
+benchmarks/results/kernels-h100/). So `auto` is `global` when the step is compiled, else aten;
+`reduce` converts every qualifying pool. `convert` switches qualifying modules in place (their class only: pools have
 no parameters or buffers; state_dicts are unchanged). Functional calls (F.max_pool2d inside a
 user's forward) are not seen and keep torch's kernel.
 """
