@@ -247,6 +247,8 @@ def part_commands(p: str, workers: str) -> dict:
                                   "allreduce:compile+aten-pool,allreduce:compile+global-pool,allreduce:compile+reduce-pool",
                                   "--precision", "bf16", "--channels-last", "--repeats", "5", "--seconds", "0.2",
                                   "--out", os.path.join(p("tput-pool-fashion"), "throughput-fashion-net-b512.json")), 240),
+        "fashion-93-e7": recipe("fashion-93-e7", "fashion-93-e7-h100.json", 240,
+                                "--recipes", "fashion-93", "--train-args", "--epochs 7"),
         "fashion-94-e24": recipe("fashion-94-e24", "fashion-94-e24-h100.json", 300,
                                  "--recipes", "fashion-94", "--train-args", "--epochs 24"),
         "fashion-94-e25": recipe("fashion-94-e25", "fashion-94-e25-h100.json", 300,
