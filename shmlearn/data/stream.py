@@ -10,6 +10,8 @@ device buffers on the host side and `next_batch()` (inside the graph) only reads
 from __future__ import annotations
 
 import os
+import pickle
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
@@ -62,12 +64,42 @@ def _collate(items):
     return torch.as_tensor(x), torch.as_tensor(y)
 
 
-def _context():
-    """Fork where there is one: loader workers then inherit the user's modules, including a
-    `FILE.py:NAME` loaded by path, which a spawned process could not import by name (and pool
-    workers are spawned, so the inherited default would be spawn). They never touch CUDA."""
+def _importable(ds) -> bool:
+    """Whether a fresh process can take the Dataset: its class (a Subset's inner one) importable
+    by name (findable on sys.path: not __main__, not a FILE.py loaded by path), and it pickles."""
+    import importlib.machinery
+    while isinstance(ds, Subset):
+        ds = ds.dataset
+    module = type(ds).__module__ or "__main__"
+    top = module.split(".")[0]
+    if top == "__main__":
+        return False
+    if top not in sys.builtin_module_names and importlib.machinery.PathFinder.find_spec(top, sys.path) is None:
+        return False
+    try:  # a worker receives it pickled (a lambda or an open file inside cannot be): write to nowhere
+        pickle.Pickler(_Nowhere(), protocol=pickle.HIGHEST_PROTOCOL).dump(ds)
+    except Exception:  # noqa: BLE001 - whatever pickling raises, fork still works
+        return False
+    return True
+
+
+class _Nowhere:
+    def write(self, b) -> int:
+        return len(b)
+
+
+def _context(ds):
+    """How loader workers start. forkserver where the Dataset's class can be imported by name:
+    workers then start from a clean process. A fork of a rank copies its state mid-flight
+    (Gloo's threads, OpenMP's pool, the heartbeat thread, Triton's libraries), and a forked
+    worker hung for 300 s in CI (tests/data/test_stream.py, 2 Gloo ranks, 1 in 3 runs). Fork
+    otherwise: a `FILE.py:NAME` Dataset loaded by path (shmlearn/refs.py) cannot be imported by a
+    fresh process, and a forked worker inherits it. They never touch CUDA."""
     import multiprocessing as mp
-    return mp.get_context("fork") if "fork" in mp.get_all_start_methods() else None
+    methods = mp.get_all_start_methods()
+    if "forkserver" in methods and _importable(ds):
+        return mp.get_context("forkserver")
+    return mp.get_context("fork") if "fork" in methods else None
 
 
 def _workers(num_workers: Optional[int]) -> int:
@@ -143,7 +175,7 @@ class StreamLoader:
             self._it = iter(DataLoader(self.data.train, batch_sampler=self._steps_from(step), collate_fn=_collate,
                                        num_workers=self.num_workers, pin_memory=cuda,
                                        prefetch_factor=4 if self.num_workers else None,
-                                       multiprocessing_context=_context() if self.num_workers else None,
+                                       multiprocessing_context=_context(self.data.train) if self.num_workers else None,
                                        timeout=self.timeout_s if self.num_workers else 0))
         try:
             x, y = next(self._it)
@@ -204,7 +236,7 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
         part = Subset(data.test, range(int(bounds[0]), int(bounds[-1]) + 1))
         nw = _workers(num_workers)
         for x, y in DataLoader(part, batch_size=size, collate_fn=_collate, num_workers=nw,
-                               pin_memory=device.type == "cuda", multiprocessing_context=_context() if nw else None):
+                               pin_memory=device.type == "cuda", multiprocessing_context=_context(part) if nw else None):
             x, y = convert_batch(x, y, data.spec.task)
             _check_labels(y, data.spec, data.what)
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -200,3 +200,24 @@ def test_streamed_training_gives_the_resident_weights(tmp_path):
         assert torch.equal(a[k], b[k]), f"{k}: streamed and resident weights differ"
     assert results["stream"].summary["test_accuracy"] == results["resident"].summary["test_accuracy"]
     assert results["stream"].summary["test_accuracy"] > 0.8  # it trained: equal weights are not both untrained
+
+
+def test_workers_start_from_a_clean_process_where_the_dataset_allows(tmp_path):
+    """forkserver for a Dataset a fresh process can import and unpickle; fork for one loaded by
+    path (FILE.py:NAME) or one that does not pickle (a lambda inside), which only a fork can copy."""
+    import multiprocessing as mp
+    if "forkserver" not in mp.get_all_start_methods():
+        pytest.skip("no forkserver on this platform")
+    from shmlearn.refs import load_ref
+    x = np.zeros((4, 1, 2, 2), dtype=np.uint8)
+    y = np.zeros(4, dtype=np.int64)
+    assert stream._context(Pairs(x, y)).get_start_method() == "forkserver"
+    assert stream._context(torch.utils.data.Subset(Pairs(x, y), [0, 1])).get_start_method() == "forkserver"
+    bad = Pairs(x, y)
+    bad.transform = lambda v: v
+    assert stream._context(bad).get_start_method() == "fork"
+    f = tmp_path / "mydata.py"
+    f.write_text("import torch\nclass D(torch.utils.data.Dataset):\n    def __len__(self): return 1\n"
+                 "    def __getitem__(self, i): return torch.zeros(1), 0\n")
+    cls = load_ref(f"{f}:D", "--data")
+    assert stream._context(cls()).get_start_method() == "fork"
