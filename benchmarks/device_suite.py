@@ -42,18 +42,23 @@ SEED_GRID = ("--model", "alexnet-small", "--dataset", "fashion-mnist", "--sample
 uniform init and L2 (plain SGD: the seed's 0.9 momentum goes with its lr 0.001, seed 001)."""
 
 
-def _tput_compile(p, part: str, runs) -> list:
-    """Issue 18: shmlearn's step (with and without --compile) against plain, the plain step in a
-    CUDA graph and torch.compile (reduce-overhead, max-autotune), one GPU. One process and one
-    JSON per (model, batch): a part that runs out of time keeps what finished (batch 128 first)."""
-    cmds = []
-    for model, batch, strategies in runs:
-        cmds.append(shlex.join(_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", "1",
-                                   "--model", model, "--input", "3x32x32", "--batch-sizes", str(batch),
-                                   "--baselines", "plain,graph,compile,compile-max", "--strategies", strategies,
-                                   "--precision", "bf16", "--channels-last", "--repeats", "5", "--seconds", "0.2",
-                                   "--out", os.path.join(p(part), f"throughput-{model}-b{batch}.json"))))
-    return ["bash", "-c", "; ".join(cmds)]
+def _gpu_bench(folder: str, runs) -> list:
+    """Issue 18: `bench throughput` on one GPU (bf16, channels_last, 5 repeats of 0.2 s), one
+    process and one JSON (folder/throughput-MODEL-bBATCH.json) per (model, input, batch,
+    baselines, strategies) in `runs`, in order: a part that runs out of time keeps what finished."""
+    return ["bash", "-c", "; ".join(
+        shlex.join(_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", "1",
+                       "--model", model, "--input", shape, "--batch-sizes", str(batch), "--baselines", baselines,
+                       "--strategies", strategies, "--precision", "bf16", "--channels-last", "--repeats", "5",
+                       "--seconds", "0.2", "--out", os.path.join(folder, f"throughput-{model}-b{batch}.json")))
+        for model, shape, batch, baselines, strategies in runs)]
+
+
+MAX4 = "plain,graph,compile,compile-max"
+"""Every baseline of issue 18: plain, the plain step in a CUDA graph, torch.compile's two modes."""
+STEP_VARIANTS = ("allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
+                 "allreduce:compile+cudnn-conv+aten-pool+accumulate")
+"""The compiled step with its defaults, with each of issue 18's third-round changes undone, and all of them."""
 
 
 def part_commands(p: str, workers: str) -> dict:
@@ -83,14 +88,14 @@ def part_commands(p: str, workers: str) -> dict:
                               "--seconds", "0.3", "--out", os.path.join(p("tput-resnet34"), "throughput.json")), 300),
         # Issue 18, split in two so that each fits one 10-minute device call: Inductor compiles
         # (cold cache) and max-autotune's template benchmarking take most of the time, not the timing.
-        "tput-compile-a": (_tput_compile(p, "tput-compile-a", [
-            ("alexnet-small", 128, "allreduce,allreduce:compile,allreduce:compile-max"),
-            ("resnet18", 128, "allreduce,allreduce:compile"),
-            ("alexnet-small", 1024, "allreduce,allreduce:compile,allreduce:compile-max"),
-            ("resnet18", 1024, "allreduce,allreduce:compile")]), 540),
-        "tput-compile-b": (_tput_compile(p, "tput-compile-b", [
-            ("resnet34", 128, "allreduce,allreduce:compile"),
-            ("resnet34", 1024, "allreduce,allreduce:compile")]), 540),
+        "tput-compile-a": (_gpu_bench(p("tput-compile-a"), [
+            ("alexnet-small", "3x32x32", 128, MAX4, "allreduce,allreduce:compile,allreduce:compile-max"),
+            ("resnet18", "3x32x32", 128, MAX4, "allreduce,allreduce:compile"),
+            ("alexnet-small", "3x32x32", 1024, MAX4, "allreduce,allreduce:compile,allreduce:compile-max"),
+            ("resnet18", "3x32x32", 1024, MAX4, "allreduce,allreduce:compile")]), 540),
+        "tput-compile-b": (_gpu_bench(p("tput-compile-b"), [
+            ("resnet34", "3x32x32", 128, MAX4, "allreduce,allreduce:compile"),
+            ("resnet34", "3x32x32", 1024, MAX4, "allreduce,allreduce:compile")]), 540),
         "validation": (_py(os.path.join(HERE, "comm_validation.py"), "--device", "cuda", "--tag", f"h200x{big}",
                            "--workers", workers.split(",", 1)[1] if "," in workers else workers,
                            "--comm-workers", workers.split(",", 1)[1] if "," in workers else workers,
@@ -163,12 +168,9 @@ def part_commands(p: str, workers: str) -> dict:
         "fashion-94-im2col-e23": recipe("fashion-94-im2col-e23", "fashion-94-compile-im2col-e23-h100.json", 300,
                                         "--recipes", "fashion-94", "--train-args",
                                         "--compile default --image-conv im2col --epochs 23"),
-        "tput-compile-1024": (["bash", "-c", "; ".join(
-            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
-            f"--batch-sizes 1024 --baselines plain,graph,compile --strategies allreduce,allreduce:compile "
-            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
-            f"--out {p('tput-compile-1024')}/throughput-{m}-b1024.json" for m in ("alexnet-small", "resnet18", "resnet34"))],
-            480),
+        "tput-compile-1024": (_gpu_bench(p("tput-compile-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce,allreduce:compile")
+            for m in ("alexnet-small", "resnet18", "resnet34")]), 480),
         # Issue 18, acceptance 3: each operator of the step against the GPU's measured limits
         # (eager kernels), and the compiled step's Triton kernels with Inductor's byte counts.
         "roofline": (["bash", "-c", "; ".join(
@@ -190,63 +192,38 @@ def part_commands(p: str, workers: str) -> dict:
                         "--out", os.path.join(p("kernels"), "kernels-h100.json")), 240),
         # Issue 18: --image-conv im2col (the image's convolution as a gather and GEMMs) against the same step
         # without it and against the baselines, same run; one JSON per (model, batch).
-        "tput-im2col": (["bash", "-c", "; ".join(
-            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
-            f"--batch-sizes {b} --baselines {base} --strategies {strats} "
-            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
-            f"--out {p('tput-im2col')}/throughput-{m}-b{b}.json"
-            for m, b, base, strats in (
-                ("alexnet-small", 128, "plain,graph,compile", "allreduce,allreduce:im2col,allreduce:compile,allreduce:compile+im2col"),
-                ("alexnet-small", 1024, "plain,graph,compile", "allreduce,allreduce:im2col,allreduce:compile,allreduce:compile+im2col"),
-                ("resnet18", 128, "graph,compile", "allreduce:compile,allreduce:compile+im2col"),
-                ("resnet18", 1024, "graph,compile", "allreduce:compile,allreduce:compile+im2col")))], 480),
+        "tput-im2col": (_gpu_bench(p("tput-im2col"), [
+            ("alexnet-small", "3x32x32", 128, "plain,graph,compile",
+             "allreduce,allreduce:im2col,allreduce:compile,allreduce:compile+im2col"),
+            ("alexnet-small", "3x32x32", 1024, "plain,graph,compile",
+             "allreduce,allreduce:im2col,allreduce:compile,allreduce:compile+im2col"),
+            ("resnet18", "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+im2col"),
+            ("resnet18", "3x32x32", 1024, "graph,compile", "allreduce:compile,allreduce:compile+im2col")]), 480),
         # Issue 18: --image-conv triton (shmlearn's implicit-GEMM kernels for the image's conv)
         # against cudnn and im2col in the same run, with and without --compile.
-        "tput-triton-conv": (["bash", "-c", "; ".join(
-            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
-            f"--batch-sizes {b} --baselines graph,compile --strategies {strats} "
-            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
-            f"--out {p('tput-triton-conv')}/throughput-{m}-b{b}.json"
-            for m, b, strats in (
-                ("alexnet-small", 1024, "allreduce,allreduce:triton-conv,allreduce:compile,allreduce:compile+im2col,"
-                                        "allreduce:compile+triton-conv"),
-                ("alexnet-small", 128, "allreduce:compile,allreduce:compile+triton-conv"),
-                ("resnet18", 128, "allreduce:compile,allreduce:compile+triton-conv")))], 480),
+        "tput-triton-conv": (_gpu_bench(p("tput-triton-conv"), [
+            ("alexnet-small", "3x32x32", 1024, "graph,compile",
+             "allreduce,allreduce:triton-conv,allreduce:compile,allreduce:compile+im2col,allreduce:compile+triton-conv"),
+            ("alexnet-small", "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+triton-conv"),
+            ("resnet18", "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+triton-conv")]), 480),
         "fashion-94-triton-e23": recipe("fashion-94-triton-e23", "fashion-94-compile-triton-e23-h100.json", 300,
                                         "--recipes", "fashion-94", "--train-args",
                                         "--compile default --image-conv triton --epochs 23"),
         # Issue 18: the step with this session's defaults under --compile (image conv as im2col,
         # max-pools as reductions, gradients taken whole) against each change undone and against
         # the baselines, same run; one JSON per (model, batch).
-        "tput-step-a": (["bash", "-c", "; ".join(
-            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input {i} "
-            f"--batch-sizes {b} --baselines {base} --strategies {strats} "
-            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
-            f"--out {p('tput-step-a')}/throughput-{m}-b{b}.json"
-            for m, i, b, base, strats in (
-                ("alexnet-small", "3x32x32", 128, "plain,graph,compile,compile-max",
-                 "allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
-                 "allreduce:compile+cudnn-conv+aten-pool+accumulate"),
-                ("alexnet-small", "3x32x32", 1024, "plain,graph,compile",
-                 "allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
-                 "allreduce:compile+cudnn-conv+aten-pool+accumulate"),
-                ("fashion-net", "1x28x28", 512, "graph,compile",
-                 "allreduce:compile,allreduce:compile+aten-pool,allreduce:compile+cudnn-conv+aten-pool+accumulate")))],
-            540),
-        "tput-step-b": (["bash", "-c", "; ".join(
-            f"{sys.executable} -m shmlearn bench throughput --device cuda --workers 1 --model {m} --input 3x32x32 "
-            f"--batch-sizes {b} --baselines plain,graph,compile --strategies "
-            f"allreduce,allreduce:compile,allreduce:compile+accumulate "
-            f"--precision bf16 --channels-last --repeats 5 --seconds 0.2 "
-            f"--out {p('tput-step-b')}/throughput-{m}-b{b}.json"
-            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024)))], 560),
+        "tput-step-a": (_gpu_bench(p("tput-step-a"), [
+            ("alexnet-small", "3x32x32", 128, MAX4, STEP_VARIANTS),
+            ("alexnet-small", "3x32x32", 1024, "plain,graph,compile", STEP_VARIANTS),
+            ("fashion-net", "1x28x28", 512, "graph,compile",
+             "allreduce:compile,allreduce:compile+aten-pool,allreduce:compile+cudnn-conv+aten-pool+accumulate")]), 540),
+        "tput-step-b": (_gpu_bench(p("tput-step-b"), [
+            (m, "3x32x32", b, "plain,graph,compile", "allreduce,allreduce:compile,allreduce:compile+accumulate")
+            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 560),
         # Which max-pools pay as reductions on fashion-net (after the whole-reduce run was 14% slower).
-        "tput-pool-fashion": (_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", "1",
-                                  "--model", "fashion-net", "--input", "1x28x28", "--batch-sizes", "512",
-                                  "--baselines", "graph", "--strategies",
-                                  "allreduce:compile+aten-pool,allreduce:compile+global-pool,allreduce:compile+reduce-pool",
-                                  "--precision", "bf16", "--channels-last", "--repeats", "5", "--seconds", "0.2",
-                                  "--out", os.path.join(p("tput-pool-fashion"), "throughput-fashion-net-b512.json")), 240),
+        "tput-pool-fashion": (_gpu_bench(p("tput-pool-fashion"), [
+            ("fashion-net", "1x28x28", 512, "graph",
+             "allreduce:compile+aten-pool,allreduce:compile+global-pool,allreduce:compile+reduce-pool")]), 240),
         "fashion-93-e7": recipe("fashion-93-e7", "fashion-93-e7-h100.json", 240,
                                 "--recipes", "fashion-93", "--train-args", "--epochs 7"),
         "fashion-94-e24": recipe("fashion-94-e24", "fashion-94-e24-h100.json", 300,

@@ -146,6 +146,8 @@ class Stepper:
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
+        self._adopts = opts.adopt_grads and strategy.adopts_grads
+        """Whether backwards take their gradients whole (`_gradients`)."""
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
         """--max-pool: how many pools run as reductions (before compiling, as above)."""
@@ -227,7 +229,7 @@ class Stepper:
         meter = s.noise
         # Whole gradients are taken, not accumulated, except where the noise meter's two half
         # batches accumulate into the buffer (a measured step at one worker).
-        adopt = self.opts.adopt_grads and s.adopts_grads and not (meter is not None and meter.micro and meter.on)
+        adopt = self._adopts and not (meter is not None and meter.micro and meter.on)
         if adopt:
             s.release_grads()
         else:

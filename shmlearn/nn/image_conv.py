@@ -103,9 +103,10 @@ _OPS = None
 
 def _ops():
     """The custom ops (forward, weight gradient), defined on first use: defining them imports
-    torch.utils.flop_counter, which imports Triton, and a process that has imported Triton can
-    hang in a fork (a DataLoader's workers, seen in CI). Runs that do not ask for --image-conv
-    triton never pay for it."""
+    torch.utils.flop_counter (and with it Triton), which runs that do not ask for --image-conv
+    triton need not pay for. (A training process imports Triton anyway, through torch._dynamo,
+    which launch.py imports before the process group: the DataLoader fork hang this was first
+    blamed on is handled where loader workers start, data/stream.py `_context`.)"""
     global _OPS
     if _OPS is None:
         _OPS = _define_ops()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import contextmanager
-from typing import Optional
+from typing import Dict, Optional
 
 import torch
 import torch.distributed as dist
@@ -112,7 +112,11 @@ class SyncStrategy(ABC):
                                                                extra=self.control_slots)
         self._trainable = [p for p in model.parameters() if p.requires_grad]
         self._grad_views = [p.grad for p in self._trainable]
-        self._zero_src: dict = {}  # index -> zeros, for parameters a backward gave no gradient
+        self._zeros: Dict[int, torch.Tensor] = {}  # index -> zeros, for parameters a backward gave no gradient
+        # The control slots after the gradients, with the zeros `adopt_grads` copies into them.
+        tail = self.grads_flat._base[self.grads_flat.numel():]
+        self._tail = [tail] if tail.numel() else []
+        self._tail_zeros = [torch.zeros_like(tail)] if tail.numel() else []
         self._one = torch.ones((), dtype=torch.float32, device=self.params_flat.device)
         # NCCL averages in the collective; Gloo has no AVG op: SUM, then one pass to scale.
         self._avg_op = (dist.ReduceOp.AVG if self.world_size > 1
@@ -157,24 +161,16 @@ class SyncStrategy(ABC):
         """After the backward: copy every gradient into the flat buffer in one multi-tensor
         kernel (zeros for a parameter that got none, and for the control slots, as `zero_grad`
         leaves them) and point .grad at its views again."""
-        src, dst = [], []
+        src = []
         for i, (p, view) in enumerate(zip(self._trainable, self._grad_views)):
             g = p.grad
             if g is None:
-                g = self._zero_src.get(i)
+                g = self._zeros.get(i)
                 if g is None:
-                    g = self._zero_src[i] = torch.zeros_like(view)
+                    g = self._zeros[i] = torch.zeros_like(view)
             src.append(g)
-            dst.append(view)
             p.grad = view
-        tail = self.grads_flat._base[self.grads_flat.numel():] if self.grads_flat._base is not None else None
-        if tail is not None and tail.numel():
-            z = self._zero_src.get("tail")
-            if z is None:
-                z = self._zero_src["tail"] = torch.zeros_like(tail)
-            src.append(z)
-            dst.append(tail)
-        torch._foreach_copy_(dst, src)
+        torch._foreach_copy_(self._grad_views + self._tail, src + self._tail_zeros)
 
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:

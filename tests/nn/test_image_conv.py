@@ -212,8 +212,8 @@ def test_the_triton_ops_count_a_convolutions_flops():
 
 
 def test_importing_the_module_or_training_with_cudnn_imports_no_triton():
-    # A process that has imported Triton can hang when it forks (a DataLoader's workers did in CI):
-    # only --image-conv triton may import it.
+    # Importing shmlearn.fast and converting to im2col defines no Triton op (flop_counter, and with
+    # it Triton, load only for --image-conv triton).
     import subprocess
     import sys
     code = ("import sys, torch, shmlearn.fast, shmlearn.nn.image_conv as m, torch.nn as nn; "
