@@ -104,6 +104,11 @@ class TrainConfig:
     (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile), triton
     (shmlearn's implicit-GEMM kernels; CUDA with Triton) or auto (im2col in a compiled step on
     CUDA, else cudnn). Same maths, parameters and checkpoints; shmlearn/nn/image_conv.py."""
+    conv_pool: str = "auto"
+    """How a Conv2d (stride 1) followed by ReLU and MaxPool2d(2) in an nn.Sequential runs: off
+    (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
+    with Triton) or auto (triton where it can run). Same outputs and gradients, parameters and
+    checkpoints; shmlearn/nn/conv_pool.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -368,6 +373,7 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.fast import COMPILE, CUDA_GRAPH, PRECISIONS
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
+    from shmlearn.nn.conv_pool import MODES as CONV_POOL
     from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
@@ -375,6 +381,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
     if cfg.image_conv not in IMAGE_CONV:
         raise BadInput(f"--image-conv {cfg.image_conv}: choose one of {', '.join(IMAGE_CONV)}")
+    if cfg.conv_pool not in CONV_POOL:
+        raise BadInput(f"--conv-pool {cfg.conv_pool}: choose one of {', '.join(CONV_POOL)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.errors import BadInput
-from shmlearn.nn import image_conv, max_pool
+from shmlearn.nn import conv_pool, image_conv, max_pool
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -76,6 +76,9 @@ class StepOptions:
     on CUDA; shmlearn/nn/image_conv.py)."""
     max_pool: str = "auto"
     """How max-pools run: aten, global, reduce, or auto (global when compiled; shmlearn/nn/max_pool.py)."""
+    conv_pool: str = "auto"
+    """Conv + ReLU + 2x2 max-pool blocks: off, triton (one fused kernel) or auto (triton where it
+    can run; shmlearn/nn/conv_pool.py)."""
     adopt_grads: bool = True
     """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
     (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the
@@ -143,6 +146,12 @@ class Stepper:
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
         if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
             raise BadInput(why)
+        if opts.conv_pool == "triton" and (why := conv_pool.usable(device)):
+            raise BadInput(why)
+        # First: the fused blocks' convs and pools are then left alone by the two passes below.
+        self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
+        self.conv_pools = conv_pool.convert(model, self.conv_pool)
+        """--conv-pool: how many conv + ReLU + max-pool blocks run fused."""
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""

@@ -437,6 +437,7 @@ class _Loop:
                                opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
                                                 cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
                                                 compile=cfg.compile, image_conv=cfg.image_conv, max_pool=cfg.max_pool,
+                                                conv_pool=cfg.conv_pool,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
@@ -685,6 +686,7 @@ class _Loop:
             "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
             "image_conv": self.stepper.image_conv, "image_convs": self.stepper.image_convs,
             "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
+            "conv_pool": self.stepper.conv_pool, "conv_pools": self.stepper.conv_pools,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

@@ -1,0 +1,251 @@
+"""Conv + ReLU + 2x2 max-pool as one kernel (--conv-pool off|triton|auto).
+
+Why: a CIFAR-style block, Conv2d (stride 1) -> ReLU -> MaxPool2d(2), run as three ops writes the
+conv's full output, reads it back for ReLU and the pool, and writes it again as a gradient in the
+backward. For alexnet-small's first conv at batch 1024 (bf16) that output is 67 MB, four times
+the pooled one; on one H100 the conv, ReLU and pool kernels of that one block took more than a
+third of the compiled step (benchmarks/results/roofline-triton-h100/). Here one Triton kernel
+(_conv_pool_triton.py) computes the conv output in registers, 2x2 window by 2x2 window, and
+writes only the pooled output and a uint8 code per value (where the max was, or that ReLU cut it).
+The backward:
+* of a block whose input needs no gradient (the image's first conv): one more Triton kernel forms
+  each window position's gradient from the pooled gradient and the codes as it goes and sums the
+  weight and bias gradients; the full-size gradient is never written;
+* otherwise: the full-size gradient from the codes (pointwise: Inductor fuses it) and torch's
+  convolution_backward (cuDNN) for the input, weight and bias gradients.
+
+Exact where it applies: the same outputs and gradients as the three modules, ties included (the
+first maximum in window order gets the gradient, as max_pool2d gives it; a window whose maximum is
+<= 0 passes none, as ReLU's gradient at 0). The sums run in another order than cuDNN's, so
+results agree to rounding, not bit for bit.
+
+Only where it is exact: a Conv2d (groups 1, dilation 1, stride 1, zero padding given as numbers)
+followed directly, in an nn.Sequential, by ReLU and MaxPool2d(2) (stride 2, no padding, floor
+mode), with in_channels x kernel width <= MAX_ROW and out_channels <= MAX_OUT. `convert` switches
+the three modules' classes in place, both ways: parameters, buffers and state_dict stay as they
+are; a user's forward that calls F.relu / F.max_pool2d itself is not seen.
+"""
+from __future__ import annotations
+
+import os
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shmlearn.nn.image_conv import ImageConv2d
+from shmlearn.nn.max_pool import ReduceMaxPool2d
+
+MODES = ("off", "triton", "auto")
+"""--conv-pool: three ops as torch runs them; shmlearn's fused Triton kernels; auto: triton on
+CUDA with Triton installed, off otherwise."""
+MAX_ROW = 1024
+"""Largest in_channels x kernel width: one window row, which the kernels reduce in unrolled chunks."""
+MAX_OUT = 128
+"""Largest out_channels: a program holds all of them (two fp32 tiles of BLOCK_Q x out_channels)."""
+DEAD = 255
+
+
+def _pair(v) -> Tuple[int, int]:
+    return (v, v) if isinstance(v, int) else tuple(v)
+
+
+def usable(device: torch.device) -> Optional[str]:
+    """None if --conv-pool triton can run on this device, else why not (one line)."""
+    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests: Triton's interpreter on the CPU
+    if device.type != "cuda" and not interpreted:
+        return f"--conv-pool triton: Triton's kernels run on CUDA devices, not {device.type}; use off"
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return "--conv-pool triton: Triton is not installed (pip install triton); use off"
+    return None
+
+
+def resolve(mode: str, device: torch.device) -> str:
+    """The mode that runs: auto is triton on CUDA with Triton installed, else off (never the
+    interpreter: that is for tests that ask for triton)."""
+    if mode != "auto":
+        return mode
+    return "triton" if device.type == "cuda" and usable(device) is None else "off"
+
+
+def expand_grad(grad: torch.Tensor, code: torch.Tensor, ho: int, wo: int) -> torch.Tensor:
+    """The conv output's gradient [n, c, ho, wo] (channels_last) from the pooled output's
+    gradient and the codes: each pooled gradient at its window position, zero elsewhere."""
+    n, c, hp, wp = grad.shape
+    g = grad.permute(0, 2, 3, 1).reshape(n, hp, 1, wp, 1, c)  # views when channels_last
+    k = code.permute(0, 2, 3, 1).reshape(n, hp, 1, wp, 1, c)
+    idx = torch.tensor([[0, 1], [2, 3]], device=grad.device, dtype=code.dtype).view(1, 1, 2, 1, 2, 1)
+    full = torch.where(k == idx, g, torch.zeros((), dtype=grad.dtype, device=grad.device))
+    full = full.reshape(n, 2 * hp, 2 * wp, c)
+    if (2 * hp, 2 * wp) != (ho, wo):  # floor mode: the last odd row/column got no gradient
+        full = F.pad(full, (0, 0, 0, wo - 2 * wp, 0, ho - 2 * hp))
+    return full.permute(0, 3, 1, 2)
+
+
+_OPS = None
+
+
+def _ops():
+    """The custom ops, defined on first use (defining them imports torch.utils.flop_counter)."""
+    global _OPS
+    if _OPS is None:
+        _OPS = _define_ops()
+    return _OPS
+
+
+def _define_ops():
+    @torch.library.custom_op("shmlearn::conv_relu_pool2d", mutates_args=())
+    def fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+              padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        from shmlearn.nn import _conv_pool_triton as kernels
+        xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
+        return kernels.forward(xn, weight, bias, tuple(padding))
+
+    @fused.register_fake
+    def _(x, weight, bias, padding):
+        n, _, h, w = x.shape
+        cout, _, kh, kw = weight.shape
+        shape = (n, cout, (h + 2 * padding[0] - kh + 1) // 2, (w + 2 * padding[1] - kw + 1) // 2)
+        y = x.new_empty(shape).contiguous(memory_format=torch.channels_last)
+        return y, torch.empty_like(y, dtype=torch.uint8)
+
+    @torch.library.custom_op("shmlearn::conv_relu_pool2d_weight_grad", mutates_args=())
+    def weight_grad(x: torch.Tensor, grad: torch.Tensor, code: torch.Tensor, weight_shape: List[int],
+                    padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+        from shmlearn.nn import _conv_pool_triton as kernels
+        nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
+        dw, db = kernels.weight_grad(nhwc(x), nhwc(grad), nhwc(code), tuple(weight_shape), tuple(padding))
+        return dw.contiguous(), db.clone()
+
+    @weight_grad.register_fake
+    def _(x, grad, code, weight_shape, padding):
+        return (x.new_empty(weight_shape, dtype=torch.float32), x.new_empty(weight_shape[0], dtype=torch.float32))
+
+    def setup(ctx, inputs, output):
+        x, weight, bias, padding = inputs
+        ctx.save_for_backward(x, weight, output[1])
+        ctx.meta = (bias is not None, bias.dtype if bias is not None else None, list(padding))
+
+    def backward(ctx, grad, _grad_code):
+        x, weight, code = ctx.saved_tensors
+        has_bias, b_dtype, padding = ctx.meta
+        if not ctx.needs_input_grad[0]:  # the image: weight and bias gradients in one kernel
+            dw, db = weight_grad(x, grad, code, list(weight.shape), padding)
+            return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
+        _, _, kh, kw = weight.shape
+        ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+        full = expand_grad(grad, code, ho, wo)
+        dx, dw, db = torch.ops.aten.convolution_backward(
+            full, x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding, [1, 1], False, [0, 0], 1,
+            [True, ctx.needs_input_grad[1], has_bias and ctx.needs_input_grad[2]])
+        return dx, dw, db, None
+
+    fused.register_autograd(backward, setup_context=setup)
+
+    # FLOPs for torch.utils.flop_counter (bench/roofline.py): those of the convolution; the
+    # weight gradient's are those of a convolution too.
+    from torch.utils.flop_counter import conv_flop_count, register_flop_formula
+
+    def conv_out(x_shape, w_shape, padding):
+        n, _, h, w = x_shape
+        cout, _, kh, kw = w_shape
+        return [n, cout, h + 2 * padding[0] - kh + 1, w + 2 * padding[1] - kw + 1]
+
+    @register_flop_formula(torch.ops.shmlearn.conv_relu_pool2d)
+    def _(x_shape, w_shape, bias_shape, padding, *, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, w_shape, conv_out(x_shape, w_shape, padding))
+
+    @register_flop_formula(torch.ops.shmlearn.conv_relu_pool2d_weight_grad)
+    def _(x_shape, grad_shape, code_shape, weight_shape, padding, *, out_shape=None, **kwargs) -> int:
+        return conv_flop_count(x_shape, list(weight_shape), conv_out(x_shape, weight_shape, padding))
+
+    return fused, weight_grad
+
+
+def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                     padding=0) -> torch.Tensor:
+    """F.max_pool2d(F.relu(F.conv2d(x, weight, bias, 1, padding)), 2) of a 4-D x, by the fused
+    kernels; the result is channels_last. Under autocast the kernels read and write its dtype."""
+    dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    with torch.autocast(x.device.type, enabled=False):
+        y, _ = _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, list(_pair(padding)))
+    return y
+
+
+class ConvReluPool2d(nn.Conv2d):
+    """An nn.Conv2d that also applies the ReLU and the 2x2 max-pool that follow it (which then
+    pass their input through): one fused kernel."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != 4:  # unbatched (C, H, W): torch's ops, the same three steps
+            return F.max_pool2d(F.relu(super().forward(x)), 2)
+        return conv_relu_pool2d(x, self.weight, self.bias, self.padding)
+
+
+class FusedReLU(nn.ReLU):
+    """A ReLU that the ConvReluPool2d before it has applied."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+class FusedMaxPool2d(nn.MaxPool2d):
+    """A 2x2 max-pool that the ConvReluPool2d before it has applied."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+_CONVS = (nn.Conv2d, ImageConv2d, ConvReluPool2d)
+_POOLS = (nn.MaxPool2d, ReduceMaxPool2d, FusedMaxPool2d)
+
+
+def _conv_qualifies(m: nn.Module) -> bool:
+    if type(m) not in _CONVS:
+        return False
+    kh, kw = m.kernel_size
+    return (m.groups == 1 and _pair(m.dilation) == (1, 1) and _pair(m.stride) == (1, 1)
+            and m.padding_mode == "zeros" and not isinstance(m.padding, str)
+            and m.in_channels * kw <= MAX_ROW and m.out_channels <= MAX_OUT
+            and m.kernel_size[0] > 0)
+
+
+def _pool_qualifies(m: nn.Module) -> bool:
+    if type(m) not in _POOLS:
+        return False
+    stride = m.stride if m.stride is not None else m.kernel_size
+    return (_pair(m.kernel_size) == (2, 2) and _pair(stride) == (2, 2) and _pair(m.padding) == (0, 0)
+            and _pair(m.dilation) == (1, 1) and not m.ceil_mode and not m.return_indices)
+
+
+def blocks(model: nn.Module) -> List[Tuple[nn.Module, nn.Module, nn.Module]]:
+    """Every (conv, relu, pool) of model this module computes: consecutive children of an
+    nn.Sequential."""
+    found = []
+    for seq in model.modules():
+        if not isinstance(seq, nn.Sequential):
+            continue
+        kids = list(seq)
+        for a, b, c in zip(kids, kids[1:], kids[2:]):
+            if _conv_qualifies(a) and type(b) in (nn.ReLU, FusedReLU) and _pool_qualifies(c):
+                found.append((a, b, c))
+    return found
+
+
+def convert(model: nn.Module, mode: str) -> int:
+    """Switch every conv + ReLU + 2x2 max-pool block of model to `mode` (off or triton; resolve
+    auto first), in place, both ways; how many blocks run fused. Run it before image_conv.convert
+    and max_pool.convert: a fused block's modules are then left alone by them."""
+    if mode not in ("off", "triton"):
+        raise ValueError(f"convert: mode {mode!r}: one of off, triton")
+    found = blocks(model)
+    for conv, relu, pool in found:
+        if mode == "triton":
+            conv.__class__, relu.__class__, pool.__class__ = ConvReluPool2d, FusedReLU, FusedMaxPool2d
+        else:
+            conv.__class__, relu.__class__, pool.__class__ = nn.Conv2d, nn.ReLU, nn.MaxPool2d
+            conv.__dict__.pop("image_conv", None)
+    return len(found) if mode == "triton" else 0
