@@ -59,6 +59,9 @@ MAX4 = "plain,graph,compile,compile-max"
 STEP_VARIANTS = ("allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
                  "allreduce:compile+cudnn-conv+aten-pool+accumulate")
 """The compiled step with its defaults, with each of issue 18's third-round changes undone, and all of them."""
+CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
+"""The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
+CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
 
 
 def part_commands(p: str, workers: str) -> dict:
@@ -232,6 +235,19 @@ def part_commands(p: str, workers: str) -> dict:
                                  "--recipes", "fashion-94", "--train-args", "--epochs 25"),
         "fashion-94-e26": recipe("fashion-94-e26", "fashion-94-e26-h100.json", 300,
                                  "--recipes", "fashion-94", "--train-args", "--epochs 26"),
+        # Issue 18, fourth round: alexnet-small's conv + ReLU + max-pool blocks fused (--conv-pool):
+        # each block alone against aten and Inductor (also the GPU check that they agree), the
+        # step against the same step unfused and the baselines, and where the new step's time goes.
+        "kernels-convpool": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
+                                 "--cases", "conv-pool-1,conv-pool-2,conv-pool-3",
+                                 "--out", os.path.join(p("kernels-convpool"), "kernels-conv-pool-h100.json")), 300),
+        "tput-convpool": (_gpu_bench(p("tput-convpool"), [
+            ("alexnet-small", "3x32x32", 128, MAX4, CONV_POOL_VARIANTS),
+            ("alexnet-small", "3x32x32", 1024, "plain,graph,compile", CONV_POOL_VARIANTS)]), 540),
+        "roofline-convpool": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "alexnet-small",
+                                  "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
+                                  "--variants", "off,compile",
+                                  "--out", os.path.join(p("roofline-convpool"), "profile-alexnet-small.json")), 360),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

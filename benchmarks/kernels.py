@@ -17,6 +17,9 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   the backward splits a tie's gradient where max-pool gives it to one input, so ties aside).
 * bias-grad: a conv bias's gradient, the sum of the output gradient over N, H, W. Variants: aten
   sum, torch.compile'd, and a matmul with a ones vector (the reduction on tensor cores).
+* conv-pool-1/2/3: alexnet-small's three conv 5x5 + ReLU + 2x2 max-pool blocks, forward and
+  backward. Variants: aten's three ops in channels_last, torch.compile'd, and shmlearn's fused
+  Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py). Floor: the fused block's bytes.
 
 Every variant is captured in a CUDA graph (as the step is) and timed by CUDA events: 5 runs of
 200 replays after warm-up, the median, with p25-p75. Inputs are random, never zeros. The floor is
@@ -160,8 +163,58 @@ def bias_grad_bytes(batch: int, c: int = 32, hw: int = 32) -> int:
     return 2 * batch * c * hw * hw + 4 * c
 
 
+CONV_POOL_BLOCKS = {"conv-pool-1": (3, 32, 32), "conv-pool-2": (32, 32, 16), "conv-pool-3": (32, 64, 8)}
+"""alexnet-small's three conv (5x5) + ReLU + 2x2 max-pool blocks: (in, out channels, image side)."""
+
+
+def conv_pool_cases(block: str):
+    cin, cout, hw = CONV_POOL_BLOCKS[block]
+
+    def build(batch: int, device) -> Dict[str, Callable]:
+        """Forward and backward of the block from a random pooled gradient: weight and bias
+        gradients, and the input's after the first block (as in the step)."""
+        g = torch.Generator(device="cpu").manual_seed(3)
+        x0 = _cl(torch.randn(batch, cin, hw, hw, generator=g).to(device, BF16))
+        w0 = _cl(torch.randn(cout, cin, 5, 5, generator=g).to(device, BF16) * (cin * 25) ** -0.5)
+        b0 = torch.randn(cout, generator=g).to(device, BF16) * 0.1
+        gy = _cl(torch.randn(batch, cout, hw // 2, hw // 2, generator=g).to(device, BF16))
+        x_grad = cin != 3
+
+        def aten(x, w, b):
+            return F.max_pool2d(F.relu(F.conv2d(x, w, b, 1, 2)), 2)
+
+        def fused(x, w, b):
+            from shmlearn.nn.conv_pool import conv_relu_pool2d
+            return conv_relu_pool2d(x, w, b, 2)
+
+        def case(fn):
+            x = x0.clone().requires_grad_(x_grad)
+            w = w0.clone().requires_grad_(True)
+            b = b0.clone().requires_grad_(True)
+
+            def step():
+                w.grad = b.grad = x.grad = None
+                fn(x, w, b).backward(gy)
+                return (w.grad, b.grad) + ((x.grad,) if x_grad else ())
+            return step
+
+        cases = {"conv + relu + max_pool2d (aten, channels_last)": case(aten)}
+        if device.type == "cuda":
+            cases["compiled (Inductor)"] = case(torch.compile(aten, dynamic=False))
+            cases["fused Triton (--conv-pool triton)"] = case(fused)
+        return cases
+
+    def nbytes(batch: int) -> int:
+        """The fused block's traffic, bf16: read x, write y (+ uint8 codes); backward: read the
+        pooled gradient, the codes and x (write the input gradient after the first block)."""
+        x, y = batch * cin * hw * hw, batch * cout * (hw // 2) ** 2
+        return 2 * x + 2 * y + y + 2 * y + y + 2 * x + (2 * x if cin != 3 else 0)
+    return build, nbytes
+
+
 CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
-         "bias-grad": (bias_grad_cases, bias_grad_bytes)}
+         "bias-grad": (bias_grad_cases, bias_grad_bytes),
+         **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS}}
 
 
 def time_graph(step: Callable, device, replays: int = 200) -> List[float]:

@@ -57,12 +57,10 @@ def _forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP, S_CO,
                     CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                     PH: tl.constexpr, PW: tl.constexpr, HAS_BIAS: tl.constexpr,
                     BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    ROW: tl.constexpr = KW * CIN
-    CHUNKS: tl.constexpr = (ROW + BLOCK_K - 1) // BLOCK_K
     q = tl.program_id(0).to(tl.int64) * BLOCK_Q + tl.arange(0, BLOCK_Q)
     q_ok = q < Q
-    n = q // (HP * WP)
-    r = q % (HP * WP)
+    n = q // (HP * WP)  # int64 (offsets into x); pixel coordinates in int32 (the 2-D index math)
+    r = (q % (HP * WP)).to(tl.int32)
     py = r // WP
     px = r % WP
     kk0 = tl.arange(0, BLOCK_K)
@@ -74,12 +72,12 @@ def _forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP, S_CO,
         ox = 2 * px + i % 2
         acc = tl.zeros((BLOCK_Q, BLOCK_N), tl.float32)
         for ky in range(KH):
-            for c in tl.static_range(CHUNKS):
+            for c in tl.static_range((KW * CIN + BLOCK_K - 1) // BLOCK_K):
                 kk = c * BLOCK_K + kk0
                 a = _row(x_ptr, n, oy, ox, ky, kk, q_ok, H, W, CIN, KW, PH, PW)
                 w_at = ky * S_KY + (kk // CIN) * S_KX + (kk % CIN) * S_CI
                 wt = tl.load(w_ptr + w_at[:, None] + co[None, :] * S_CO,
-                             mask=(kk < ROW)[:, None] & (co < N)[None, :], other=0.0)
+                             mask=(kk < KW * CIN)[:, None] & (co < N)[None, :], other=0.0)
                 acc = tl.dot(a, wt, acc)
         take = acc > best  # strict: the first maximum in window order keeps it, as max_pool2d
         best = tl.where(take, acc, best)
@@ -110,7 +108,7 @@ def _weight_grad_kernel(x_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, H, W, HP, WP
         q = (blk * BLOCK_Q + tl.arange(0, BLOCK_Q)).to(tl.int64)
         q_ok = q < Q
         n = q // (HP * WP)
-        r = q % (HP * WP)
+        r = (q % (HP * WP)).to(tl.int32)
         py = r // WP
         px = r % WP
         at = q[:, None] * N + co[None, :]
@@ -139,17 +137,18 @@ def _interpreted() -> bool:
 _FORWARD_CONFIGS = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
                     for bq, bk, nw, ns in ((64, 16, 4, 2), (128, 16, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2),
                                            (64, 64, 4, 3), (128, 64, 8, 3), (32, 32, 2, 2), (128, 32, 4, 3))]
-"""What the autotuner tries on the first call per shape (BLOCK_K above the row's size is pruned)."""
+"""What the autotuner tries on the first call per shape (those with BLOCK_K above the row's
+size, rounded up to a power of two, are left out: all masked)."""
+_TUNED = {}
 
 
-def _prune(configs, named_args, **kwargs):
-    row = named_args["KW"] * named_args["CIN"] if "KW" in named_args else kwargs["KW"] * kwargs["CIN"]
-    keep = [c for c in configs if c.kwargs["BLOCK_K"] <= _pow2(row)]
-    return keep or configs[:1]
-
-
-_forward_tuned = triton.autotune(_FORWARD_CONFIGS, key=["Q", "H", "W", "CIN", "N", "KH", "KW"],
-                                 prune_configs_by={"early_config_prune": _prune})(_forward_kernel)
+def _forward_tuned(row: int):
+    """The autotuned forward kernel for rows of `row` values (one autotuner per BLOCK_K limit)."""
+    limit = _pow2(row)
+    if limit not in _TUNED:
+        configs = [c for c in _FORWARD_CONFIGS if c.kwargs["BLOCK_K"] <= limit]
+        _TUNED[limit] = triton.autotune(configs, key=["Q", "H", "W", "CIN", "N", "KH", "KW"])(_forward_kernel)
+    return _TUNED[limit]
 
 
 def _geometry(x: torch.Tensor, weight_shape, padding):
@@ -176,7 +175,8 @@ def forward(x_nhwc: torch.Tensor, weight: torch.Tensor, bias, padding):
         bk = min(64, _pow2(geo["KW"] * geo["CIN"]))
         _forward_kernel[(triton.cdiv(geo["Q"], 128),)](*args, **kw, BLOCK_Q=128, BLOCK_K=bk)
     else:
-        _forward_tuned[lambda meta: (triton.cdiv(geo["Q"], meta["BLOCK_Q"]),)](*args, **kw)
+        tuned = _forward_tuned(geo["KW"] * geo["CIN"])
+        tuned[lambda meta: (triton.cdiv(geo["Q"], meta["BLOCK_Q"]),)](*args, **kw)
     return y, code
 
 
