@@ -77,7 +77,7 @@ def expand_grad(grad: torch.Tensor, code: torch.Tensor, ho: int, wo: int) -> tor
     n, c, hp, wp = grad.shape
     g = grad.permute(0, 2, 3, 1).reshape(n, hp, 1, wp, 1, c)  # views when channels_last
     k = code.permute(0, 2, 3, 1).reshape(n, hp, 1, wp, 1, c)
-    idx = torch.tensor([[0, 1], [2, 3]], device=grad.device, dtype=code.dtype).view(1, 1, 2, 1, 2, 1)
+    idx = torch.arange(4, device=grad.device, dtype=code.dtype).view(1, 1, 2, 1, 2, 1)  # (dy, dx) -> 2*dy + dx
     full = torch.where(k == idx, g, torch.zeros((), dtype=grad.dtype, device=grad.device))
     full = full.reshape(n, 2 * hp, 2 * wp, c)
     if (2 * hp, 2 * wp) != (ho, wo):  # floor mode: the last odd row/column got no gradient
@@ -97,12 +97,17 @@ def _ops():
 
 
 def _define_ops():
+    from shmlearn.nn._conv_pool_triton import prepared_shape
+
     @torch.library.custom_op("shmlearn::conv_relu_pool2d", mutates_args=())
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-              padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+              padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(y, code, xr): xr, the input as the kernels read it, is what the weight-gradient kernel
+        reads again (an output, so that autograd can save it)."""
         from shmlearn.nn import _conv_pool_triton as kernels
         xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
-        return kernels.forward(xn, weight, bias, tuple(padding))
+        y, code, xr = kernels.forward(xn, weight, bias, tuple(padding))
+        return y, code, (xr if xr.data_ptr() != xn.data_ptr() else xr.clone())  # outputs never alias inputs
 
     @fused.register_fake
     def _(x, weight, bias, padding):
@@ -110,30 +115,32 @@ def _define_ops():
         cout, _, kh, kw = weight.shape
         shape = (n, cout, (h + 2 * padding[0] - kh + 1) // 2, (w + 2 * padding[1] - kw + 1) // 2)
         y = x.new_empty(shape).contiguous(memory_format=torch.channels_last)
-        return y, torch.empty_like(y, dtype=torch.uint8)
+        return y, torch.empty_like(y, dtype=torch.uint8), x.new_empty(prepared_shape(x.shape, weight.shape, padding))
 
     @torch.library.custom_op("shmlearn::conv_relu_pool2d_weight_grad", mutates_args=())
-    def weight_grad(x: torch.Tensor, grad: torch.Tensor, code: torch.Tensor, weight_shape: List[int],
-                    padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def weight_grad(xr: torch.Tensor, grad: torch.Tensor, code: torch.Tensor,
+                    weight_shape: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
         from shmlearn.nn import _conv_pool_triton as kernels
         nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
-        dw, db = kernels.weight_grad(nhwc(x), nhwc(grad), nhwc(code), tuple(weight_shape), tuple(padding))
+        dw, db = kernels.weight_grad(xr, nhwc(grad), nhwc(code), tuple(weight_shape))
         return dw.contiguous(), db.clone()
 
     @weight_grad.register_fake
-    def _(x, grad, code, weight_shape, padding):
-        return (x.new_empty(weight_shape, dtype=torch.float32), x.new_empty(weight_shape[0], dtype=torch.float32))
+    def _(xr, grad, code, weight_shape):
+        return (xr.new_empty(weight_shape, dtype=torch.float32), xr.new_empty(weight_shape[0], dtype=torch.float32))
 
     def setup(ctx, inputs, output):
         x, weight, bias, padding = inputs
-        ctx.save_for_backward(x, weight, output[1])
-        ctx.meta = (bias is not None, bias.dtype if bias is not None else None, list(padding))
+        y, code, xr = output
+        image = not x.requires_grad  # then the weight gradient reads xr, and x is not kept
+        ctx.save_for_backward(xr if image else x, weight, code)
+        ctx.meta = (image, bias is not None, bias.dtype if bias is not None else None, list(padding))
 
-    def backward(ctx, grad, _grad_code):
+    def backward(ctx, grad, _grad_code, _grad_xr):
         x, weight, code = ctx.saved_tensors
-        has_bias, b_dtype, padding = ctx.meta
-        if not ctx.needs_input_grad[0]:  # the image: weight and bias gradients in one kernel
-            dw, db = weight_grad(x, grad, code, list(weight.shape), padding)
+        image, has_bias, b_dtype, padding = ctx.meta
+        if image:  # the image: weight and bias gradients in one kernel, from xr
+            dw, db = weight_grad(x, grad, code, list(weight.shape))
             return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
         _, _, kh, kw = weight.shape
         ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
@@ -159,8 +166,9 @@ def _define_ops():
         return conv_flop_count(x_shape, w_shape, conv_out(x_shape, w_shape, padding))
 
     @register_flop_formula(torch.ops.shmlearn.conv_relu_pool2d_weight_grad)
-    def _(x_shape, grad_shape, code_shape, weight_shape, padding, *, out_shape=None, **kwargs) -> int:
-        return conv_flop_count(x_shape, list(weight_shape), conv_out(x_shape, weight_shape, padding))
+    def _(xr_shape, grad_shape, code_shape, weight_shape, *, out_shape=None, **kwargs) -> int:
+        n, cout, hp, wp = grad_shape  # the conv's output is (2 hp, 2 wp) where it has a gradient
+        return conv_flop_count([n, weight_shape[1], 2 * hp, 2 * wp], list(weight_shape), [n, cout, 2 * hp, 2 * wp])
 
     return fused, weight_grad
 
@@ -171,7 +179,7 @@ def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch
     kernels; the result is channels_last. Under autocast the kernels read and write its dtype."""
     dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     with torch.autocast(x.device.type, enabled=False):
-        y, _ = _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, list(_pair(padding)))
+        y, _, _ = _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, list(_pair(padding)))
     return y
 
 

@@ -35,10 +35,11 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
     torch.manual_seed(0)
     # (batch, cin, h, w, cout, k, padding, x needs a gradient, bias): the image's 3-channel 5x5
     # conv (weight-gradient kernel), a later 32-channel one (row of 160: several chunks; cuDNN's
-    # input gradient), odd sizes (floor mode drops a row and a column), 1 channel, no padding, no bias.
+    # input gradient), odd sizes (floor mode drops a row and a column), 1 channel, no padding, no
+    # bias, and 8 channels (read padded but not unfolded, a row of 24: a masked last chunk).
     cases = [(2, 3, 12, 12, 32, 5, 2, False, True), (3, 32, 8, 8, 64, 5, 2, True, True),
              (2, 5, 9, 11, 20, 3, 1, True, True), (2, 1, 7, 9, 16, 3, 0, False, False),
-             (1, 4, 6, 6, 8, 3, 1, False, True)]
+             (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True)]
     for n, cin, h, w, cout, k, p, xg, bias in cases:
         x = torch.randn(n, cin, h, w).contiguous(memory_format=torch.channels_last).requires_grad_(xg)
         wt = torch.randn(cout, cin, k, k, requires_grad=True)
