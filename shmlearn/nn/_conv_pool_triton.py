@@ -18,8 +18,9 @@ edges), cut into BLOCK_K chunks for tl.dot. For a 3-channel 5x5 conv a row is 15
 (59% used).
 
 Forward, one program per BLOCK_Q pooled pixels x all output channels:
-    for each window position i: acc_i[Q, N] = sum_ky sum_chunks x_row[Q, K] @ w_row[K, N]
-    y = relu(max_i acc_i + bias), code = argmax_i (first max, as max_pool2d scans) or DEAD
+    for each window position i: acc_i[Q, N] = sum_ky sum_chunks x_row[Q, K] @ w_row[K, N] + bias
+    y = relu(max_i acc_i), code = argmax_i (first max, as max_pool2d scans) or DEAD, with each
+    acc_i rounded to y's dtype first (as the three ops would store it: the same ties)
 Weight gradient (input needs no gradient), grid (PROGRAMS, KH * CHUNKS):
     dw[ky, chunk][K, N] += x_row_i[Q, K]^T @ where(code == i, dy, 0)[Q, N]   for the 4 positions
     db[N] += sum_Q where(code < 4, dy, 0)
@@ -42,47 +43,17 @@ DEAD = 255
 
 
 @triton.jit
-def _forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, ROWS, S_CO, S_KY,
-                    COLS: tl.constexpr, ROW: tl.constexpr, XROW: tl.constexpr, CIN: tl.constexpr,
-                    N: tl.constexpr, KH: tl.constexpr, W_CL: tl.constexpr, S_CI: tl.constexpr, S_KX: tl.constexpr, HAS_BIAS: tl.constexpr,
-                    BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
-    q_ok = q < Q
-    n = q // (HP * WP)
-    r = q % (HP * WP)
-    # the window's top-left input under pooled pixel (py, px): row 2*py, column 2*px of the prepared input
-    base = n.to(tl.int64) * IMG + (2 * (r // WP)) * ROWS + (2 * (r % WP)) * COLS
-    kk0 = tl.arange(0, BLOCK_K)
-    co = tl.arange(0, BLOCK_N)
-    ptrs = x_ptr + base[:, None] + kk0[None, :]  # every load below is these plus one scalar
-    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
-    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
-    # Masks that vary along a row would stop vector loads: rows are loaded whole (XROW values,
-    # zero-filled past ROW where unfolded) and only the weight is masked past ROW.
-    for i in tl.static_range(4):
-        acc = tl.zeros((BLOCK_Q, BLOCK_N), tl.float32)
-        for ky in range(KH):
-            for c in tl.static_range((XROW + BLOCK_K - 1) // BLOCK_K):
-                kk = c * BLOCK_K + kk0
-                k_ok = kk < ROW
-                if XROW % BLOCK_K == 0:
-                    a = tl.load(ptrs + ((i // 2 + ky) * ROWS + (i % 2) * COLS + c * BLOCK_K), mask=q_ok[:, None],
-                                other=0.0)
-                else:
-                    a = tl.load(ptrs + ((i // 2 + ky) * ROWS + (i % 2) * COLS + c * BLOCK_K),
-                                mask=q_ok[:, None] & (kk < XROW)[None, :], other=0.0)
-                if W_CL:  # channels_last weight: (kx, ci) of a row are consecutive
-                    w_at = ky * S_KY + kk
-                else:
-                    w_at = ky * S_KY + (kk // CIN) * S_KX + (kk % CIN) * S_CI
-                wt = tl.load(w_ptr + w_at[:, None] + co[None, :] * S_CO,
-                             mask=k_ok[:, None] & (co < N)[None, :], other=0.0)
-                acc = tl.dot(a, wt, acc)
-        take = acc > best  # strict: the first maximum in window order keeps it, as max_pool2d
-        best = tl.where(take, acc, best)
-        arg = tl.where(take, i, arg)
-    if HAS_BIAS:
-        best += tl.load(b_ptr + co, mask=co < N, other=0.0).to(tl.float32)[None, :]
+def _pool_store(acc_i, i, best, arg):
+    """Fold window position i's conv outputs into the running max and its position."""
+    # Compared as the conv's output would be stored (rounded to y's dtype by the caller), so that
+    # ties in bf16 go where max_pool2d of the stored output sends them; strict: the first maximum
+    # in window order keeps it, as max_pool2d.
+    take = acc_i > best
+    return tl.where(take, acc_i, best), tl.where(take, i, arg)
+
+
+@triton.jit
+def _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N: tl.constexpr, BLOCK_N: tl.constexpr):
     dead = best <= 0.0
     at = q.to(tl.int64)[:, None] * N + co[None, :]
     yv = tl.where(dead, 0.0, best).to(y_ptr.dtype.element_ty)
@@ -97,27 +68,123 @@ def _forward_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, ROWS, 
 
 
 @triton.jit
-def _weight_grad_kernel(x_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP, IMG, ROWS, BLOCKS,
-                        COLS: tl.constexpr, ROW: tl.constexpr, XROW: tl.constexpr, N: tl.constexpr,
-                        CHUNKS: tl.constexpr,
-                        BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
-    pid = tl.program_id(0)
-    part = tl.program_id(1)  # which (ky, chunk) of the weight this program sums
-    programs = tl.num_programs(0)
-    ky = part // CHUNKS
-    c = part % CHUNKS
-    kk = c * BLOCK_K + tl.arange(0, BLOCK_K)
-    k_ok = kk < XROW
+def _unfold_kernel(x_ptr, xr_ptr, R, H, W, HPAD, WO, C: tl.constexpr, ROW: tl.constexpr, XROW: tl.constexpr,
+                   PH: tl.constexpr, PW: tl.constexpr, BLOCK_R: tl.constexpr):
+    """xr[n, y, ox, kk] = x[n, y - PH, ox - PW + kk // C, kk % C] (0 outside x, and for kk >= ROW)."""
+    r = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    kk = tl.arange(0, XROW)
+    r_ok = r < R
+    ox = r % WO
+    t = r // WO
+    iy = t % HPAD - PH
+    n = t // HPAD
+    ix = ox[:, None] - PW + (kk // C)[None, :]
+    ok = (r_ok & (iy >= 0) & (iy < H))[:, None] & (kk < ROW)[None, :] & (ix >= 0) & (ix < W)
+    src = ((n.to(tl.int64) * H + iy) * W)[:, None] * C + ix * C + (kk % C)[None, :]
+    v = tl.load(x_ptr + src, mask=ok, other=0.0)
+    tl.store(xr_ptr + r.to(tl.int64)[:, None] * XROW + kk[None, :], v, mask=r_ok[:, None])
+
+
+@triton.jit
+def _forward_rows_kernel(xr_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, ROWS, S_CO, S_KY, S_KX, S_CI,
+                         CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, ROW: tl.constexpr,
+                         XROW: tl.constexpr, KT: tl.constexpr, HAS_BIAS: tl.constexpr,
+                         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The image's block from the unfolded input: a whole window (KH rows of XROW values) is one
+    [BLOCK_Q, KT] tile and one tl.dot per window position."""
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    q_ok = q < Q
+    n = q // (HP * WP)
+    r = q % (HP * WP)
+    base = n.to(tl.int64) * IMG + (2 * (r // WP)) * ROWS + (2 * (r % WP)) * XROW
+    col = tl.arange(0, KT)
+    ky = col // XROW
+    kk = col % XROW
+    col_ok = col < KH * XROW  # constant over each XROW-long (16-multiple) row: vector loads stay
     co = tl.arange(0, BLOCK_N)
-    acc = tl.zeros((BLOCK_K, BLOCK_N), tl.float32)
+    ptrs = xr_ptr + base[:, None] + (ky * ROWS + kk)[None, :]
+    w_at = ky * S_KY + (kk // CIN) * S_KX + (kk % CIN) * S_CI
+    wt = tl.load(w_ptr + w_at[:, None] + co[None, :] * S_CO,
+                 mask=(col_ok & (kk < ROW))[:, None] & (co < N)[None, :], other=0.0)
+    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
+    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + co, mask=co < N, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(4):
+        a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * XROW), mask=q_ok[:, None] & col_ok[None, :], other=0.0)
+        acc = tl.dot(a, wt)
+        if HAS_BIAS:
+            acc += bias
+        best, arg = _pool_store(acc.to(y_ptr.dtype.element_ty).to(tl.float32), i, best, arg)
+    _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N, BLOCK_N)
+
+
+@triton.jit
+def _forward_direct_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP, S_CO, S_KY, S_KX, S_CI,
+                           CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                           PH: tl.constexpr, PW: tl.constexpr, HAS_BIAS: tl.constexpr,
+                           BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """A block whose input has a multiple of 16 channels, read in place (NHWC): chunks of
+    BLOCK_K channels of one (ky, kx) tap, masked at the border by a mask constant along the
+    chunk (so still vector loads)."""
+    q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
+    q_ok = q < Q
+    n = q // (HP * WP)
+    r = q % (HP * WP)
+    py = r // WP
+    px = r % WP
+    image = n.to(tl.int64) * H
+    kk0 = tl.arange(0, BLOCK_K)
+    co = tl.arange(0, BLOCK_N)
+    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
+    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
+    if HAS_BIAS:
+        bias = tl.load(b_ptr + co, mask=co < N, other=0.0).to(tl.float32)[None, :]
+    for i in tl.static_range(4):
+        oy = 2 * py + i // 2
+        ox = 2 * px + i % 2
+        acc = tl.zeros((BLOCK_Q, BLOCK_N), tl.float32)
+        for ky in range(KH):
+            iy = oy + ky - PH
+            row_ok = q_ok & (iy >= 0) & (iy < H)
+            row = (image + iy) * W
+            for c in tl.static_range(KW * CIN // BLOCK_K):
+                kx = (c * BLOCK_K) // CIN  # constexpr: one tap per chunk
+                ci0 = (c * BLOCK_K) % CIN
+                ix = ox + kx - PW
+                ok = row_ok & (ix >= 0) & (ix < W)
+                a = tl.load(x_ptr + ((row + ix) * CIN + ci0)[:, None] + kk0[None, :], mask=ok[:, None], other=0.0)
+                wt = tl.load(w_ptr + (ky * S_KY + kx * S_KX + (ci0 + kk0) * S_CI)[:, None] + co[None, :] * S_CO,
+                             mask=(co < N)[None, :], other=0.0)
+                acc = tl.dot(a, wt, acc)
+        if HAS_BIAS:
+            acc += bias
+        best, arg = _pool_store(acc.to(y_ptr.dtype.element_ty).to(tl.float32), i, best, arg)
+    _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N, BLOCK_N)
+
+
+@triton.jit
+def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP, IMG, ROWS, BLOCKS,
+                             N: tl.constexpr, KH: tl.constexpr, XROW: tl.constexpr, KT: tl.constexpr,
+                             BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """The image block's weight and bias gradients: each program walks its share of the pixel
+    blocks, reading the pooled gradient and the codes once per block."""
+    pid = tl.program_id(0)
+    programs = tl.num_programs(0)
+    col = tl.arange(0, KT)
+    ky = col // XROW
+    kk = col % XROW
+    col_ok = col < KH * XROW
+    co = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((KT, BLOCK_N), tl.float32)
     bacc = tl.zeros((BLOCK_N,), tl.float32)
     for blk in range(pid, BLOCKS, programs):
         q = blk * BLOCK_Q + tl.arange(0, BLOCK_Q)
         q_ok = q < Q
         n = q // (HP * WP)
         r = q % (HP * WP)
-        base = n.to(tl.int64) * IMG + (2 * (r // WP) + ky) * ROWS + (2 * (r % WP)) * COLS + c * BLOCK_K
-        ptrs = x_ptr + base[:, None] + tl.arange(0, BLOCK_K)[None, :]
+        base = n.to(tl.int64) * IMG + (2 * (r // WP)) * ROWS + (2 * (r % WP)) * XROW
+        ptrs = xr_ptr + base[:, None] + (ky * ROWS + kk)[None, :]
         at = q.to(tl.int64)[:, None] * N + co[None, :]
         if N == BLOCK_N:  # a mask constant along the row keeps the loads vectorized
             g = tl.load(dy_ptr + at, mask=q_ok[:, None], other=0.0)
@@ -129,15 +196,10 @@ def _weight_grad_kernel(x_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP, IMG,
         bacc += tl.sum(tl.where(code < 4, g.to(tl.float32), 0.0), axis=0)
         for i in tl.static_range(4):
             gi = tl.where(code == i, g, 0.0).to(g.dtype)
-            if XROW % BLOCK_K == 0:
-                a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * COLS), mask=q_ok[:, None], other=0.0)
-            else:
-                a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * COLS), mask=q_ok[:, None] & k_ok[None, :], other=0.0)
+            a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * XROW), mask=q_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), gi, acc)
-    tl.store(dw_ptr + ((pid * tl.num_programs(1) + part) * BLOCK_K + tl.arange(0, BLOCK_K))[:, None] * BLOCK_N
-             + co[None, :], acc)
-    if part == 0:  # every program sums the bias gradient; one column of them writes it
-        tl.store(db_ptr + pid * BLOCK_N + co, bacc)
+    tl.store(dw_ptr + (pid * KT + col)[:, None] * BLOCK_N + co[None, :], acc)
+    tl.store(db_ptr + pid * BLOCK_N + co, bacc)
 
 
 def _pow2(n: int) -> int:
@@ -148,115 +210,132 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
 
 
-_FORWARD_CONFIGS = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
-                    for bq, bk, nw, ns in ((64, 16, 4, 2), (128, 16, 4, 2), (64, 32, 4, 2), (128, 32, 8, 2),
-                                           (64, 64, 4, 3), (128, 64, 8, 3), (32, 32, 2, 2), (128, 32, 4, 3))]
-"""What the autotuner tries on the first call per shape (those with BLOCK_K above the row's
-size, rounded up to a power of two, are left out: all masked)."""
-_TUNED = {}
-
-
-def _forward_tuned(xrow: int):
-    """The autotuned forward kernel for rows of `xrow` values: the configs whose BLOCK_K divides
-    a row (unmasked, vector loads), or all of them if none does."""
-    if xrow not in _TUNED:
-        configs = [c for c in _FORWARD_CONFIGS if xrow % c.kwargs["BLOCK_K"] == 0] or _FORWARD_CONFIGS
-        _TUNED[xrow] = triton.autotune(configs, key=["Q", "HP", "WP", "IMG", "CIN", "N", "KH"])(_forward_kernel)
-    return _TUNED[xrow]
+MAX_UNFOLDED_ROW = 64
+"""Largest kw x cin of a block read unfolded (cin not a multiple of 16): its window, kh rows of
+up to 64 values, is one tile."""
+MAX_WINDOW = 512
+"""Largest kh x (unfolded row) of such a block: a [BLOCK_Q, window] tile in registers."""
 
 
 def unfolds(cin: int) -> bool:
-    """Whether a conv with cin input channels reads a row-unfolded input (`prepare`): when a
-    pixel's channels are not a whole number of 16-byte vectors (the image's 1 or 3)."""
-    return cin % 8 != 0
+    """Whether a block with cin input channels reads a row-unfolded input (`prepare`): when a
+    pixel's channels are not whole 16-value chunks (the image's 1 or 3); else it reads x itself."""
+    return cin % 16 != 0
+
+
+def supported(cin: int, kh: int, kw: int) -> bool:
+    """Whether the kernels run a block with this input and kernel size."""
+    if not unfolds(cin):
+        return True
+    return kw * cin <= MAX_UNFOLDED_ROW and kh * _pow2(kw * cin) <= MAX_WINDOW
+
+
+_CONFIGS_ROWS = [triton.Config({"BLOCK_Q": bq}, num_warps=nw) for bq, nw in ((32, 4), (64, 4), (64, 8), (128, 8))]
+_CONFIGS_DIRECT = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
+                   for bq, bk, nw, ns in ((32, 32, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 4, 3),
+                                          (128, 32, 8, 2), (128, 16, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2))]
+"""What the autotuners try on the first call per shape (the direct kernel's BLOCK_K must divide
+in_channels: a chunk is one tap's channels)."""
+_TUNED = {}
+
+
+def _tuned(kind: str, cin: int = 0):
+    key = (kind, cin)
+    if key not in _TUNED:
+        if kind == "rows":
+            _TUNED[key] = triton.autotune(_CONFIGS_ROWS, key=["Q", "HP", "WP", "IMG", "N", "KT"])(_forward_rows_kernel)
+        else:
+            configs = [c for c in _CONFIGS_DIRECT if cin % c.kwargs["BLOCK_K"] == 0]
+            _TUNED[key] = triton.autotune(configs, key=["Q", "H", "W", "CIN", "N", "KH", "KW"])(_forward_direct_kernel)
+    return _TUNED[key]
 
 
 def prepared_shape(x_shape, weight_shape, padding):
-    """The shape of `prepare`'s result for an NCHW x_shape."""
+    """The shape of `prepare`'s result for an NCHW x_shape ((0,) where the block reads x itself)."""
     n, cin, h, w = x_shape
     _, _, kh, kw = weight_shape
-    hp, wp = h + 2 * padding[0], w + 2 * padding[1]
-    if unfolds(cin):
-        return (n, hp, wp - kw + 1, _row_padded(kw * cin))
-    return (n, hp, wp, cin)
-
-
-def _row_padded(row: int) -> int:
-    return _pow2(row) if row <= 64 else -(-row // 16) * 16
+    if not unfolds(cin):
+        return (0,)
+    return (n, h + 2 * padding[0], w + 2 * padding[1] - kw + 1, _pow2(kw * cin))
 
 
 def prepare(x_nhwc: torch.Tensor, weight_shape, padding) -> torch.Tensor:
-    """The input as the kernels read it, with the zero border written out (no masks in the
-    kernels' loads): x padded, NHWC; or, where `unfolds`, each output column's window row
-    written out: xr[n, y, ox, kx*cin + ci] = x_padded[n, y, ox + kx, ci], zero-filled to a power
-    of two (16 for a 3-channel 5x5 conv: 5x the image, where a full im2col is 27x), so that every
-    row the kernels read is one aligned vector load."""
-    n, h, w, cin = x_nhwc.shape
-    _, _, kh, kw = weight_shape
-    ph, pw = padding
-    xp = F.pad(x_nhwc, (0, 0, pw, pw, ph, ph)) if (ph or pw) else x_nhwc.contiguous()
-    if not unfolds(cin):
-        return xp
-    hp, wp = h + 2 * ph, w + 2 * pw
-    row = kw * cin
-    rows = xp.as_strided((n, hp, wp - kw + 1, row), (hp * wp * cin, wp * cin, cin, 1))
-    return F.pad(rows, (0, _row_padded(row) - row)).contiguous()
+    """Where `unfolds`: the input with each output column's window row written out,
+    xr[n, y, ox, kx*cin + ci] = x_padded[n, y, ox + kx, ci], zero-filled to a power of two (16 for
+    a 3-channel 5x5 conv: 5x the image, where a full im2col is 27x), zero border rows included,
+    so that the kernels read every row as aligned vectors without masks. One Triton kernel."""
+    shape = prepared_shape((x_nhwc.shape[0], x_nhwc.shape[3], x_nhwc.shape[1], x_nhwc.shape[2]), weight_shape, padding)
+    if len(shape) == 1:
+        return x_nhwc.new_empty(0)
+    n, hpad, wo, xrow = shape
+    _, h, w, cin = x_nhwc.shape
+    xr = torch.empty(shape, device=x_nhwc.device, dtype=x_nhwc.dtype)
+    rows = n * hpad * wo
+    block = 64
+    _unfold_kernel[(triton.cdiv(rows, block),)](x_nhwc, xr, rows, h, w, hpad, wo, C=cin, ROW=weight_shape[3] * cin,
+                                                XROW=xrow, PH=padding[0], PW=padding[1], BLOCK_R=block)
+    return xr
 
 
-def _geometry(xr: torch.Tensor, weight_shape):
-    """The kernels' arguments for the prepared input xr."""
-    n, hr, wr, cols = xr.shape
+def _rows_geometry(xr: torch.Tensor, weight_shape):
+    n, hpad, wo, xrow = xr.shape
     cout, cin, kh, kw = weight_shape
-    ho, wo = hr - kh + 1, (wr if unfolds(cin) else wr - kw + 1)
-    hp, wp = ho // 2, wo // 2
-    xrow = cols if unfolds(cin) else kw * cin  # values loaded per row (zeros past kw*cin where unfolded)
-    return dict(Q=n * hp * wp, HP=hp, WP=wp, IMG=hr * wr * cols, ROWS=wr * cols, COLS=cols, ROW=kw * cin,
-                XROW=xrow), (n, hp, wp)
+    hp, wp = (hpad - kh + 1) // 2, wo // 2
+    return dict(Q=n * hp * wp, HP=hp, WP=wp, IMG=hpad * wo * xrow, ROWS=wo * xrow), (n, hp, wp)
 
 
 def forward(x_nhwc: torch.Tensor, weight: torch.Tensor, bias, padding):
     """(y, code, xr): y as an NCHW tensor in channels_last memory, x's dtype; code uint8, the same
-    shape and memory; xr the prepared input (`prepare`; the weight gradient reads it). weight:
-    [cout, cin, kh, kw], any strides (read through them: no copy)."""
+    shape and memory; xr `prepare`'s unfolded input (empty where the block reads x itself; the
+    weight-gradient kernel reads it). weight: [cout, cin, kh, kw], any strides (read through
+    them: no copy)."""
     weight_shape = tuple(weight.shape)
     cout, cin, kh, kw = weight_shape
-    xr = prepare(x_nhwc, weight_shape, padding)
-    geo, (n, hp, wp) = _geometry(xr, weight_shape)
+    n, h, w, _ = x_nhwc.shape
+    ph, pw = padding
+    hp, wp = (h + 2 * ph - kh + 1) // 2, (w + 2 * pw - kw + 1) // 2
     y = torch.empty((n, cout, hp, wp), device=x_nhwc.device, dtype=x_nhwc.dtype, memory_format=torch.channels_last)
     code = torch.empty((n, cout, hp, wp), device=x_nhwc.device, dtype=torch.uint8, memory_format=torch.channels_last)
     s_co, s_ci, s_ky, s_kx = weight.stride()
-    args = (xr, weight, bias if bias is not None else weight, y, code)
-    kw_ = dict(geo, S_CO=s_co, S_KY=s_ky, CIN=cin, N=cout, KH=kh, W_CL=(s_ci == 1 and s_kx == cin),
-               S_CI=s_ci, S_KX=s_kx, HAS_BIAS=bias is not None, BLOCK_N=_pow2(cout))
-    if _interpreted():  # one fixed config, large tiles: the interpreter's cost is per program and op
-        bk = min(64, _pow2(geo["XROW"]))
-        _forward_kernel[(triton.cdiv(geo["Q"], 128),)](*args, **kw_, BLOCK_Q=128, BLOCK_K=bk)
+    common = dict(S_CO=s_co, S_KY=s_ky, S_KX=s_kx, S_CI=s_ci, CIN=cin, N=cout, KH=kh, HAS_BIAS=bias is not None,
+                  BLOCK_N=_pow2(cout))
+    args = lambda src: (src, weight, bias if bias is not None else weight, y, code)  # noqa: E731
+    xr = prepare(x_nhwc, weight_shape, padding)
+    if unfolds(cin):
+        geo, _ = _rows_geometry(xr, weight_shape)
+        xrow = xr.shape[3]
+        kw_ = dict(geo, **common, ROW=kw * cin, XROW=xrow, KT=_pow2(kh * xrow))
+        if _interpreted():  # one fixed config, large tiles: the interpreter's cost is per program and op
+            _forward_rows_kernel[(triton.cdiv(geo["Q"], 128),)](*args(xr), **kw_, BLOCK_Q=128)
+        else:
+            _tuned("rows")[lambda m: (triton.cdiv(geo["Q"], m["BLOCK_Q"]),)](*args(xr), **kw_)
     else:
-        tuned = _forward_tuned(geo["XROW"])
-        tuned[lambda meta: (triton.cdiv(geo["Q"], meta["BLOCK_Q"]),)](*args, **kw_)
+        q = n * hp * wp
+        kw_ = dict(common, Q=q, H=h, W=w, HP=hp, WP=wp, KW=kw, PH=ph, PW=pw)
+        if _interpreted():
+            _forward_direct_kernel[(triton.cdiv(q, 128),)](*args(x_nhwc), **kw_, BLOCK_Q=128, BLOCK_K=min(64, cin))
+        else:
+            _tuned("direct", cin)[lambda m: (triton.cdiv(q, m["BLOCK_Q"]),)](*args(x_nhwc), **kw_)
     return y, code, xr
 
 
 def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor, weight_shape,
                 programs: int = 0):
-    """(dw [cout, cin, kh, kw] fp32, db [cout] fp32) from the prepared input (`forward`'s xr),
-    the pooled output's gradient and the forward's codes, both NHWC."""
-    geo, _ = _geometry(xr, weight_shape)
+    """(dw [cout, cin, kh, kw] fp32, db [cout] fp32) of an image block (one that `unfolds`) from
+    `forward`'s xr, the pooled output's gradient and the codes, both NHWC."""
+    geo, _ = _rows_geometry(xr, weight_shape)
     cout, cin, kh, kw = weight_shape
-    row = geo["ROW"]
+    xrow = xr.shape[3]
+    kt, bn = _pow2(kh * xrow), _pow2(cout)
     block_q = 128 if _interpreted() else 64
-    bk = min(64 if _interpreted() else 32, _pow2(geo["XROW"]))
-    chunks = triton.cdiv(geo["XROW"], bk)
-    bn = _pow2(cout)
     blocks = triton.cdiv(geo["Q"], block_q)
     if programs <= 0:
         sms = (torch.cuda.get_device_properties(xr.device).multi_processor_count
                if xr.device.type == "cuda" else 4)
-        programs = max(1, min(blocks, 8 * sms // (kh * chunks)))
-    dw = torch.empty(programs, kh, chunks * bk, bn, device=xr.device, dtype=torch.float32)
+        programs = max(1, min(blocks, 2 * sms))
+    dw = torch.empty(programs, kt, bn, device=xr.device, dtype=torch.float32)
     db = torch.empty(programs, bn, device=xr.device, dtype=torch.float32)
-    _weight_grad_kernel[(programs, kh * chunks)](xr, dy_nhwc, code_nhwc, dw, db, **geo, BLOCKS=blocks, N=cout,
-                                                 CHUNKS=chunks, BLOCK_Q=block_q, BLOCK_K=bk, BLOCK_N=bn,
-                                                 num_warps=4)
-    dw = dw.sum(0)[:, :row, :cout].reshape(kh, kw, cin, cout).permute(3, 2, 0, 1)
+    _weight_grad_rows_kernel[(programs,)](xr, dy_nhwc, code_nhwc, dw, db, **geo, BLOCKS=blocks, N=cout, KH=kh,
+                                          XROW=xrow, KT=kt, BLOCK_Q=block_q, BLOCK_N=bn, num_warps=4)
+    dw = dw.sum(0)[:kh * xrow].view(kh, xrow, bn)[:, :kw * cin, :cout].reshape(kh, kw, cin, cout).permute(3, 2, 0, 1)
     return dw, db.sum(0)[:cout]

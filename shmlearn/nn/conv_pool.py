@@ -21,7 +21,8 @@ results agree to rounding, not bit for bit.
 
 Only where it is exact: a Conv2d (groups 1, dilation 1, stride 1, zero padding given as numbers)
 followed directly, in an nn.Sequential, by ReLU and MaxPool2d(2) (stride 2, no padding, floor
-mode), with in_channels x kernel width <= MAX_ROW and out_channels <= MAX_OUT. `convert` switches
+mode), with out_channels <= MAX_OUT, and in_channels a multiple of 16 (read in place) or
+in_channels x kernel width <= 64 (the image: read through an unfolded copy). `convert` switches
 the three modules' classes in place, both ways: parameters, buffers and state_dict stay as they
 are; a user's forward that calls F.relu / F.max_pool2d itself is not seen.
 """
@@ -40,8 +41,6 @@ from shmlearn.nn.max_pool import ReduceMaxPool2d
 MODES = ("off", "triton", "auto")
 """--conv-pool: three ops as torch runs them; shmlearn's fused Triton kernels; auto: triton on
 CUDA with Triton installed, off otherwise."""
-MAX_ROW = 1024
-"""Largest in_channels x kernel width: one window row, which the kernels reduce in unrolled chunks."""
 MAX_OUT = 128
 """Largest out_channels: a program holds all of them (two fp32 tiles of BLOCK_Q x out_channels)."""
 DEAD = 255
@@ -106,8 +105,7 @@ def _define_ops():
         reads again (an output, so that autograd can save it)."""
         from shmlearn.nn import _conv_pool_triton as kernels
         xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
-        y, code, xr = kernels.forward(xn, weight, bias, tuple(padding))
-        return y, code, (xr if xr.data_ptr() != xn.data_ptr() else xr.clone())  # outputs never alias inputs
+        return kernels.forward(xn, weight, bias, tuple(padding))
 
     @fused.register_fake
     def _(x, weight, bias, padding):
@@ -132,7 +130,8 @@ def _define_ops():
     def setup(ctx, inputs, output):
         x, weight, bias, padding = inputs
         y, code, xr = output
-        image = not x.requires_grad  # then the weight gradient reads xr, and x is not kept
+        # The image (no input gradient, read unfolded): the weight gradient reads xr; x is not kept.
+        image = not x.requires_grad and xr.numel() > 0
         ctx.save_for_backward(xr if image else x, weight, code)
         ctx.meta = (image, bias is not None, bias.dtype if bias is not None else None, list(padding))
 
@@ -147,7 +146,7 @@ def _define_ops():
         full = expand_grad(grad, code, ho, wo)
         dx, dw, db = torch.ops.aten.convolution_backward(
             full, x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding, [1, 1], False, [0, 0], 1,
-            [True, ctx.needs_input_grad[1], has_bias and ctx.needs_input_grad[2]])
+            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], has_bias and ctx.needs_input_grad[2]])
         return dx, dw, db, None
 
     fused.register_autograd(backward, setup_context=setup)
@@ -211,14 +210,21 @@ _CONVS = (nn.Conv2d, ImageConv2d, ConvReluPool2d)
 _POOLS = (nn.MaxPool2d, ReduceMaxPool2d, FusedMaxPool2d)
 
 
+def _supported(cin: int, kh: int, kw: int) -> bool:
+    # the kernels' own rule, without importing Triton (a CPU run never needs it)
+    if cin % 16 == 0:
+        return True
+    row = max(16, 1 << (kw * cin - 1).bit_length())
+    return kw * cin <= 64 and kh * row <= 512
+
+
 def _conv_qualifies(m: nn.Module) -> bool:
     if type(m) not in _CONVS:
         return False
     kh, kw = m.kernel_size
     return (m.groups == 1 and _pair(m.dilation) == (1, 1) and _pair(m.stride) == (1, 1)
             and m.padding_mode == "zeros" and not isinstance(m.padding, str)
-            and m.in_channels * kw <= MAX_ROW and m.out_channels <= MAX_OUT
-            and m.kernel_size[0] > 0)
+            and m.out_channels <= MAX_OUT and _supported(m.in_channels, kh, kw))
 
 
 def _pool_qualifies(m: nn.Module) -> bool:

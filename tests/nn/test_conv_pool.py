@@ -36,10 +36,12 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
     # (batch, cin, h, w, cout, k, padding, x needs a gradient, bias): the image's 3-channel 5x5
     # conv (weight-gradient kernel), a later 32-channel one (row of 160: several chunks; cuDNN's
     # input gradient), odd sizes (floor mode drops a row and a column), 1 channel, no padding, no
-    # bias, and 8 channels (read padded but not unfolded, a row of 24: a masked last chunk).
+    # bias, 8 channels (unfolded rows of 24 in 32), and 16 channels with no input gradient
+    # (read in place, gradients by cuDNN's path).
     cases = [(2, 3, 12, 12, 32, 5, 2, False, True), (3, 32, 8, 8, 64, 5, 2, True, True),
              (2, 5, 9, 11, 20, 3, 1, True, True), (2, 1, 7, 9, 16, 3, 0, False, False),
-             (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True)]
+             (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True),
+             (2, 16, 7, 7, 8, 3, 1, False, True)]
     for n, cin, h, w, cout, k, p, xg, bias in cases:
         x = torch.randn(n, cin, h, w).contiguous(memory_format=torch.channels_last).requires_grad_(xg)
         wt = torch.randn(cout, cin, k, k, requires_grad=True)
@@ -119,7 +121,8 @@ def test_convert_fuses_only_the_blocks_it_computes_exactly_and_keeps_the_paramet
         nn.Conv2d(8, 8, 3, stride=2, padding=1), nn.ReLU(), nn.MaxPool2d(2),         # stride 2
         nn.Conv2d(8, 8, 3, padding=1), nn.GELU(), nn.MaxPool2d(2),                   # not ReLU
         nn.Sequential(nn.Conv2d(8, 200, 1), nn.ReLU(), nn.MaxPool2d(2)),             # 200 > MAX_OUT
-        nn.Sequential(nn.Conv2d(200, 8, 1), nn.ReLU(), nn.MaxPool2d(2, 2)))           # nested: fused
+        nn.Sequential(nn.Conv2d(208, 8, 1), nn.ReLU(), nn.MaxPool2d(2, 2)),          # nested: fused
+        nn.Sequential(nn.Conv2d(24, 8, 5), nn.ReLU(), nn.MaxPool2d(2)))              # 24 x 5 > 64, 24 % 16
     before = copy.deepcopy(m.state_dict())
     assert convert(m, "triton") == 2
     assert [type(k) for k in m[0:3]] == [ConvReluPool2d, FusedReLU, FusedMaxPool2d]
