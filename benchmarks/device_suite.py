@@ -248,6 +248,20 @@ def part_commands(p: str, workers: str) -> dict:
                                   "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
                                   "--variants", "off,compile",
                                   "--out", os.path.join(p("roofline-convpool"), "profile-alexnet-small.json")), 360),
+        # The fused blocks in real training on the GPU (bf16): alexnet-small on Fashion-MNIST,
+        # 3 epochs, fused and unfused, compiled and not; the runs' summaries side by side.
+        "convpool-train": (["bash", "-c", "; ".join(
+            shlex.join(_py(*sh, "train", "--model", "alexnet-small", "--dataset", "fashion-mnist", "--data-dir",
+                           os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--device", "cuda", "--workers", "1",
+                           "--epochs", "3", "--batch-size", "128", "--lr", "0.05", "--precision", "bf16",
+                           "--channels-last", "--seed", "0", "--eval-points", "1", "--no-progress",
+                           "--conv-pool", cp, "--compile", comp, "--out", os.path.join(p("convpool-train"), f"{cp}-{comp}")))
+            for comp in ("off", "default") for cp in ("off", "triton")) + "; " + shlex.join(_py("-c", (
+                "import json,glob,sys\n"
+                "for f in sorted(glob.glob(sys.argv[1] + '/*/summary.json')):\n"
+                "    s = json.load(open(f)); print(f.split('/')[-2], 'acc', s.get('test_accuracy'), 'wall_time_s',"
+                " s.get('wall_time_s'), 'samples_per_s', s.get('samples_per_s'), 'conv_pools', s.get('conv_pools'), 'compile', s.get('compile'),"
+                " 'step_mode', s.get('step_mode'))"), p("convpool-train")))], 420),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
