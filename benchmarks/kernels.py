@@ -19,7 +19,8 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   sum, torch.compile'd, and a matmul with a ones vector (the reduction on tensor cores).
 * conv-pool-1/2/3: alexnet-small's three conv 5x5 + ReLU + 2x2 max-pool blocks, forward and
   backward. Variants: aten's three ops in channels_last, torch.compile'd, and shmlearn's fused
-  Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py). Floor: the fused block's bytes.
+  Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py; for blocks 2 and 3 also with
+  each backward forced: shmlearn's kernels, cuDNN's). Floor: the fused block's bytes.
 
 Every variant is captured in a CUDA graph (as the step is) and timed by CUDA events: 5 runs of
 200 replays after warm-up, the median, with p25-p75. Inputs are random, never zeros. The floor is
@@ -187,14 +188,19 @@ def conv_pool_cases(block: str):
             from shmlearn.nn.conv_pool import conv_relu_pool2d
             return conv_relu_pool2d(x, w, b, 2)
 
-        def case(fn):
+        def case(fn, backward="auto"):
             x = x0.clone().requires_grad_(x_grad)
             w = w0.clone().requires_grad_(True)
             b = b0.clone().requires_grad_(True)
 
             def step():
-                w.grad = b.grad = x.grad = None
-                fn(x, w, b).backward(gy)
+                from shmlearn.nn import conv_pool
+                conv_pool.BACKWARD, before = backward, conv_pool.BACKWARD
+                try:
+                    w.grad = b.grad = x.grad = None
+                    fn(x, w, b).backward(gy)
+                finally:
+                    conv_pool.BACKWARD = before
                 return (w.grad, b.grad) + ((x.grad,) if x_grad else ())
             return step
 
@@ -202,6 +208,9 @@ def conv_pool_cases(block: str):
         if device.type == "cuda":
             cases["compiled (Inductor)"] = case(torch.compile(aten, dynamic=False))
             cases["fused Triton (--conv-pool triton)"] = case(fused)
+            if x_grad:  # the later blocks' two backwards, each forced
+                cases["fused, backward by shmlearn's kernels"] = case(fused, "triton")
+                cases["fused, backward by cuDNN"] = case(fused, "cudnn")
         return cases
 
     def nbytes(batch: int) -> int:

@@ -53,6 +53,13 @@ def _pool_store(acc_i, i, best, arg):
 
 
 @triton.jit
+def _pool4(v, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+    """(max, first argmax) over the 4 window positions of v [4 * BLOCK_Q, BLOCK_N], rows i * BLOCK_Q + j."""
+    v3 = tl.reshape(v, (4, BLOCK_Q, BLOCK_N))
+    return tl.max(v3, axis=0), tl.argmax(v3, axis=0, tie_break_left=True).to(tl.int32)
+
+
+@triton.jit
 def _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N: tl.constexpr, BLOCK_N: tl.constexpr):
     dead = best <= 0.0
     at = q.to(tl.int64)[:, None] * N + co[None, :]
@@ -89,7 +96,7 @@ def _unfold_kernel(x_ptr, xr_ptr, R, H, W, HPAD, WO, C: tl.constexpr, ROW: tl.co
 def _forward_rows_kernel(xr_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, ROWS, S_CO, S_KY, S_KX, S_CI,
                          CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, ROW: tl.constexpr,
                          XROW: tl.constexpr, KT: tl.constexpr, HAS_BIAS: tl.constexpr,
-                         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
+                         BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr, STACK: tl.constexpr):
     """The image's block from the unfolded input: a whole window (KH rows of XROW values) is one
     [BLOCK_Q, KT] tile and one tl.dot per window position."""
     q = tl.program_id(0) * BLOCK_Q + tl.arange(0, BLOCK_Q)
@@ -106,16 +113,30 @@ def _forward_rows_kernel(xr_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, 
     w_at = ky * S_KY + (kk // CIN) * S_KX + (kk % CIN) * S_CI
     wt = tl.load(w_ptr + w_at[:, None] + co[None, :] * S_CO,
                  mask=(col_ok & (kk < ROW))[:, None] & (co < N)[None, :], other=0.0)
-    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
-    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + co, mask=co < N, other=0.0).to(tl.float32)[None, :]
-    for i in tl.static_range(4):
-        a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * XROW), mask=q_ok[:, None] & col_ok[None, :], other=0.0)
+    if STACK:  # the 4 window positions as 4 * BLOCK_Q rows of one tile: one tl.dot
+        m = tl.arange(0, 4 * BLOCK_Q)
+        i4 = m // BLOCK_Q
+        qm = tl.program_id(0) * BLOCK_Q + m % BLOCK_Q
+        nm = qm // (HP * WP)
+        rm = qm % (HP * WP)
+        bm = nm.to(tl.int64) * IMG + (2 * (rm // WP) + i4 // 2) * ROWS + (2 * (rm % WP) + i4 % 2) * XROW
+        a = tl.load(xr_ptr + bm[:, None] + (ky * ROWS + kk)[None, :], mask=(qm < Q)[:, None] & col_ok[None, :],
+                    other=0.0)
         acc = tl.dot(a, wt)
         if HAS_BIAS:
             acc += bias
-        best, arg = _pool_store(acc.to(y_ptr.dtype.element_ty).to(tl.float32), i, best, arg)
+        best, arg = _pool4(acc.to(y_ptr.dtype.element_ty).to(tl.float32), BLOCK_Q, BLOCK_N)
+    else:
+        best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
+        arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
+        for i in tl.static_range(4):
+            a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * XROW), mask=q_ok[:, None] & col_ok[None, :], other=0.0)
+            acc = tl.dot(a, wt)
+            if HAS_BIAS:
+                acc += bias
+            best, arg = _pool_store(acc.to(y_ptr.dtype.element_ty).to(tl.float32), i, best, arg)
     _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N, BLOCK_N)
 
 
@@ -123,7 +144,7 @@ def _forward_rows_kernel(xr_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, HP, WP, IMG, 
 def _forward_direct_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP, S_CO, S_KY, S_KX, S_CI,
                            CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
                            PH: tl.constexpr, PW: tl.constexpr, HAS_BIAS: tl.constexpr,
-                           BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+                           BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr, STACK: tl.constexpr):
     """A block whose input has a multiple of 16 channels, read in place (NHWC): chunks of
     BLOCK_K channels of one (ky, kx) tap, masked at the border by a mask constant along the
     chunk (so still vector loads)."""
@@ -136,10 +157,39 @@ def _forward_direct_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP
     image = n.to(tl.int64) * H
     kk0 = tl.arange(0, BLOCK_K)
     co = tl.arange(0, BLOCK_N)
-    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
-    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
     if HAS_BIAS:
         bias = tl.load(b_ptr + co, mask=co < N, other=0.0).to(tl.float32)[None, :]
+    if STACK:  # the 4 window positions as 4 * BLOCK_Q rows of one tile: one tl.dot per chunk
+        m = tl.arange(0, 4 * BLOCK_Q)
+        i4 = m // BLOCK_Q
+        qm = tl.program_id(0) * BLOCK_Q + m % BLOCK_Q
+        qm_ok = qm < Q
+        nm = qm // (HP * WP)
+        rm = qm % (HP * WP)
+        oym = 2 * (rm // WP) + i4 // 2
+        oxm = 2 * (rm % WP) + i4 % 2
+        bm = ((nm.to(tl.int64) * H + oym) * W + oxm) * CIN  # the tap (0, 0) at (oy, ox), before padding
+        ptrs = x_ptr + bm[:, None] + kk0[None, :]
+        acc = tl.zeros((4 * BLOCK_Q, BLOCK_N), tl.float32)
+        for ky in range(KH):
+            iy = oym + ky - PH
+            row_ok = qm_ok & (iy >= 0) & (iy < H)
+            for c in tl.static_range(KW * CIN // BLOCK_K):
+                kx = (c * BLOCK_K) // CIN  # constexpr: one tap per chunk
+                ci0 = (c * BLOCK_K) % CIN
+                ix = oxm + kx - PW
+                ok = row_ok & (ix >= 0) & (ix < W)
+                a = tl.load(ptrs + (((ky - PH) * W + kx - PW) * CIN + ci0), mask=ok[:, None], other=0.0)
+                wt = tl.load(w_ptr + (ky * S_KY + kx * S_KX + (ci0 + kk0) * S_CI)[:, None] + co[None, :] * S_CO,
+                             mask=(co < N)[None, :], other=0.0)
+                acc = tl.dot(a, wt, acc)
+        if HAS_BIAS:
+            acc += bias
+        best, arg = _pool4(acc.to(y_ptr.dtype.element_ty).to(tl.float32), BLOCK_Q, BLOCK_N)
+        _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N, BLOCK_N)
+        return
+    best = tl.full((BLOCK_Q, BLOCK_N), float("-inf"), tl.float32)
+    arg = tl.zeros((BLOCK_Q, BLOCK_N), tl.int32)
     for i in tl.static_range(4):
         oy = 2 * py + i // 2
         ox = 2 * px + i % 2
@@ -202,6 +252,103 @@ def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP
     tl.store(db_ptr + pid * BLOCK_N + co, bacc)
 
 
+@triton.jit
+def _input_grad_kernel(dy_ptr, code_ptr, w_ptr, dx_ptr, P, H, W, HP, WP, S_CO, S_CI, S_KY, S_KX,
+                       CIN: tl.constexpr, N: tl.constexpr, KH: tl.constexpr, KW: tl.constexpr,
+                       PH: tl.constexpr, PW: tl.constexpr,
+                       BLOCK_P: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_N: tl.constexpr):
+    """dx of a block (NHWC), straight from the pooled gradient and the codes: for each input
+    pixel and tap, the conv output pixel it fed, that pixel's window and position; its gradient
+    is the pooled one where the code names that position, else 0. No full-size gradient."""
+    p = tl.program_id(0) * BLOCK_P + tl.arange(0, BLOCK_P)
+    p_ok = p < P
+    n = p // (H * W)
+    r = p % (H * W)
+    iy = r // W
+    ix = r % W
+    ci = tl.arange(0, BLOCK_C)
+    co0 = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_P, BLOCK_C), tl.float32)
+    for ky in range(KH):
+        oy = iy + PH - ky
+        y_ok = p_ok & (oy >= 0) & (oy < 2 * HP)
+        oy = tl.where(y_ok, oy, 0)
+        for kx in range(KW):
+            ox = ix + PW - kx
+            ok = y_ok & (ox >= 0) & (ox < 2 * WP)
+            ox = tl.where(ok, ox, 0)
+            pos = (oy % 2) * 2 + ox % 2
+            pq = ((n * HP + oy // 2) * WP + ox // 2).to(tl.int64)
+            for c in tl.static_range((N + BLOCK_N - 1) // BLOCK_N):
+                co = c * BLOCK_N + co0
+                at = pq[:, None] * N + co[None, :]
+                if N % BLOCK_N == 0:
+                    g = tl.load(dy_ptr + at, mask=ok[:, None], other=0.0)
+                    k = tl.load(code_ptr + at, mask=ok[:, None], other=255)
+                else:
+                    m = ok[:, None] & (co < N)[None, :]
+                    g = tl.load(dy_ptr + at, mask=m, other=0.0)
+                    k = tl.load(code_ptr + at, mask=m, other=255)
+                gt = tl.where(k.to(tl.int32) == pos[:, None], g, 0.0).to(g.dtype)
+                wt = tl.load(w_ptr + co[:, None] * S_CO + ci[None, :] * S_CI + ky * S_KY + kx * S_KX,
+                             mask=(co < N)[:, None] & (ci < CIN)[None, :], other=0.0)
+                acc = tl.dot(gt, wt, acc)
+    at = p.to(tl.int64)[:, None] * CIN + ci[None, :]
+    if CIN == BLOCK_C:
+        tl.store(dx_ptr + at, acc.to(dx_ptr.dtype.element_ty), mask=p_ok[:, None])
+    else:
+        tl.store(dx_ptr + at, acc.to(dx_ptr.dtype.element_ty), mask=p_ok[:, None] & (ci < CIN)[None, :])
+
+
+@triton.jit
+def _weight_grad_direct_kernel(x_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, H, W, HP, WP, BLOCKS,
+                               CIN: tl.constexpr, N: tl.constexpr, KW: tl.constexpr, PH: tl.constexpr,
+                               PW: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_K: tl.constexpr,
+                               BLOCK_N: tl.constexpr):
+    """A block's weight and bias gradients with x read in place (in_channels a multiple of 16):
+    program (pid, part) sums one BLOCK_K-channel chunk of one tap over its share of the pixel
+    blocks, the 4 window positions as one tile of 4 * BLOCK_Q rows."""
+    pid = tl.program_id(0)
+    part = tl.program_id(1)
+    programs = tl.num_programs(0)
+    chunks = KW * CIN // BLOCK_K
+    ky = part // chunks
+    c = part % chunks
+    kx = (c * BLOCK_K) // CIN
+    ci0 = tl.multiple_of((c * BLOCK_K) % CIN, BLOCK_K)
+    m = tl.arange(0, 4 * BLOCK_Q)
+    i4 = m // BLOCK_Q
+    j = m % BLOCK_Q
+    kk = tl.arange(0, BLOCK_K)
+    co = tl.arange(0, BLOCK_N)
+    acc = tl.zeros((BLOCK_K, BLOCK_N), tl.float32)
+    bacc = tl.zeros((BLOCK_N,), tl.float32)
+    for blk in range(pid, BLOCKS, programs):
+        qm = blk * BLOCK_Q + j
+        qm_ok = qm < Q
+        nm = qm // (HP * WP)
+        rm = qm % (HP * WP)
+        iy = 2 * (rm // WP) + i4 // 2 + ky - PH
+        ix = 2 * (rm % WP) + i4 % 2 + kx - PW
+        ok = qm_ok & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
+        a = tl.load(x_ptr + (((nm.to(tl.int64) * H + iy) * W + ix) * CIN + ci0)[:, None] + kk[None, :],
+                    mask=ok[:, None], other=0.0)
+        at = qm.to(tl.int64)[:, None] * N + co[None, :]
+        if N == BLOCK_N:
+            g = tl.load(dy_ptr + at, mask=qm_ok[:, None], other=0.0)
+            k = tl.load(code_ptr + at, mask=qm_ok[:, None], other=255)
+        else:
+            mk = qm_ok[:, None] & (co < N)[None, :]
+            g = tl.load(dy_ptr + at, mask=mk, other=0.0)
+            k = tl.load(code_ptr + at, mask=mk, other=255)
+        gi = tl.where(k.to(tl.int32) == i4[:, None], g, 0.0).to(g.dtype)
+        acc = tl.dot(tl.trans(a), gi, acc)
+        bacc += tl.sum(gi.to(tl.float32), axis=0)
+    tl.store(dw_ptr + ((pid * tl.num_programs(1) + part) * BLOCK_K + kk)[:, None] * BLOCK_N + co[None, :], acc)
+    if part == 0:
+        tl.store(db_ptr + pid * BLOCK_N + co, bacc)
+
+
 def _pow2(n: int) -> int:
     return max(16, triton.next_power_of_2(n))
 
@@ -230,13 +377,21 @@ def supported(cin: int, kh: int, kw: int) -> bool:
     return kw * cin <= MAX_UNFOLDED_ROW and kh * _pow2(kw * cin) <= MAX_WINDOW
 
 
-_CONFIGS_ROWS = [triton.Config({"BLOCK_Q": bq}, num_warps=nw) for bq, nw in ((32, 4), (64, 4), (64, 8), (128, 8))]
-_CONFIGS_DIRECT = [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk}, num_warps=nw, num_stages=ns)
-                   for bq, bk, nw, ns in ((32, 32, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 4, 3),
-                                          (128, 32, 8, 2), (128, 16, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2))]
-"""What the autotuners try on the first call per shape (the direct kernel's BLOCK_K must divide
-in_channels: a chunk is one tap's channels)."""
+_CONFIGS_ROWS = ([triton.Config({"BLOCK_Q": bq, "STACK": False}, num_warps=nw) for bq, nw in ((32, 4), (64, 4), (64, 8), (128, 8))]
+                 + [triton.Config({"BLOCK_Q": bq, "STACK": True}, num_warps=nw) for bq, nw in ((16, 4), (32, 4), (32, 8))])
+_CONFIGS_DIRECT = ([triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "STACK": False}, num_warps=nw, num_stages=ns)
+                    for bq, bk, nw, ns in ((32, 32, 4, 2), (64, 16, 4, 2), (64, 32, 4, 2), (64, 32, 4, 3),
+                                           (128, 32, 8, 2), (128, 16, 8, 3), (64, 64, 4, 2), (128, 64, 8, 2))]
+                   + [triton.Config({"BLOCK_Q": bq, "BLOCK_K": bk, "STACK": True}, num_warps=nw, num_stages=ns)
+                      for bq, bk, nw, ns in ((16, 32, 4, 2), (32, 32, 4, 2), (32, 32, 8, 3), (16, 64, 4, 2),
+                                             (32, 16, 4, 3), (64, 32, 8, 2))])
+"""What the autotuners try on the first call per shape: the 4 window positions one after the
+other (STACK False) or as one tile of 4 x BLOCK_Q rows (fewer, larger tl.dots: what a small batch
+wants); the direct kernel's BLOCK_K must divide in_channels (a chunk is one tap's channels)."""
 _TUNED = {}
+INTERPRET_STACK = False
+"""Which form the forward kernels take in Triton's interpreter (one fixed config there; the
+tests run both)."""
 
 
 def _tuned(kind: str, cin: int = 0):
@@ -306,14 +461,17 @@ def forward(x_nhwc: torch.Tensor, weight: torch.Tensor, bias, padding):
         xrow = xr.shape[3]
         kw_ = dict(geo, **common, ROW=kw * cin, XROW=xrow, KT=_pow2(kh * xrow))
         if _interpreted():  # one fixed config, large tiles: the interpreter's cost is per program and op
-            _forward_rows_kernel[(triton.cdiv(geo["Q"], 128),)](*args(xr), **kw_, BLOCK_Q=128)
+            bq = 32 if INTERPRET_STACK else 128
+            _forward_rows_kernel[(triton.cdiv(geo["Q"], bq),)](*args(xr), **kw_, BLOCK_Q=bq, STACK=INTERPRET_STACK)
         else:
             _tuned("rows")[lambda m: (triton.cdiv(geo["Q"], m["BLOCK_Q"]),)](*args(xr), **kw_)
     else:
         q = n * hp * wp
         kw_ = dict(common, Q=q, H=h, W=w, HP=hp, WP=wp, KW=kw, PH=ph, PW=pw)
         if _interpreted():
-            _forward_direct_kernel[(triton.cdiv(q, 128),)](*args(x_nhwc), **kw_, BLOCK_Q=128, BLOCK_K=min(64, cin))
+            bq = 32 if INTERPRET_STACK else 128
+            _forward_direct_kernel[(triton.cdiv(q, bq),)](*args(x_nhwc), **kw_, BLOCK_Q=bq, BLOCK_K=min(64, cin),
+                                                          STACK=INTERPRET_STACK)
         else:
             _tuned("direct", cin)[lambda m: (triton.cdiv(q, m["BLOCK_Q"]),)](*args(x_nhwc), **kw_)
     return y, code, xr
@@ -339,3 +497,39 @@ def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor
                                           XROW=xrow, KT=kt, BLOCK_Q=block_q, BLOCK_N=bn, num_warps=4)
     dw = dw.sum(0)[:kh * xrow].view(kh, xrow, bn)[:, :kw * cin, :cout].reshape(kh, kw, cin, cout).permute(3, 2, 0, 1)
     return dw, db.sum(0)[:cout]
+
+
+def input_and_weight_grad(x_nhwc: torch.Tensor, weight: torch.Tensor, dy_nhwc: torch.Tensor,
+                          code_nhwc: torch.Tensor, padding, need_dx: bool = True):
+    """(dx NHWC in x's dtype or None, dw [cout, cin, kh, kw] fp32, db [cout] fp32) of a block
+    that reads x in place (in_channels a multiple of 16), from the pooled gradient and the codes."""
+    n, h, w, cin = x_nhwc.shape
+    cout, _, kh, kw = weight.shape
+    hp, wp = dy_nhwc.shape[1], dy_nhwc.shape[2]
+    ph, pw = padding
+    interp = _interpreted()
+    dx = None
+    if need_dx:
+        dx = torch.empty_like(x_nhwc)
+        p_total = n * h * w
+        bp = 64 if interp else 32
+        s_co, s_ci, s_ky, s_kx = weight.stride()
+        _input_grad_kernel[(triton.cdiv(p_total, bp),)](dy_nhwc, code_nhwc, weight, dx, p_total, h, w, hp, wp,
+                                                       s_co, s_ci, s_ky, s_kx, CIN=cin, N=cout, KH=kh, KW=kw, PH=ph,
+                                                       PW=pw, BLOCK_P=bp, BLOCK_C=_pow2(cin),
+                                                       BLOCK_N=min(64, _pow2(cout)), num_warps=4)
+    bk = 32 if cin % 32 == 0 else 16
+    bq = 32 if interp else 16
+    parts = kh * kw * cin // bk
+    q = n * hp * wp
+    blocks = triton.cdiv(q, bq)
+    sms = torch.cuda.get_device_properties(x_nhwc.device).multi_processor_count if x_nhwc.device.type == "cuda" else 4
+    programs = max(1, min(blocks, 4 * sms // parts))
+    bn = _pow2(cout)
+    dw = torch.empty(programs, parts, bk, bn, device=x_nhwc.device, dtype=torch.float32)
+    db = torch.empty(programs, bn, device=x_nhwc.device, dtype=torch.float32)
+    _weight_grad_direct_kernel[(programs, parts)](x_nhwc, dy_nhwc, code_nhwc, dw, db, q, h, w, hp, wp, blocks,
+                                                  CIN=cin, N=cout, KW=kw, PH=ph, PW=pw, BLOCK_Q=bq, BLOCK_K=bk,
+                                                  BLOCK_N=bn, num_warps=4)
+    dw = dw.sum(0).view(kh, kw * cin, bn)[:, :, :cout].reshape(kh, kw, cin, cout).permute(3, 2, 0, 1)
+    return dx, dw, db.sum(0)[:cout]

@@ -141,15 +141,29 @@ def _define_ops():
         if image:  # the image: weight and bias gradients in one kernel, from xr
             dw, db = weight_grad(x, grad, code, list(weight.shape))
             return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
-        _, _, kh, kw = weight.shape
-        ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
-        full = expand_grad(grad, code, ho, wo)
-        dx, dw, db = torch.ops.aten.convolution_backward(
-            full, x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding, [1, 1], False, [0, 0], 1,
-            [ctx.needs_input_grad[0], ctx.needs_input_grad[1], has_bias and ctx.needs_input_grad[2]])
-        return dx, dw, db, None
+        need_dx = bool(ctx.needs_input_grad[0])
+        dx, dw, db = block_backward(x, weight, grad, code, padding, need_dx, has_bias)
+        return (dx if need_dx else None), dw, (db.to(b_dtype) if has_bias else None), None
 
     fused.register_autograd(backward, setup_context=setup)
+
+    @torch.library.custom_op("shmlearn::conv_relu_pool2d_backward", mutates_args=())
+    def block_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor, code: torch.Tensor,
+                       padding: List[int], need_dx: bool, has_bias: bool) -> Tuple[torch.Tensor, torch.Tensor,
+                                                                                    torch.Tensor]:
+        """(dx or empty, dw, db or empty) of a block that is not the image's, by the path
+        `backward_path` picks for this shape: shmlearn's kernels or cuDNN's."""
+        if backward_path(x, weight, grad, code, padding, need_dx) == "triton":
+            out = _triton_backward(x, weight, grad, code, padding, need_dx)
+        else:
+            out = _cudnn_backward(x, weight, grad, code, padding, need_dx)
+        dx, dw, db = out
+        return (dx if need_dx else x.new_empty(0)), dw, (db if has_bias else x.new_empty(0))
+
+    @block_backward.register_fake
+    def _(x, weight, grad, code, padding, need_dx, has_bias):
+        return (torch.empty_like(x) if need_dx else x.new_empty(0), torch.empty_like(weight),
+                grad.new_empty(weight.shape[0]) if has_bias else x.new_empty(0))
 
     # FLOPs for torch.utils.flop_counter (bench/roofline.py): those of the convolution; the
     # weight gradient's are those of a convolution too.
@@ -170,6 +184,63 @@ def _define_ops():
         return conv_flop_count([n, weight_shape[1], 2 * hp, 2 * wp], list(weight_shape), [n, cout, 2 * hp, 2 * wp])
 
     return fused, weight_grad
+
+
+BACKWARD = "auto"
+"""How a block that is not the image's takes its gradients: triton (shmlearn's kernels, from the
+pooled gradient and the codes: no full-size gradient; in_channels a multiple of 16), cudnn (the full-size gradient from the
+codes, then cuDNN's convolution_backward), or auto: on CUDA, both timed on the first call per
+shape (outside a CUDA graph capture) and the faster kept; in Triton's interpreter, triton."""
+_PATHS: dict = {}
+
+
+def _triton_backward(x, weight, grad, code, padding, need_dx):
+    from shmlearn.nn import _conv_pool_triton as kernels
+    nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
+    dxn, dw, db = kernels.input_and_weight_grad(nhwc(x), weight, nhwc(grad), nhwc(code), tuple(padding), need_dx)
+    dx = None
+    if need_dx:
+        dx = dxn.permute(0, 3, 1, 2)  # channels_last memory, as x (the fake's empty_like(x)) when x is
+        if not x.is_contiguous(memory_format=torch.channels_last):
+            dx = torch.empty_like(x).copy_(dx)
+    return dx, torch.empty_like(weight).copy_(dw), db.to(grad.dtype)
+
+
+def _cudnn_backward(x, weight, grad, code, padding, need_dx):
+    _, _, kh, kw = weight.shape
+    ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+    dx, dw, db = torch.ops.aten.convolution_backward(
+        expand_grad(grad, code, ho, wo), x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1,
+        [need_dx, True, True])
+    return dx, torch.empty_like(weight).copy_(dw), db
+
+
+def backward_path(x, weight, grad, code, padding, need_dx) -> str:
+    """`BACKWARD`, or auto's choice for this shape (timed once per process; cuDNN while a CUDA
+    graph is being captured and nothing was timed yet, since timing there is not possible)."""
+    if x.shape[1] % 16:  # shmlearn's kernels read x in place: whole 16-channel chunks only
+        return "cudnn"
+    if BACKWARD != "auto":
+        return BACKWARD
+    if x.device.type != "cuda":
+        return "triton"
+    key = (tuple(x.shape), tuple(weight.shape), tuple(padding), need_dx, x.dtype, x.device)
+    if key in _PATHS:
+        return _PATHS[key]
+    if torch.cuda.is_current_stream_capturing():
+        return "cudnn"
+    times = {}
+    for name, fn in (("triton", _triton_backward), ("cudnn", _cudnn_backward)):
+        fn(x, weight, grad, code, padding, need_dx)  # compile / pick algorithms
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(5):
+            fn(x, weight, grad, code, padding, need_dx)
+        end.record()
+        end.synchronize()
+        times[name] = start.elapsed_time(end)
+    _PATHS[key] = min(times, key=times.get)
+    return _PATHS[key]
 
 
 def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

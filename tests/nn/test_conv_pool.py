@@ -42,11 +42,16 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
              (2, 5, 9, 11, 20, 3, 1, True, True), (2, 1, 7, 9, 16, 3, 0, False, False),
              (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True),
              (2, 16, 7, 7, 8, 3, 1, False, True)]
-    for n, cin, h, w, cout, k, p, xg, bias in cases:
-        x = torch.randn(n, cin, h, w).contiguous(memory_format=torch.channels_last).requires_grad_(xg)
-        wt = torch.randn(cout, cin, k, k, requires_grad=True)
-        b = torch.randn(cout, requires_grad=True) if bias else None
-        _check(x, wt, b, p, (1e-4, 1e-4))
+    from shmlearn.nn import _conv_pool_triton as kernels, conv_pool
+    # the forward's two forms (the autotuner picks one per shape on a GPU) and the later blocks'
+    # two backwards (shmlearn's kernels, or the full gradient and cuDNN's: timed per shape on a GPU)
+    for stack, backward in ((False, "triton"), (True, "cudnn")):
+        kernels.INTERPRET_STACK, conv_pool.BACKWARD = stack, backward
+        for n, cin, h, w, cout, k, p, xg, bias in cases:
+            x = torch.randn(n, cin, h, w).contiguous(memory_format=torch.channels_last).requires_grad_(xg)
+            wt = torch.randn(cout, cin, k, k, requires_grad=True)
+            b = torch.randn(cout, requires_grad=True) if bias else None
+            _check(x, wt, b, p, (1e-4, 1e-4))
 
 
 @interpreted
@@ -54,12 +59,16 @@ def test_ties_and_windows_relu_cut_get_the_gradient_torch_gives_them():
     # Small integers: every sum is exact in fp32, so whole windows tie (the first position in
     # window order gets the gradient, as max_pool2d gives it) and many maxima are <= 0 (no
     # gradient through ReLU); both paths of the backward, bit for bit.
+    from shmlearn.nn import _conv_pool_triton as kernels, conv_pool
     torch.manual_seed(1)
-    for xg in (False, True):
-        x = torch.randint(-1, 2, (2, 3, 12, 12)).float().contiguous(memory_format=torch.channels_last)
+    for stack, xg, backward in ((False, False, "auto"), (False, True, "triton"), (True, False, "auto"),
+                                (True, True, "cudnn")):
+        kernels.INTERPRET_STACK, conv_pool.BACKWARD = stack, backward
+        cin = 16 if xg else 3  # a later block (x read in place) and the image (unfolded)
+        x = torch.randint(-1, 2, (2, cin, 16, 16)).float().contiguous(memory_format=torch.channels_last)
         x.requires_grad_(xg)
-        w = torch.randint(-1, 2, (8, 3, 3, 3)).float().requires_grad_()
-        b = torch.full((8,), -2.0, requires_grad=True)
+        w = torch.randint(-1, 2, (8, cin, 3, 3)).float().requires_grad_()
+        b = torch.full((8,), -2.0 if cin == 3 else -6.0, requires_grad=True)
         ref = _reference(x, w, b, 1)
         windows = F.unfold(F.conv2d(x, w, b, 1, 1).detach().flatten(0, 1).unsqueeze(1), 2, stride=2)
         ties = ((windows == windows.amax(1, keepdim=True)).sum(1) > 1) & (windows.amax(1) > 0)
