@@ -152,8 +152,8 @@ def _define_ops():
                        padding: List[int], need_dx: bool, has_bias: bool) -> Tuple[torch.Tensor, torch.Tensor,
                                                                                     torch.Tensor]:
         """(dx or empty, dw, db or empty) of a block that is not the image's, by the path
-        `backward_path` picks for this shape: shmlearn's kernels or cuDNN's."""
-        if backward_path(x, weight, grad, code, padding, need_dx) == "triton":
+        `backward_path` picks: shmlearn's kernels or cuDNN's."""
+        if backward_path(x) == "triton":
             out = _triton_backward(x, weight, grad, code, padding, need_dx)
         else:
             out = _cudnn_backward(x, weight, grad, code, padding, need_dx)
@@ -186,12 +186,14 @@ def _define_ops():
     return fused, weight_grad
 
 
-BACKWARD = "auto"
-"""How a block that is not the image's takes its gradients: triton (shmlearn's kernels, from the
-pooled gradient and the codes: no full-size gradient; in_channels a multiple of 16), cudnn (the full-size gradient from the
-codes, then cuDNN's convolution_backward), or auto: on CUDA, both timed on the first call per
-shape (outside a CUDA graph capture) and the faster kept; in Triton's interpreter, triton."""
-_PATHS: dict = {}
+BACKWARD = "cudnn"
+"""How a block that is not the image's takes its gradients: cudnn (the full-size gradient from
+the codes, one pointwise kernel, then cuDNN's convolution_backward) or triton (shmlearn's
+kernels straight from the pooled gradient and the codes, no full-size gradient; in_channels a
+multiple of 16). On one H100 shmlearn's were slower for every alexnet-small block measured
+(block 2: 129 against 92 us at batch 128, 852 against 398 at 1024; kernels.py, 
+benchmarks/results/conv-pool-h100/), so cudnn is the default; triton stays for the tests and
+for other GPUs and shapes."""
 
 
 def _triton_backward(x, weight, grad, code, padding, need_dx):
@@ -215,32 +217,9 @@ def _cudnn_backward(x, weight, grad, code, padding, need_dx):
     return dx, torch.empty_like(weight).copy_(dw), db
 
 
-def backward_path(x, weight, grad, code, padding, need_dx) -> str:
-    """`BACKWARD`, or auto's choice for this shape (timed once per process; cuDNN while a CUDA
-    graph is being captured and nothing was timed yet, since timing there is not possible)."""
-    if x.shape[1] % 16:  # shmlearn's kernels read x in place: whole 16-channel chunks only
-        return "cudnn"
-    if BACKWARD != "auto":
-        return BACKWARD
-    if x.device.type != "cuda":
-        return "triton"
-    key = (tuple(x.shape), tuple(weight.shape), tuple(padding), need_dx, x.dtype, x.device)
-    if key in _PATHS:
-        return _PATHS[key]
-    if torch.cuda.is_current_stream_capturing():
-        return "cudnn"
-    times = {}
-    for name, fn in (("triton", _triton_backward), ("cudnn", _cudnn_backward)):
-        fn(x, weight, grad, code, padding, need_dx)  # compile / pick algorithms
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(5):
-            fn(x, weight, grad, code, padding, need_dx)
-        end.record()
-        end.synchronize()
-        times[name] = start.elapsed_time(end)
-    _PATHS[key] = min(times, key=times.get)
-    return _PATHS[key]
+def backward_path(x) -> str:
+    """`BACKWARD` where shmlearn's kernels apply (in_channels a multiple of 16), else cudnn."""
+    return "cudnn" if x.shape[1] % 16 else BACKWARD
 
 
 def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],

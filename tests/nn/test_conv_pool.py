@@ -44,7 +44,7 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
              (2, 16, 7, 7, 8, 3, 1, False, True)]
     from shmlearn.nn import _conv_pool_triton as kernels, conv_pool
     # the forward's two forms (the autotuner picks one per shape on a GPU) and the later blocks'
-    # two backwards (shmlearn's kernels, or the full gradient and cuDNN's: timed per shape on a GPU)
+    # two backwards (shmlearn's kernels, or the full gradient and cuDNN's: conv_pool.BACKWARD)
     for stack, backward in ((False, "triton"), (True, "cudnn")):
         kernels.INTERPRET_STACK, conv_pool.BACKWARD = stack, backward
         for n, cin, h, w, cout, k, p, xg, bias in cases:
@@ -61,7 +61,7 @@ def test_ties_and_windows_relu_cut_get_the_gradient_torch_gives_them():
     # gradient through ReLU); both paths of the backward, bit for bit.
     from shmlearn.nn import _conv_pool_triton as kernels, conv_pool
     torch.manual_seed(1)
-    for stack, xg, backward in ((False, False, "auto"), (False, True, "triton"), (True, False, "auto"),
+    for stack, xg, backward in ((False, False, "cudnn"), (False, True, "triton"), (True, False, "cudnn"),
                                 (True, True, "cudnn")):
         kernels.INTERPRET_STACK, conv_pool.BACKWARD = stack, backward
         cin = 16 if xg else 3  # a later block (x read in place) and the image (unfolded)
