@@ -142,6 +142,13 @@ def _define_ops():
             dw, db = weight_grad(x, grad, code, list(weight.shape))
             return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
         need_dx = bool(ctx.needs_input_grad[0])
+        if backward_path(x) == "cudnn":  # plain torch ops here, so that Inductor fuses the expansion
+            _, _, kh, kw = weight.shape
+            ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
+            dx, dw, db = torch.ops.aten.convolution_backward(
+                expand_grad(grad, code, ho, wo), x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding,
+                [1, 1], False, [0, 0], 1, [need_dx, bool(ctx.needs_input_grad[1]), has_bias])
+            return dx, dw, db, None
         dx, dw, db = block_backward(x, weight, grad, code, padding, need_dx, has_bias)
         return (dx if need_dx else None), dw, (db.to(b_dtype) if has_bias else None), None
 
@@ -151,13 +158,8 @@ def _define_ops():
     def block_backward(x: torch.Tensor, weight: torch.Tensor, grad: torch.Tensor, code: torch.Tensor,
                        padding: List[int], need_dx: bool, has_bias: bool) -> Tuple[torch.Tensor, torch.Tensor,
                                                                                     torch.Tensor]:
-        """(dx or empty, dw, db or empty) of a block that is not the image's, by the path
-        `backward_path` picks: shmlearn's kernels or cuDNN's."""
-        if backward_path(x) == "triton":
-            out = _triton_backward(x, weight, grad, code, padding, need_dx)
-        else:
-            out = _cudnn_backward(x, weight, grad, code, padding, need_dx)
-        dx, dw, db = out
+        """(dx or empty, dw, db or empty) of a block that is not the image's, by shmlearn's kernels."""
+        dx, dw, db = _triton_backward(x, weight, grad, code, padding, need_dx)
         return (dx if need_dx else x.new_empty(0)), dw, (db if has_bias else x.new_empty(0))
 
     @block_backward.register_fake
@@ -206,15 +208,6 @@ def _triton_backward(x, weight, grad, code, padding, need_dx):
         if not x.is_contiguous(memory_format=torch.channels_last):
             dx = torch.empty_like(x).copy_(dx)
     return dx, torch.empty_like(weight).copy_(dw), db.to(grad.dtype)
-
-
-def _cudnn_backward(x, weight, grad, code, padding, need_dx):
-    _, _, kh, kw = weight.shape
-    ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
-    dx, dw, db = torch.ops.aten.convolution_backward(
-        expand_grad(grad, code, ho, wo), x, weight, [weight.shape[0]], [1, 1], padding, [1, 1], False, [0, 0], 1,
-        [need_dx, True, True])
-    return dx, torch.empty_like(weight).copy_(dw), db
 
 
 def backward_path(x) -> str:
