@@ -12,7 +12,8 @@ The backward:
   each window position's gradient from the pooled gradient and the codes as it goes and sums the
   weight and bias gradients; the full-size gradient is never written;
 * otherwise: the full-size gradient from the codes (pointwise: Inductor fuses it) and torch's
-  convolution_backward (cuDNN) for the input, weight and bias gradients.
+  convolution_backward (cuDNN) for the input, weight and bias gradients; or, with
+  `BACKWARD = "triton"`, shmlearn's kernels straight from the codes (slower on an H100: below).
 
 Exact where it applies: the same outputs and gradients as the three modules, ties included (the
 first maximum in window order gets the gradient, as max_pool2d gives it; a window whose maximum is
