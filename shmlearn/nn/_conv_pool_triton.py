@@ -38,6 +38,8 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+from shmlearn.nn.conv_pool import unfolds
+
 DEAD = 255
 """The code of a pooled value whose window max was <= 0: ReLU passed no gradient."""
 
@@ -355,26 +357,6 @@ def _pow2(n: int) -> int:
 
 def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET") == "1"
-
-
-MAX_UNFOLDED_ROW = 64
-"""Largest kw x cin of a block read unfolded (cin not a multiple of 16): its window, kh rows of
-up to 64 values, is one tile."""
-MAX_WINDOW = 512
-"""Largest kh x (unfolded row) of such a block: a [BLOCK_Q, window] tile in registers."""
-
-
-def unfolds(cin: int) -> bool:
-    """Whether a block with cin input channels reads a row-unfolded input (`prepare`): when a
-    pixel's channels are not whole 16-value chunks (the image's 1 or 3); else it reads x itself."""
-    return cin % 16 != 0
-
-
-def supported(cin: int, kh: int, kw: int) -> bool:
-    """Whether the kernels run a block with this input and kernel size."""
-    if not unfolds(cin):
-        return True
-    return kw * cin <= MAX_UNFOLDED_ROW and kh * _pow2(kw * cin) <= MAX_WINDOW
 
 
 _CONFIGS_ROWS = ([triton.Config({"BLOCK_Q": bq, "STACK": False}, num_warps=nw) for bq, nw in ((32, 4), (64, 4), (64, 8), (128, 8))]

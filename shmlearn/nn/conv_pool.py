@@ -44,7 +44,11 @@ MODES = ("off", "triton", "auto")
 CUDA with Triton installed, off otherwise."""
 MAX_OUT = 128
 """Largest out_channels: a program holds all of them (two fp32 tiles of BLOCK_Q x out_channels)."""
-DEAD = 255
+MAX_UNFOLDED_ROW = 64
+"""Largest kw x cin of a block read unfolded (cin not a multiple of 16): its window, kh rows of
+up to 64 values each (zero-filled to a power of two), is one tile."""
+MAX_WINDOW = 512
+"""Largest kh x (unfolded row) of such a block: a [BLOCK_Q, window] tile in registers."""
 
 
 def _pair(v) -> Tuple[int, int]:
@@ -213,7 +217,7 @@ def _triton_backward(x, weight, grad, code, padding, need_dx):
 
 def backward_path(x) -> str:
     """`BACKWARD` where shmlearn's kernels apply (in_channels a multiple of 16), else cudnn."""
-    return "cudnn" if x.shape[1] % 16 else BACKWARD
+    return "cudnn" if unfolds(x.shape[1]) else BACKWARD
 
 
 def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -254,12 +258,19 @@ _CONVS = (nn.Conv2d, ImageConv2d, ConvReluPool2d)
 _POOLS = (nn.MaxPool2d, ReduceMaxPool2d, FusedMaxPool2d)
 
 
-def _supported(cin: int, kh: int, kw: int) -> bool:
-    # the kernels' own rule, without importing Triton (a CPU run never needs it)
-    if cin % 16 == 0:
+def unfolds(cin: int) -> bool:
+    """Whether a block with cin input channels reads a row-unfolded copy of its input
+    (_conv_pool_triton.prepare): when a pixel's channels are not whole 16-value chunks (the
+    image's 1 or 3); else the kernels read x itself."""
+    return cin % 16 != 0
+
+
+def supported(cin: int, kh: int, kw: int) -> bool:
+    """Whether the kernels run a block with this input and kernel size."""
+    if not unfolds(cin):
         return True
-    row = max(16, 1 << (kw * cin - 1).bit_length())
-    return kw * cin <= 64 and kh * row <= 512
+    row = max(16, 1 << (kw * cin - 1).bit_length())  # the unfolded row, a power of two >= 16
+    return kw * cin <= MAX_UNFOLDED_ROW and kh * row <= MAX_WINDOW
 
 
 def _conv_qualifies(m: nn.Module) -> bool:
@@ -268,7 +279,7 @@ def _conv_qualifies(m: nn.Module) -> bool:
     kh, kw = m.kernel_size
     return (m.groups == 1 and _pair(m.dilation) == (1, 1) and _pair(m.stride) == (1, 1)
             and m.padding_mode == "zeros" and not isinstance(m.padding, str)
-            and m.out_channels <= MAX_OUT and _supported(m.in_channels, kh, kw))
+            and m.out_channels <= MAX_OUT and supported(m.in_channels, kh, kw))
 
 
 def _pool_qualifies(m: nn.Module) -> bool:
