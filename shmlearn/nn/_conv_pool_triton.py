@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 
 import torch
-import torch.nn.functional as F
 import triton
 import triton.language as tl
 
@@ -74,6 +73,19 @@ def _store(y_ptr, code_ptr, q, q_ok, co, best, arg, N: tl.constexpr, BLOCK_N: tl
         out_ok = q_ok[:, None] & (co < N)[None, :]
         tl.store(y_ptr + at, yv, mask=out_ok)
         tl.store(code_ptr + at, cv, mask=out_ok)
+
+
+@triton.jit
+def _grad_rows(dy_ptr, code_ptr, rows, row_ok, co, N: tl.constexpr, EVEN: tl.constexpr):
+    """The pooled gradient and the codes (int32) of pooled pixels `rows` (int64) at channels co;
+    0 and DEAD where not row_ok or co >= N. EVEN: co < N throughout, so the mask is constant
+    along a row and the loads stay vectorized."""
+    at = rows[:, None] * N + co[None, :]
+    if EVEN:
+        m = row_ok[:, None]
+    else:
+        m = row_ok[:, None] & (co < N)[None, :]
+    return tl.load(dy_ptr + at, mask=m, other=0.0), tl.load(code_ptr + at, mask=m, other=255).to(tl.int32)
 
 
 @triton.jit
@@ -237,14 +249,7 @@ def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP
         r = q % (HP * WP)
         base = n.to(tl.int64) * IMG + (2 * (r // WP)) * ROWS + (2 * (r % WP)) * XROW
         ptrs = xr_ptr + base[:, None] + (ky * ROWS + kk)[None, :]
-        at = q.to(tl.int64)[:, None] * N + co[None, :]
-        if N == BLOCK_N:  # a mask constant along the row keeps the loads vectorized
-            g = tl.load(dy_ptr + at, mask=q_ok[:, None], other=0.0)
-            code = tl.load(code_ptr + at, mask=q_ok[:, None], other=255).to(tl.int32)
-        else:
-            ok = q_ok[:, None] & (co < N)[None, :]
-            g = tl.load(dy_ptr + at, mask=ok, other=0.0)
-            code = tl.load(code_ptr + at, mask=ok, other=255).to(tl.int32)
+        g, code = _grad_rows(dy_ptr, code_ptr, q.to(tl.int64), q_ok, co, N, N == BLOCK_N)
         bacc += tl.sum(tl.where(code < 4, g.to(tl.float32), 0.0), axis=0)
         for i in tl.static_range(4):
             gi = tl.where(code == i, g, 0.0).to(g.dtype)
@@ -283,15 +288,8 @@ def _input_grad_kernel(dy_ptr, code_ptr, w_ptr, dx_ptr, P, H, W, HP, WP, S_CO, S
             pq = ((n * HP + oy // 2) * WP + ox // 2).to(tl.int64)
             for c in tl.static_range((N + BLOCK_N - 1) // BLOCK_N):
                 co = c * BLOCK_N + co0
-                at = pq[:, None] * N + co[None, :]
-                if N % BLOCK_N == 0:
-                    g = tl.load(dy_ptr + at, mask=ok[:, None], other=0.0)
-                    k = tl.load(code_ptr + at, mask=ok[:, None], other=255)
-                else:
-                    m = ok[:, None] & (co < N)[None, :]
-                    g = tl.load(dy_ptr + at, mask=m, other=0.0)
-                    k = tl.load(code_ptr + at, mask=m, other=255)
-                gt = tl.where(k.to(tl.int32) == pos[:, None], g, 0.0).to(g.dtype)
+                g, k = _grad_rows(dy_ptr, code_ptr, pq, ok, co, N, N % BLOCK_N == 0)
+                gt = tl.where(k == pos[:, None], g, 0.0).to(g.dtype)
                 wt = tl.load(w_ptr + co[:, None] * S_CO + ci[None, :] * S_CI + ky * S_KY + kx * S_KX,
                              mask=(co < N)[:, None] & (ci < CIN)[None, :], other=0.0)
                 acc = tl.dot(gt, wt, acc)
@@ -335,15 +333,8 @@ def _weight_grad_direct_kernel(x_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, H, W,
         ok = qm_ok & (iy >= 0) & (iy < H) & (ix >= 0) & (ix < W)
         a = tl.load(x_ptr + (((nm.to(tl.int64) * H + iy) * W + ix) * CIN + ci0)[:, None] + kk[None, :],
                     mask=ok[:, None], other=0.0)
-        at = qm.to(tl.int64)[:, None] * N + co[None, :]
-        if N == BLOCK_N:
-            g = tl.load(dy_ptr + at, mask=qm_ok[:, None], other=0.0)
-            k = tl.load(code_ptr + at, mask=qm_ok[:, None], other=255)
-        else:
-            mk = qm_ok[:, None] & (co < N)[None, :]
-            g = tl.load(dy_ptr + at, mask=mk, other=0.0)
-            k = tl.load(code_ptr + at, mask=mk, other=255)
-        gi = tl.where(k.to(tl.int32) == i4[:, None], g, 0.0).to(g.dtype)
+        g, k = _grad_rows(dy_ptr, code_ptr, qm.to(tl.int64), qm_ok, co, N, N == BLOCK_N)
+        gi = tl.where(k == i4[:, None], g, 0.0).to(g.dtype)
         acc = tl.dot(tl.trans(a), gi, acc)
         bacc += tl.sum(gi.to(tl.float32), axis=0)
     tl.store(dw_ptr + ((pid * tl.num_programs(1) + part) * BLOCK_K + kk)[:, None] * BLOCK_N + co[None, :], acc)

@@ -29,14 +29,13 @@ are; a user's forward that calls F.relu / F.max_pool2d itself is not seen.
 """
 from __future__ import annotations
 
-import os
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shmlearn.nn.image_conv import ImageConv2d
+from shmlearn.nn.image_conv import ImageConv2d, triton_usable
 from shmlearn.nn.max_pool import ReduceMaxPool2d
 
 MODES = ("off", "triton", "auto")
@@ -57,14 +56,7 @@ def _pair(v) -> Tuple[int, int]:
 
 def usable(device: torch.device) -> Optional[str]:
     """None if --conv-pool triton can run on this device, else why not (one line)."""
-    interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests: Triton's interpreter on the CPU
-    if device.type != "cuda" and not interpreted:
-        return f"--conv-pool triton: Triton's kernels run on CUDA devices, not {device.type}; use off"
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return "--conv-pool triton: Triton is not installed (pip install triton); use off"
-    return None
+    return triton_usable(device, "--conv-pool triton", "off")
 
 
 def resolve(mode: str, device: torch.device) -> str:

@@ -86,15 +86,17 @@ def im2col_conv2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Te
     return out.view(n, ho, wo, cout).permute(0, 3, 1, 2)
 
 
-def triton_usable(device: torch.device) -> Optional[str]:
-    """None if --image-conv triton can run on this device, else why not (one line)."""
+def triton_usable(device: torch.device, flag: str = "--image-conv triton",
+                  instead: str = "im2col or cudnn") -> Optional[str]:
+    """None if shmlearn's Triton kernels (flag) can run on this device, else why not (one line,
+    naming `instead`)."""
     interpreted = os.environ.get("TRITON_INTERPRET") == "1"  # the tests: Triton's interpreter on the CPU
     if device.type != "cuda" and not interpreted:
-        return f"--image-conv triton: Triton's kernels run on CUDA devices, not {device.type}; use im2col or cudnn"
+        return f"{flag}: Triton's kernels run on CUDA devices, not {device.type}; use {instead}"
     try:
         import triton  # noqa: F401
     except ImportError:
-        return "--image-conv triton: Triton is not installed (pip install triton); use im2col or cudnn"
+        return f"{flag}: Triton is not installed (pip install triton); use {instead}"
     return None
 
 
