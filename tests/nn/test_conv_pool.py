@@ -114,7 +114,7 @@ def test_inductor_compiles_around_the_fused_kernels_and_agrees():
 def test_a_run_with_the_fused_blocks_is_the_same_run(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=256, workers=1,
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=128, workers=1,
                                        conv_pool=mode, image_conv="cudnn", device="cpu", progress=False, eval_points=1,
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]
     assert runs[1].summary["conv_pools"] == 3 and runs[1].summary["conv_pool"] == "triton"
@@ -161,7 +161,7 @@ def test_bad_conv_pool_values_and_a_cpu_outside_the_interpreter_are_refused_in_o
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     pytest.importorskip("triton")
     with pytest.raises(BadInput, match="--conv-pool triton: Triton's kernels run on CUDA devices, not cpu"):
-        shmlearn.train(TrainConfig(dataset="digits", model="alexnet-small", samples=256, workers=1, device="cpu",
+        shmlearn.train(TrainConfig(dataset="digits", model="alexnet-small", samples=128, workers=1, device="cpu",
                                    conv_pool="triton", progress=False, out=str(tmp_path / "r")))
     with pytest.raises(BadInput, match="--conv-pool fused: choose one of off, triton, auto"):
         shmlearn.train(TrainConfig(dataset="digits", conv_pool="fused", progress=False, out=str(tmp_path / "s")))
