@@ -190,7 +190,7 @@ BACKWARD = "cudnn"
 the codes, one pointwise kernel, then cuDNN's convolution_backward) or triton (shmlearn's
 kernels straight from the pooled gradient and the codes, no full-size gradient; in_channels a
 multiple of 16). On one H100 shmlearn's were slower for every alexnet-small block measured
-(block 2: 129 against 92 us at batch 128, 852 against 398 at 1024; kernels.py, 
+(block 2: 129 against 88 us at batch 128, 847 against 398 at 1024; benchmarks/kernels.py,
 benchmarks/results/conv-pool-h100/), so cudnn is the default; triton stays for the tests and
 for other GPUs and shapes."""
 
