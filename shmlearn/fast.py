@@ -38,6 +38,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
 from shmlearn.nn import conv_pool, image_conv, max_pool
 from shmlearn.tasks import loss_fn
@@ -83,6 +84,9 @@ class StepOptions:
     """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
     (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the
     latter (the bench's `accumulate` modifier, to compare)."""
+    flat_sgd: bool = True
+    """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
+    False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
 
 
 @dataclass
@@ -164,6 +168,9 @@ class Stepper:
         """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
         self.compile_s: Optional[float] = None
         self.compiled: Optional[str] = None
+        self.update_kernel = "optimizer"
+        """What applies the update: flat (one kernel over the flat buffers, flat_sgd.py), torch-fused
+        (torch's fused SGD, in the fast step) or optimizer (its step(), as configured)."""
         if opts.compile != "off":
             self._compile()
         if self.fast:
@@ -211,6 +218,12 @@ class Stepper:
                         st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
         self._lr = [g["lr"] for g in self.optimizer.param_groups]
         self.optimizer.found_inf = self.found_inf
+        self.update_kernel = "torch-fused"
+        if self.opts.flat_sgd and not self.strategy.free_running:
+            update, _ = flat_sgd.bind(self.optimizer, self.strategy._trainable, self.strategy.params_flat,
+                                      self.strategy.grads_flat, self.found_inf)
+            if update is not None:
+                self.strategy.flat_update, self.update_kernel = update, "flat"
         if self.strategy.noise is not None:
             self.strategy.noise.bind(self._t)  # its history is indexed by the step, as the losses are
 

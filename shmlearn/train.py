@@ -687,6 +687,7 @@ class _Loop:
             "image_conv": self.stepper.image_conv, "image_convs": self.stepper.image_convs,
             "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
             "conv_pool": self.stepper.conv_pool, "conv_pools": self.stepper.conv_pools,
+            "update_kernel": self.stepper.update_kernel,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

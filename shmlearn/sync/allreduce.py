@@ -53,7 +53,7 @@ class AllReduce(SyncStrategy):
         else:
             check_non_finite(loss.reshape(1), found_inf, self._one)
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()
 
     @property
     def _measuring(self) -> bool:

@@ -112,6 +112,9 @@ class SyncStrategy(ABC):
                                                                extra=self.control_slots)
         self._trainable = [p for p in model.parameters() if p.requires_grad]
         self._grad_views = [p.grad for p in self._trainable]
+        # Each view's dimensions from outermost to innermost in the buffer (a channels_last conv
+        # weight is stored O, H, W, I): what `adopt_grads` permutes a gradient by before flattening.
+        self._flat_orders = [sorted(range(v.dim()), key=lambda d, v=v: -v.stride(d)) for v in self._grad_views]
         self._zeros: Dict[int, torch.Tensor] = {}  # index -> zeros, for parameters a backward gave no gradient
         # The control slots after the gradients, with the zeros `adopt_grads` copies into them.
         tail = self.grads_flat._base[self.grads_flat.numel():]
@@ -158,9 +161,11 @@ class SyncStrategy(ABC):
             p.grad = None
 
     def adopt_grads(self) -> None:
-        """After the backward: copy every gradient into the flat buffer in one multi-tensor
-        kernel (zeros for a parameter that got none, and for the control slots, as `zero_grad`
-        leaves them) and point .grad at its views again."""
+        """After the backward: write every gradient into the flat buffer with one concatenation
+        (zeros for a parameter that got none, and for the control slots, as `zero_grad` leaves
+        them) and point .grad at its views again. One cat, not a multi-tensor copy: torch's
+        multi-tensor kernels give each tensor's 65,536-value chunk to one block, so a small model's
+        copy ran in a dozen blocks (8.6 us for alexnet-small on an H100); cat spreads over all."""
         src = []
         for i, (p, view) in enumerate(zip(self._trainable, self._grad_views)):
             g = p.grad
@@ -168,9 +173,10 @@ class SyncStrategy(ABC):
                 g = self._zeros.get(i)
                 if g is None:
                     g = self._zeros[i] = torch.zeros_like(view)
-            src.append(g)
+            # In the buffer's order: a view where g is laid out as its flat view (a copy if not).
+            src.append(g.permute(self._flat_orders[i]).reshape(-1))
             p.grad = view
-        torch._foreach_copy_(self._grad_views + self._tail, src + self._tail_zeros)
+        torch.cat(src + self._tail_zeros, out=self.grads_flat._base)
 
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:
@@ -185,6 +191,17 @@ class SyncStrategy(ABC):
         gradient is ever applied and the weights stay as they were before that step. round_:
         whether this step averages (weight averaging; from `next_round()`, decided on the host)."""
         raise NotImplementedError(f"{self.name}: no fast step")
+
+    flat_update = None
+    """The fast step's update as one kernel over the flat buffers (flat_sgd.bind: fast.py sets it
+    where it can run), else None."""
+
+    def update_params(self) -> None:
+        """gated_step's update: the flat kernel where bound, else the optimizer's step()."""
+        if self.flat_update is not None:
+            self.flat_update()
+        else:
+            self.optimizer.step()
 
     def round_kinds(self) -> list:
         """The values of `round_` that gated_step is called with in this run (fast.py captures

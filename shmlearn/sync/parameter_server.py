@@ -97,14 +97,14 @@ class ParameterServer(SyncStrategy):
         if self.world_size == 1:
             check_non_finite(loss.reshape(1), found_inf, self._one)
             with timer.phase("update"):
-                self.optimizer.step()
+                self.update_params()
             return
         self.grads_ext[-1].copy_(loss)
         self._gather_average(timer)
         if self.rank == 0:
             check_non_finite(self._gathered[:, -1].sum().reshape(1), found_inf, self._one)
             with timer.phase("update"):
-                self.optimizer.step()
+                self.update_params()
         with timer.phase("broadcast"):
             dist.broadcast(self.params_flat, src=0, group=self.group)
 

@@ -83,7 +83,7 @@ class WeightAveraging(SyncStrategy):
     def gated_step(self, timer, loss, found_inf, round_) -> None:
         check_non_finite(loss.reshape(1), found_inf, self._one)
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()
         if round_:
             buf = self.params_ext
             with timer.phase("allreduce"):

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn.conv_pool import ConvReluPool2d, FusedMaxPool2d, FusedReLU, blocks, convert
-from test_image_conv import interpreted  # tests/nn is on sys.path (pytest's rootdir-relative import)
+from triton_interp import interpreted
 
 
 def _reference(x, w, b, padding):

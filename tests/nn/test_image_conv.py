@@ -8,6 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn.image_conv import ImageConv2d, convert, im2col_conv2d, qualifies
+from triton_interp import interpreted
 
 
 def _matches_conv2d(conv, x, cout, k, stride, padding, bias, tol):
@@ -108,28 +109,6 @@ def test_training_with_im2col_is_the_same_run(tmp_path):
 
 
 # --- --image-conv triton: the same kernels a GPU runs, in Triton's interpreter on the CPU -----------
-
-def interpreted(test):
-    """Run the test in Triton's interpreter, which must be chosen before Triton is first imported
-    (its own library functions are compiled then): in a fresh pytest process with
-    TRITON_INTERPRET=1, unless this is that process."""
-    import functools
-    import os
-
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        pytest.importorskip("triton")
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            return test(*args, **kwargs)
-        import subprocess
-        import sys
-        node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-        assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
-    return run
-
 
 @pytest.mark.parametrize("cin,k,stride,padding,cout,bias", [(3, 5, 1, 2, 32, True), (1, 3, 1, 1, 20, False),
                                                              (3, 3, 2, 1, 64, True), (2, 7, 2, 3, 8, True)])

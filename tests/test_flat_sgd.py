@@ -1,0 +1,131 @@
+"""shmlearn/flat_sgd.py: SGD as one Triton kernel over the flat buffers (in Triton's interpreter on
+the CPU) against torch.optim.SGD on the same model, and what `bind` refuses."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from shmlearn import flat_sgd
+from shmlearn.sync import build_strategy
+from triton_interp import interpreted
+
+
+class _Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.fc = nn.Linear(4 * 5 * 5, 3)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.conv(x)).flatten(1))
+
+
+def _pair(momentum, nesterov, wd, channels_last=True):
+    """(model, strategy, found_inf, update) bound to the flat kernel, and (ref, ref_opt): torch's SGD
+    (single-tensor, no fused kernel) on an identical copy."""
+    torch.manual_seed(0)
+    model = _Net()
+    ref = copy.deepcopy(model)
+    kw = dict(lr=0.1, momentum=momentum, nesterov=nesterov, weight_decay=wd)
+    opt = torch.optim.SGD(model.parameters(), **kw)
+    s = build_strategy("allreduce", rank=0, world_size=1)
+    s.setup(model, opt, channels_last=channels_last)
+    opt.param_groups[0]["lr"] = torch.tensor(0.1)  # the fast step's lr lives in a tensor
+    found_inf = torch.zeros(())
+    update, why = flat_sgd.bind(opt, s._trainable, s.params_flat, s.grads_flat, found_inf)
+    assert why is None and update is not None
+    return model, s, found_inf, update, ref, torch.optim.SGD(ref.parameters(), foreach=False, **kw)
+
+
+def _grads(model, s, ref, i):
+    x = torch.randn(6, 3, 5, 5, generator=torch.Generator().manual_seed(i))
+    s.zero_grad()
+    model(x).square().mean().backward()
+    ref.zero_grad()
+    ref(x).square().mean().backward()
+
+
+@interpreted
+@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.0), (0.9, True, 5e-4),
+                                                  (0.5, False, 1e-2)])
+def test_flat_kernel_steps_as_torch_sgd(momentum, nesterov, wd):
+    model, s, _, update, ref, ref_opt = _pair(momentum, nesterov, wd)
+    for i in range(4):
+        _grads(model, s, ref, i)
+        update()
+        ref_opt.step()
+    for a, b in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-6, atol=1e-7)
+    if momentum:  # the state torch would hold, each buffer a view of one flat tensor, laid out as its parameter
+        bufs = [s.optimizer.state[p]["momentum_buffer"] for p in model.parameters()]
+        for a, p in zip(bufs, ref.parameters()):
+            torch.testing.assert_close(a, ref_opt.state[p]["momentum_buffer"], rtol=1e-6, atol=1e-7)
+        assert len({b.untyped_storage().data_ptr() for b in bufs}) == 1
+        assert bufs[0].stride() == model.conv.weight.stride()  # channels_last, as the parameter
+
+
+@interpreted
+def test_a_set_skip_flag_leaves_weights_and_momentum_alone_even_with_nan_gradients():
+    model, s, found_inf, update, _, _ = _pair(0.9, False, 1e-3)
+    _grads(model, s, copy.deepcopy(model), 0)
+    update()
+    before = s.params_flat.clone()
+    mom = s.optimizer.state[model.fc.weight]["momentum_buffer"].clone()
+    s.grads_flat.fill_(float("nan"))
+    found_inf.fill_(1.0)
+    update()
+    assert torch.equal(s.params_flat, before)
+    assert torch.equal(s.optimizer.state[model.fc.weight]["momentum_buffer"], mom)
+
+
+@interpreted
+def test_bind_keeps_loaded_momentum_and_the_state_dict_round_trips():
+    torch.manual_seed(1)
+    model = _Net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    for p in model.parameters():
+        opt.state[p]["momentum_buffer"] = torch.randn_like(p)  # as a resumed checkpoint leaves them
+    saved = copy.deepcopy(opt.state_dict())
+    s = build_strategy("allreduce", rank=0, world_size=1)
+    s.setup(model, opt, channels_last=True)
+    update, why = flat_sgd.bind(opt, s._trainable, s.params_flat, s.grads_flat, torch.zeros(()))
+    assert why is None
+    for k, v in opt.state_dict()["state"].items():
+        assert torch.equal(v["momentum_buffer"], saved["state"][k]["momentum_buffer"])
+
+
+def test_bind_says_why_not_and_leaves_the_optimizer_alone():
+    torch.manual_seed(0)
+    model = _Net()
+    params = list(model.parameters())
+    flat = torch.zeros(3)
+    cases = [(torch.optim.Adam(params), "not SGD"),
+             (torch.optim.SGD([{"params": params[:2]}, {"params": params[2:]}], lr=0.1), "more than one"),
+             (torch.optim.SGD(params[:3], lr=0.1), "not the model's trainable"),
+             (torch.optim.SGD(params, lr=0.1, momentum=0.9, dampening=0.1), "dampening"),
+             (torch.optim.SGD(params, lr=0.1, maximize=True), "maximize")]
+    for opt, why in cases:
+        assert why in flat_sgd.why_not(opt, params, flat)
+        assert flat_sgd.bind(opt, params, flat, flat, torch.zeros(()))[0] is None
+    import os
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        assert "runs on CUDA, not cpu" in flat_sgd.why_not(torch.optim.SGD(params, lr=0.1), params, flat)
+
+
+@interpreted
+def test_a_fast_run_with_the_flat_update_is_the_run_with_torch_sgd(tmp_path, monkeypatch):
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    runs = {}
+    for flat in (True, False):
+        if not flat:
+            monkeypatch.setattr(flat_sgd, "why_not", lambda *a: "off for the test")
+        runs[flat] = shmlearn.train(TrainConfig(
+            model="lenet", dataset="digits", samples=512, batch_size=32, workers=1, device="cpu", progress=False,
+            eval_points=1, optimizer="nesterov", weight_decay=1e-3, check_every=4, out=str(tmp_path / str(flat))))
+    assert runs[True].summary["update_kernel"] == "flat"
+    assert runs[False].summary["update_kernel"] == "torch-fused"
+    assert runs[True].summary["step_mode"] == "fast-eager"
+    for a, b in zip(runs[True].model.parameters(), runs[False].model.parameters()):
+        torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
