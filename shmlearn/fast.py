@@ -164,8 +164,9 @@ class Stepper:
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
         """--max-pool: how many pools run as reductions (before compiling, as above)."""
-        self.forward = strategy.module
-        """What the step calls forward on: the module, or its torch.compile'd form (--compile)."""
+        self.train_loss = self._train_loss
+        """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
+        form (--compile), in which Inductor fuses the loss into the model's last kernels."""
         self.compile_s: Optional[float] = None
         self.compiled: Optional[str] = None
         self.update_kernel = "optimizer"
@@ -261,13 +262,17 @@ class Stepper:
             s.adopt_grads()
         return loss
 
+    def _train_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """The batch's mean loss: the forward under autocast (--precision), the loss in fp32."""
+        with self.autocast():
+            out = self.strategy.module(x)
+        return self.loss(out.float(), y)
+
     def _forward_backward(self, x, y) -> torch.Tensor:
         """Forward and backward of this rank's batch; its mean loss, detached. With a noise meter
         at one worker, as two half batches (noise.py: their gradients' norms are the measurement)."""
         def fb(xb, yb):
-            with self.autocast():
-                out = self.forward(xb)
-            loss = self.loss(out.float(), yb)
+            loss = self.train_loss(xb, yb)
             loss.backward()
             return loss.detach()
         meter = self.strategy.noise
@@ -284,7 +289,19 @@ class Stepper:
         as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
         and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
-        compiled = torch.compile(self.strategy.module, mode=mode, dynamic=False)
+        # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
+        # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
+        # benchmarks/results/flat-step-h100).
+        if isinstance(self.strategy.module, torch.nn.parallel.DistributedDataParallel):
+            # DDP is compiled as a module (Dynamo splits its graph at the gradient buckets).
+            module = torch.compile(self.strategy.module, mode=mode, dynamic=False)
+
+            def compiled(x, y):
+                with self.autocast():
+                    out = module(x)
+                return self.loss(out.float(), y)
+        else:
+            compiled = torch.compile(self._train_loss, mode=mode, dynamic=False)
         times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
         computes = self.strategy.computes
         saved_buffers = [b.clone() for b in self.model.buffers()]
@@ -294,9 +311,7 @@ class Stepper:
 
                 def fb(fwd) -> None:
                     self.strategy.zero_grad()
-                    with self.autocast():
-                        out = fwd(x)
-                    self.loss(out.float(), y).backward()
+                    fwd(x, y).backward()
 
                 def timed(fwd, n: int) -> float:
                     self._sync()
@@ -324,10 +339,10 @@ class Stepper:
                     captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
                                 and not self.strategy.free_running and self.check_every > 1)
                     if captured:
-                        times[0], times[1] = replayed(self.strategy.module), replayed(compiled)
+                        times[0], times[1] = replayed(self._train_loss), replayed(compiled)
                     else:
-                        timed(self.strategy.module, 2)  # warm (cuDNN autotuning) before timing
-                        times[0], times[1] = timed(self.strategy.module, 5), timed(compiled, 5)
+                        timed(self._train_loss, 2)  # warm (cuDNN autotuning) before timing
+                        times[0], times[1] = timed(self._train_loss, 5), timed(compiled, 5)
             if self.opts.compile == "auto" and self.world_size > 1:
                 t = times.to(self.device)
                 dist.all_reduce(t)
@@ -346,7 +361,7 @@ class Stepper:
             self.note = (f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms a "
                          f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
         if choice != "off":
-            self.forward = compiled
+            self.train_loss = compiled
         else:  # eager won: what auto chose for a compiled step is slower eagerly
             if self.opts.max_pool == "auto" and self.max_pool != "aten":
                 self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
