@@ -24,7 +24,8 @@ Forward, one program per BLOCK_Q pooled pixels x all output channels:
 Weight gradient (input needs no gradient), grid (PROGRAMS, KH * CHUNKS):
     dw[ky, chunk][K, N] += x_row_i[Q, K]^T @ where(code == i, dy, 0)[Q, N]   for the 4 positions
     db[N] += sum_Q where(code < 4, dy, 0)
-into fp32 per-program partials that torch sums (deterministic: no atomics).
+into fp32 per-program partials, which one more kernel sums in a fixed order (deterministic: no
+atomics) into the weight's own layout.
 
 Imported only for CUDA tensors with Triton installed; tests run the same kernels in Triton's
 interpreter on the CPU (TRITON_INTERPRET=1).
@@ -228,7 +229,7 @@ def _forward_direct_kernel(x_ptr, w_ptr, b_ptr, y_ptr, code_ptr, Q, H, W, HP, WP
 
 
 @triton.jit
-def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP, IMG, ROWS, BLOCKS,
+def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, Q, HP, WP, IMG, ROWS, BLOCKS,
                              N: tl.constexpr, KH: tl.constexpr, XROW: tl.constexpr, KT: tl.constexpr,
                              BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr):
     """The image block's weight and bias gradients: each program walks its share of the pixel
@@ -255,8 +256,36 @@ def _weight_grad_rows_kernel(xr_ptr, dy_ptr, code_ptr, dw_ptr, db_ptr, Q, HP, WP
             gi = tl.where(code == i, g, 0.0).to(g.dtype)
             a = tl.load(ptrs + ((i // 2) * ROWS + (i % 2) * XROW), mask=q_ok[:, None] & col_ok[None, :], other=0.0)
             acc = tl.dot(tl.trans(a), gi, acc)
-    tl.store(dw_ptr + (pid * KT + col)[:, None] * BLOCK_N + co[None, :], acc)
-    tl.store(db_ptr + pid * BLOCK_N + co, bacc)
+    tl.store(dw_ptr + (pid * (KT + 1) + col)[:, None] * BLOCK_N + co[None, :], acc)
+    tl.store(dw_ptr + (pid * (KT + 1) + KT) * BLOCK_N + co, bacc)  # row KT: the bias
+
+
+@triton.jit
+def _sum_partials_kernel(part_ptr, dw_ptr, db_ptr, P, S_CO, S_CI, S_KY, S_KX, CIN: tl.constexpr, N: tl.constexpr,
+                         KH: tl.constexpr, KW: tl.constexpr, XROW: tl.constexpr, KT: tl.constexpr,
+                         BLOCK_N: tl.constexpr, BLOCK_P: tl.constexpr, BLOCK: tl.constexpr):
+    """dw and db from the weight-gradient programs' partials [P, KT + 1, BLOCK_N] (rows ky * XROW +
+    kx * CIN + ci, then the bias): each program sums BLOCK of the (KT + 1) * BLOCK_N columns over
+    the P partials, in a fixed order, and writes them where the weight's gradient keeps them (its
+    strides: channels_last or not), the padding rows and columns dropped. One kernel in place of
+    two reductions and two copies."""
+    c = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    c_ok = c < (KT + 1) * BLOCK_N
+    acc = tl.zeros((BLOCK,), tl.float32)
+    for p0 in range(0, P, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        v = tl.load(part_ptr + p.to(tl.int64)[:, None] * ((KT + 1) * BLOCK_N) + c[None, :],
+                    mask=(p < P)[:, None] & c_ok[None, :], other=0.0)
+        acc += tl.sum(v, axis=0)
+    row = c // BLOCK_N
+    co = c % BLOCK_N
+    ky = row // XROW
+    kk = row % XROW
+    kx = kk // CIN
+    ci = kk % CIN
+    w_ok = c_ok & (row < KH * XROW) & (kk < KW * CIN) & (co < N)
+    tl.store(dw_ptr + co * S_CO + ci * S_CI + ky * S_KY + kx * S_KX, acc, mask=w_ok)
+    tl.store(db_ptr + co, acc, mask=c_ok & (row == KT) & (co < N))
 
 
 @triton.jit
@@ -451,9 +480,10 @@ def forward(x_nhwc: torch.Tensor, weight: torch.Tensor, bias, padding):
 
 
 def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor, weight_shape,
-                programs: int = 0):
+                programs: int = 0, channels_last: bool = False):
     """(dw [cout, cin, kh, kw] fp32, db [cout] fp32) of an image block (one that `unfolds`) from
-    `forward`'s xr, the pooled output's gradient and the codes, both NHWC."""
+    `forward`'s xr, the pooled output's gradient and the codes, both NHWC; dw channels_last in
+    memory where asked (as a channels_last weight's gradient: no copy after)."""
     geo, _ = _rows_geometry(xr, weight_shape)
     cout, cin, kh, kw = weight_shape
     xrow = xr.shape[3]
@@ -464,12 +494,19 @@ def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor
         sms = (torch.cuda.get_device_properties(xr.device).multi_processor_count
                if xr.device.type == "cuda" else 4)
         programs = max(1, min(blocks, 2 * sms))
-    dw = torch.empty(programs, kt, bn, device=xr.device, dtype=torch.float32)
-    db = torch.empty(programs, bn, device=xr.device, dtype=torch.float32)
-    _weight_grad_rows_kernel[(programs,)](xr, dy_nhwc, code_nhwc, dw, db, **geo, BLOCKS=blocks, N=cout, KH=kh,
+    parts = torch.empty(programs, kt + 1, bn, device=xr.device, dtype=torch.float32)
+    _weight_grad_rows_kernel[(programs,)](xr, dy_nhwc, code_nhwc, parts, **geo, BLOCKS=blocks, N=cout, KH=kh,
                                           XROW=xrow, KT=kt, BLOCK_Q=block_q, BLOCK_N=bn, num_warps=4)
-    dw = dw.sum(0)[:kh * xrow].view(kh, xrow, bn)[:, :kw * cin, :cout].reshape(kh, kw, cin, cout).permute(3, 2, 0, 1)
-    return dw, db.sum(0)[:cout]
+    dw = torch.empty(weight_shape, device=xr.device, dtype=torch.float32,
+                     memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    db = torch.empty(cout, device=xr.device, dtype=torch.float32)
+    cols = (kt + 1) * bn
+    block = 128 if _interpreted() else 256
+    s_co, s_ci, s_ky, s_kx = dw.stride()
+    _sum_partials_kernel[(triton.cdiv(cols, block),)](parts, dw, db, programs, s_co, s_ci, s_ky, s_kx, CIN=cin, N=cout,
+                                                      KH=kh, KW=kw, XROW=xrow, KT=kt, BLOCK_N=bn, BLOCK_P=16,
+                                                      BLOCK=block, num_warps=4)
+    return dw, db
 
 
 def input_and_weight_grad(x_nhwc: torch.Tensor, weight: torch.Tensor, dy_nhwc: torch.Tensor,

@@ -113,16 +113,18 @@ def _define_ops():
         return y, torch.empty_like(y, dtype=torch.uint8), x.new_empty(prepared_shape(x.shape, weight.shape, padding))
 
     @torch.library.custom_op("shmlearn::conv_relu_pool2d_weight_grad", mutates_args=())
-    def weight_grad(xr: torch.Tensor, grad: torch.Tensor, code: torch.Tensor,
-                    weight_shape: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
+    def weight_grad(xr: torch.Tensor, grad: torch.Tensor, code: torch.Tensor, weight_shape: List[int],
+                    channels_last: bool) -> Tuple[torch.Tensor, torch.Tensor]:
+        """dw (channels_last in memory where asked: the weight's layout, so no copy follows) and db."""
         from shmlearn.nn import _conv_pool_triton as kernels
         nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
-        dw, db = kernels.weight_grad(xr, nhwc(grad), nhwc(code), tuple(weight_shape))
-        return dw.contiguous(), db.clone()
+        return kernels.weight_grad(xr, nhwc(grad), nhwc(code), tuple(weight_shape), channels_last=channels_last)
 
     @weight_grad.register_fake
-    def _(xr, grad, code, weight_shape):
-        return (xr.new_empty(weight_shape, dtype=torch.float32), xr.new_empty(weight_shape[0], dtype=torch.float32))
+    def _(xr, grad, code, weight_shape, channels_last):
+        dw = xr.new_empty(weight_shape, dtype=torch.float32)
+        return (dw.contiguous(memory_format=torch.channels_last) if channels_last else dw,
+                xr.new_empty(weight_shape[0], dtype=torch.float32))
 
     def setup(ctx, inputs, output):
         x, weight, bias, padding = inputs
@@ -136,7 +138,8 @@ def _define_ops():
         x, weight, code = ctx.saved_tensors
         image, has_bias, b_dtype, padding = ctx.meta
         if image:  # the image: weight and bias gradients in one kernel, from xr
-            dw, db = weight_grad(x, grad, code, list(weight.shape))
+            dw, db = weight_grad(x, grad, code, list(weight.shape),
+                                 weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous())
             return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
         need_dx = bool(ctx.needs_input_grad[0])
         if backward_path(x) == "cudnn":  # plain torch ops here, so that Inductor fuses the expansion

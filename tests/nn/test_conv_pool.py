@@ -49,9 +49,11 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
         kernels.INTERPRET_STACK, conv_pool.BACKWARD = stack, backward
         for n, cin, h, w, cout, k, p, xg, bias in cases:
             x = torch.randn(n, cin, h, w).contiguous(memory_format=torch.channels_last).requires_grad_(xg)
-            wt = torch.randn(cout, cin, k, k, requires_grad=True)
+            wt = torch.randn(cout, cin, k, k)
+            if stack:  # the layout a channels_last run gives the weights (the image's dw is written in it)
+                wt = wt.contiguous(memory_format=torch.channels_last)
             b = torch.randn(cout, requires_grad=True) if bias else None
-            _check(x, wt, b, p, (1e-4, 1e-4))
+            _check(x, wt.requires_grad_(), b, p, (1e-4, 1e-4))
 
 
 @interpreted
