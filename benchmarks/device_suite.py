@@ -59,6 +59,9 @@ MAX4 = "plain,graph,compile,compile-max"
 STEP_VARIANTS = ("allreduce,allreduce:compile,allreduce:compile+accumulate,allreduce:compile+aten-pool,"
                  "allreduce:compile+cudnn-conv+aten-pool+accumulate")
 """The compiled step with its defaults, with each of issue 18's third-round changes undone, and all of them."""
+FLAT_VARIANTS = "allreduce,allreduce:compile,allreduce:compile+torch-sgd"
+"""The step with the flat SGD kernel (the default on CUDA), eager in a graph and compiled, and
+compiled with torch's fused SGD instead."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -262,6 +265,16 @@ def part_commands(p: str, workers: str) -> dict:
                 "    s = json.load(open(f)); print(f.split('/')[-2], 'acc', s.get('test_accuracy'), 'wall_time_s',"
                 " s.get('wall_time_s'), 'samples_per_s', s.get('samples_per_s'), 'conv_pools', s.get('conv_pools'), 'compile', s.get('compile'),"
                 " 'step_mode', s.get('step_mode'))"), p("convpool-train")))], 420),
+        # Issue 18, fifth round: the update as one kernel over the flat buffers (flat_sgd.py), the
+        # gradients adopted by one cat, the loss compiled with the model, the image block's weight
+        # gradient summed into place; against torch's fused SGD (torch-sgd) and the baselines.
+        "tput-flat": (_gpu_bench(p("tput-flat"), [
+            ("alexnet-small", "3x32x32", 128, MAX4, FLAT_VARIANTS),
+            ("alexnet-small", "3x32x32", 1024, "plain,graph,compile", FLAT_VARIANTS)]), 420),
+        "roofline-flat": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "alexnet-small",
+                              "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
+                              "--variants", "compile",
+                              "--out", os.path.join(p("roofline-flat"), "profile-alexnet-small.json")), 300),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

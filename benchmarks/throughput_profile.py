@@ -110,7 +110,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
             k[0] += 1
             k[1] += getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
         top = [{"name": n, "count": v[0], "us": round(v[1], 2)}
-               for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:40]]
+               for n, v in sorted(kernels.items(), key=lambda kv: -kv[1][1])[:100]]
         if limits is not None and mods & {"compile", "compile-max"}:
             top = kernels_against_gb(top, _inductor_gb(), limits)
         for k in top:
