@@ -109,6 +109,12 @@ class TrainConfig:
     (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
     with Triton) or auto (triton where it can run). Same outputs and gradients, parameters and
     checkpoints; shmlearn/nn/conv_pool.py."""
+    mlp_head: str = "auto"
+    """How a classifier head of 2 or 3 Linear layers with ReLU between them (consecutive in an
+    nn.Sequential, widths <= 128) runs in fp16/bf16: off (torch's ops: about 15 kernels) or triton
+    (three fused Triton kernels, forward and backward; CUDA with Triton) or auto (triton where it
+    can run). Same outputs and gradients to rounding, parameters and checkpoints;
+    shmlearn/nn/mlp_head.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -374,6 +380,7 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
+    from shmlearn.nn.mlp_head import MODES as MLP_HEAD
     from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
@@ -383,6 +390,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--image-conv {cfg.image_conv}: choose one of {', '.join(IMAGE_CONV)}")
     if cfg.conv_pool not in CONV_POOL:
         raise BadInput(f"--conv-pool {cfg.conv_pool}: choose one of {', '.join(CONV_POOL)}")
+    if cfg.mlp_head not in MLP_HEAD:
+        raise BadInput(f"--mlp-head {cfg.mlp_head}: choose one of {', '.join(MLP_HEAD)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

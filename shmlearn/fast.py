@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
-from shmlearn.nn import conv_pool, image_conv, max_pool
+from shmlearn.nn import conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -84,6 +84,9 @@ class StepOptions:
     """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
     (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the
     latter (the bench's `accumulate` modifier, to compare)."""
+    mlp_head: str = "auto"
+    """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
+    or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
@@ -152,10 +155,15 @@ class Stepper:
             raise BadInput(why)
         if opts.conv_pool == "triton" and (why := conv_pool.usable(device)):
             raise BadInput(why)
+        if opts.mlp_head == "triton" and (why := mlp_head.usable(device)):
+            raise BadInput(why)
         # First: the fused blocks' convs and pools are then left alone by the two passes below.
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.conv_pools = conv_pool.convert(model, self.conv_pool)
         """--conv-pool: how many conv + ReLU + max-pool blocks run fused."""
+        self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
+        self.mlp_heads = mlp_head.convert(model, self.mlp_head)
+        """--mlp-head: how many classifier heads run fused."""
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""

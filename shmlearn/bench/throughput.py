@@ -75,7 +75,8 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "global-pool": {"max_pool": "global"},
              "reduce-pool": {"max_pool": "reduce"}, "accumulate": {"adopt_grads": False},
              "cudnn-conv": {"image_conv": "cudnn"}, "conv-pool": {"conv_pool": "triton"},
-             "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False}}
+             "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False},
+             "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
