@@ -306,6 +306,11 @@ def convert(model: nn.Module, mode: str) -> int:
     if mode not in ("off", "triton"):
         raise ValueError(f"convert: mode {mode!r}: one of off, triton")
     found = blocks(model)
+    if found and mode == "triton":
+        # Define the custom ops now: defined while Dynamo traces the first forward, they break
+        # the graph there, and a break inside the step's autocast region (fast.py compiles the
+        # forward and the loss as one function) leaves the rest of the forward to run eagerly.
+        _ops()
     for conv, relu, pool in found:
         if mode == "triton":
             conv.__class__, relu.__class__, pool.__class__ = ConvReluPool2d, FusedReLU, FusedMaxPool2d

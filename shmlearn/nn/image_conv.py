@@ -221,4 +221,6 @@ def convert(model: nn.Module, mode: str = "im2col") -> int:
             m.__class__ = ImageConv2d
             m.image_conv = mode
             n += 1
+    if n and mode == "triton":
+        _ops()  # defined now, not while Dynamo traces the first forward (a graph break: see conv_pool.convert)
     return n

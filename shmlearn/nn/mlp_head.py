@@ -179,6 +179,8 @@ def convert(model: nn.Module, mode: str) -> int:
     if mode not in ("off", "triton"):
         raise ValueError(f"convert: mode {mode!r}: one of off, triton")
     found = heads(model)
+    if found and mode == "triton":
+        _ops()  # now, not while Dynamo traces the first forward (a graph break: see conv_pool.convert)
     for chain in found:
         first, rest = chain[0], chain[2::2]
         if mode == "triton":

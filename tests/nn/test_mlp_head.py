@@ -132,3 +132,24 @@ def test_a_run_counts_its_fused_heads(tmp_path):
     assert runs[1].summary["mlp_head"] == "triton"
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b)
+
+
+@interpreted
+def test_converted_modules_trace_as_one_graph_inside_autocast():
+    """fast.py compiles the forward and the loss as one function, autocast inside: a graph break
+    there (the custom ops defined while Dynamo traces) would leave the rest of the forward eager."""
+    import torch._dynamo
+    from shmlearn.nn import conv_pool
+    torch._dynamo.reset()
+    m = nn.Sequential(nn.Conv2d(3, 16, 5, padding=2), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                      nn.Linear(16 * 4 * 4, 32), nn.ReLU(), nn.Linear(32, 10))
+    assert conv_pool.convert(m, "triton") == 1 and convert(m, "triton") == 1
+
+    def loss(x, y):
+        with torch.autocast("cpu", dtype=torch.float16, cache_enabled=False):
+            out = m(x)
+        return torch.nn.functional.cross_entropy(out.float(), y)
+
+    x = torch.randn(4, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    e = torch._dynamo.explain(loss)(x, torch.tensor([0, 1, 2, 3]))
+    assert (e.graph_count, e.graph_break_count) == (1, 0), [b.reason[:200] for b in e.break_reasons]
