@@ -62,6 +62,9 @@ STEP_VARIANTS = ("allreduce,allreduce:compile,allreduce:compile+accumulate,allre
 FLAT_VARIANTS = "allreduce,allreduce:compile,allreduce:compile+torch-sgd"
 """The step with the flat SGD kernel (the default on CUDA), eager in a graph and compiled, and
 compiled with torch's fused SGD instead."""
+FINAL_VARIANTS = "allreduce,allreduce:compile,allreduce:compile+unfused-head,allreduce:compile+torch-sgd"
+"""The step with every default (eager kernels in a graph; compiled), then compiled with the head
+unfused (--mlp-head off) and with torch's fused SGD, each change undone alone."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -275,6 +278,22 @@ def part_commands(p: str, workers: str) -> dict:
                               "--batch-sizes", "128,1024", "--precision", "bf16", "--channels-last",
                               "--variants", "compile",
                               "--out", os.path.join(p("roofline-flat"), "profile-alexnet-small.json")), 300),
+        # Issue 18, fifth round, final: every row of acceptance 2 with this round's step (flat SGD,
+        # the loss compiled with the model, --mlp-head auto) against torch's fused SGD, the unfused
+        # head and the baselines, same run; the head and the image block alone; the profile.
+        "tput-final-alexnet": (_gpu_bench(p("tput-final-alexnet"), [
+            ("alexnet-small", "3x32x32", 128, MAX4, FINAL_VARIANTS),
+            ("alexnet-small", "3x32x32", 1024, "plain,graph,compile", FINAL_VARIANTS)]), 480),
+        "tput-final-resnet": (_gpu_bench(p("tput-final-resnet"), [
+            (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+torch-sgd")
+            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 600),
+        "kernels-final": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
+                              "--cases", "mlp-head,conv-pool-1",
+                              "--out", os.path.join(p("kernels-final"), "kernels-h100.json")), 240),
+        "roofline-final": (["bash", "-c", "; ".join(
+            f"{sys.executable} {os.path.join(HERE, 'throughput_profile.py')} --model {m} --batch-sizes {b} "
+            f"--precision bf16 --channels-last --variants compile --out {p('roofline-final')}/profile-{m}.json"
+            for m, b in (("alexnet-small", "128,1024"), ("resnet18", "128")))], 360),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

@@ -17,6 +17,8 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   the backward splits a tie's gradient where max-pool gives it to one input, so ties aside).
 * bias-grad: a conv bias's gradient, the sum of the output gradient over N, H, W. Variants: aten
   sum, torch.compile'd, and a matmul with a ones vector (the reduction on tensor cores).
+* mlp-head: alexnet-small's head (1024 -> 64 -> 32 -> 10, ReLU between), forward and backward:
+  torch's ops, Inductor's, and the fused kernels of --mlp-head triton (their GPU check, too);
 * conv-pool-1/2/3: alexnet-small's three conv 5x5 + ReLU + 2x2 max-pool blocks, forward and
   backward. Variants: aten's three ops in channels_last, torch.compile'd, and shmlearn's fused
   Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py; for blocks 2 and 3 also with
@@ -31,6 +33,7 @@ agree (tests/bench/test_kernels.py); its timings mean nothing.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import statistics
@@ -221,8 +224,65 @@ def conv_pool_cases(block: str):
     return build, nbytes
 
 
+MLP_HEAD = (1024, 64, 32, 10)
+"""alexnet-small's classifier head: 1024 -> 64 -> 32 -> 10, ReLU between."""
+
+
+def mlp_head_cases(batch: int, device) -> Dict[str, Callable]:
+    """The head forward and backward from a random output gradient (bf16 autocast, fp32 weights
+    as in training): the input's gradient and every weight and bias gradient; torch's ops,
+    Inductor's, and the fused kernels (--mlp-head triton)."""
+    from torch import nn
+    from shmlearn.nn import mlp_head
+    g = torch.Generator(device="cpu").manual_seed(5)
+    torch.manual_seed(5)
+    layers = []
+    for a, b in zip(MLP_HEAD, MLP_HEAD[1:]):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    base = nn.Sequential(*layers[:-1]).to(device)
+    x0 = torch.randn(batch, MLP_HEAD[0], generator=g).to(device, BF16)
+    gy = torch.randn(batch, MLP_HEAD[-1], generator=g).to(device, BF16)
+
+    def case(net):
+        x = x0.clone().requires_grad_(True)
+
+        def step():
+            x.grad = None
+            for p in base.parameters():
+                p.grad = None
+            with torch.autocast(device.type, dtype=BF16):
+                out = net(x)
+            out.backward(gy)
+            return (out, x.grad) + tuple(p.grad for p in base.parameters())
+        return step
+
+    cases = {"linear + relu x3 (aten)": case(base)}
+    if device.type == "cuda":
+        cases["compiled (Inductor)"] = case(torch.compile(base, dynamic=False))
+        fused = copy.deepcopy(base)
+        mlp_head.convert(fused, "triton")
+        for a, b in zip(fused.parameters(), base.parameters()):  # one set of parameters and .grads
+            a.data = b.data
+        fused_params = list(fused.parameters())
+
+        def fused_step(step=case(fused)):
+            for a, b in zip(fused_params, base.parameters()):
+                a.grad = None
+            out, xg, *_ = step()
+            return (out, xg) + tuple(a.grad for a in fused_params)
+        cases["fused Triton (--mlp-head triton)"] = fused_step
+    return cases
+
+
+def mlp_head_bytes(batch: int) -> int:
+    """bf16: read x and the weights, write the output; backward: read the output's gradient, x
+    and the weights again, write x's gradient and the weights' (the small activations left out)."""
+    w = sum(a * b for a, b in zip(MLP_HEAD, MLP_HEAD[1:]))
+    return 2 * (batch * MLP_HEAD[0] * 3 + 3 * w)
+
+
 CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
-         "bias-grad": (bias_grad_cases, bias_grad_bytes),
+         "bias-grad": (bias_grad_cases, bias_grad_bytes), "mlp-head": (mlp_head_cases, mlp_head_bytes),
          **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS}}
 
 
