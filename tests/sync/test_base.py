@@ -30,8 +30,11 @@ def _setup(channels_last: bool):
 
 @pytest.mark.parametrize("channels_last", (False, True))
 @pytest.mark.parametrize("autocast", (False, True))
-def test_adopted_gradients_are_the_accumulated_ones_in_the_flat_buffer(channels_last, autocast):
+@pytest.mark.parametrize("by", ("cat", "multi-tensor copy"))
+def test_adopted_gradients_are_the_accumulated_ones_in_the_flat_buffer(channels_last, autocast, by, monkeypatch):
     model, s = _setup(channels_last)
+    if by != "cat":  # what models above CAT_MAX parameters take
+        monkeypatch.setattr(s, "CAT_MAX", 0)
     x = torch.randn(8, 3, 6, 6)
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
