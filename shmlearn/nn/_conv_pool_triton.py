@@ -396,28 +396,32 @@ INTERPRET_STACK = False
 tests run both)."""
 
 
-def _autotune(configs, key):
-    """triton.autotune, its choice kept on disk where this Triton can (cache_results, Triton >=
-    3.2: in Triton's cache, keyed by the kernel's source, the configs, the GPU and the shape), so
-    that a later run or process skips timing every config of a shape it has seen (about a minute
-    for alexnet-small's three blocks on an H100). SHMLEARN_AUTOTUNE_CACHE=0 turns it off (to
-    measure what it saves)."""
+def _autotune_options() -> dict:
+    """cache_results where this Triton has it (>= 3.2): the autotuners keep their choice in
+    Triton's disk cache, keyed by the kernel's source, the configs, the GPU and the shape, so a
+    later run or process skips timing every config of a shape it has seen (9.2 -> 6.4 s of
+    alexnet-small's warm setup on an H100, benchmarks/results/flat-step-h100/autotune-cache/).
+    SHMLEARN_AUTOTUNE_CACHE=0 turns it off (to measure what it saves)."""
     import inspect
-    kw = {}
     if ("cache_results" in inspect.signature(triton.autotune).parameters
             and os.environ.get("SHMLEARN_AUTOTUNE_CACHE", "1") != "0"):
-        kw["cache_results"] = True
-    return triton.autotune(configs, key=key, **kw)
+        return {"cache_results": True}
+    return {}
+
+
+_AUTOTUNE = _autotune_options()
 
 
 def _tuned(kind: str, cin: int = 0):
     key = (kind, cin)
     if key not in _TUNED:
         if kind == "rows":
-            _TUNED[key] = _autotune(_CONFIGS_ROWS, ["Q", "HP", "WP", "IMG", "N", "KT"])(_forward_rows_kernel)
+            _TUNED[key] = triton.autotune(_CONFIGS_ROWS, key=["Q", "HP", "WP", "IMG", "N", "KT"], **_AUTOTUNE)(
+                _forward_rows_kernel)
         else:
             configs = [c for c in _CONFIGS_DIRECT if cin % c.kwargs["BLOCK_K"] == 0]
-            _TUNED[key] = _autotune(configs, ["Q", "H", "W", "CIN", "N", "KH", "KW"])(_forward_direct_kernel)
+            _TUNED[key] = triton.autotune(configs, key=["Q", "H", "W", "CIN", "N", "KH", "KW"], **_AUTOTUNE)(
+                _forward_direct_kernel)
     return _TUNED[key]
 
 
