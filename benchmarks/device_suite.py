@@ -65,6 +65,9 @@ compiled with torch's fused SGD instead."""
 FINAL_VARIANTS = "allreduce,allreduce:compile,allreduce:compile+unfused-head,allreduce:compile+torch-sgd"
 """The step with every default (eager kernels in a graph; compiled), then compiled with the head
 unfused (--mlp-head off) and with torch's fused SGD, each change undone alone."""
+OVERLAP_VARIANTS = "allreduce:compile,allreduce:compile+serial-conv,allreduce,allreduce:serial-conv"
+"""The step with every default (--conv-overlap auto: two streams on CUDA), compiled and eager in
+a graph, each against the same with the backward's GEMMs one after the other (--conv-overlap off)."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -294,6 +297,21 @@ def part_commands(p: str, workers: str) -> dict:
             f"{sys.executable} {os.path.join(HERE, 'throughput_profile.py')} --model {m} --batch-sizes {b} "
             f"--precision bf16 --channels-last --variants compile --out {p('roofline-final')}/profile-{m}.json"
             for m, b in (("alexnet-small", "128,1024"), ("resnet18", "128")))], 360),
+        # Issue 18, sixth round: each convolution's two backward GEMMs on two streams
+        # (--conv-overlap, default on CUDA) against the one call (serial-conv), same run, with the
+        # baselines; the convolutions alone; resnet18's profile with it.
+        "kernels-overlap": (_py(os.path.join(HERE, "kernels.py"), "--device", "cuda", "--batch-sizes", "128,1024",
+                                "--cases", "conv-overlap-1,conv-overlap-3,conv-overlap-4,conv-pool-2,conv-pool-3",
+                                "--out", os.path.join(p("kernels-overlap"), "kernels-h100.json")), 300),
+        "tput-overlap-resnet": (_gpu_bench(p("tput-overlap-resnet"), [
+            (m, "3x32x32", b, "plain,graph,compile", OVERLAP_VARIANTS)
+            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 600),
+        "tput-overlap-alexnet": (_gpu_bench(p("tput-overlap-alexnet"), [
+            ("alexnet-small", "3x32x32", b, "plain,graph,compile", OVERLAP_VARIANTS) for b in (128, 1024)]), 420),
+        "roofline-overlap": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",
+                                 "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
+                                 "--variants", "compile",
+                                 "--out", os.path.join(p("roofline-overlap"), "profile-resnet18.json")), 300),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

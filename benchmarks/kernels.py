@@ -23,6 +23,11 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   backward. Variants: aten's three ops in channels_last, torch.compile'd, and shmlearn's fused
   Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py; for blocks 2 and 3 also with
   each backward forced: shmlearn's kernels, cuDNN's). Floor: the fused block's bytes.
+* conv-overlap-1/3/4: a ResNet 3x3 convolution of stage 1, 3 and 4 at 32x32 input (64 channels
+  at 32x32, 256 at 8x8, 512 at 4x4), forward and backward (input and weight gradients): torch's
+  one convolution_backward, and its two GEMMs on two streams (--conv-overlap streams,
+  shmlearn/nn/conv_overlap.py); also conv-pool-2's fused block with the overlapped backward.
+  Floor: bytes, as the others (these are GEMMs, so read it against the FLOP rate too).
 
 Every variant is captured in a CUDA graph (as the step is) and timed by CUDA events: 5 runs of
 200 replays after warm-up, the median, with p25-p75. Inputs are random, never zeros. The floor is
@@ -187,9 +192,9 @@ def conv_pool_cases(block: str):
         def aten(x, w, b):
             return F.max_pool2d(F.relu(F.conv2d(x, w, b, 1, 2)), 2)
 
-        def fused(x, w, b):
+        def fused(x, w, b, overlap=False):
             from shmlearn.nn.conv_pool import conv_relu_pool2d
-            return conv_relu_pool2d(x, w, b, 2)
+            return conv_relu_pool2d(x, w, b, 2, overlap)
 
         def case(fn, backward="cudnn"):
             x = x0.clone().requires_grad_(x_grad)
@@ -214,6 +219,8 @@ def conv_pool_cases(block: str):
             if x_grad:  # the later blocks' two backwards, each forced
                 cases["fused, backward by shmlearn's kernels"] = case(fused, "triton")
                 cases["fused, backward by cuDNN"] = case(fused, "cudnn")
+                cases["fused, cuDNN backward on two streams (--conv-overlap)"] = case(
+                    lambda x, w, b: fused(x, w, b, overlap=True))
         return cases
 
     def nbytes(batch: int) -> int:
@@ -281,9 +288,48 @@ def mlp_head_bytes(batch: int) -> int:
     return 2 * (batch * MLP_HEAD[0] * 3 + 3 * w)
 
 
+CONV_OVERLAP_STAGES = {"conv-overlap-1": (64, 32), "conv-overlap-3": (256, 8), "conv-overlap-4": (512, 4)}
+"""ResNet (CIFAR stem, 32x32 input) 3x3 convolutions: (channels, map side) of stages 1, 3 and 4."""
+
+
+def conv_overlap_cases(stage: str):
+    c, hw = CONV_OVERLAP_STAGES[stage]
+
+    def build(batch: int, device) -> Dict[str, Callable]:
+        """A 3x3 convolution (no bias, as in a ResNet) forward and backward from a random output
+        gradient: the input's and the weight's gradients; torch's and two streams."""
+        from shmlearn.nn.conv_overlap import conv2d
+        g = torch.Generator(device="cpu").manual_seed(4)
+        x0 = _cl(torch.randn(batch, c, hw, hw, generator=g).to(device, BF16))
+        w0 = _cl(torch.randn(c, c, 3, 3, generator=g).to(device, BF16) * (c * 9) ** -0.5)
+        gy = _cl(torch.randn(batch, c, hw, hw, generator=g).to(device, BF16))
+
+        def case(fn):
+            x = x0.clone().requires_grad_(True)
+            w = w0.clone().requires_grad_(True)
+
+            def step():
+                w.grad = x.grad = None
+                fn(x, w).backward(gy)
+                return w.grad, x.grad
+            return step
+
+        # On the CPU the two halves run one after the other: the split is what the test checks.
+        return {"aten conv2d (one convolution_backward)": case(lambda x, w: F.conv2d(x, w, None, 1, 1)),
+                "two streams (--conv-overlap streams)": case(lambda x, w: conv2d(x, w, None, (1, 1), (1, 1)))}
+
+    def nbytes(batch: int) -> int:
+        """bf16: forward reads x and w, writes y; backward reads the gradient, x and w, writes the
+        input's and the weight's gradients."""
+        act, w = batch * c * hw * hw, c * c * 9
+        return 2 * (act + w + act + act + act + w + act + w)
+    return build, nbytes
+
+
 CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
          "bias-grad": (bias_grad_cases, bias_grad_bytes), "mlp-head": (mlp_head_cases, mlp_head_bytes),
-         **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS}}
+         **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS},
+         **{name: conv_overlap_cases(name) for name in CONV_OVERLAP_STAGES}}
 
 
 def time_graph(step: Callable, device, replays: int = 200) -> List[float]:

@@ -115,6 +115,11 @@ class TrainConfig:
     (three fused Triton kernels, forward and backward; CUDA with Triton) or auto (triton where it
     can run). Same outputs and gradients to rounding, parameters and checkpoints;
     shmlearn/nn/mlp_head.py."""
+    conv_overlap: str = "auto"
+    """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
+    off (one after the other, as torch does), streams (on two CUDA streams at once, joined before
+    the gradients are used; CUDA only) or auto (streams on CUDA, else off). Same cuDNN calls, so
+    the same gradients, parameters and checkpoints; shmlearn/nn/conv_overlap.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -381,6 +386,7 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
     from shmlearn.nn.mlp_head import MODES as MLP_HEAD
+    from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
     from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
@@ -392,6 +398,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--conv-pool {cfg.conv_pool}: choose one of {', '.join(CONV_POOL)}")
     if cfg.mlp_head not in MLP_HEAD:
         raise BadInput(f"--mlp-head {cfg.mlp_head}: choose one of {', '.join(MLP_HEAD)}")
+    if cfg.conv_overlap not in CONV_OVERLAP:
+        raise BadInput(f"--conv-overlap {cfg.conv_overlap}: choose one of {', '.join(CONV_OVERLAP)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

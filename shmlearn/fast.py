@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
-from shmlearn.nn import conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -87,6 +87,9 @@ class StepOptions:
     mlp_head: str = "auto"
     """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
     or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
+    conv_overlap: str = "auto"
+    """A convolution's backward GEMMs: off (one after the other), streams (two CUDA streams) or
+    auto (streams on CUDA; shmlearn/nn/conv_overlap.py)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
@@ -157,6 +160,8 @@ class Stepper:
             raise BadInput(why)
         if opts.mlp_head == "triton" and (why := mlp_head.usable(device)):
             raise BadInput(why)
+        if opts.conv_overlap == "streams" and (why := conv_overlap.usable(device)):
+            raise BadInput(why)
         # First: the fused blocks' convs and pools are then left alone by the two passes below.
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.conv_pools = conv_pool.convert(model, self.conv_pool)
@@ -167,6 +172,12 @@ class Stepper:
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
+        # After the two above: the convolutions they switched are theirs (conv_pool's blocks
+        # take the overlapped backward through their own flag).
+        self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device)
+        self.conv_overlaps = conv_overlap.convert(model, self.conv_overlap)
+        self.conv_overlaps += conv_pool.set_overlap(model, self.conv_overlap == "streams")
+        """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
         self._adopts = opts.adopt_grads and strategy.adopts_grads
         """Whether backwards take their gradients whole (`_gradients`)."""
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")

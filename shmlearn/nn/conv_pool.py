@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn.conv_overlap import convolution_backward
 from shmlearn.nn.image_conv import ImageConv2d, triton_usable
 from shmlearn.nn.max_pool import ReduceMaxPool2d
 
@@ -97,15 +98,16 @@ def _define_ops():
 
     @torch.library.custom_op("shmlearn::conv_relu_pool2d", mutates_args=())
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-              padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+              padding: List[int], overlap: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """(y, code, xr): xr, the input as the kernels read it, is what the weight-gradient kernel
-        reads again (an output, so that autograd can save it)."""
+        reads again (an output, so that autograd can save it). overlap: the backward's cuDNN
+        GEMMs on two streams (conv_overlap.py)."""
         from shmlearn.nn import _conv_pool_triton as kernels
         xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
         return kernels.forward(xn, weight, bias, tuple(padding))
 
     @fused.register_fake
-    def _(x, weight, bias, padding):
+    def _(x, weight, bias, padding, overlap):
         n, _, h, w = x.shape
         cout, _, kh, kw = weight.shape
         shape = (n, cout, (h + 2 * padding[0] - kh + 1) // 2, (w + 2 * padding[1] - kw + 1) // 2)
@@ -127,30 +129,35 @@ def _define_ops():
                 xr.new_empty(weight_shape[0], dtype=torch.float32))
 
     def setup(ctx, inputs, output):
-        x, weight, bias, padding = inputs
+        x, weight, bias, padding, overlap = inputs
         y, code, xr = output
         # The image (no input gradient, read unfolded): the weight gradient reads xr; x is not kept.
         image = not x.requires_grad and xr.numel() > 0
         ctx.save_for_backward(xr if image else x, weight, code)
-        ctx.meta = (image, bias is not None, bias.dtype if bias is not None else None, list(padding))
+        ctx.meta = (image, bias is not None, bias.dtype if bias is not None else None, list(padding), overlap)
 
     def backward(ctx, grad, _grad_code, _grad_xr):
         x, weight, code = ctx.saved_tensors
-        image, has_bias, b_dtype, padding = ctx.meta
+        image, has_bias, b_dtype, padding, overlap = ctx.meta
         if image:  # the image: weight and bias gradients in one kernel, from xr
             dw, db = weight_grad(x, grad, code, list(weight.shape),
                                  weight.is_contiguous(memory_format=torch.channels_last) and not weight.is_contiguous())
-            return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None
+            return None, dw.to(weight.dtype), (db.to(b_dtype) if has_bias else None), None, None
         need_dx = bool(ctx.needs_input_grad[0])
         if backward_path(x) == "cudnn":  # plain torch ops here, so that Inductor fuses the expansion
             _, _, kh, kw = weight.shape
             ho, wo = x.shape[2] + 2 * padding[0] - kh + 1, x.shape[3] + 2 * padding[1] - kw + 1
-            dx, dw, db = torch.ops.aten.convolution_backward(
-                expand_grad(grad, code, ho, wo), x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding,
-                [1, 1], False, [0, 0], 1, [need_dx, bool(ctx.needs_input_grad[1]), has_bias])
-            return dx, dw, db, None
+            full = expand_grad(grad, code, ho, wo)
+            mask = [need_dx, bool(ctx.needs_input_grad[1]), has_bias]
+            if overlap:
+                dx, dw, db = convolution_backward(full, x, weight, [1, 1], padding, [1, 1], 1, mask)
+            else:
+                dx, dw, db = torch.ops.aten.convolution_backward(
+                    full, x, weight, [weight.shape[0]] if has_bias else None, [1, 1], padding, [1, 1], False,
+                    [0, 0], 1, mask)
+            return dx, dw, db, None, None
         dx, dw, db = block_backward(x, weight, grad, code, padding, need_dx, has_bias)
-        return (dx if need_dx else None), dw, (db.to(b_dtype) if has_bias else None), None
+        return (dx if need_dx else None), dw, (db.to(b_dtype) if has_bias else None), None, None
 
     fused.register_autograd(backward, setup_context=setup)
 
@@ -177,7 +184,7 @@ def _define_ops():
         return [n, cout, h + 2 * padding[0] - kh + 1, w + 2 * padding[1] - kw + 1]
 
     @register_flop_formula(torch.ops.shmlearn.conv_relu_pool2d)
-    def _(x_shape, w_shape, bias_shape, padding, *, out_shape=None, **kwargs) -> int:
+    def _(x_shape, w_shape, bias_shape, padding, overlap, *, out_shape=None, **kwargs) -> int:
         return conv_flop_count(x_shape, w_shape, conv_out(x_shape, w_shape, padding))
 
     @register_flop_formula(torch.ops.shmlearn.conv_relu_pool2d_weight_grad)
@@ -216,12 +223,14 @@ def backward_path(x) -> str:
 
 
 def conv_relu_pool2d(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
-                     padding=0) -> torch.Tensor:
+                     padding=0, overlap: bool = False) -> torch.Tensor:
     """F.max_pool2d(F.relu(F.conv2d(x, weight, bias, 1, padding)), 2) of a 4-D x, by the fused
-    kernels; the result is channels_last. Under autocast the kernels read and write its dtype."""
+    kernels; the result is channels_last. Under autocast the kernels read and write its dtype.
+    overlap: the backward's cuDNN GEMMs on two CUDA streams (conv_overlap.py)."""
     dt = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
     with torch.autocast(x.device.type, enabled=False):
-        y, _, _ = _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, list(_pair(padding)))
+        y, _, _ = _ops()[0](x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, list(_pair(padding)),
+                            overlap)
     return y
 
 
@@ -232,7 +241,7 @@ class ConvReluPool2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:  # unbatched (C, H, W): torch's ops, the same three steps
             return F.max_pool2d(F.relu(super().forward(x)), 2)
-        return conv_relu_pool2d(x, self.weight, self.bias, self.padding)
+        return conv_relu_pool2d(x, self.weight, self.bias, self.padding, self.__dict__.get("overlap", False))
 
 
 class FusedReLU(nn.ReLU):
@@ -317,4 +326,17 @@ def convert(model: nn.Module, mode: str) -> int:
         else:
             conv.__class__, relu.__class__, pool.__class__ = nn.Conv2d, nn.ReLU, nn.MaxPool2d
             conv.__dict__.pop("image_conv", None)
+            conv.__dict__.pop("overlap", None)
     return len(found) if mode == "triton" else 0
+
+
+def set_overlap(model: nn.Module, on: bool) -> int:
+    """Have every fused block of model take its cuDNN backward on two streams (--conv-overlap
+    streams: conv_overlap.py) or not; how many fused blocks take it (the image's block has one
+    GEMM and no cuDNN backward, and is not counted)."""
+    n = 0
+    for m in model.modules():
+        if type(m) is ConvReluPool2d:
+            m.__dict__["overlap"] = on
+            n += on and not unfolds(m.in_channels) and BACKWARD == "cudnn"
+    return n

@@ -1,0 +1,157 @@
+"""shmlearn/nn/conv_overlap.py: a convolution whose backward runs its two GEMMs apart gives
+torch's gradients, eagerly and compiled, and the module swap leaves the model as it was.
+
+On the CPU the two halves run one after the other: what is checked here is the split (the
+masks, the layouts, the casts); the streams themselves are checked on a GPU by
+benchmarks/kernels.py --cases conv-overlap-1,conv-overlap-3,conv-overlap-4 (outputs_agree)."""
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shmlearn.errors import BadInput
+from shmlearn.nn import conv_overlap
+from shmlearn.nn.conv_overlap import OverlapConv2d, conv2d
+from triton_interp import interpreted
+
+
+def _net():
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8), nn.ReLU(),
+        nn.Conv2d(8, 16, 3, stride=2, padding=1), nn.ReLU(),  # strided, with a bias
+        nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4), nn.ReLU(),  # dilated, grouped
+        nn.Conv2d(16, 8, 1, bias=False), nn.Flatten(), nn.Linear(8 * 6 * 6, 5))
+
+
+def _grads(model, x, autocast=False, run=None):
+    """run: what computes model's forward (model itself, or its compiled form)."""
+    model.zero_grad(set_to_none=True)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = (run or model)(x)
+    out.float().square().mean().backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_eager_gradients_equal_torchs_bit_for_bit(channels_last):
+    ref = _net()
+    fmt = torch.channels_last if channels_last else torch.contiguous_format
+    ref = ref.to(memory_format=fmt)
+    net = copy.deepcopy(ref)
+    assert conv_overlap.convert(net, "streams") == 4
+    x = torch.randn(4, 3, 12, 12).contiguous(memory_format=fmt)
+    out_r, g_r = _grads(ref, x)
+    out, g = _grads(net, x)
+    assert torch.equal(out, out_r)
+    for name in g_r:
+        assert torch.equal(g[name], g_r[name]), name
+        assert g[name].stride() == g_r[name].stride(), name
+
+
+def test_the_input_gradient_alone_and_the_weight_gradient_alone():
+    torch.manual_seed(1)
+    x = torch.randn(2, 4, 6, 6, requires_grad=True)
+    w = torch.randn(6, 4, 3, 3, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    gy = torch.randn(2, 6, 6, 6)
+    ref = torch.autograd.grad(F.conv2d(x, w, b, 1, 1), (x, w, b), gy)
+    for wanted in [(x,), (w,), (w, b), (x, b)]:
+        got = torch.autograd.grad(conv2d(x, w, b, (1, 1), (1, 1)), wanted, gy)
+        for t, g in zip(wanted, got):
+            i = [id(x), id(w), id(b)].index(id(t))
+            assert torch.equal(g, ref[i])
+
+
+def test_compiled_bf16_step_matches_the_eager_modules_and_makes_one_graph():
+    ref = _net().to(memory_format=torch.channels_last)
+    net = copy.deepcopy(ref)
+    conv_overlap.convert(net, "streams")
+    x = torch.randn(4, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(net)(x)
+    assert explained.graph_count == 1 and explained.graph_break_count == 0
+    out_r, g_r = _grads(ref, x, autocast=True)
+    out, g = _grads(net, x, autocast=True, run=torch.compile(net))
+    assert out.dtype == out_r.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float(), out_r.float(), rtol=2e-2, atol=2e-2)
+    for name in g_r:
+        scale = g_r[name].abs().max().item()
+        torch.testing.assert_close(g[name], g_r[name], rtol=0.05, atol=0.05 * scale, msg=name)
+
+
+def test_convert_both_ways_keeps_the_state_and_skips_what_it_cannot_run():
+    net = _net()
+    odd = nn.Conv2d(8, 8, 3, padding="same")  # string padding: left to torch
+    circular = nn.Conv2d(8, 8, 3, padding=1, padding_mode="circular")
+    net.add_module("odd", odd)
+    net.add_module("circular", circular)
+    state = {k: v.clone() for k, v in net.state_dict().items()}
+    assert conv_overlap.convert(net, "streams") == 4
+    assert type(odd) is nn.Conv2d and type(circular) is nn.Conv2d
+    assert sum(type(m) is OverlapConv2d for m in net.modules()) == 4
+    assert conv_overlap.convert(net, "streams") == 4  # idempotent
+    assert conv_overlap.convert(net, "off") == 0
+    assert not any(type(m) is OverlapConv2d for m in net.modules())
+    assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
+    with pytest.raises(ValueError, match="one of off, streams"):
+        conv_overlap.convert(net, "auto")
+
+
+def test_unbatched_input_runs_torchs_module():
+    conv = nn.Conv2d(3, 4, 3, padding=1)
+    ref = conv(torch.ones(3, 5, 5))
+    conv_overlap.convert(nn.Sequential(conv), "streams")
+    assert torch.equal(conv(torch.ones(3, 5, 5)), ref)
+
+
+def test_the_flop_count_is_torchs():
+    from torch.utils.flop_counter import FlopCounterMode
+    ref, net = _net(), _net()
+    conv_overlap.convert(net, "streams")
+    x = torch.randn(2, 3, 12, 12)
+    counts = []
+    for m in (ref, net):
+        with FlopCounterMode(display=False) as fc:
+            m(x).sum().backward()
+        counts.append(fc.get_total_flops())
+    assert counts[0] == counts[1] > 0
+
+
+def test_auto_is_off_on_the_cpu_and_streams_is_refused_there():
+    cpu = torch.device("cpu")
+    assert conv_overlap.resolve("auto", cpu) == "off"
+    assert "needs a CUDA device" in conv_overlap.usable(cpu)
+    from shmlearn.config import TrainConfig, validate
+    from shmlearn.fast import StepOptions, Stepper
+    from shmlearn.sync import build_strategy
+    with pytest.raises(BadInput, match=r"^--conv-overlap both: choose one of off, streams, auto$"):
+        validate(TrainConfig(conv_overlap="both"))
+    model = _net()
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    strategy = build_strategy("allreduce", rank=0, world_size=1)
+    strategy.setup(model, opt)
+    with pytest.raises(BadInput, match="--conv-overlap streams needs a CUDA device"):
+        Stepper(model=model, strategy=strategy, optimizer=opt, schedule=None, loader=None, task="classification",
+                device=cpu, opts=StepOptions(conv_overlap="streams"), timer=None, rank=0, world_size=1,
+                total_steps=1)
+
+
+@interpreted
+def test_a_fused_conv_pool_block_takes_the_split_backward_with_the_same_gradients():
+    from shmlearn.nn import conv_pool
+    torch.manual_seed(4)
+    net = nn.Sequential(nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2))
+    assert conv_pool.convert(net, "triton") == 2
+    x = torch.randn(2, 3, 8, 8).contiguous(memory_format=torch.channels_last)
+    _, g_serial = _grads(net, x)
+    assert conv_pool.set_overlap(net, True) == 1  # the image's block has no cuDNN backward
+    assert net[3].__dict__["overlap"] and net[0].__dict__["overlap"]
+    _, g_split = _grads(net, x)
+    for name in g_serial:
+        assert torch.equal(g_split[name], g_serial[name]), name
+    conv_pool.convert(net, "off")
+    assert "overlap" not in net[3].__dict__
