@@ -65,9 +65,11 @@ compiled with torch's fused SGD instead."""
 FINAL_VARIANTS = "allreduce,allreduce:compile,allreduce:compile+unfused-head,allreduce:compile+torch-sgd"
 """The step with every default (eager kernels in a graph; compiled), then compiled with the head
 unfused (--mlp-head off) and with torch's fused SGD, each change undone alone."""
-OVERLAP_VARIANTS = "allreduce:compile,allreduce:compile+serial-conv,allreduce,allreduce:serial-conv"
-"""The step with every default (--conv-overlap auto: two streams on CUDA), compiled and eager in
-a graph, each against the same with the backward's GEMMs one after the other (--conv-overlap off)."""
+OVERLAP_VARIANTS = "allreduce:compile+all-conv,allreduce:compile+serial-conv,allreduce:all-conv,allreduce:serial-conv"
+"""Sixth round, first run: every convolution's backward GEMMs on two streams (then the default,
+now --conv-overlap all), compiled and eager in a graph, each against the one call (off)."""
+OVERLAP2_VARIANTS = "allreduce:compile,allreduce:compile+serial-conv,allreduce:compile+all-conv"
+"""Second run: the default (--conv-overlap auto: small GEMMs only), against off and all."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -308,6 +310,11 @@ def part_commands(p: str, workers: str) -> dict:
             for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 600),
         "tput-overlap-alexnet": (_gpu_bench(p("tput-overlap-alexnet"), [
             ("alexnet-small", "3x32x32", b, "plain,graph,compile", OVERLAP_VARIANTS) for b in (128, 1024)]), 420),
+        "tput-overlap2-resnet": (_gpu_bench(p("tput-overlap2-resnet"), [
+            (m, "3x32x32", b, "plain,graph,compile", OVERLAP2_VARIANTS)
+            for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 600),
+        "tput-overlap2-alexnet": (_gpu_bench(p("tput-overlap2-alexnet"), [
+            ("alexnet-small", "3x32x32", b, "plain,graph,compile", OVERLAP2_VARIANTS) for b in (128, 1024)]), 420),
         "roofline-overlap": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",
                                  "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                  "--variants", "compile",

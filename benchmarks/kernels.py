@@ -25,7 +25,7 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   each backward forced: shmlearn's kernels, cuDNN's). Floor: the fused block's bytes.
 * conv-overlap-1/3/4: a ResNet 3x3 convolution of stage 1, 3 and 4 at 32x32 input (64 channels
   at 32x32, 256 at 8x8, 512 at 4x4), forward and backward (input and weight gradients): torch's
-  one convolution_backward, and its two GEMMs on two streams (--conv-overlap streams,
+  one convolution_backward, and its two GEMMs on two streams (--conv-overlap all,
   shmlearn/nn/conv_overlap.py); also conv-pool-2's fused block with the overlapped backward.
   Floor: bytes, as the others (these are GEMMs, so read it against the FLOP rate too).
 
@@ -316,7 +316,7 @@ def conv_overlap_cases(stage: str):
 
         # On the CPU the two halves run one after the other: the split is what the test checks.
         return {"aten conv2d (one convolution_backward)": case(lambda x, w: F.conv2d(x, w, None, 1, 1)),
-                "two streams (--conv-overlap streams)": case(lambda x, w: conv2d(x, w, None, (1, 1), (1, 1)))}
+                "two streams (--conv-overlap all)": case(lambda x, w: conv2d(x, w, None, (1, 1), (1, 1)))}
 
     def nbytes(batch: int) -> int:
         """bf16: forward reads x and w, writes y; backward reads the gradient, x and w, writes the

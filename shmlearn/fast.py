@@ -88,8 +88,9 @@ class StepOptions:
     """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
     or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
     conv_overlap: str = "auto"
-    """A convolution's backward GEMMs: off (one after the other), streams (two CUDA streams) or
-    auto (streams on CUDA; shmlearn/nn/conv_overlap.py)."""
+    """A convolution's backward GEMMs: off (one after the other), small (two CUDA streams where
+    the GEMMs are small), all (two streams for every convolution, conv-pool blocks too) or auto
+    (small on CUDA; shmlearn/nn/conv_overlap.py)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
@@ -160,7 +161,7 @@ class Stepper:
             raise BadInput(why)
         if opts.mlp_head == "triton" and (why := mlp_head.usable(device)):
             raise BadInput(why)
-        if opts.conv_overlap == "streams" and (why := conv_overlap.usable(device)):
+        if opts.conv_overlap in ("small", "all") and (why := conv_overlap.usable(device)):
             raise BadInput(why)
         # First: the fused blocks' convs and pools are then left alone by the two passes below.
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
@@ -173,10 +174,11 @@ class Stepper:
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
         # After the two above: the convolutions they switched are theirs (conv_pool's blocks
-        # take the overlapped backward through their own flag).
+        # take the overlapped backward through their own flag, with `all` only: slower on an
+        # H100 in alexnet-small's step, conv_overlap.py).
         self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device)
         self.conv_overlaps = conv_overlap.convert(model, self.conv_overlap)
-        self.conv_overlaps += conv_pool.set_overlap(model, self.conv_overlap == "streams")
+        self.conv_overlaps += conv_pool.set_overlap(model, self.conv_overlap == "all")
         """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
         self._adopts = opts.adopt_grads and strategy.adopts_grads
         """Whether backwards take their gradients whole (`_gradients`)."""

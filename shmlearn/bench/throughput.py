@@ -77,7 +77,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "cudnn-conv": {"image_conv": "cudnn"}, "conv-pool": {"conv_pool": "triton"},
              "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False},
              "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"},
-             "conv-overlap": {"conv_overlap": "streams"}, "serial-conv": {"conv_overlap": "off"}}
+             "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 

@@ -1,4 +1,5 @@
-"""A convolution's two backward GEMMs on two CUDA streams at once (--conv-overlap off|streams|auto).
+"""A convolution's two backward GEMMs on two CUDA streams at once (--conv-overlap
+off|small|all|auto).
 
 Why: a convolution's backward is two independent GEMMs, the input's gradient and the weight's,
 and torch runs them one after the other on one stream. At a small batch neither fills a large
@@ -6,20 +7,28 @@ GPU: ResNet-18's last stage at batch 128 on 32x32 images (4x4 maps, 512 channels
 2048 x 512 input gradient, 64 tiles of 128 x 128 for 132 SMs, which cuDNN splits along K and
 then sums (the workspace zeroing in the profile). Run on two streams, the weight's GEMM fills
 the SMs the input's leaves idle. Inside the step's CUDA graph the fork and the join are edges
-of the graph, not launches, so the overlap costs nothing per step.
+of the graph, not launches.
+
+Measured on one H100 (bf16, channels_last; benchmarks/results/conv-overlap-h100/): a 3x3
+convolution's forward and backward at batch 128 took 80.5 -> 68.2 us at 4x4 maps and 512
+channels, 60.9 -> 58.7 at 8x8 and 256, 105.0 -> 102.4 at 32x32 and 64; at batch 1024 within
++-2% (576 -> 587 us at 32x32 and 64, slower). Overlapping every convolution made resnet18's step
+at batch 128 1.6% faster and at 1024 1.2% slower, and alexnet-small's (its fused conv-pool
+blocks) 6% and 5% slower. Hence the modes:
+* small (auto's choice on CUDA): plain nn.Conv2d layers whose input-gradient GEMM has at most
+  SMALL_ROWS rows (batch x output height x width), decided per shape inside the op;
+* all: every plain nn.Conv2d, and conv_pool's fused blocks' cuDNN backward;
+* off: torch's one call.
 
 Exact: the same cuDNN calls with the same arguments (convolution_backward, once for the input's
 gradient and once for the weight's and the bias's), so the same results as torch's one call
-wherever cuDNN picks the same algorithms (it is asked each half alone; results agree to the
-algorithms' rounding, bit for bit in the tests on the CPU).
+wherever cuDNN picks the same algorithms (it is asked each half alone; bit for bit in the tests
+on the CPU, to rounding in benchmarks/kernels.py on the GPU).
 
-Where: every plain nn.Conv2d (zero padding given as numbers) whose input needs a gradient; the
-image's first convolution has one GEMM and runs as torch's. `convert` switches the modules'
-classes in place, both ways (parameters, buffers and state_dict unchanged); the forward stays
-torch's F.conv2d, so Inductor sees it as before (layout choices, max-autotune's templates).
-The streams are joined before the backward op returns, so no buffer Inductor frees or reuses
-after it is still read on the other stream. conv_pool's fused blocks take the same backward
-(`convolution_backward`).
+`convert` switches the modules' classes in place, both ways (parameters, buffers and state_dict
+unchanged); the forward stays torch's F.conv2d, so Inductor sees it as before (layout choices,
+max-autotune's templates). The streams are joined before the backward op returns, so no buffer
+Inductor frees or reuses after it is still read on the other stream.
 """
 from __future__ import annotations
 
@@ -29,24 +38,34 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-MODES = ("off", "streams", "auto")
-"""--conv-overlap: torch's one call; two streams; auto: streams on CUDA, off elsewhere."""
+MODES = ("off", "small", "all", "auto")
+"""--conv-overlap: torch's one call; two streams for small GEMMs; for every convolution; auto:
+small on CUDA, off elsewhere."""
+SMALL_ROWS = 128 * 32 * 32
+"""small: the largest batch x output height x width overlapped (a ResNet's first stage at batch
+128 on 32x32 images; its stages at batch 1024 from the third on)."""
+ALL_ROWS = 1 << 62
 
 _SIDE: Dict[int, "torch.cuda.Stream"] = {}
 
 
 def usable(device: torch.device) -> Optional[str]:
-    """None if --conv-overlap streams can run on this device, else why not (one line)."""
+    """None if --conv-overlap small or all can run on this device, else why not (one line)."""
     if device.type != "cuda":
-        return f"--conv-overlap streams needs a CUDA device (this run is on {device.type}); use off or auto"
+        return f"--conv-overlap small|all needs a CUDA device (this run is on {device.type}); use off or auto"
     return None
 
 
 def resolve(mode: str, device: torch.device) -> str:
-    """The mode that runs: auto is streams on CUDA, else off."""
+    """The mode that runs: auto is small on CUDA, else off."""
     if mode != "auto":
         return mode
-    return "streams" if usable(device) is None else "off"
+    return "small" if usable(device) is None else "off"
+
+
+def max_rows(mode: str) -> int:
+    """The largest input-gradient GEMM (rows) a resolved mode overlaps."""
+    return {"off": 0, "small": SMALL_ROWS, "all": ALL_ROWS}[mode]
 
 
 def _side_stream(device: torch.device) -> "torch.cuda.Stream":
@@ -63,6 +82,37 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return t if t.stride() == want.stride() else want.copy_(t)
 
 
+def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows):
+    """(dx, dw, db) of F.conv2d; an empty tensor for each one mask does not ask for. rows: the
+    largest batch x output height x width whose two GEMMs run apart (max_rows)."""
+    need_dx, need_dw, need_db = mask
+    split = need_dx and (need_dw or need_db) and grad.numel() // grad.shape[1] <= rows
+    bias_sizes = [weight.shape[0]] if need_db else None
+
+    def half(m):
+        return torch.ops.aten.convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
+                                                   False, [0, 0], groups, m)
+
+    if split and not grad.is_cuda:  # the same split, one after the other
+        _, dw, db = half([False, need_dw, need_db])
+        dx, _, _ = half([True, False, False])
+    elif split:
+        main = torch.cuda.current_stream(grad.device)
+        side = _side_stream(grad.device)
+        side.wait_stream(main)  # the fork: grad, x and weight are ready
+        with torch.cuda.stream(side):
+            _, dw, db = half([False, need_dw, need_db])
+        dx, _, _ = half([True, False, False])
+        # The join, before returning: Inductor may free or reuse grad's and x's buffers
+        # once this op returns, and dw, db are read on main from here on.
+        main.wait_stream(side)
+    else:
+        dx, dw, db = half([need_dx, need_dw, need_db])
+    empty = grad.new_empty  # a new one each: outputs may not alias each other
+    return (_like(dx, x) if need_dx else empty(0), _like(dw, weight) if need_dw else empty(0),
+            db if need_db else empty(0))
+
+
 _OPS = None
 
 
@@ -77,37 +127,12 @@ def _ops():
 def _define_ops():
     @torch.library.custom_op("shmlearn::conv2d_backward_overlap", mutates_args=())
     def backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: List[int],
-                    padding: List[int], dilation: List[int], groups: int,
-                    mask: List[bool]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """(dx, dw, db) of F.conv2d; an empty tensor for each one mask does not ask for."""
-        need_dx, need_dw, need_db = mask
-        bias_sizes = [weight.shape[0]] if need_db else None
-
-        def half(m):
-            return torch.ops.aten.convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
-                                                       False, [0, 0], groups, m)
-
-        if need_dx and (need_dw or need_db) and not grad.is_cuda:  # the same split, one after the other
-            _, dw, db = half([False, need_dw, need_db])
-            dx, _, _ = half([True, False, False])
-        elif need_dx and (need_dw or need_db):
-            main = torch.cuda.current_stream(grad.device)
-            side = _side_stream(grad.device)
-            side.wait_stream(main)  # the fork: grad, x and weight are ready
-            with torch.cuda.stream(side):
-                _, dw, db = half([False, need_dw, need_db])
-            dx, _, _ = half([True, False, False])
-            # The join, before returning: Inductor may free or reuse grad's and x's buffers
-            # once this op returns, and dw, db are read on main from here on.
-            main.wait_stream(side)
-        else:
-            dx, dw, db = half([need_dx, need_dw, need_db])
-        empty = grad.new_empty  # a new one each: outputs may not alias each other
-        return (_like(dx, x) if need_dx else empty(0), _like(dw, weight) if need_dw else empty(0),
-                db if need_db else empty(0))
+                    padding: List[int], dilation: List[int], groups: int, mask: List[bool],
+                    rows: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows)
 
     @backward_op.register_fake
-    def _(grad, x, weight, stride, padding, dilation, groups, mask):
+    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows):
         empty = grad.new_empty
         return (torch.empty_like(x) if mask[0] else empty(0), torch.empty_like(weight) if mask[1] else empty(0),
                 empty(weight.shape[0]) if mask[2] else empty(0))
@@ -115,40 +140,44 @@ def _define_ops():
     from torch.utils.flop_counter import conv_backward_flop, register_flop_formula
 
     @register_flop_formula(torch.ops.shmlearn.conv2d_backward_overlap)
-    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, *, out_shape=None, **kwargs):
+    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, *, out_shape=None,
+          **kwargs):
         return conv_backward_flop(grad_shape, x_shape, w_shape, None, stride, padding, dilation, False,
                                   [0, 0], groups, mask, out_val=out_shape)
 
     return backward_op
 
 
-def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask):
+def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows=ALL_ROWS):
     """(dx, dw, db) as torch.ops.aten.convolution_backward gives them for a 2-D convolution (None
-    where mask says no), the two GEMMs on two streams on CUDA."""
+    where mask says no), the two GEMMs on two streams on CUDA where the GEMM has at most `rows`
+    rows (max_rows)."""
     dx, dw, db = _ops()(grad, x, weight, list(stride), list(padding), list(dilation), groups,
-                        [bool(m) for m in mask])
+                        [bool(m) for m in mask], rows)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
 class _Conv2d(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups):
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows):
         ctx.save_for_backward(x, weight)
-        ctx.conv = (stride, padding, dilation, groups)
+        ctx.conv = (stride, padding, dilation, groups, rows)
         return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        stride, padding, dilation, groups = ctx.conv
+        stride, padding, dilation, groups, rows = ctx.conv
         mask = ctx.needs_input_grad[:3]
-        dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask)
-        return dx, dw, db, None, None, None, None
+        dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows)
+        return dx, dw, db, None, None, None, None, None
 
 
-def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1) -> torch.Tensor:
-    """F.conv2d with the backward of this module (numeric padding, 4-D x)."""
-    args = (tuple(stride), tuple(padding), tuple(dilation), groups)
+def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
+           rows: int = ALL_ROWS) -> torch.Tensor:
+    """F.conv2d with the backward of this module (numeric padding, 4-D x): the two GEMMs apart
+    where batch x output height x width <= rows."""
+    args = (tuple(stride), tuple(padding), tuple(dilation), groups, rows)
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
         return _Conv2d.apply(x, weight, bias, *args)
@@ -160,12 +189,13 @@ def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
 
 
 class OverlapConv2d(nn.Conv2d):
-    """An nn.Conv2d whose backward runs its two GEMMs on two streams."""
+    """An nn.Conv2d whose backward runs its two GEMMs on two streams (up to its overlap_rows)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:  # unbatched (C, H, W): torch's module
             return super().forward(x)
-        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups)
+        return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
+                      self.__dict__["overlap_rows"])
 
 
 def _qualifies(m: nn.Module) -> bool:
@@ -173,14 +203,19 @@ def _qualifies(m: nn.Module) -> bool:
 
 
 def convert(model: nn.Module, mode: str) -> int:
-    """Switch every plain nn.Conv2d of model to `mode` (off or streams; resolve auto first), in
-    place, both ways; how many run overlapped. Run it after conv_pool.convert and
-    image_conv.convert: the convolutions they switched are theirs."""
-    if mode not in ("off", "streams"):
-        raise ValueError(f"convert: mode {mode!r}: one of off, streams")
+    """Switch every plain nn.Conv2d of model to `mode` (off, small or all; resolve auto first), in
+    place, both ways; how many may run overlapped (small: decided per shape, in the op). Run it
+    after conv_pool.convert and image_conv.convert: the convolutions they switched are theirs."""
+    if mode not in ("off", "small", "all"):
+        raise ValueError(f"convert: mode {mode!r}: one of off, small, all")
     found = [m for m in model.modules() if _qualifies(m)]
-    if found and mode == "streams":
+    if found and mode != "off":
         _ops()  # now, not while Dynamo traces the first forward (a graph break: see conv_pool.convert)
     for m in found:
-        m.__class__ = OverlapConv2d if mode == "streams" else nn.Conv2d
-    return len(found) if mode == "streams" else 0
+        if mode == "off":
+            m.__class__ = nn.Conv2d
+            m.__dict__.pop("overlap_rows", None)
+        else:
+            m.__class__ = OverlapConv2d
+            m.__dict__["overlap_rows"] = max_rows(mode)
+    return len(found) if mode != "off" else 0

@@ -332,7 +332,7 @@ def convert(model: nn.Module, mode: str) -> int:
 
 def set_overlap(model: nn.Module, on: bool) -> int:
     """Have every fused block of model take its cuDNN backward on two streams (--conv-overlap
-    streams: conv_overlap.py) or not; how many fused blocks take it (the image's block has one
+    all: conv_overlap.py) or not; how many fused blocks take it (the image's block has one
     GEMM and no cuDNN backward, and is not counted)."""
     n = 0
     for m in model.modules():

@@ -10,6 +10,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from shmlearn.errors import BadInput
 from shmlearn.nn import conv_overlap
@@ -41,7 +42,7 @@ def test_eager_gradients_equal_torchs_bit_for_bit(channels_last):
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     ref = ref.to(memory_format=fmt)
     net = copy.deepcopy(ref)
-    assert conv_overlap.convert(net, "streams") == 4
+    assert conv_overlap.convert(net, "all") == 4
     x = torch.randn(4, 3, 12, 12).contiguous(memory_format=fmt)
     out_r, g_r = _grads(ref, x)
     out, g = _grads(net, x)
@@ -68,7 +69,7 @@ def test_the_input_gradient_alone_and_the_weight_gradient_alone():
 def test_compiled_bf16_step_matches_the_eager_modules_and_makes_one_graph():
     ref = _net().to(memory_format=torch.channels_last)
     net = copy.deepcopy(ref)
-    conv_overlap.convert(net, "streams")
+    conv_overlap.convert(net, "all")
     x = torch.randn(4, 3, 12, 12).contiguous(memory_format=torch.channels_last)
     torch._dynamo.reset()
     explained = torch._dynamo.explain(net)(x)
@@ -89,28 +90,60 @@ def test_convert_both_ways_keeps_the_state_and_skips_what_it_cannot_run():
     net.add_module("odd", odd)
     net.add_module("circular", circular)
     state = {k: v.clone() for k, v in net.state_dict().items()}
-    assert conv_overlap.convert(net, "streams") == 4
+    assert conv_overlap.convert(net, "all") == 4
     assert type(odd) is nn.Conv2d and type(circular) is nn.Conv2d
     assert sum(type(m) is OverlapConv2d for m in net.modules()) == 4
-    assert conv_overlap.convert(net, "streams") == 4  # idempotent
+    assert conv_overlap.convert(net, "small") == 4  # again, with the other limit
+    assert {m.overlap_rows for m in net.modules() if type(m) is OverlapConv2d} == {conv_overlap.SMALL_ROWS}
     assert conv_overlap.convert(net, "off") == 0
-    assert not any(type(m) is OverlapConv2d for m in net.modules())
+    assert not any(type(m) is OverlapConv2d or "overlap_rows" in m.__dict__ for m in net.modules())
     assert all(torch.equal(v, state[k]) for k, v in net.state_dict().items())
-    with pytest.raises(ValueError, match="one of off, streams"):
+    with pytest.raises(ValueError, match="one of off, small, all"):
         conv_overlap.convert(net, "auto")
+
+
+class _Calls(TorchDispatchMode):
+    """The output masks of every aten.convolution_backward call under it, those inside shmlearn's
+    op too (a mode is off while it handles a call: it enters itself again around the op's)."""
+
+    def __init__(self):
+        super().__init__()
+        self.masks = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is torch.ops.aten.convolution_backward.default:
+            self.masks.append(tuple(args[-1]))
+        if func is torch.ops.shmlearn.conv2d_backward_overlap.default:
+            with self:
+                return conv_overlap.backward_impl(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def test_the_gemms_run_apart_only_up_to_the_row_limit():
+    torch.manual_seed(2)
+    x = torch.randn(2, 4, 8, 8, requires_grad=True)  # output 2 x 8 x 8 = 128 rows
+    w = torch.randn(6, 4, 3, 3, requires_grad=True)
+    b = torch.randn(6, requires_grad=True)
+    ref = torch.autograd.grad(F.conv2d(x, w, b, 1, 1).square().sum(), (x, w, b))
+    for rows, want in ((128, [(False, True, True), (True, False, False)]), (127, [(True, True, True)])):
+        with _Calls() as calls:
+            got = torch.autograd.grad(conv2d(x, w, b, (1, 1), (1, 1), rows=rows).square().sum(), (x, w, b))
+        assert calls.masks == want, rows
+        for g, r in zip(got, ref):
+            assert torch.equal(g, r)
 
 
 def test_unbatched_input_runs_torchs_module():
     conv = nn.Conv2d(3, 4, 3, padding=1)
     ref = conv(torch.ones(3, 5, 5))
-    conv_overlap.convert(nn.Sequential(conv), "streams")
+    conv_overlap.convert(nn.Sequential(conv), "all")
     assert torch.equal(conv(torch.ones(3, 5, 5)), ref)
 
 
 def test_the_flop_count_is_torchs():
     from torch.utils.flop_counter import FlopCounterMode
     ref, net = _net(), _net()
-    conv_overlap.convert(net, "streams")
+    conv_overlap.convert(net, "all")
     x = torch.randn(2, 3, 12, 12)
     counts = []
     for m in (ref, net):
@@ -120,23 +153,25 @@ def test_the_flop_count_is_torchs():
     assert counts[0] == counts[1] > 0
 
 
-def test_auto_is_off_on_the_cpu_and_streams_is_refused_there():
+def test_auto_is_off_on_the_cpu_and_small_or_all_is_refused_there():
     cpu = torch.device("cpu")
     assert conv_overlap.resolve("auto", cpu) == "off"
+    assert conv_overlap.resolve("all", cpu) == "all"
     assert "needs a CUDA device" in conv_overlap.usable(cpu)
     from shmlearn.config import TrainConfig, validate
     from shmlearn.fast import StepOptions, Stepper
     from shmlearn.sync import build_strategy
-    with pytest.raises(BadInput, match=r"^--conv-overlap both: choose one of off, streams, auto$"):
+    with pytest.raises(BadInput, match=r"^--conv-overlap both: choose one of off, small, all, auto$"):
         validate(TrainConfig(conv_overlap="both"))
     model = _net()
     opt = torch.optim.SGD(model.parameters(), 0.1)
     strategy = build_strategy("allreduce", rank=0, world_size=1)
     strategy.setup(model, opt)
-    with pytest.raises(BadInput, match="--conv-overlap streams needs a CUDA device"):
-        Stepper(model=model, strategy=strategy, optimizer=opt, schedule=None, loader=None, task="classification",
-                device=cpu, opts=StepOptions(conv_overlap="streams"), timer=None, rank=0, world_size=1,
-                total_steps=1)
+    for mode in ("small", "all"):
+        with pytest.raises(BadInput, match=r"--conv-overlap small\|all needs a CUDA device"):
+            Stepper(model=model, strategy=strategy, optimizer=opt, schedule=None, loader=None, task="classification",
+                    device=cpu, opts=StepOptions(conv_overlap=mode), timer=None, rank=0, world_size=1,
+                    total_steps=1)
 
 
 @interpreted
