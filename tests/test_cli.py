@@ -63,11 +63,12 @@ def test_a_run_with_its_progress_bar_ends_without_a_leaked_semaphore_warning(tmp
 
 def test_sample_budget_gives_exact_steps(tmp_path):
     out = tmp_path / "run"
-    r = shmlearn("train", "--samples", "307200", "--batch-size", "128", "--workers", "4",
+    # 50 steps of 4 x 128 (was 600 steps, 307200 samples: the arithmetic is the same, 5 s more training)
+    r = shmlearn("train", "--samples", "25600", "--batch-size", "128", "--workers", "4",
                  "--eval-points", "1", "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     s = summary(out)
-    assert (s["steps"], s["samples_seen"], s["workers"]) == (600, 307200, 4)
+    assert (s["steps"], s["samples_seen"], s["workers"]) == (50, 25600, 4)
     assert "not a multiple" not in r.stdout
 
 
@@ -124,9 +125,31 @@ BAD_INPUTS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def bad_input_runs(tmp_path_factory):
+    """Every BAD_INPUTS command, started at once (each is a process's imports and a refusal: ~1 s
+    of one core), so the cases below read their own result instead of waiting on ten in turn."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    d = tmp_path_factory.mktemp("bad")
+    ps = [subprocess.Popen([sys.executable, "-m", "shmlearn", "train", *args, "--out", str(d / str(i) / "run")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+          for i, (args, _) in enumerate(BAD_INPUTS)]
+    try:
+        outs = [p.communicate(timeout=300) for p in ps]
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {needle: subprocess.CompletedProcess(p.args, p.returncode, *o) for (_, needle), p, o in
+            zip(BAD_INPUTS, ps, outs)}
+
+
 @pytest.mark.parametrize("args,needle", BAD_INPUTS, ids=[a[1] for a in BAD_INPUTS])
-def test_bad_input_exits_2_with_one_line(tmp_path, args, needle):
-    r = shmlearn("train", *args, "--out", str(tmp_path / "run"))
+def test_bad_input_exits_2_with_one_line(bad_input_runs, args, needle):
+    r = bad_input_runs[needle]
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0] and "Traceback" not in r.stderr, r.stderr

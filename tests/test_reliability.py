@@ -82,10 +82,16 @@ def test_resume_after_a_killed_worker_equals_uninterrupted(reference, tmp_path):
 
 
 def test_damaged_checkpoints_fall_back_to_the_previous_good_one(reference, tmp_path):
+    # One killed run, copied once per damage (the same files three killed runs would leave: --out
+    # is not part of what a checkpoint must agree on).
+    killed = tmp_path / "killed"
+    assert run(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(killed)],
+               fault="kill:0:170").returncode == 1
+    assert ckpt.candidates(str(killed))[:2] == [160, 120]
     for damage in ("truncate", "flip", "unrenamed"):
         out = tmp_path / damage
         args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
-        assert run(args, fault="kill:0:170").returncode == 1
+        shutil.copytree(killed, out)
         newest = ckpt.step_dir(str(out), 160)
         f = os.path.join(newest, "rank1.ckpt")
         raw = open(f, "rb").read()
@@ -127,27 +133,47 @@ def test_a_resume_mismatch_names_each_checkpoint_once(tmp_path):
                              "step 40: written with different lr)"), r.stderr
 
 
-def test_killed_worker_without_restarts_ends_the_run_naming_it(tmp_path):
-    tag = uuid.uuid4().hex
-    t0 = time.monotonic()
-    r = run(BASE + ["--workers", "2", "--timeout", "20", "--out", str(tmp_path / "run")],
-            fault="kill:1:50", tag=tag)
+def run_together(**calls):
+    """Independent runs at once, {name: (args, run's keywords)} -> {name: (result, seconds, tag)}:
+    for runs that spend most of their time waiting out a --timeout (each one's seconds are its own)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def timed(call):
+        args, kw = call
+        tag = uuid.uuid4().hex
+        t0 = time.monotonic()
+        r = run(args, tag=tag, **kw)
+        return r, time.monotonic() - t0, tag
+    with ThreadPoolExecutor(len(calls)) as ex:
+        return dict(zip(calls, ex.map(timed, calls.values())))
+
+
+@pytest.fixture(scope="module")
+def stalled(tmp_path_factory):
+    """A hung rank and a SIGSTOPped rank 0, run together: each waits out --timeout 8 (CPU idle),
+    so together they take little more than one; and a killed worker's run, in that idle time."""
+    d = tmp_path_factory.mktemp("stalled")
+    runs = run_together(
+        killed=(BASE + ["--workers", "2", "--timeout", "20", "--out", str(d / "killed")], dict(fault="kill:1:50")),
+        hung=(BASE + ["--workers", "2", "--timeout", "8", "--out", str(d / "hung")], dict(fault="sleep:1:30")),
+        stopped=(BASE + ["--workers", "2", "--timeout", "8", "--out", str(d / "stopped")],
+                 dict(fault="stop:0:30", timeout=240)))
+    time.sleep(1)  # as each test did after its run: then no process of any of them may be left
+    return runs
+
+
+def test_killed_worker_without_restarts_ends_the_run_naming_it(stalled):
+    r, elapsed, tag = stalled["killed"]
     assert r.returncode == 1 and "rank 1" in r.stderr and "signal 9" in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 20 + 30
-    time.sleep(1)
+    assert elapsed < 20 + 30
     assert processes_with_tag(tag) == []
 
 
-def test_a_hung_rank_is_named_within_the_timeout(tmp_path):
-    tag = uuid.uuid4().hex
-    t0 = time.monotonic()
-    r = run(BASE + ["--workers", "2", "--timeout", "8", "--out", str(tmp_path / "run")],
-            fault="sleep:1:30", tag=tag)
-    elapsed = time.monotonic() - t0
+def test_a_hung_rank_is_named_within_the_timeout(stalled):
+    r, elapsed, tag = stalled["hung"]
     assert r.returncode == 1, r.stderr
     assert "rank 1 (never reached the sync of step 30, last at step 29" in r.stderr and "stopped responding" in r.stderr, r.stderr
     assert elapsed < 8 + 30, elapsed
-    time.sleep(1)
     assert processes_with_tag(tag) == []
 
 
@@ -252,14 +278,11 @@ def _one_line(r):
     return r.stderr.strip().count("\n") == 0 and "Traceback" not in r.stderr
 
 
-def test_a_stopped_rank_0_is_named_and_nothing_is_left(tmp_path):
+def test_a_stopped_rank_0_is_named_and_nothing_is_left(stalled):
     """SIGSTOP of rank 0 (it hosted the store its peer waited on: a hang forever). The pool
     hosts the store now; the run ends naming rank 0."""
-    tag = uuid.uuid4().hex
-    r = run(BASE + ["--workers", "2", "--timeout", "8", "--out", str(tmp_path / "run")],
-            fault="stop:0:30", tag=tag, timeout=240)
+    r, _, tag = stalled["stopped"]
     assert r.returncode == 1 and "rank 0" in r.stderr.splitlines()[-1], r.stderr
-    time.sleep(1)
     assert processes_with_tag(tag) == []
 
 

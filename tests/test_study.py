@@ -28,9 +28,17 @@ from shmlearn.sweep import SweepConfig, best_bounds, pick_winners  # noqa: E402
 # digits + softmax: a trial trains in well under a second; 8 points.
 GRID = ["--dataset", "digits", "--model", "softmax", "--samples", "4096", "--eval-points", "4", "--workers", "1",
         "--device", "cpu", "--batch-size", "16,32,64,128", "--lr", "0.1,0.3"]
-# Long enough to be killed mid-trial on a loaded machine: 600k samples of mlp, ~12 s a trial.
+# Long enough to be stopped mid-trial on a loaded machine: 600k samples of mlp, ~12 s a trial.
 SLOW = ["--dataset", "digits", "--model", "mlp", "--samples", "600000", "--eval-points", "2", "--workers", "1",
         "--device", "cpu", "--batch-size", "32", "--lr", "0.05,0.1,0.2", "--no-report"]
+# The kill -9 tests: short trials (256 steps, well under a second each), and the process to be
+# killed runs with SHMLEARN_FAULT=sleep at step 5 of every trial (guard.Fault: an hour's sleep in its
+# worker), so its trial is in flight when the kill comes however loaded the machine is; the
+# processes that complete the study run without the fault. (They used SLOW: 3 x ~12 s trials
+# after the kill, ~33 s a test.)
+KILL = ["--dataset", "digits", "--model", "mlp", "--samples", "8192", "--eval-points", "2", "--workers", "1",
+        "--device", "cpu", "--batch-size", "32", "--lr", "0.05,0.1,0.2", "--no-report"]
+STUCK = "sleep:0:5"
 
 
 def env():
@@ -42,9 +50,24 @@ def sweep(*args, timeout=900):
                           timeout=timeout, env=env())
 
 
-def start(*args, log):
+def sweeps(*arg_lists, timeout=900):
+    """Several independent `shmlearn sweep` processes at once (their results in order): most of
+    each one's time is imports and waits, so on 2 cores together they take well under the sum."""
+    ps = [subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *args], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, env=env()) for args in arg_lists]
+    try:
+        outs = [p.communicate(timeout=timeout) for p in ps]
+        return [subprocess.CompletedProcess(p.args, p.returncode, *o) for p, o in zip(ps, outs)]
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def start(*args, log, fault=None):
     return subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *args], stdout=open(log, "w"),
-                            stderr=subprocess.STDOUT, env=env())
+                            stderr=subprocess.STDOUT, env=dict(env(), **({"SHMLEARN_FAULT": fault} if fault else {})))
 
 
 def results(out):
@@ -137,7 +160,11 @@ def test_area_pruner_is_the_pooled_sweeps_rule_over_the_studys_rows():
     assert not AreaPruner(workers=2).prune(optuna.create_study(), _running(optuna.create_study(), 9.0, 9.0))
 
 
-def test_open_storage_bad_urls_are_bad_input(tmp_path):
+def test_open_storage_bad_urls_are_bad_input(tmp_path, monkeypatch):
+    import shmlearn.study
+    # The RDB storage's retries (processes started together race to create its tables) sleep 4.5 s
+    # in all before the SQLite file in a missing directory is refused: not slept here.
+    monkeypatch.setattr(shmlearn.study.time, "sleep", lambda s: None)
     for url, words in ((f"sqlite:///{tmp_path}/no/such/dir/s.db", "unable to open database file"),
                        ("nosuchdb://x/y", "cannot open it"),
                        (f"journal:{tmp_path}/no/such/dir/j.log", "journal:FILE in a writable directory"),
@@ -164,8 +191,8 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path):
         (["--lr", "0.1,0.2", "--storage", db, "--study", "a", "--pruner", "median"], "only with --search tpe"),
         (["--lr", "0.1,0.2", "--storage", db, "--study", "a", "--search", "bayes"], "--search bayes: expected"),
     ]
-    for args, words in cases:
-        r = sweep(*small, *args, timeout=300)
+    # Independent processes, run together: two of them retry opening their storage for 4.5 s.
+    for (args, words), r in zip(cases, sweeps(*[[*small, *args] for args, _ in cases], timeout=300)):
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert r.stderr.count("\n") == 1 and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr)
         assert "hunter2" not in r.stderr
@@ -177,13 +204,14 @@ def test_a_study_created_with_another_grid_is_refused(tmp_path):
              "--eval-points", "1", "--no-report", "--batch-size", "64", "--storage", db, "--study", "s"]
     r = sweep(*small, "--lr", "0.1,0.2", "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stdout + r.stderr
-    r = sweep(*small, "--lr", "0.1,0.3", "--out", str(tmp_path / "b"))
+    # A study that shmlearn did not create is not taken over either (the two refusals run together).
+    optuna.create_study(study_name="theirs", storage=db).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
+    r, theirs = sweeps([*small, "--lr", "0.1,0.3", "--out", str(tmp_path / "b")],
+                       [*small[:-1], "theirs", "--lr", "0.1,0.2", "--out", str(tmp_path / "c")])
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--study s: created with another grid (--lr 0.1,0.2 there, 0.1,0.3 here)" in r.stderr
     assert not os.path.exists(tmp_path / "b" / "results.jsonl")
-    # A study that shmlearn did not create is not taken over either.
-    optuna.create_study(study_name="theirs", storage=db).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
-    r = sweep(*small[:-1], "theirs", "--lr", "0.1,0.2", "--out", str(tmp_path / "c"))
+    r = theirs
     assert r.returncode == 2 and "an Optuna study that shmlearn did not create" in r.stderr, r.stderr
 
 
@@ -358,11 +386,12 @@ def _wait_running(storage, name, pid, proc, deadline_s=600):
 
 def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
-    args = [*SLOW, "--storage", storage, "--study", "k", "--out", out]
-    ids, _ = expected_ids(SLOW)
-    p = start(*args, log=tmp_path / "first.txt")
+    args = [*KILL, "--storage", storage, "--study", "k", "--out", out]
+    ids, _ = expected_ids(KILL)
+    p = start(*args, log=tmp_path / "first.txt", fault=STUCK)
     number, tid = _wait_running(storage, "k", p.pid, p)
-    # Let it train a moment inside the trial, then kill -9: no chance to give the trial back.
+    # Let it run a moment inside the trial (its worker stops at step 5), then kill -9: no chance to give
+    # the trial back.
     time.sleep(0.5)
     p.send_signal(signal.SIGKILL)
     p.wait(timeout=120)
@@ -384,9 +413,9 @@ def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path
 
 def test_kill_9_of_one_process_the_other_completes_its_trial(tmp_path):
     storage, out = f"journal:{tmp_path}/study.log", str(tmp_path / "out")
-    args = [*SLOW, "--storage", storage, "--study", "k2", "--out", out]
-    ids, _ = expected_ids(SLOW)
-    victim = start(*args, log=tmp_path / "victim.txt")
+    args = [*KILL, "--storage", storage, "--study", "k2", "--out", out]
+    ids, _ = expected_ids(KILL)
+    victim = start(*args, log=tmp_path / "victim.txt", fault=STUCK)
     number, tid = _wait_running(storage, "k2", victim.pid, victim)
     other = start(*args, log=tmp_path / "other.txt")
     time.sleep(0.5)
