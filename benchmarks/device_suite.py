@@ -69,7 +69,8 @@ OVERLAP_VARIANTS = "allreduce:compile+all-conv,allreduce:compile+serial-conv,all
 """Sixth round, first run: every convolution's backward GEMMs on two streams (then the default,
 now --conv-overlap all), compiled and eager in a graph, each against the one call (off)."""
 OVERLAP2_VARIANTS = "allreduce:compile,allreduce:compile+serial-conv,allreduce:compile+all-conv"
-"""Second run: the default (--conv-overlap auto: small GEMMs only), against off and all."""
+"""Second run: the default (--conv-overlap auto: then up to 131072 rows), against off and all.
+The third (tput-overlap3-resnet) has auto at today's 8192 rows against off."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -313,6 +314,9 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-overlap2-resnet": (_gpu_bench(p("tput-overlap2-resnet"), [
             (m, "3x32x32", b, "plain,graph,compile", OVERLAP2_VARIANTS)
             for m, b in (("resnet18", 128), ("resnet34", 128), ("resnet18", 1024), ("resnet34", 1024))]), 600),
+        "tput-overlap3-resnet": (_gpu_bench(p("tput-overlap3-resnet"), [
+            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+serial-conv")
+            for m in ("resnet18", "resnet34")]), 420),
         "tput-overlap2-alexnet": (_gpu_bench(p("tput-overlap2-alexnet"), [
             ("alexnet-small", "3x32x32", b, "plain,graph,compile", OVERLAP2_VARIANTS) for b in (128, 1024)]), 420),
         "roofline-overlap": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",

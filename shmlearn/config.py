@@ -119,7 +119,7 @@ class TrainConfig:
     """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
     off (one after the other, as torch does), small (on two CUDA streams at once, joined before
     the gradients are used, for convolutions whose batch x output height x width is at most
-    131072: the GEMMs that leave a large GPU idle), all (every convolution, conv-pool blocks
+    8192: the GEMMs that leave a large GPU idle), all (every convolution, conv-pool blocks
     too) or auto (small on CUDA, else off). Same cuDNN calls, so the same gradients, parameters
     and checkpoints; shmlearn/nn/conv_overlap.py."""
     max_pool: str = "auto"

@@ -11,12 +11,15 @@ of the graph, not launches.
 
 Measured on one H100 (bf16, channels_last; benchmarks/results/conv-overlap-h100/): a 3x3
 convolution's forward and backward at batch 128 took 80.5 -> 68.2 us at 4x4 maps and 512
-channels, 60.9 -> 58.7 at 8x8 and 256, 105.0 -> 102.4 at 32x32 and 64; at batch 1024 within
-+-2% (576 -> 587 us at 32x32 and 64, slower). Overlapping every convolution made resnet18's step
-at batch 128 1.6% faster and at 1024 1.2% slower, and alexnet-small's (its fused conv-pool
-blocks) 6% and 5% slower. Hence the modes:
+channels (2048 rows), 60.9 -> 58.7 at 8x8 and 256 (8192 rows), 105.0 -> 102.4 at 32x32 and 64;
+at batch 1024 within +-2% (576 -> 587 us at 32x32 and 64, slower). In the whole compiled step
+the gains are small and the losses larger: overlapping every convolution took resnet18 at batch
+128 from 2.554 to 2.535 ms, but resnet34 at 1024 from 22.055 to 22.548 ms, and alexnet-small
+(its fused conv-pool blocks) from 0.810 to 0.929 ms at 1024; overlapping up to 131072 rows still
+cost resnet34 1.2% at 1024. Hence the modes:
 * small (auto's choice on CUDA): plain nn.Conv2d layers whose input-gradient GEMM has at most
-  SMALL_ROWS rows (batch x output height x width), decided per shape inside the op;
+  SMALL_ROWS rows (batch x output height x width), decided per shape inside the op: the GEMMs
+  where the convolution alone gained 4-15%, none of those that lost;
 * all: every plain nn.Conv2d, and conv_pool's fused blocks' cuDNN backward;
 * off: torch's one call.
 
@@ -41,9 +44,9 @@ from torch import nn
 MODES = ("off", "small", "all", "auto")
 """--conv-overlap: torch's one call; two streams for small GEMMs; for every convolution; auto:
 small on CUDA, off elsewhere."""
-SMALL_ROWS = 128 * 32 * 32
-"""small: the largest batch x output height x width overlapped (a ResNet's first stage at batch
-128 on 32x32 images; its stages at batch 1024 from the third on)."""
+SMALL_ROWS = 128 * 8 * 8
+"""small: the largest batch x output height x width overlapped (a CIFAR ResNet's stages 3 and 4
+at batch 128; none of its convolutions at batch 1024)."""
 ALL_ROWS = 1 << 62
 
 _SIDE: Dict[int, "torch.cuda.Stream"] = {}
