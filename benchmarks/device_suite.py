@@ -317,6 +317,11 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-overlap3-resnet": (_gpu_bench(p("tput-overlap3-resnet"), [
             (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+serial-conv")
             for m in ("resnet18", "resnet34")]), 420),
+        # Max-autotune for the resnets' step: do Inductor's Triton convolution templates beat
+        # cuDNN at batch 128 (acceptance 3's question of what would close the gap)?
+        "tput-max-resnet": (_gpu_bench(p("tput-max-resnet"), [
+            (m, "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile-max")
+            for m in ("resnet18", "resnet34")]), 560),
         "tput-overlap2-alexnet": (_gpu_bench(p("tput-overlap2-alexnet"), [
             ("alexnet-small", "3x32x32", b, "plain,graph,compile", OVERLAP2_VARIANTS) for b in (128, 1024)]), 420),
         "roofline-overlap": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",
