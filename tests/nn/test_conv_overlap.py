@@ -190,3 +190,20 @@ def test_a_fused_conv_pool_block_takes_the_split_backward_with_the_same_gradient
         assert torch.equal(g_split[name], g_serial[name]), name
     conv_pool.convert(net, "off")
     assert "overlap" not in net[3].__dict__
+
+
+def test_a_run_with_every_convolution_split_is_the_same_run_and_says_so(tmp_path, monkeypatch):
+    """Through shmlearn.train: a resnet18 run whose 20 plain convolutions take the split backward
+    (allowed on the CPU here, where the halves run one after the other) ends with the same
+    parameters, bit for bit, as the run without; summary.json counts them."""
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
+    runs = [shmlearn.train(TrainConfig(model="resnet18", dataset="digits", samples=64, batch_size=16, workers=1,
+                                       conv_overlap=mode, device="cpu", progress=False, eval_points=1,
+                                       deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "all")]
+    assert (runs[0].summary["conv_overlap"], runs[0].summary["conv_overlaps"]) == ("off", 0)
+    assert (runs[1].summary["conv_overlap"], runs[1].summary["conv_overlaps"]) == ("all", 20)
+    assert sum(type(m) is OverlapConv2d for m in runs[1].model.modules()) == 20
+    for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
+        assert torch.equal(a, b)
