@@ -41,6 +41,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn._lazy import OnFirstUse
+
 MODES = ("off", "small", "all", "auto")
 """--conv-overlap: torch's one call; two streams for small GEMMs; for every convolution; auto:
 small on CUDA, off elsewhere."""
@@ -80,9 +82,10 @@ def _side_stream(device: torch.device) -> "torch.cuda.Stream":
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """t laid out as empty_like(ref) (what the fake op says), copied only where cuDNN chose
-    another layout."""
-    want = torch.empty_like(ref, dtype=t.dtype)
-    return t if t.stride() == want.stride() else want.copy_(t)
+    another layout (the layout is read off a meta tensor: no allocation in the step)."""
+    if t.stride() == torch.empty_like(ref, device="meta").stride():
+        return t
+    return torch.empty_like(ref, dtype=t.dtype).copy_(t)
 
 
 def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows):
@@ -96,35 +99,27 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         return torch.ops.aten.convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
                                                    False, [0, 0], groups, m)
 
-    if split and not grad.is_cuda:  # the same split, one after the other
-        _, dw, db = half([False, need_dw, need_db])
-        dx, _, _ = half([True, False, False])
-    elif split:
-        main = torch.cuda.current_stream(grad.device)
-        side = _side_stream(grad.device)
-        side.wait_stream(main)  # the fork: grad, x and weight are ready
+    if not split:
+        dx, dw, db = half([need_dx, need_dw, need_db])
+    else:  # on the CPU the same split, one after the other (torch.cuda.stream(None) does nothing)
+        main = torch.cuda.current_stream(grad.device) if grad.is_cuda else None
+        side = _side_stream(grad.device) if grad.is_cuda else None
+        if side is not None:
+            side.wait_stream(main)  # the fork: grad, x and weight are ready
         with torch.cuda.stream(side):
             _, dw, db = half([False, need_dw, need_db])
         dx, _, _ = half([True, False, False])
-        # The join, before returning: Inductor may free or reuse grad's and x's buffers
-        # once this op returns, and dw, db are read on main from here on.
-        main.wait_stream(side)
-    else:
-        dx, dw, db = half([need_dx, need_dw, need_db])
+        if side is not None:
+            # The join, before returning: Inductor may free or reuse grad's and x's buffers
+            # once this op returns, and dw, db are read on main from here on.
+            main.wait_stream(side)
     empty = grad.new_empty  # a new one each: outputs may not alias each other
     return (_like(dx, x) if need_dx else empty(0), _like(dw, weight) if need_dw else empty(0),
             db if need_db else empty(0))
 
 
-_OPS = None
-
-
-def _ops():
-    """The custom op (the backward), defined on first use (as conv_pool._ops)."""
-    global _OPS
-    if _OPS is None:
-        _OPS = _define_ops()
-    return _OPS
+_ops = OnFirstUse(lambda: _define_ops())
+"""The custom op (the backward), defined on first use."""
 
 
 def _define_ops():

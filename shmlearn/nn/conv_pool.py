@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn._lazy import OnFirstUse
 from shmlearn.nn.conv_overlap import convolution_backward
 from shmlearn.nn.image_conv import ImageConv2d, triton_usable
 from shmlearn.nn.max_pool import ReduceMaxPool2d
@@ -82,15 +83,8 @@ def expand_grad(grad: torch.Tensor, code: torch.Tensor, ho: int, wo: int) -> tor
     return full.permute(0, 3, 1, 2)
 
 
-_OPS = None
-
-
-def _ops():
-    """The custom ops, defined on first use (defining them imports torch.utils.flop_counter)."""
-    global _OPS
-    if _OPS is None:
-        _OPS = _define_ops()
-    return _OPS
+_ops = OnFirstUse(lambda: _define_ops())
+"""The custom ops, defined on first use."""
 
 
 def _define_ops():

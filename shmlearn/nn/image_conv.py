@@ -39,6 +39,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn._lazy import OnFirstUse
+
 MODES = ("cudnn", "im2col", "triton", "auto")
 """--image-conv: torch's own conv (cuDNN on GPUs), im2col + GEMMs, shmlearn's Triton kernels, or
 auto: im2col where it was measured faster (a compiled step on CUDA), else cudnn."""
@@ -100,19 +102,11 @@ def triton_usable(device: torch.device, flag: str = "--image-conv triton",
     return None
 
 
-_OPS = None
-
-
-def _ops():
-    """The custom ops (forward, weight gradient), defined on first use: defining them imports
-    torch.utils.flop_counter (and with it Triton), which runs that do not ask for --image-conv
-    triton need not pay for. (A training process imports Triton anyway, through torch._dynamo,
-    which launch.py imports before the process group: the DataLoader fork hang this was first
-    blamed on is handled where loader workers start, data/stream.py `_context`.)"""
-    global _OPS
-    if _OPS is None:
-        _OPS = _define_ops()
-    return _OPS
+# The custom ops (forward, weight gradient), defined on first use: runs that do not ask for
+# --image-conv triton need not import Triton for them. (A training process imports Triton anyway,
+# through torch._dynamo, which launch.py imports before the process group: the DataLoader fork
+# hang this was first blamed on is handled where loader workers start, data/stream.py `_context`.)
+_ops = OnFirstUse(lambda: _define_ops())
 
 
 def _define_ops():

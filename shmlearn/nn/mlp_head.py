@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn._lazy import OnFirstUse
 from shmlearn.nn.image_conv import triton_usable
 
 MODES = ("off", "triton", "auto")
@@ -49,15 +50,8 @@ def resolve(mode: str, device: torch.device) -> str:
     return "triton" if device.type == "cuda" and usable(device) is None else "off"
 
 
-_OPS = None
-
-
-def _ops():
-    """The custom ops (forward, backward), defined on first use (as conv_pool._ops)."""
-    global _OPS
-    if _OPS is None:
-        _OPS = _define_ops()
-    return _OPS
+_ops = OnFirstUse(lambda: _define_ops())
+"""The custom ops (forward, backward), defined on first use."""
 
 
 def _define_ops():
