@@ -71,6 +71,17 @@ now --conv-overlap all), compiled and eager in a graph, each against the one cal
 OVERLAP2_VARIANTS = "allreduce:compile,allreduce:compile+serial-conv,allreduce:compile+all-conv"
 """Second run: the default (--conv-overlap auto: then up to 131072 rows), against off and all.
 The third (tput-overlap3-resnet) has auto at today's 8192 rows against off."""
+DEFER_VARIANTS = ("allreduce:compile,allreduce:compile+joined-conv,allreduce:compile+all-conv,"
+                  "allreduce:compile+all-conv+joined-conv,allreduce:compile+serial-conv")
+"""Seventh round: the default (--conv-overlap auto = small, weight GEMMs deferred to the end of the
+backward), the same joined in each op (the sixth round's default), every convolution deferred,
+every convolution joined, and off."""
+AGREE_DEFER = (
+    ("resnet18", 128, "compiled", "allreduce:compile+serial-conv,allreduce:compile+joined-conv,allreduce:compile,"
+                                  "allreduce:compile+all-conv"),
+    ("resnet18", 128, "eager", "allreduce:serial-conv,allreduce:joined-conv,allreduce,allreduce:all-conv"),
+    ("resnet34", 1024, "compiled", "allreduce:compile+serial-conv,allreduce:compile+all-conv"))
+"""agree-defer: (model, batch, kind, variants) of benchmarks/step_agreement.py, the first variant the reference."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -328,6 +339,23 @@ def part_commands(p: str, workers: str) -> dict:
                                  "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                  "--variants", "compile",
                                  "--out", os.path.join(p("roofline-overlap"), "profile-resnet18.json")), 300),
+        # Seventh round: deferred weight GEMMs. First that every variant trains to the same bits
+        # (deterministic cuDNN), compiled and eager in the CUDA graph; then the step's times.
+        "agree-defer": (["bash", "-c", "; ".join(
+            shlex.join(_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", m, "--batch",
+                           str(b), "--steps", "30", "--variants", variants,
+                           "--out", os.path.join(p("agree-defer"), f"{m}-b{b}-{kind}.json")))
+            for m, b, kind, variants in AGREE_DEFER)], 560),
+        "tput-defer-128": (_gpu_bench(p("tput-defer-128"), [
+            (m, "3x32x32", 128, "plain,graph,compile", DEFER_VARIANTS) for m in ("resnet18", "resnet34")]), 560),
+        "tput-defer-1024": (_gpu_bench(p("tput-defer-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", DEFER_VARIANTS) for m in ("resnet18", "resnet34")]), 560),
+        "tput-defer-alexnet": (_gpu_bench(p("tput-defer-alexnet"), [
+            ("alexnet-small", "3x32x32", b, "plain,graph,compile", "allreduce:compile") for b in (128, 1024)]), 300),
+        "roofline-defer": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",
+                               "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
+                               "--variants", "compile",
+                               "--out", os.path.join(p("roofline-defer"), "profile-resnet18.json")), 300),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

@@ -91,6 +91,10 @@ class StepOptions:
     """A convolution's backward GEMMs: off (one after the other), small (two CUDA streams where
     the GEMMs are small), all (two streams for every convolution, conv-pool blocks too) or auto
     (small on CUDA; shmlearn/nn/conv_overlap.py)."""
+    defer_wgrad: bool = True
+    """With --conv-overlap: leave the weights' GEMMs on the side stream until the backward ends
+    (conv_overlap.deferred), where the step adopts its gradients whole; False: each convolution's
+    backward joins its two streams before returning (the bench's `joined-conv` modifier)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
@@ -182,6 +186,9 @@ class Stepper:
         """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
         self._adopts = opts.adopt_grads and strategy.adopts_grads
         """Whether backwards take their gradients whole (`_gradients`)."""
+        self.deferred = bool(self.conv_overlaps and self._adopts and opts.defer_wgrad and device.type == "cuda")
+        """Whether the convolutions' weight GEMMs run on past their backward's return until the
+        backward ends (conv_overlap.deferred; in steps that adopt their gradients)."""
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
         """--max-pool: how many pools run as reductions (before compiling, as above)."""
@@ -278,7 +285,10 @@ class Stepper:
             s.release_grads()
         else:
             s.zero_grad()
-        loss = self._forward_backward(x, y)
+        # Deferred weight GEMMs are joined on leaving (before adopt_grads reads them); never where
+        # gradients are added into .grad during the backward.
+        with conv_overlap.deferred(self.device, adopt and self.deferred):
+            loss = self._forward_backward(x, y)
         if adopt:
             s.adopt_grads()
         return loss
@@ -310,19 +320,24 @@ class Stepper:
         as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
         and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
+        options = None
+        if self.deferred:  # Inductor must not reuse what a deferred weight GEMM still reads
+            from torch._inductor import list_mode_options
+            options = {**(list_mode_options(mode) if mode else {}), **conv_overlap.INDUCTOR_OPTIONS}
+            mode = None
         # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
         # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
         # benchmarks/results/flat-step-h100).
         if isinstance(self.strategy.module, torch.nn.parallel.DistributedDataParallel):
             # DDP is compiled as a module (Dynamo splits its graph at the gradient buckets).
-            module = torch.compile(self.strategy.module, mode=mode, dynamic=False)
+            module = torch.compile(self.strategy.module, mode=mode, options=options, dynamic=False)
 
             def compiled(x, y):
                 with self.autocast():
                     out = module(x)
                 return self.loss(out.float(), y)
         else:
-            compiled = torch.compile(self._train_loss, mode=mode, dynamic=False)
+            compiled = torch.compile(self._train_loss, mode=mode, options=options, dynamic=False)
         times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
         computes = self.strategy.computes
         saved_buffers = [b.clone() for b in self.model.buffers()]

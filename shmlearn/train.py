@@ -690,6 +690,7 @@ class _Loop:
             "conv_pool": self.stepper.conv_pool, "conv_pools": self.stepper.conv_pools,
             "mlp_head": self.stepper.mlp_head, "mlp_heads": self.stepper.mlp_heads,
             "conv_overlap": self.stepper.conv_overlap, "conv_overlaps": self.stepper.conv_overlaps,
+            "conv_overlap_deferred": self.stepper.deferred,
             "update_kernel": self.stepper.update_kernel,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,

@@ -77,7 +77,8 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "cudnn-conv": {"image_conv": "cudnn"}, "conv-pool": {"conv_pool": "triton"},
              "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False},
              "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"},
-             "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"}}
+             "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"},
+             "joined-conv": {"defer_wgrad": False}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
@@ -433,6 +434,8 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             st = getattr(runner, "stepper", None)
             if st is not None and st.compiled is not None:  # shmlearn --compile: its choice, its compile seconds
                 row.update(compile=st.compiled, compile_s=st.compile_s)
+            if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
+                row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred)
             step[v] = 0
             barrier()
             t0 = time.perf_counter()

@@ -35,7 +35,8 @@ Inductor frees or reuses after it is still read on the other stream.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import contextlib
+from typing import Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -52,6 +53,15 @@ at batch 128; none of its convolutions at batch 1024)."""
 ALL_ROWS = 1 << 62
 
 _SIDE: Dict[int, "torch.cuda.Stream"] = {}
+_DEFER = {"on": False}
+"""Inside `deferred`: a split backward leaves its weight GEMM on the side stream. A module global,
+not thread-local: autograd runs a CUDA backward on a thread of its own."""
+_PENDING: Set[int] = set()
+"""Devices whose side stream holds weight GEMMs not yet joined (`join`)."""
+INDUCTOR_OPTIONS = {"allow_buffer_reuse": False, "inplace_buffers": False}
+"""torch.compile options for a graph whose backward may be deferred: Inductor then never writes a
+new result into a buffer it has seen die (the gradient and the input that a deferred weight GEMM
+still reads on the side stream); buffers freed to the allocator are safe (record_stream)."""
 
 
 def usable(device: torch.device) -> Optional[str]:
@@ -80,6 +90,35 @@ def _side_stream(device: torch.device) -> "torch.cuda.Stream":
     return _SIDE[index]
 
 
+@contextlib.contextmanager
+def deferred(device: torch.device, on: bool = True):
+    """Within: a convolution whose backward is split (the modes above) leaves its weight's (and
+    bias's) GEMM running on the side stream when the op returns; the backward goes on with the
+    layers before it meanwhile, and the side stream works through the weight GEMMs as the main
+    stream's chain of input gradients and BatchNorm backwards leaves SMs idle. On exit the
+    caller's stream waits for them (`join`). Only where nothing reads a weight gradient before
+    the exit: the fast step's adopted gradients (fast.py), compiled with INDUCTOR_OPTIONS; never
+    with gradients accumulated into .grad (AccumulateGrad's add would read them early)."""
+    if not on or device.type != "cuda":
+        yield
+        return
+    before = _DEFER["on"]
+    _DEFER["on"] = True
+    try:
+        yield
+    finally:
+        _DEFER["on"] = before
+        join(device)
+
+
+def join(device: torch.device) -> None:
+    """The caller's current stream waits for the weight GEMMs left on the side stream."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    if index in _PENDING:
+        _PENDING.discard(index)
+        torch.cuda.current_stream(index).wait_stream(_SIDE[index])
+
+
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """t laid out as empty_like(ref) (what the fake op says), copied only where cuDNN chose
     another layout (the layout is read off a meta tensor: no allocation in the step)."""
@@ -88,9 +127,12 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ref, dtype=t.dtype).copy_(t)
 
 
-def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows):
-    """(dx, dw, db) of F.conv2d; an empty tensor for each one mask does not ask for. rows: the
-    largest batch x output height x width whose two GEMMs run apart (max_rows)."""
+def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer):
+    """(dx, dw, db) of F.conv2d, dw and db in grad_dtype (the parameters' own: autocast's cast
+    back, done where the GEMM ran); an empty tensor for each one mask does not ask for. rows: the
+    largest batch x output height x width whose two GEMMs run apart (max_rows). may_defer: inside
+    `deferred`, leave the weight's GEMM running on the side stream (the caller's parameters are
+    nn.Conv2d's; conv_pool's blocks cast their weights outside and pass False)."""
     need_dx, need_dw, need_db = mask
     split = need_dx and (need_dw or need_db) and grad.numel() // grad.shape[1] <= rows
     bias_sizes = [weight.shape[0]] if need_db else None
@@ -99,22 +141,40 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         return torch.ops.aten.convolution_backward(grad, x, weight, bias_sizes, stride, padding, dilation,
                                                    False, [0, 0], groups, m)
 
+    def params(dw, db):  # as the parameters are laid out (the fake's empty_like) and typed
+        return (_like(dw, weight).to(grad_dtype) if need_dw else None,
+                db.to(grad_dtype) if need_db else None)
+
     if not split:
         dx, dw, db = half([need_dx, need_dw, need_db])
+        dw, db = params(dw, db)
     else:  # on the CPU the same split, one after the other (torch.cuda.stream(None) does nothing)
         main = torch.cuda.current_stream(grad.device) if grad.is_cuda else None
         side = _side_stream(grad.device) if grad.is_cuda else None
         if side is not None:
             side.wait_stream(main)  # the fork: grad, x and weight are ready
         with torch.cuda.stream(side):
-            _, dw, db = half([False, need_dw, need_db])
+            dw, db = params(*half([False, need_dw, need_db])[1:])
         dx, _, _ = half([True, False, False])
-        if side is not None:
+        if side is None:
+            pass
+        elif may_defer and _DEFER["on"]:
+            # Left running: the allocator must not hand out what the side stream still reads
+            # (it waits for the side stream's work before reusing grad's, x's and weight's
+            # blocks; in a capture, until the capture ends), nor reuse dw's and db's blocks
+            # (made on the side stream) while main reads them after the join.
+            for t in (grad, x, weight):
+                t.record_stream(side)
+            for t in (dw, db):
+                if t is not None:
+                    t.record_stream(main)
+            _PENDING.add(grad.device.index)
+        else:
             # The join, before returning: Inductor may free or reuse grad's and x's buffers
             # once this op returns, and dw, db are read on main from here on.
             main.wait_stream(side)
     empty = grad.new_empty  # a new one each: outputs may not alias each other
-    return (_like(dx, x) if need_dx else empty(0), _like(dw, weight) if need_dw else empty(0),
+    return (_like(dx, x) if need_dx else empty(0), dw if need_dw else empty(0),
             db if need_db else empty(0))
 
 
@@ -126,49 +186,60 @@ def _define_ops():
     @torch.library.custom_op("shmlearn::conv2d_backward_overlap", mutates_args=())
     def backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: List[int],
                     padding: List[int], dilation: List[int], groups: int, mask: List[bool],
-                    rows: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows)
+                    rows: int, grad_dtype: torch.dtype,
+                    may_defer: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer)
 
     @backward_op.register_fake
-    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows):
+    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer):
         empty = grad.new_empty
-        return (torch.empty_like(x) if mask[0] else empty(0), torch.empty_like(weight) if mask[1] else empty(0),
-                empty(weight.shape[0]) if mask[2] else empty(0))
+        return (torch.empty_like(x) if mask[0] else empty(0),
+                torch.empty_like(weight, dtype=grad_dtype) if mask[1] else empty(0),
+                empty(weight.shape[0], dtype=grad_dtype) if mask[2] else empty(0))
 
     from torch.utils.flop_counter import conv_backward_flop, register_flop_formula
 
     @register_flop_formula(torch.ops.shmlearn.conv2d_backward_overlap)
-    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, *, out_shape=None,
-          **kwargs):
+    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, *,
+          out_shape=None, **kwargs):
         return conv_backward_flop(grad_shape, x_shape, w_shape, None, stride, padding, dilation, False,
                                   [0, 0], groups, mask, out_val=out_shape)
 
     return backward_op
 
 
-def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows=ALL_ROWS):
+def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows=ALL_ROWS,
+                         grad_dtype: Optional[torch.dtype] = None, may_defer: bool = False):
     """(dx, dw, db) as torch.ops.aten.convolution_backward gives them for a 2-D convolution (None
     where mask says no), the two GEMMs on two streams on CUDA where the GEMM has at most `rows`
-    rows (max_rows)."""
+    rows (max_rows); dw and db in grad_dtype (default: weight's). may_defer: see backward_impl."""
     dx, dw, db = _ops()(grad, x, weight, list(stride), list(padding), list(dilation), groups,
-                        [bool(m) for m in mask], rows)
+                        [bool(m) for m in mask], rows, grad_dtype or weight.dtype, may_defer)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
 class _Conv2d(torch.autograd.Function):
+    """F.conv2d of x and the parameters cast to `dtype` (autocast's cast, inside: the backward
+    returns the parameters' gradients in their own dtype straight from the op, so that nothing
+    on the main stream reads a gradient the side stream may still be computing, `deferred`)."""
+
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows):
-        ctx.save_for_backward(x, weight)
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows, dtype):
+        w = weight.to(dtype)
+        b = bias.to(dtype) if bias is not None else None
+        ctx.save_for_backward(x, w)
         ctx.conv = (stride, padding, dilation, groups, rows)
-        return F.conv2d(x, weight, bias, stride, padding, dilation, groups)
+        ctx.grad_dtype = weight.dtype
+        return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
         stride, padding, dilation, groups, rows = ctx.conv
         mask = ctx.needs_input_grad[:3]
-        dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows)
-        return dx, dw, db, None, None, None, None, None
+        dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows,
+                                          ctx.grad_dtype, True)
+        return dx, dw, db, None, None, None, None, None, None
 
 
 def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
@@ -178,12 +249,12 @@ def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
     args = (tuple(stride), tuple(padding), tuple(dilation), groups, rows)
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
-        return _Conv2d.apply(x, weight, bias, *args)
-    # Cast as autocast casts conv2d's inputs, outside the Function: its saved tensors and its
-    # backward are then all in one dtype (the casts' own backward returns fp32 gradients).
+        return _Conv2d.apply(x, weight, bias, *args, weight.dtype)
+    # Cast as autocast casts conv2d's inputs: x outside the Function (its cast's backward runs on
+    # the main stream, where dx is made), the parameters inside (above).
     dt = torch.get_autocast_dtype(dev)
     with torch.autocast(dev, enabled=False):
-        return _Conv2d.apply(x.to(dt), weight.to(dt), bias.to(dt) if bias is not None else None, *args)
+        return _Conv2d.apply(x.to(dt), weight, bias, *args, dt)
 
 
 class OverlapConv2d(nn.Conv2d):

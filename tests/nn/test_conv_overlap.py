@@ -36,20 +36,43 @@ def _grads(model, x, autocast=False, run=None):
     return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("channels_last", [False, True])
-def test_eager_gradients_equal_torchs_bit_for_bit(channels_last):
+@pytest.mark.parametrize("channels_last,autocast", [(False, False), (True, False), (True, True)])
+def test_eager_gradients_equal_torchs_bit_for_bit(channels_last, autocast):
+    """autocast: the parameters are cast to bf16 inside the op's Function and their gradients
+    cast back by the op (where the GEMM ran): the same fp32 gradients as autocast's own casts."""
     ref = _net()
     fmt = torch.channels_last if channels_last else torch.contiguous_format
     ref = ref.to(memory_format=fmt)
     net = copy.deepcopy(ref)
     assert conv_overlap.convert(net, "all") == 4
     x = torch.randn(4, 3, 12, 12).contiguous(memory_format=fmt)
-    out_r, g_r = _grads(ref, x)
-    out, g = _grads(net, x)
+    out_r, g_r = _grads(ref, x, autocast=autocast)
+    out, g = _grads(net, x, autocast=autocast)
+    assert out.dtype == (torch.bfloat16 if autocast else torch.float32)
     assert torch.equal(out, out_r)
     for name in g_r:
+        assert g[name].dtype == torch.float32, name
         assert torch.equal(g[name], g_r[name]), name
         assert g[name].stride() == g_r[name].stride(), name
+
+
+def test_the_compile_options_of_a_deferred_backward_stop_inductors_buffer_reuse():
+    """A deferred weight GEMM still reads its gradient and input on the side stream after the op
+    returns: the backward Inductor writes must not put a later result into those buffers (on the
+    CPU Inductor writes the same buffer plan: `# reuse` lines in its code, without the options)."""
+    from torch._inductor.utils import run_and_get_code
+    net = _net().to(memory_format=torch.channels_last)
+    conv_overlap.convert(net, "all")
+    x = torch.randn(4, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    codes = {}
+    for name, options in (("default", None), ("deferred", conv_overlap.INDUCTOR_OPTIONS)):
+        torch._dynamo.reset()
+        run = torch.compile(net, options=options)
+        _, code = run_and_get_code(lambda: _grads(net, x, autocast=True, run=run))
+        codes[name] = "\n".join(code)
+    assert "conv2d_backward_overlap" in codes["deferred"]
+    assert "# reuse" in codes["default"]  # the control: the default plan does reuse
+    assert "# reuse" not in codes["deferred"] and "in_out_ptr" not in codes["deferred"]
 
 
 def test_the_input_gradient_alone_and_the_weight_gradient_alone():
@@ -204,6 +227,7 @@ def test_a_run_with_every_convolution_split_is_the_same_run_and_says_so(tmp_path
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "all")]
     assert (runs[0].summary["conv_overlap"], runs[0].summary["conv_overlaps"]) == ("off", 0)
     assert (runs[1].summary["conv_overlap"], runs[1].summary["conv_overlaps"]) == ("all", 20)
+    assert runs[1].summary["conv_overlap_deferred"] is False  # no streams on the CPU: nothing to defer
     assert sum(type(m) is OverlapConv2d for m in runs[1].model.modules()) == 20
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b)
