@@ -95,6 +95,11 @@ class StepOptions:
     """With --conv-overlap: leave the weights' GEMMs on the side stream until the backward ends
     (conv_overlap.deferred), where the step adopts its gradients whole; False: each convolution's
     backward joins its two streams before returning (the bench's `joined-conv` modifier)."""
+    side_streams: int = 1
+    """Deferred weight GEMMs: how many side streams take them in turn (conv_overlap.deferred)."""
+    inductor: Tuple[Tuple[str, object], ...] = ()
+    """--compile: further Inductor options as (name, value) pairs (the bench's combo and
+    aggressive modifiers)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
@@ -178,15 +183,16 @@ class Stepper:
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
         # After the two above: the convolutions they switched are theirs (conv_pool's blocks
-        # take the overlapped backward through their own flag, with `all` only: slower on an
-        # H100 in alexnet-small's step, conv_overlap.py).
-        self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device)
-        self.conv_overlaps = conv_overlap.convert(model, self.conv_overlap)
-        self.conv_overlaps += conv_pool.set_overlap(model, self.conv_overlap == "all")
-        """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
+        # take the overlapped backward through their own flag, with `all` asked for only: slower
+        # on an H100 in alexnet-small's step, conv_overlap.py).
         self._adopts = opts.adopt_grads and strategy.adopts_grads
         """Whether backwards take their gradients whole (`_gradients`)."""
-        self.deferred = bool(self.conv_overlaps and self._adopts and opts.defer_wgrad and device.type == "cuda")
+        can_defer = self._adopts and opts.defer_wgrad and device.type == "cuda"
+        self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device, deferred=can_defer)
+        plain = conv_overlap.convert(model, self.conv_overlap)
+        self.conv_overlaps = plain + conv_pool.set_overlap(model, opts.conv_overlap == "all")
+        """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
+        self.deferred = bool(plain and can_defer)
         """Whether the convolutions' weight GEMMs run on past their backward's return until the
         backward ends (conv_overlap.deferred; in steps that adopt their gradients)."""
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
@@ -287,7 +293,7 @@ class Stepper:
             s.zero_grad()
         # Deferred weight GEMMs are joined on leaving (before adopt_grads reads them); never where
         # gradients are added into .grad during the backward.
-        with conv_overlap.deferred(self.device, adopt and self.deferred):
+        with conv_overlap.deferred(self.device, adopt and self.deferred, self.opts.side_streams):
             loss = self._forward_backward(x, y)
         if adopt:
             s.adopt_grads()
@@ -320,11 +326,15 @@ class Stepper:
         as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
         and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
-        options = None
+        options = dict(self.opts.inductor)
         if self.deferred:  # Inductor must not reuse what a deferred weight GEMM still reads
+            options.update(conv_overlap.INDUCTOR_OPTIONS)
+        if options:  # torch.compile takes a mode or options, not both
             from torch._inductor import list_mode_options
-            options = {**(list_mode_options(mode) if mode else {}), **conv_overlap.INDUCTOR_OPTIONS}
+            options = {**(list_mode_options(mode) if mode else {}), **options}
             mode = None
+        else:
+            options = None
         # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
         # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
         # benchmarks/results/flat-step-h100).

@@ -78,9 +78,23 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False},
              "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"},
              "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"},
-             "joined-conv": {"defer_wgrad": False}}
+             "joined-conv": {"defer_wgrad": False}, "2-streams": {"side_streams": 2},
+             "combo": {"inductor": (("combo_kernels", True),)},
+             "aggressive": {"inductor": (("aggressive_fusion", True),)}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
+
+
+def step_options(c: "ThroughputConfig", mods) -> "StepOptions":
+    """The fast step's options of a shmlearn variant with MODIFIERS `mods`: each sets its fields;
+    Inductor options add up (combo+aggressive asks for both)."""
+    from shmlearn.fast import StepOptions
+    opts = dict(precision=c.precision, channels_last=c.channels_last, cuda_graph=c.cuda_graph,
+                check_every=c.check_every)
+    for m in sorted(mods):
+        for k, v in MODIFIERS[m].items():
+            opts[k] = opts.get(k, ()) + v if k == "inductor" else v
+    return StepOptions(**opts)
 
 
 def strategy_names() -> List[str]:
@@ -276,7 +290,7 @@ class _Shmlearn:
         """mods: MODIFIERS names (eager, noise, compile, compile-max); eager and noise add theirs."""
         mods = set(mods) | {m for m, on in (("eager", eager), ("noise", noise)) if on}
         from shmlearn.data.loader import ShardedLoader
-        from shmlearn.fast import StepOptions, Stepper
+        from shmlearn.fast import Stepper
         from shmlearn.optim import build_schedule
         from shmlearn.sync import build_strategy
         from shmlearn.timing import PhaseTimer
@@ -299,11 +313,7 @@ class _Shmlearn:
                                normalize=lambda t: (t.float() - mean) * inv, channels_last=c.channels_last)
         schedule = build_schedule("constant", opt, 1 << 30)
         self.timer = PhaseTimer(device, rank)
-        opts = dict(precision=c.precision, channels_last=c.channels_last, cuda_graph=c.cuda_graph,
-                    check_every=c.check_every)
-        for m in mods:
-            opts.update(MODIFIERS[m])
-        opts = StepOptions(**opts)
+        opts = step_options(c, mods)
         self.stepper = Stepper(model=model, strategy=self.strategy, optimizer=opt, schedule=schedule,
                                loader=loader, task="classification", device=device, opts=opts,
                                timer=self.timer, rank=r, world_size=w, total_steps=1 << 20)

@@ -52,12 +52,13 @@ SMALL_ROWS = 128 * 8 * 8
 at batch 128; none of its convolutions at batch 1024)."""
 ALL_ROWS = 1 << 62
 
-_SIDE: Dict[int, "torch.cuda.Stream"] = {}
-_DEFER = {"on": False}
+_SIDE: Dict[Tuple[int, int], "torch.cuda.Stream"] = {}
+"""(device index, i) -> the i-th side stream of that device."""
+_DEFER = {"on": False, "streams": 1, "next": 0}
 """Inside `deferred`: a split backward leaves its weight GEMM on the side stream. A module global,
 not thread-local: autograd runs a CUDA backward on a thread of its own."""
-_PENDING: Set[int] = set()
-"""Devices whose side stream holds weight GEMMs not yet joined (`join`)."""
+_PENDING: Set[Tuple[int, int]] = set()
+"""Side streams (device index, i) holding weight GEMMs not yet joined (`join`)."""
 INDUCTOR_OPTIONS = {"allow_buffer_reuse": False, "inplace_buffers": False}
 """torch.compile options for a graph whose backward may be deferred: Inductor then never writes a
 new result into a buffer it has seen die (the gradient and the input that a deferred weight GEMM
@@ -71,11 +72,14 @@ def usable(device: torch.device) -> Optional[str]:
     return None
 
 
-def resolve(mode: str, device: torch.device) -> str:
-    """The mode that runs: auto is small on CUDA, else off."""
+def resolve(mode: str, device: torch.device, deferred: bool = False) -> str:
+    """The mode that runs: auto is all on CUDA where the step defers the weight GEMMs (`deferred`),
+    small on CUDA where it cannot, else off."""
     if mode != "auto":
         return mode
-    return "small" if usable(device) is None else "off"
+    if usable(device) is not None:
+        return "off"
+    return "all" if deferred else "small"
 
 
 def max_rows(mode: str) -> int:
@@ -83,40 +87,43 @@ def max_rows(mode: str) -> int:
     return {"off": 0, "small": SMALL_ROWS, "all": ALL_ROWS}[mode]
 
 
-def _side_stream(device: torch.device) -> "torch.cuda.Stream":
-    index = device.index if device.index is not None else torch.cuda.current_device()
-    if index not in _SIDE:
-        _SIDE[index] = torch.cuda.Stream(device=index)
-    return _SIDE[index]
+def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
+    key = (device.index if device.index is not None else torch.cuda.current_device(), i)
+    if key not in _SIDE:
+        _SIDE[key] = torch.cuda.Stream(device=key[0])
+    return _SIDE[key]
 
 
 @contextlib.contextmanager
-def deferred(device: torch.device, on: bool = True):
+def deferred(device: torch.device, on: bool = True, streams: int = 1):
     """Within: a convolution whose backward is split (the modes above) leaves its weight's (and
     bias's) GEMM running on the side stream when the op returns; the backward goes on with the
     layers before it meanwhile, and the side stream works through the weight GEMMs as the main
     stream's chain of input gradients and BatchNorm backwards leaves SMs idle. On exit the
     caller's stream waits for them (`join`). Only where nothing reads a weight gradient before
     the exit: the fast step's adopted gradients (fast.py), compiled with INDUCTOR_OPTIONS; never
-    with gradients accumulated into .grad (AccumulateGrad's add would read them early)."""
+    with gradients accumulated into .grad (AccumulateGrad's add would read them early).
+    streams: how many side streams take the deferred GEMMs in turn (more than one lets the weight
+    GEMMs, which do not depend on each other, run side by side when the main stream is done)."""
     if not on or device.type != "cuda":
         yield
         return
-    before = _DEFER["on"]
-    _DEFER["on"] = True
+    before = dict(_DEFER)
+    _DEFER.update(on=True, streams=max(1, int(streams)), next=0)
     try:
         yield
     finally:
-        _DEFER["on"] = before
+        _DEFER.update(before)
         join(device)
 
 
 def join(device: torch.device) -> None:
     """The caller's current stream waits for the weight GEMMs left on the side stream."""
     index = device.index if device.index is not None else torch.cuda.current_device()
-    if index in _PENDING:
-        _PENDING.discard(index)
-        torch.cuda.current_stream(index).wait_stream(_SIDE[index])
+    main = torch.cuda.current_stream(index)
+    for key in sorted(k for k in _PENDING if k[0] == index):
+        _PENDING.discard(key)
+        main.wait_stream(_SIDE[key])
 
 
 def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
@@ -149,8 +156,13 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         dx, dw, db = half([need_dx, need_dw, need_db])
         dw, db = params(dw, db)
     else:  # on the CPU the same split, one after the other (torch.cuda.stream(None) does nothing)
+        defer = may_defer and _DEFER["on"]
+        i = 0
+        if defer:  # the side streams in turn
+            i = _DEFER["next"]
+            _DEFER["next"] = (i + 1) % _DEFER["streams"]
         main = torch.cuda.current_stream(grad.device) if grad.is_cuda else None
-        side = _side_stream(grad.device) if grad.is_cuda else None
+        side = _side_stream(grad.device, i) if grad.is_cuda else None
         if side is not None:
             side.wait_stream(main)  # the fork: grad, x and weight are ready
         with torch.cuda.stream(side):
@@ -158,7 +170,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         dx, _, _ = half([True, False, False])
         if side is None:
             pass
-        elif may_defer and _DEFER["on"]:
+        elif defer:
             # Left running: the allocator must not hand out what the side stream still reads
             # (it waits for the side stream's work before reusing grad's, x's and weight's
             # blocks; in a capture, until the capture ends), nor reuse dw's and db's blocks
@@ -168,7 +180,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
             for t in (dw, db):
                 if t is not None:
                     t.record_stream(main)
-            _PENDING.add(grad.device.index)
+            _PENDING.add((grad.device.index, i))
         else:
             # The join, before returning: Inductor may free or reuse grad's and x's buffers
             # once this op returns, and dw, db are read on main from here on.

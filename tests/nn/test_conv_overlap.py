@@ -179,7 +179,13 @@ def test_the_flop_count_is_torchs():
 def test_auto_is_off_on_the_cpu_and_small_or_all_is_refused_there():
     cpu = torch.device("cpu")
     assert conv_overlap.resolve("auto", cpu) == "off"
+    assert conv_overlap.resolve("auto", cpu, deferred=True) == "off"
     assert conv_overlap.resolve("all", cpu) == "all"
+    # On CUDA auto is every convolution where the step defers the weight GEMMs (faster than off at
+    # batch 128 and 1024), the small ones where it cannot (each op joins its streams: all was slower).
+    cuda = torch.device("cuda")
+    assert conv_overlap.resolve("auto", cuda, deferred=True) == "all"
+    assert conv_overlap.resolve("auto", cuda, deferred=False) == "small"
     assert "needs a CUDA device" in conv_overlap.usable(cpu)
     from shmlearn.config import TrainConfig, validate
     from shmlearn.fast import StepOptions, Stepper
