@@ -82,6 +82,11 @@ AGREE_DEFER = (
     ("resnet18", 128, "eager", "allreduce:serial-conv,allreduce:joined-conv,allreduce,allreduce:all-conv"),
     ("resnet34", 1024, "compiled", "allreduce:compile+serial-conv,allreduce:compile+all-conv"))
 """agree-defer: (model, batch, kind, variants) of benchmarks/step_agreement.py, the first variant the reference."""
+DEFER2_VARIANTS = ("allreduce:compile,allreduce:compile+2-streams,allreduce:compile+combo,allreduce:compile+aggressive,"
+                   "allreduce:compile+no-split,allreduce:compile+serial-conv")
+"""Seventh round, second run: the new default (--conv-overlap auto = all, deferred), with the weight
+GEMMs on two side streams in turn, with Inductor's combo kernels, with its aggressive fusion,
+without its split reductions, and off."""
 CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:compile+unfused"
 """The step (eager in a CUDA graph, and compiled) with its defaults (--conv-pool auto: fused on
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
@@ -350,6 +355,20 @@ def part_commands(p: str, workers: str) -> dict:
             (m, "3x32x32", 128, "plain,graph,compile", DEFER_VARIANTS) for m in ("resnet18", "resnet34")]), 560),
         "tput-defer-1024": (_gpu_bench(p("tput-defer-1024"), [
             (m, "3x32x32", 1024, "plain,graph,compile", DEFER_VARIANTS) for m in ("resnet18", "resnet34")]), 560),
+        "agree-defer2": (_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", "resnet18",
+                             "--batch", "128", "--steps", "30", "--variants",
+                             "allreduce:compile+serial-conv,allreduce:compile,allreduce:compile+2-streams,"
+                             "allreduce:compile+combo",
+                             "--out", os.path.join(p("agree-defer2"), "resnet18-b128-compiled.json")), 400),
+        "tput-defer2-128": (_gpu_bench(p("tput-defer2-128"), [
+            (m, "3x32x32", 128, "plain,graph,compile", DEFER2_VARIANTS) for m in ("resnet18", "resnet34")]), 580),
+        "tput-defer2-1024": (_gpu_bench(p("tput-defer2-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile",
+             "allreduce:compile,allreduce:compile+2-streams,allreduce:compile+combo,allreduce:compile+serial-conv")
+            for m in ("resnet18", "resnet34")]), 560),
+        "tput-cdt-128": (_gpu_bench(p("tput-cdt-128"), [
+            (m, "3x32x32", 128, "graph", "allreduce:compile,allreduce:compile+cdt")
+            for m in ("resnet18", "resnet34")]), 560),
         "tput-defer-alexnet": (_gpu_bench(p("tput-defer-alexnet"), [
             ("alexnet-small", "3x32x32", b, "plain,graph,compile", "allreduce:compile") for b in (128, 1024)]), 300),
         "roofline-defer": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",

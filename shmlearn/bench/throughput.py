@@ -80,7 +80,9 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"},
              "joined-conv": {"defer_wgrad": False}, "2-streams": {"side_streams": 2},
              "combo": {"inductor": (("combo_kernels", True),)},
-             "aggressive": {"inductor": (("aggressive_fusion", True),)}}
+             "aggressive": {"inductor": (("aggressive_fusion", True),)},
+             "no-split": {"inductor": (("split_reductions", False),)},
+             "cdt": {"inductor": (("coordinate_descent_tuning", True),)}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
