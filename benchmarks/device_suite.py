@@ -369,6 +369,14 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-cdt-128": (_gpu_bench(p("tput-cdt-128"), [
             (m, "3x32x32", 128, "graph", "allreduce:compile,allreduce:compile+cdt")
             for m in ("resnet18", "resnet34")]), 560),
+        # Seventh round, the final defaults (deferred weight GEMMs, combo kernels auto) for issue
+        # 18's acceptance 1 and 2, with combo off beside them at 128 (where auto turns it on).
+        "tput-final-128": (_gpu_bench(p("tput-final-128"), [
+            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+no-combo")
+            for m in ("resnet18", "resnet34", "alexnet-small")]), 580),
+        "tput-final-1024": (_gpu_bench(p("tput-final-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile")
+            for m in ("resnet18", "resnet34", "alexnet-small")]), 560),
         "tput-defer-alexnet": (_gpu_bench(p("tput-defer-alexnet"), [
             ("alexnet-small", "3x32x32", b, "plain,graph,compile", "allreduce:compile") for b in (128, 1024)]), 300),
         "roofline-defer": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",

@@ -117,11 +117,18 @@ class TrainConfig:
     shmlearn/nn/mlp_head.py."""
     conv_overlap: str = "auto"
     """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
-    off (one after the other, as torch does), small (on two CUDA streams at once, joined before
-    the gradients are used, for convolutions whose batch x output height x width is at most
-    8192: the GEMMs that leave a large GPU idle), all (every convolution, conv-pool blocks
-    too) or auto (small on CUDA, else off). Same cuDNN calls, so the same gradients, parameters
-    and checkpoints; shmlearn/nn/conv_overlap.py."""
+    off (one after the other, as torch does), small (on two CUDA streams at once, for
+    convolutions whose batch x output height x width is at most 8192: the GEMMs that leave a
+    large GPU idle), all (every convolution, conv-pool blocks too) or auto (all on CUDA where the
+    fast step takes its gradients whole, small where it cannot, else off). Where the fast step
+    takes its gradients whole, the weight GEMMs run on until the backward ends, beside the
+    layers before them. Same cuDNN calls, so the same gradients, parameters and checkpoints;
+    shmlearn/nn/conv_overlap.py."""
+    combo_kernels: str = "auto"
+    """--compile: Inductor's combo kernels (independent small kernels launched as one): on, off,
+    or auto (on CUDA for batches of at most 262,144 image pixels, e.g. 256 images of 32x32,
+    where the step is bound by its many small kernels; off elsewhere). Same maths;
+    shmlearn/fast.py COMBO_MAX_PIXELS."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -383,7 +390,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
-    from shmlearn.fast import COMPILE, CUDA_GRAPH, PRECISIONS
+    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, PRECISIONS
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
@@ -402,6 +409,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--mlp-head {cfg.mlp_head}: choose one of {', '.join(MLP_HEAD)}")
     if cfg.conv_overlap not in CONV_OVERLAP:
         raise BadInput(f"--conv-overlap {cfg.conv_overlap}: choose one of {', '.join(CONV_OVERLAP)}")
+    if cfg.combo_kernels not in COMBO:
+        raise BadInput(f"--combo-kernels {cfg.combo_kernels}: choose one of {', '.join(COMBO)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

@@ -51,6 +51,27 @@ COMPILE = ("off", "default", "max-autotune", "auto")
 Inductor; its kernels run inside the fast step, and on CUDA inside the step's one CUDA graph.
 max-autotune is Inductor's max-autotune-no-cudagraphs (the step makes its own graph); auto
 compiles with default, times a few steps of each and keeps the faster."""
+COMBO = ("auto", "on", "off")
+"""--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
+COMBO_MAX_PIXELS = 256 * 32 * 32
+"""combo auto: on CUDA for batches of at most this many image pixels (batch x height x width;
+batch alone for inputs that are not images). One H100, bf16, the fast step compiled
+(benchmarks/results/defer-h100/): at batch 128 of 32x32 images resnet18 2.446 -> 2.344 ms and
+resnet34 4.212 -> 4.031 (their ~300 small BatchNorm, cast and stat kernels launch in fewer
+groups); at 1024, 11.954 -> 12.095 and 21.760 -> 22.163 (slower: large kernels gain nothing from
+sharing a launch). The limit sits between the two measured sizes."""
+
+
+def combo_kernels(mode: str, device: torch.device, x: Optional[torch.Tensor]) -> bool:
+    """Whether the compiled step uses Inductor's combo kernels (COMBO; x: a batch of inputs)."""
+    if mode != "auto":
+        return mode == "on"
+    if device.type != "cuda" or x is None:
+        return False
+    pixels = x.shape[0] * (x.shape[-2] * x.shape[-1] if x.dim() == 4 else 1)
+    return pixels <= COMBO_MAX_PIXELS
+
+
 DEFAULT_CHECK_EVERY = {"cpu": 10, "cuda": 50}
 """Steps between reads of the loss when --check-every is not given. On a GPU each read drains
 the launch queue. On the CPU a read is one more collective per step, and a rank waits in it for
@@ -97,6 +118,8 @@ class StepOptions:
     backward joins its two streams before returning (the bench's `joined-conv` modifier)."""
     side_streams: int = 1
     """Deferred weight GEMMs: how many side streams take them in turn (conv_overlap.deferred)."""
+    combo_kernels: str = "auto"
+    """--compile: Inductor's combo kernels: on, off or auto (`combo_kernels`)."""
     inductor: Tuple[Tuple[str, object], ...] = ()
     """--compile: further Inductor options as (name, value) pairs (the bench's combo and
     aggressive modifiers)."""
@@ -203,6 +226,8 @@ class Stepper:
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
         self.compile_s: Optional[float] = None
         self.compiled: Optional[str] = None
+        self.combo = False
+        """--combo-kernels: whether the compiled step uses Inductor's combo kernels."""
         self.update_kernel = "optimizer"
         """What applies the update: flat (one kernel over the flat buffers, flat_sgd.py), torch-fused
         (torch's fused SGD, in the fast step) or optimizer (its step(), as configured)."""
@@ -326,7 +351,12 @@ class Stepper:
         as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
         and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
         mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
+        computes = self.strategy.computes
+        batch = self.loader.batch(0) if computes else None
+        self.combo = combo_kernels(self.opts.combo_kernels, self.device, batch[0] if batch else None)
         options = dict(self.opts.inductor)
+        if self.combo:
+            options["combo_kernels"] = True
         if self.deferred:  # Inductor must not reuse what a deferred weight GEMM still reads
             options.update(conv_overlap.INDUCTOR_OPTIONS)
         if options:  # torch.compile takes a mode or options, not both
@@ -349,11 +379,10 @@ class Stepper:
         else:
             compiled = torch.compile(self._train_loss, mode=mode, options=options, dynamic=False)
         times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
-        computes = self.strategy.computes
         saved_buffers = [b.clone() for b in self.model.buffers()]
         try:
             if computes:
-                x, y = self.loader.batch(0)
+                x, y = batch
 
                 def fb(fwd) -> None:
                     self.strategy.zero_grad()
@@ -409,6 +438,7 @@ class Stepper:
         if choice != "off":
             self.train_loss = compiled
         else:  # eager won: what auto chose for a compiled step is slower eagerly
+            self.combo = False
             if self.opts.max_pool == "auto" and self.max_pool != "aten":
                 self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
             if self.opts.image_conv == "auto" and self.image_conv != "cudnn":

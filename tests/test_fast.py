@@ -267,3 +267,14 @@ def test_compile_auto_times_both_and_every_rank_keeps_the_same_choice(tmp_path):
     assert s["compile"] in ("off", "default") and s["compile_s"] > 0
     assert s["step_note"].startswith("--compile auto: compiled ")
     assert s["step_note"].endswith("; compiled" if s["compile"] == "default" else "; eager")
+
+
+def test_combo_kernels_auto_is_on_for_small_image_batches_on_cuda_only():
+    from shmlearn.fast import COMBO_MAX_PIXELS, combo_kernels
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    small, large = torch.empty(128, 3, 32, 32, device="meta"), torch.empty(1024, 3, 32, 32, device="meta")
+    assert combo_kernels("auto", cuda, small) and not combo_kernels("auto", cuda, large)
+    assert combo_kernels("auto", cuda, torch.empty(COMBO_MAX_PIXELS, 64, device="meta"))  # batch alone, not images
+    assert not combo_kernels("auto", cuda, torch.empty(COMBO_MAX_PIXELS + 1, 64, device="meta"))
+    assert not combo_kernels("auto", cpu, small) and not combo_kernels("auto", cuda, None)
+    assert combo_kernels("on", cpu, large) and not combo_kernels("off", cuda, small)

@@ -79,7 +79,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"},
              "all-conv": {"conv_overlap": "all"}, "serial-conv": {"conv_overlap": "off"},
              "joined-conv": {"defer_wgrad": False}, "2-streams": {"side_streams": 2},
-             "combo": {"inductor": (("combo_kernels", True),)},
+             "combo": {"combo_kernels": "on"}, "no-combo": {"combo_kernels": "off"},
              "aggressive": {"inductor": (("aggressive_fusion", True),)},
              "no-split": {"inductor": (("split_reductions", False),)},
              "cdt": {"inductor": (("coordinate_descent_tuning", True),)}}
@@ -445,7 +445,7 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
                 row["compile_mode"] = runner.compile_mode
             st = getattr(runner, "stepper", None)
             if st is not None and st.compiled is not None:  # shmlearn --compile: its choice, its compile seconds
-                row.update(compile=st.compiled, compile_s=st.compile_s)
+                row.update(compile=st.compiled, compile_s=st.compile_s, combo_kernels=st.combo)
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred)
             step[v] = 0
