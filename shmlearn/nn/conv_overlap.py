@@ -1,37 +1,51 @@
-"""A convolution's two backward GEMMs on two CUDA streams at once (--conv-overlap
-off|small|all|auto).
+"""A convolution's two backward GEMMs on two CUDA streams at once, and the weight's GEMM left
+running until the backward ends (--conv-overlap off|small|all|auto).
 
 Why: a convolution's backward is two independent GEMMs, the input's gradient and the weight's,
 and torch runs them one after the other on one stream. At a small batch neither fills a large
 GPU: ResNet-18's last stage at batch 128 on 32x32 images (4x4 maps, 512 channels) makes a
 2048 x 512 input gradient, 64 tiles of 128 x 128 for 132 SMs, which cuDNN splits along K and
-then sums (the workspace zeroing in the profile). Run on two streams, the weight's GEMM fills
-the SMs the input's leaves idle. Inside the step's CUDA graph the fork and the join are edges
-of the graph, not launches.
+then sums (the workspace zeroing in the profile). Only the input's gradient is on the backward's
+critical path: the layer before needs it at once, while no one reads the weight's gradient until
+the update. So the weight's GEMM goes to a side stream and, where the step allows it
+(`deferred`), is not waited for when the op returns: the main stream goes on with the layers
+before it (their input gradients and BatchNorm backwards, which leave SMs idle at small
+batches) while the side stream works through the weight GEMMs; the step joins the streams once,
+when the backward ends, before it reads the gradients. Inside the step's CUDA graph the forks
+and the join are edges of the graph, not launches.
 
-Measured on one H100 (bf16, channels_last; benchmarks/results/conv-overlap-h100/): a 3x3
-convolution's forward and backward at batch 128 took 80.5 -> 68.2 us at 4x4 maps and 512
-channels (2048 rows), 60.9 -> 58.7 at 8x8 and 256 (8192 rows), 105.0 -> 102.4 at 32x32 and 64;
-at batch 1024 within +-2% (576 -> 587 us at 32x32 and 64, slower). In the whole compiled step
-the gains are small and the losses larger: overlapping every convolution took resnet18 at batch
-128 from 2.554 to 2.535 ms, but resnet34 at 1024 from 22.055 to 22.548 ms, and alexnet-small
-(its fused conv-pool blocks) from 0.810 to 0.929 ms at 1024; overlapping up to 131072 rows still
-cost resnet34 1.2% at 1024. Hence the modes:
-* small (auto's choice on CUDA): plain nn.Conv2d layers whose input-gradient GEMM has at most
-  SMALL_ROWS rows (batch x output height x width), decided per shape inside the op: the GEMMs
-  where the convolution alone gained 4-15%, none of those that lost;
-* all: every plain nn.Conv2d, and conv_pool's fused blocks' cuDNN backward;
+Measured on one H100 (bf16, channels_last, the compiled fast step; benchmarks/results/
+conv-overlap-h100/ and defer-h100/), ms per step:
+* joined in each op (sixth round): a 4x4/512-channel convolution alone at batch 128 went 80.5
+  -> 68.2 us, but the whole step gained at most 0.4% with small GEMMs overlapped, and lost with
+  all of them at batch 1024 (resnet34 22.021 -> 22.699, alexnet-small's fused blocks 0.810 ->
+  0.929);
+* deferred (seventh round, run 1, same run per row): every convolution, resnet18 at batch 128
+  2.579 -> 2.434 (off -> all), resnet34 4.595 -> 4.291; at 1024 12.179 -> 12.011 and 22.021 ->
+  21.876. Deferred, `all` beat `small` everywhere (2.514 and 4.413 at batch 128).
+Hence the modes:
+* auto (the default): on CUDA every plain nn.Conv2d where the step defers (fast.py: a strategy
+  that adopts its gradients whole), small where it cannot; off on the CPU;
+* small: plain nn.Conv2d layers whose input-gradient GEMM has at most SMALL_ROWS rows (batch x
+  output height x width), decided per shape inside the op;
+* all: every plain nn.Conv2d, and conv_pool's fused blocks' cuDNN backward (always joined in
+  the op: their weights are cast outside it);
 * off: torch's one call.
 
 Exact: the same cuDNN calls with the same arguments (convolution_backward, once for the input's
 gradient and once for the weight's and the bias's), so the same results as torch's one call
-wherever cuDNN picks the same algorithms (it is asked each half alone; bit for bit in the tests
-on the CPU, to rounding in benchmarks/kernels.py on the GPU).
+wherever cuDNN picks the same algorithms (bit for bit in the tests on the CPU; on the GPU
+benchmarks/step_agreement.py trains resnet18 and resnet34 30 steps with deterministic cuDNN,
+off, joined and deferred, eager and compiled, to the same bits).
 
 `convert` switches the modules' classes in place, both ways (parameters, buffers and state_dict
 unchanged); the forward stays torch's F.conv2d, so Inductor sees it as before (layout choices,
-max-autotune's templates). The streams are joined before the backward op returns, so no buffer
-Inductor frees or reuses after it is still read on the other stream.
+max-autotune's templates). Under autocast the parameters are cast inside the op's Function and
+their gradients cast back by the op on the stream that made them, so nothing on the main stream
+reads a weight gradient before the join. What a deferred GEMM still reads after the op returns
+(the output gradient, the input, the weight) is kept from reuse: by the allocator through
+record_stream, and by Inductor through INDUCTOR_OPTIONS (fast.py compiles with them when it
+defers).
 """
 from __future__ import annotations
 
