@@ -111,7 +111,8 @@ class StepOptions:
     conv_overlap: str = "auto"
     """A convolution's backward GEMMs: off (one after the other), small (two CUDA streams where
     the GEMMs are small), all (two streams for every convolution, conv-pool blocks too) or auto
-    (small on CUDA; shmlearn/nn/conv_overlap.py)."""
+    (on CUDA all where the weight GEMMs can be deferred, `defer_wgrad`, else small;
+    shmlearn/nn/conv_overlap.py)."""
     defer_wgrad: bool = True
     """With --conv-overlap: leave the weights' GEMMs on the side stream until the backward ends
     (conv_overlap.deferred), where the step adopts its gradients whole; False: each convolution's
@@ -121,8 +122,8 @@ class StepOptions:
     combo_kernels: str = "auto"
     """--compile: Inductor's combo kernels: on, off or auto (`combo_kernels`)."""
     inductor: Tuple[Tuple[str, object], ...] = ()
-    """--compile: further Inductor options as (name, value) pairs (the bench's combo and
-    aggressive modifiers)."""
+    """--compile: further Inductor options as (name, value) pairs (the bench's aggressive,
+    no-split and cdt modifiers)."""
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""

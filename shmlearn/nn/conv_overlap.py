@@ -101,8 +101,12 @@ def max_rows(mode: str) -> int:
     return {"off": 0, "small": SMALL_ROWS, "all": ALL_ROWS}[mode]
 
 
+def _index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
 def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
-    key = (device.index if device.index is not None else torch.cuda.current_device(), i)
+    key = (_index(device), i)
     if key not in _SIDE:
         _SIDE[key] = torch.cuda.Stream(device=key[0])
     return _SIDE[key]
@@ -133,7 +137,7 @@ def deferred(device: torch.device, on: bool = True, streams: int = 1):
 
 def join(device: torch.device) -> None:
     """The caller's current stream waits for the weight GEMMs left on the side stream."""
-    index = device.index if device.index is not None else torch.cuda.current_device()
+    index = _index(device)
     main = torch.cuda.current_stream(index)
     for key in sorted(k for k in _PENDING if k[0] == index):
         _PENDING.discard(key)
@@ -182,9 +186,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         with torch.cuda.stream(side):
             dw, db = params(*half([False, need_dw, need_db])[1:])
         dx, _, _ = half([True, False, False])
-        if side is None:
-            pass
-        elif defer:
+        if side is not None and defer:
             # Left running: the allocator must not hand out what the side stream still reads
             # (it waits for the side stream's work before reusing grad's, x's and weight's
             # blocks; in a capture, until the capture ends), nor reuse dw's and db's blocks
@@ -194,8 +196,8 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
             for t in (dw, db):
                 if t is not None:
                     t.record_stream(main)
-            _PENDING.add((grad.device.index, i))
-        else:
+            _PENDING.add((_index(grad.device), i))
+        elif side is not None:
             # The join, before returning: Inductor may free or reuse grad's and x's buffers
             # once this op returns, and dw, db are read on main from here on.
             main.wait_stream(side)
