@@ -71,7 +71,23 @@ def main(argv=None) -> int:
     c = ThroughputConfig(model=a.model, input_shape=shape, device=a.device, batch_sizes=[a.batch],
                          precision="bf16" if device.type == "cuda" else "fp32", channels_last=True,
                          check_every=10, samples=a.batch * a.steps)
+    before = torch.backends.cudnn.deterministic
     torch.backends.cudnn.deterministic = True  # the Stepper then leaves cuDNN's autotuning off
+    try:
+        rows = _compare(c, a, device)
+    finally:
+        torch.backends.cudnn.deterministic = before
+    out = dict(environment("nccl" if device.type == "cuda" else "gloo"), model=a.model, batch=a.batch,
+               steps=a.steps, input_shape=shape, precision=c.precision, channels_last=True,
+               cudnn_deterministic=True, rows=rows)
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump(out, f, indent=1)
+    return 0 if all(r["equal_bits"] for r in rows) else 1
+
+
+def _compare(c: ThroughputConfig, a, device) -> List[dict]:
+    """One row per variant: its run against the first variant's."""
     rows, ref = [], None
     for v in a.variants.split(","):
         w, losses, row = train(c, v, device, a.batch, a.steps)
@@ -83,13 +99,7 @@ def main(argv=None) -> int:
         rows.append(row)
         print(f"{v:45s} {row['mode']:11s} overlaps={row['conv_overlaps']:2d} deferred={row['deferred']!s:5s} "
               f"equal_bits={row['equal_bits']!s:5s} max|dw|={row['max_abs_diff']:.3g} loss={losses[-1]:.5f}")
-    out = dict(environment("nccl" if device.type == "cuda" else "gloo"), model=a.model, batch=a.batch,
-               steps=a.steps, input_shape=shape, precision=c.precision, channels_last=True,
-               cudnn_deterministic=True, rows=rows)
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump(out, f, indent=1)
-    return 0 if all(r["equal_bits"] for r in rows) else 1
+    return rows
 
 
 if __name__ == "__main__":
