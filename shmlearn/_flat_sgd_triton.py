@@ -24,12 +24,23 @@ BLOCK = 1024
 
 
 @triton.jit
-def _sgd_kernel(p_ptr, g_ptr, m_ptr, lr_ptr, skip_ptr, N, momentum, dampening, weight_decay,
-                HAS_MOM: tl.constexpr, NESTEROV: tl.constexpr, HAS_WD: tl.constexpr, BLOCK: tl.constexpr):
-    offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    ok = (offs < N) & (tl.load(skip_ptr + offs * 0) == 0.0)  # the flag, read as a vector (one cached word)
+def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, lr_ptr, skip_ptr, starts_ptr, ends_ptr, N, momentum, dampening,
+                weight_decay, HAS_MOM: tl.constexpr, NESTEROV: tl.constexpr, HAS_WD: tl.constexpr,
+                HAS_SRC: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+    if HAS_TABLE:  # program i updates [starts[i], ends[i]) of the buffers (at most BLOCK values)
+        start = tl.load(starts_ptr + tl.program_id(0))
+        offs = start + tl.arange(0, BLOCK)
+        inside = offs < tl.load(ends_ptr + tl.program_id(0))
+    else:
+        offs = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+        inside = offs < N
+    ok = inside & (tl.load(skip_ptr + offs * 0) == 0.0)  # the flag, read as a vector (one cached word)
     p = tl.load(p_ptr + offs, mask=ok, other=0.0).to(tl.float32)
-    g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
+    if HAS_SRC:  # the gradient from src (e.g. bf16, as a convolution made it), kept in g as well
+        g = tl.load(src_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+        tl.store(g_ptr + offs, g.to(g_ptr.dtype.element_ty), mask=inside)
+    else:
+        g = tl.load(g_ptr + offs, mask=ok, other=0.0).to(tl.float32)
     if HAS_WD:
         g = g + weight_decay * p
     if HAS_MOM:
@@ -45,12 +56,32 @@ def _sgd_kernel(p_ptr, g_ptr, m_ptr, lr_ptr, skip_ptr, N, momentum, dampening, w
 
 
 def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tensor, skip: torch.Tensor, *,
-         momentum: float, dampening: float, weight_decay: float, nesterov: bool) -> None:
+         momentum: float, dampening: float, weight_decay: float, nesterov: bool, src=None, table=None) -> None:
     """params <- one SGD step, in place, unless skip (a 0-dim float tensor) is non-zero.
     params, grads and momentum_buf (None without momentum): contiguous, one length; lr: a
-    0-dim tensor on the same device."""
+    0-dim tensor on the same device. src: the gradient, read from here (any float dtype, laid
+    out as params in memory) and written into grads as it is used (even when skipped: grads then
+    holds what the backward made, as without src). table: (starts, ends), int64 tensors on the
+    device: update only these ranges of the buffers, one program each (`block_table`)."""
     n = params.numel()
     mom = momentum_buf if momentum_buf is not None else params  # never read without momentum
-    _sgd_kernel[(triton.cdiv(n, BLOCK),)](params, grads, mom, lr, skip, n, momentum, dampening, weight_decay,
-                                           HAS_MOM=momentum_buf is not None, NESTEROV=nesterov,
-                                           HAS_WD=weight_decay != 0, BLOCK=BLOCK, num_warps=4)
+    if table is None:
+        grid, starts, ends = (triton.cdiv(n, BLOCK),), params, params  # starts, ends never read
+    else:
+        starts, ends = table
+        grid = (starts.numel(),)
+    _sgd_kernel[grid](params, grads, mom, src if src is not None else grads, lr, skip, starts, ends, n, momentum,
+                      dampening, weight_decay, HAS_MOM=momentum_buf is not None, NESTEROV=nesterov,
+                      HAS_WD=weight_decay != 0, HAS_SRC=src is not None, HAS_TABLE=table is not None,
+                      BLOCK=BLOCK, num_warps=4)
+
+
+def block_table(ranges, device) -> tuple:
+    """(starts, ends) of BLOCK-long pieces covering the given [start, end) ranges: `sgd_`'s table."""
+    starts, ends = [], []
+    for a, b in ranges:
+        for s in range(a, b, BLOCK):
+            starts.append(s)
+            ends.append(min(s + BLOCK, b))
+    return (torch.tensor(starts, dtype=torch.int64, device=device),
+            torch.tensor(ends, dtype=torch.int64, device=device))

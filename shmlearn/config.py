@@ -129,6 +129,12 @@ class TrainConfig:
     or auto (on CUDA for batches of at most 262,144 image pixels, e.g. 256 images of 32x32,
     where the step is bound by its many small kernels; off elsewhere). Same maths;
     shmlearn/fast.py COMBO_MAX_PIXELS."""
+    update_in_backward: str = "auto"
+    """The fast step's SGD update of each convolution's weight inside the backward, on the side
+    stream, as soon as its gradient exists (instead of every parameter's after the backward): on,
+    off, or auto (on wherever it can run: allreduce at 1 worker or weight-avg, the flat SGD
+    kernel on CUDA, convolutions that run shmlearn's backward op; on asks for it and says why not
+    where it cannot). The same update, bit for bit; shmlearn/fast.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -390,7 +396,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
-    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, PRECISIONS
+    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
@@ -411,6 +417,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--conv-overlap {cfg.conv_overlap}: choose one of {', '.join(CONV_OVERLAP)}")
     if cfg.combo_kernels not in COMBO:
         raise BadInput(f"--combo-kernels {cfg.combo_kernels}: choose one of {', '.join(COMBO)}")
+    if cfg.update_in_backward not in EARLY_UPDATE:
+        raise BadInput(f"--update-in-backward {cfg.update_in_backward}: choose one of {', '.join(EARLY_UPDATE)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

@@ -41,6 +41,7 @@ import torch.distributed as dist
 from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
 from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.sync.base import check_non_finite
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
 
@@ -51,6 +52,9 @@ COMPILE = ("off", "default", "max-autotune", "auto")
 Inductor; its kernels run inside the fast step, and on CUDA inside the step's one CUDA graph.
 max-autotune is Inductor's max-autotune-no-cudagraphs (the step makes its own graph); auto
 compiles with default, times a few steps of each and keeps the faster."""
+EARLY_UPDATE = ("auto", "on", "off")
+"""--update-in-backward: each convolution's SGD step as soon as the backward has made its weight's
+gradient (`Stepper.early_update`)."""
 COMBO = ("auto", "on", "off")
 """--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
 COMBO_MAX_PIXELS = 256 * 32 * 32
@@ -127,6 +131,8 @@ class StepOptions:
     flat_sgd: bool = True
     """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
+    update_in_backward: str = "auto"
+    """EARLY_UPDATE: on, off, or auto (on wherever it can run: `Stepper._early_why_not`)."""
 
 
 @dataclass
@@ -222,6 +228,16 @@ class Stepper:
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
         """--max-pool: how many pools run as reductions (before compiling, as above)."""
+        # Before compiling: each convolution's slot is a constant of the traced graph.
+        why_early = self._early_why_not(why_not, fault)
+        if opts.update_in_backward == "on" and why_early:
+            raise BadInput(f"--update-in-backward on: {why_early}")
+        self._slots = ({} if why_early or opts.update_in_backward == "off"
+                       else conv_overlap.set_slots(model, strategy._trainable))
+        """slot -> (weight's index, bias's index or None, module name) of each convolution
+        updated in the backward (conv_overlap.set_slots)."""
+        self.early_update = False
+        """Whether convolutions take their SGD step inside the backward (`_setup_fast` binds it)."""
         self.train_loss = self._train_loss
         """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
@@ -240,6 +256,27 @@ class Stepper:
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
                 self.note = "fault injection runs eagerly (no CUDA graph)"
+
+    def _early_why_not(self, fast_why_not: Optional[str], fault) -> Optional[str]:
+        """None if the update in the backward can run (the update of every convolution's weight
+        in its op's backward, as soon as its gradient exists: fast.py's module docstring), else
+        why not (one line)."""
+        s, o = self.strategy, self.opts
+        if not self.fast or s.free_running:
+            return fast_why_not or "the step is not the fast one (--check-every 1)"
+        if not s.updates_locally:
+            return (f"strategy {s.name} at {self.world_size} workers updates from other ranks' gradients "
+                    "(allreduce at 1 worker and weight-avg update from their own)")
+        if not self._adopts:
+            return "the gradients are accumulated into .grad, not taken whole (DDP, or the accumulate modifier)"
+        if s.noise is not None:
+            return "--noise-scale measures steps as two half batches, whose gradients add up"
+        if fault is not None:
+            return "fault injection changes the loss after the backward"
+        if not self.conv_overlaps or self.conv_overlap == "off":
+            return "no convolution runs shmlearn's backward op (--conv-overlap off, or none in the model)"
+        why = "--flat-sgd is off" if not o.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
+        return f"the update is not the flat SGD kernel ({why})" if why else None
 
     # -- modes ----------------------------------------------------------------------------------
     @property
@@ -281,10 +318,16 @@ class Stepper:
         self.optimizer.found_inf = self.found_inf
         self.update_kernel = "torch-fused"
         if self.opts.flat_sgd and not self.strategy.free_running:
+            early = [i for w, b, _ in self._slots.values() for i in (w, b) if i is not None]
             update, _ = flat_sgd.bind(self.optimizer, self.strategy._trainable, self.strategy.params_flat,
-                                      self.strategy.grads_flat, self.found_inf)
+                                      self.strategy.grads_flat, self.found_inf, early=early)
             if update is not None:
                 self.strategy.flat_update, self.update_kernel = update, "flat"
+                self.early_update = bool(early)
+                self._one = torch.ones((), dtype=torch.float32, device=dev)
+        if self._slots and not self.early_update:
+            conv_overlap.clear_slots(self.model)
+            self._slots = {}
         if self.strategy.noise is not None:
             self.strategy.noise.bind(self._t)  # its history is indexed by the step, as the losses are
 
@@ -319,11 +362,43 @@ class Stepper:
             s.zero_grad()
         # Deferred weight GEMMs are joined on leaving (before adopt_grads reads them); never where
         # gradients are added into .grad during the backward.
-        with conv_overlap.deferred(self.device, adopt and self.deferred, self.opts.side_streams):
-            loss = self._forward_backward(x, y)
+        early = adopt and self.early_update
+        if early:
+            self._taken = [0] * len(self._slots)
+        with conv_overlap.deferred(self.device, adopt and self.deferred, self.opts.side_streams,
+                                   sink=self._take if early else None):
+            loss = self._forward_backward(x, y, gate=early)
+        if early:
+            self._check_taken()
         if adopt:
-            s.adopt_grads()
+            s.adopt_grads(s.flat_update.early if early else frozenset())
         return loss
+
+    def _take(self, slot: int, dw, db) -> None:
+        """The sink of conv_overlap.deferred (update in the backward): convolution `slot`'s
+        gradients into the flat buffer and their SGD step, on the stream that made them."""
+        w, b, _ = self._slots[slot]
+        self._taken[slot] += 1
+        if dw is not None:
+            self.strategy.flat_update.take(w, dw)
+        if db is not None and b is not None:
+            self.strategy.flat_update.take(b, db)
+
+    def _check_taken(self) -> None:
+        """After a backward that updated its convolutions (on the host: when a step runs eagerly
+        or is captured; a replay repeats the capture): one taken twice is an error (the module is
+        called twice per step); one the backward never reached takes its step with a zero
+        gradient, as the flat update of a parameter without a gradient does."""
+        twice = [self._slots[k][2] for k, n in enumerate(self._taken) if n > 1]
+        if twice:
+            raise RuntimeError(f"--update-in-backward: convolution {twice[0]} ran more than once in a step; "
+                               "run with --update-in-backward off")
+        for k, n in enumerate(self._taken):
+            if n == 0:
+                w, b, _ = self._slots[k]
+                for i in (w, b):
+                    if i is not None:
+                        self.strategy.flat_update.take(i, torch.zeros_like(self.strategy._grad_views[i]))
 
     def _train_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss: the forward under autocast (--precision), the loss in fp32."""
@@ -331,11 +406,14 @@ class Stepper:
             out = self.strategy.module(x)
         return self.loss(out.float(), y)
 
-    def _forward_backward(self, x, y) -> torch.Tensor:
+    def _forward_backward(self, x, y, gate: bool = False) -> torch.Tensor:
         """Forward and backward of this rank's batch; its mean loss, detached. With a noise meter
-        at one worker, as two half batches (noise.py: their gradients' norms are the measurement)."""
+        at one worker, as two half batches (noise.py: their gradients' norms are the measurement).
+        gate: a non-finite loss sets the skip flag before the backward (whose updates read it)."""
         def fb(xb, yb):
             loss = self.train_loss(xb, yb)
+            if gate:
+                check_non_finite(loss.detach().reshape(1), self.found_inf, self._one)
             loss.backward()
             return loss.detach()
         meter = self.strategy.noise

@@ -11,7 +11,7 @@ state_dict, checkpoints and schedule are unchanged, and every other path still c
 from __future__ import annotations
 
 import os
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -44,21 +44,87 @@ def _same_layout(flat: torch.Tensor, like: torch.Tensor, base: torch.Tensor) -> 
                            flat.storage_offset() + like.storage_offset() - base.storage_offset())
 
 
+class FlatUpdate:
+    """SGD over the flat buffers (`bind`): calling it updates every parameter but the early ones;
+    `take(i, grad)` updates early parameter i from its gradient alone, as soon as it exists (the
+    update in the backward, fast.py)."""
+
+    def __init__(self, kernel, group: dict, params_flat: torch.Tensor, grads_flat: torch.Tensor,
+                 mom_flat: Optional[torch.Tensor], found_inf: torch.Tensor, trainable: List[torch.nn.Parameter],
+                 early: Sequence[int]):
+        self._kernel, self._group = kernel, group
+        self._p, self._g, self._m, self._skip = params_flat, grads_flat, mom_flat, found_inf
+        self._lr_cache: Optional[torch.Tensor] = None
+        self.early = frozenset(early)
+        base = params_flat.data_ptr()
+        size = params_flat.element_size()
+        # Each parameter's [start, end) in the buffers (they are views in model order, sync/base.py).
+        self._ranges = [((p.data_ptr() - base) // size, (p.data_ptr() - base) // size + p.numel()) for p in trainable]
+        self._views = [p.data for p in trainable]
+        rest = [r for i, r in enumerate(self._ranges) if i not in self.early]
+        merged: List[Tuple[int, int]] = []
+        for a, b in rest:  # neighbours as one range: fewer, fuller programs
+            if merged and merged[-1][1] == a:
+                merged[-1] = (merged[-1][0], b)
+            else:
+                merged.append((a, b))
+        whole = merged == [(0, params_flat.numel())]
+        self._table = None if whole or not merged else kernel.block_table(merged, params_flat.device)
+        self._nothing = not merged
+
+    def _hyper(self) -> dict:
+        g = self._group
+        lr = g["lr"]
+        if not isinstance(lr, torch.Tensor):  # a schedule that assigns floats (fast.py keeps tensors)
+            if self._lr_cache is None:
+                self._lr_cache = torch.zeros((), dtype=torch.float32, device=self._p.device)
+            lr = self._lr_cache.fill_(float(lr))
+        return dict(lr=lr, momentum=float(g["momentum"]), dampening=float(g["dampening"]),
+                    weight_decay=float(g["weight_decay"]), nesterov=bool(g["nesterov"]))
+
+    def __call__(self) -> None:
+        """One SGD step of every parameter not in `early`, from grads_flat, skipped while
+        found_inf is non-zero."""
+        if self._nothing:
+            return
+        h = self._hyper()
+        lr = h.pop("lr")
+        self._kernel.sgd_(self._p, self._g, self._m, lr, self._skip, table=self._table, **h)
+
+    def take(self, i: int, grad: torch.Tensor) -> None:
+        """Parameter i's gradient (any float dtype, its parameter's shape) into its part of
+        grads_flat and its SGD step, at once (skipped while found_inf is non-zero, as the rest):
+        one kernel where grad is laid out as the parameter in memory, else a copy first."""
+        a, b = self._ranges[i]
+        h = self._hyper()
+        lr = h.pop("lr")
+        m = self._m[a:b] if self._m is not None else None
+        src = None
+        view = self._views[i]
+        if grad.shape == view.shape and grad.stride() == view.stride():  # dense, as the view is
+            src = grad
+        else:  # cuDNN chose another layout: copy it in as the parameter is laid out
+            _same_layout(self._g, view, self._p).copy_(grad)
+        self._kernel.sgd_(self._p[a:b], self._g[a:b], m, lr, self._skip, src=src, **h)
+
+
 def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params_flat: torch.Tensor,
-         grads_flat: torch.Tensor, found_inf: torch.Tensor) -> Tuple[Optional[Callable[[], None]], Optional[str]]:
+         grads_flat: torch.Tensor, found_inf: torch.Tensor,
+         early: Sequence[int] = ()) -> Tuple[Optional[FlatUpdate], Optional[str]]:
     """(update, None): `update()` applies one SGD step of `optimizer`'s hyperparameters to
     params_flat from grads_flat, skipped while found_inf is non-zero, and the momentum buffers
-    are now views of one flat buffer (their values kept). (None, why) where it cannot (why_not).
-    Call after any optimizer.load_state_dict: loading replaces the state's tensors."""
+    are now views of one flat buffer (their values kept). early: indices (into trainable) of
+    parameters that `update.take` updates instead, each from its own gradient (update() leaves
+    them alone). (None, why) where it cannot (why_not). Call after any optimizer.load_state_dict:
+    loading replaces the state's tensors."""
     why = why_not(optimizer, trainable, params_flat)
     if why is not None:
         return None, why
     from shmlearn import _flat_sgd_triton as kernel
 
     group = optimizer.param_groups[0]
-    momentum = float(group["momentum"])
     mom_flat = None
-    if momentum:
+    if float(group["momentum"]):
         mom_flat = torch.zeros_like(params_flat)
         for p in trainable:
             view = _same_layout(mom_flat, p.data, params_flat)
@@ -66,15 +132,4 @@ def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params
             if old is not None:
                 view.copy_(old)
             optimizer.state[p]["momentum_buffer"] = view
-    lr_cache: dict = {}
-
-    def update() -> None:
-        lr = group["lr"]
-        if not isinstance(lr, torch.Tensor):  # a schedule that assigns floats (fast.py keeps tensors)
-            t = lr_cache.setdefault("t", torch.zeros((), dtype=torch.float32, device=params_flat.device))
-            lr = t.fill_(float(lr))
-        kernel.sgd_(params_flat, grads_flat, mom_flat, lr, found_inf, momentum=momentum,
-                    dampening=float(group["dampening"]), weight_decay=float(group["weight_decay"]),
-                    nesterov=bool(group["nesterov"]))
-
-    return update, None
+    return FlatUpdate(kernel, group, params_flat, grads_flat, mom_flat, found_inf, trainable, early), None

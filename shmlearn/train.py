@@ -439,6 +439,7 @@ class _Loop:
                                                 compile=cfg.compile, image_conv=cfg.image_conv, max_pool=cfg.max_pool,
                                                 conv_pool=cfg.conv_pool, mlp_head=cfg.mlp_head,
                                                 conv_overlap=cfg.conv_overlap, combo_kernels=cfg.combo_kernels,
+                                                update_in_backward=cfg.update_in_backward,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
@@ -691,7 +692,7 @@ class _Loop:
             "mlp_head": self.stepper.mlp_head, "mlp_heads": self.stepper.mlp_heads,
             "conv_overlap": self.stepper.conv_overlap, "conv_overlaps": self.stepper.conv_overlaps,
             "conv_overlap_deferred": self.stepper.deferred, "combo_kernels": self.stepper.combo,
-            "update_kernel": self.stepper.update_kernel,
+            "update_kernel": self.stepper.update_kernel, "update_in_backward": self.stepper.early_update,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

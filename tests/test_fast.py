@@ -25,6 +25,7 @@ from shmlearn.models import build_model
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.sync import build_strategy
 from shmlearn.timing import PhaseTimer
+from triton_interp import interpreted
 
 
 def _bn_model(spec):
@@ -278,3 +279,96 @@ def test_combo_kernels_auto_is_on_for_small_image_batches_on_cuda_only():
     assert not combo_kernels("auto", cuda, torch.empty(COMBO_MAX_PIXELS + 1, 64, device="meta"))
     assert not combo_kernels("auto", cpu, small) and not combo_kernels("auto", cuda, None)
     assert combo_kernels("on", cpu, large) and not combo_kernels("off", cuda, small)
+
+
+class _ConvNet(torch.nn.Module):
+    """digits as 1x8x8 images: conv (no bias) + BatchNorm, conv (bias), linear. extra: a third
+    convolution that runs only on even steps ("sometimes") or the second one twice ("twice")."""
+
+    def __init__(self, extra=None):
+        super().__init__()
+        nn = torch.nn
+        self.c1, self.b1 = nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4)
+        self.c2, self.fc = nn.Conv2d(4, 4, 3, padding=1), nn.Linear(4 * 8 * 8, 10)
+        self.c3 = nn.Conv2d(4, 4, 1)
+        self.extra, self.calls = extra, 0
+
+    def forward(self, x):
+        x = torch.relu(self.b1(self.c1(x.view(-1, 1, 8, 8))))
+        x = torch.relu(self.c2(x))
+        if self.extra == "twice":
+            x = torch.relu(self.c2(x))
+        if self.extra == "sometimes":
+            self.calls += 1
+            if self.calls % 2:
+                x = x + self.c3(x)
+        return self.fc(x.flatten(1))
+
+
+def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None, steps=10):
+    """A fast Stepper on the CPU with every convolution in shmlearn's backward op (conv_overlap's
+    CUDA check lifted; its split then runs in line) and the flat SGD kernel (interpreter)."""
+    from shmlearn.nn import conv_overlap
+    monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
+    data = load_dataset("digits")
+    torch.manual_seed(0)
+    model = _ConvNet(extra)
+    opt = build_optimizer("nesterov", model.parameters(), lr=0.05, weight_decay=1e-3)
+    s = build_strategy("allreduce", rank=0, world_size=1)
+    s.setup(model, opt, channels_last=compile != "off")
+    loader = ShardedLoader(data.train_x, data.train_y, batch_size=16, shard=0, num_shards=1, seed=0,
+                           normalize=normalizer(data, torch.device("cpu")))
+    count = {"n": 0}
+
+    def loss(out, y):  # the loss of step nan_at is NaN
+        count["n"] += 1
+        value = torch.nn.functional.cross_entropy(out, y)
+        return value * float("nan") if count["n"] == (nan_at or 0) + 1 and nan_at is not None else value
+    opts = StepOptions(check_every=4, conv_overlap="all", update_in_backward=mode, compile=compile,
+                       precision="bf16" if compile != "off" else "fp32", channels_last=compile != "off")
+    return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 3),
+                   loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
+                   timer=PhaseTimer(torch.device("cpu")), rank=0, world_size=1, total_steps=steps,
+                   loss=loss if nan_at is not None else None)
+
+
+@interpreted
+def test_update_in_backward_is_the_update_after_it_bit_for_bit(monkeypatch):
+    """Each convolution's SGD step inside the backward (its op hands its gradient to the flat
+    kernel) against the whole flat update after the backward: the same weights, momentum and
+    buffers, bit for bit, eagerly in fp32, compiled in bf16 channels_last, with a convolution that
+    runs every other step only (a zero-gradient step, as the flat update gives it); a NaN loss
+    sets the skip flag before the backward, so the run stops at it with the weights before it."""
+    for kw in ({}, {"extra": "sometimes"}, {"compile": "default"}, {"nan_at": 6}):
+        early, late = _early_stepper(monkeypatch, "on", **kw), _early_stepper(monkeypatch, "off", **kw)
+        assert early.early_update and early.update_kernel == "flat" and len(early._slots) == 3
+        assert not late.early_update and not late._slots
+        wins = [_train(st, 10) for st in (early, late)]
+        if "nan_at" in kw:
+            assert wins[0].bad == wins[1].bad == (6, 0)
+        for a, b in ((early.strategy.params_flat, late.strategy.params_flat),
+                     (early.strategy.grads_flat, late.strategy.grads_flat),
+                     (early.strategy.flat_update._m, late.strategy.flat_update._m)):
+            assert torch.equal(a, b), kw
+        for a, b in zip(early.model.buffers(), late.model.buffers()):
+            assert torch.equal(a, b), kw
+
+
+@interpreted
+def test_update_in_backward_refuses_a_convolution_run_twice(monkeypatch):
+    st = _early_stepper(monkeypatch, "on", extra="twice")
+    with pytest.raises(RuntimeError, match="convolution c2 ran more than once"):
+        _train(st, 2)
+
+
+def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
+    if os.environ.get("TRITON_INTERPRET") != "1":  # the flat kernel needs CUDA (or the interpreter)
+        with pytest.raises(BadInput, match="--update-in-backward on: the update is not the flat SGD kernel"):
+            _early_stepper(monkeypatch, "on")
+    auto = _early_stepper(monkeypatch, "auto")
+    assert not auto.early_update and all(getattr(m, "grad_slot", -1) == -1 for m in auto.model.modules())
+    st = _stepper(4)  # the mlp: no convolution
+    with pytest.raises(BadInput, match="--update-in-backward on: no convolution runs shmlearn's backward op"):
+        Stepper(model=st.model, strategy=st.strategy, optimizer=st.optimizer, schedule=st.schedule, loader=st.loader,
+                task="classification", device=torch.device("cpu"), timer=st.timer, rank=0, world_size=1,
+                total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on"))

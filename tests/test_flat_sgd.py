@@ -129,3 +129,43 @@ def test_a_fast_run_with_the_flat_update_is_the_run_with_torch_sgd(tmp_path, mon
     assert runs[True].summary["step_mode"] == "fast-eager"
     for a, b in zip(runs[True].model.parameters(), runs[False].model.parameters()):
         torch.testing.assert_close(a.detach(), b.detach(), rtol=1e-5, atol=1e-6)
+
+
+@interpreted
+def test_early_parameters_taken_one_by_one_and_the_rest_give_the_whole_update():
+    """bind(early=...): take(i, grad) for early parameters (from a bf16 gradient laid out as the
+    parameter, or from an fp32 one in another layout: copied in first), then update() for the
+    rest, is the one flat update over the same gradients, bit for bit; take writes its gradient
+    into the buffer, and update() leaves the early ones alone (their slots start as NaN here)."""
+    for early in ([0], [0, 1], [1, 2]):
+        model, s, _, full, _, _ = _pair(0.9, True, 1e-3)
+        twin, s2, _, _, _, _ = _pair(0.9, True, 1e-3)
+        part, why = flat_sgd.bind(s2.optimizer, s2._trainable, s2.params_flat, s2.grads_flat, torch.zeros(()),
+                                  early=early)
+        assert why is None and part.early == frozenset(early)
+        at = _positions(s, early)
+        for i in range(3):
+            _grads(model, s, copy.deepcopy(model), i)
+            s2.grads_flat.fill_(float("nan"))
+            s2.grads_flat[~at] = s.grads_flat[~at]
+            for k in early:
+                view = s._grad_views[k]
+                src = view.bfloat16() if i != 1 else view.contiguous()  # bf16 as the parameter / fp32 contiguous
+                assert i != 1 or view.dim() != 4 or src.stride() != view.stride()
+                view.copy_(src.float())  # the reference updates from what take is given
+                part.take(k, src)
+            part()
+            full()
+            assert torch.equal(s2.grads_flat, s.grads_flat)
+            assert torch.equal(s2.params_flat, s.params_flat), early
+
+
+def _positions(s, indices):
+    """The flat buffer's positions of parameters `indices` (a bool mask)."""
+    mask = torch.zeros(s.grads_flat.numel(), dtype=torch.bool)
+    base = s.params_flat.data_ptr()
+    for k in indices:
+        p = s._trainable[k]
+        a = (p.data_ptr() - base) // p.element_size()
+        mask[a:a + p.numel()] = True
+    return mask

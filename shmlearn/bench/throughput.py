@@ -82,7 +82,8 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "combo": {"combo_kernels": "on"}, "no-combo": {"combo_kernels": "off"},
              "aggressive": {"inductor": (("aggressive_fusion", True),)},
              "no-split": {"inductor": (("split_reductions", False),)},
-             "cdt": {"inductor": (("coordinate_descent_tuning", True),)}}
+             "cdt": {"inductor": (("coordinate_descent_tuning", True),)},
+             "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
@@ -447,7 +448,8 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             if st is not None and st.compiled is not None:  # shmlearn --compile: its choice, its compile seconds
                 row.update(compile=st.compiled, compile_s=st.compile_s, combo_kernels=st.combo)
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
-                row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred)
+                row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
+                           update_in_backward=st.early_update)
             step[v] = 0
             barrier()
             t0 = time.perf_counter()

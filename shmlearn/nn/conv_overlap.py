@@ -50,7 +50,7 @@ defers).
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, List, Optional, Set, Tuple
+from typing import Callable, Dict, List, Optional, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -68,9 +68,10 @@ ALL_ROWS = 1 << 62
 
 _SIDE: Dict[Tuple[int, int], "torch.cuda.Stream"] = {}
 """(device index, i) -> the i-th side stream of that device."""
-_DEFER = {"on": False, "streams": 1, "next": 0}
-"""Inside `deferred`: a split backward leaves its weight GEMM on the side stream. A module global,
-not thread-local: autograd runs a CUDA backward on a thread of its own."""
+_DEFER = {"on": False, "streams": 1, "next": 0, "sink": None}
+"""Inside `deferred`: a split backward leaves its weight GEMM on the side stream, and hands the
+weight's gradient to the sink if one is given. A module global, not thread-local: autograd runs a
+CUDA backward on a thread of its own."""
 _PENDING: Set[Tuple[int, int]] = set()
 """Side streams (device index, i) holding weight GEMMs not yet joined (`join`)."""
 INDUCTOR_OPTIONS = {"allow_buffer_reuse": False, "inplace_buffers": False}
@@ -112,8 +113,12 @@ def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
     return _SIDE[key]
 
 
+Sink = Callable[[int, torch.Tensor, Optional[torch.Tensor]], None]
+"""sink(slot, dw, db): takes a convolution's weight (and bias) gradient for good (`deferred`)."""
+
+
 @contextlib.contextmanager
-def deferred(device: torch.device, on: bool = True, streams: int = 1):
+def deferred(device: torch.device, on: bool = True, streams: int = 1, sink: Optional[Sink] = None):
     """Within: a convolution whose backward is split (the modes above) leaves its weight's (and
     bias's) GEMM running on the side stream when the op returns; the backward goes on with the
     layers before it meanwhile, and the side stream works through the weight GEMMs as the main
@@ -122,17 +127,24 @@ def deferred(device: torch.device, on: bool = True, streams: int = 1):
     the exit: the fast step's adopted gradients (fast.py), compiled with INDUCTOR_OPTIONS; never
     with gradients accumulated into .grad (AccumulateGrad's add would read them early).
     streams: how many side streams take the deferred GEMMs in turn (more than one lets the weight
-    GEMMs, which do not depend on each other, run side by side when the main stream is done)."""
-    if not on or device.type != "cuda":
+    GEMMs, which do not depend on each other, run side by side when the main stream is done).
+    sink: a convolution with a `slot` (`set_slots`) hands it its weight's and bias's gradients
+    as the op's backward makes them, in the GEMM's own dtype, on the stream that made them (the
+    side stream where split), instead of returning them: the op returns uninitialized tensors
+    in their place, which the caller must not read (fast.py's update in the backward writes them
+    into the flat buffer and applies their SGD step there). On the CPU too, in line."""
+    cuda = device.type == "cuda"
+    if not (on and cuda) and sink is None:
         yield
         return
     before = dict(_DEFER)
-    _DEFER.update(on=True, streams=max(1, int(streams)), next=0)
+    _DEFER.update(on=on and cuda, streams=max(1, int(streams)), next=0, sink=sink)
     try:
         yield
     finally:
         _DEFER.update(before)
-        join(device)
+        if cuda:
+            join(device)
 
 
 def join(device: torch.device) -> None:
@@ -152,13 +164,16 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ref, dtype=t.dtype).copy_(t)
 
 
-def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer):
+def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot=-1):
     """(dx, dw, db) of F.conv2d, dw and db in grad_dtype (the parameters' own: autocast's cast
     back, done where the GEMM ran); an empty tensor for each one mask does not ask for. rows: the
     largest batch x output height x width whose two GEMMs run apart (max_rows). may_defer: inside
     `deferred`, leave the weight's GEMM running on the side stream (the caller's parameters are
-    nn.Conv2d's; conv_pool's blocks cast their weights outside and pass False)."""
+    nn.Conv2d's; conv_pool's blocks cast their weights outside and pass False). slot: this
+    convolution's number for the sink of `deferred` (-1: none): where a sink is set, dw and db go
+    to it and the op returns uninitialized tensors for them."""
     need_dx, need_dw, need_db = mask
+    sink = _DEFER["sink"] if (may_defer and slot >= 0 and (need_dw or need_db)) else None
     split = need_dx and (need_dw or need_db) and grad.numel() // grad.shape[1] <= rows
     bias_sizes = [weight.shape[0]] if need_db else None
 
@@ -170,9 +185,16 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         return (_like(dw, weight).to(grad_dtype) if need_dw else None,
                 db.to(grad_dtype) if need_db else None)
 
+    if sink is not None:  # what the op returns for dw and db (made here, on the caller's stream)
+        placeholders = (torch.empty_like(weight, dtype=grad_dtype) if need_dw else None,
+                        weight.new_empty(weight.shape[0], dtype=grad_dtype) if need_db else None)
     if not split:
         dx, dw, db = half([need_dx, need_dw, need_db])
-        dw, db = params(dw, db)
+        if sink is not None:
+            sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None)
+            dw, db = placeholders
+        else:
+            dw, db = params(dw, db)
     else:  # on the CPU the same split, one after the other (torch.cuda.stream(None) does nothing)
         defer = may_defer and _DEFER["on"]
         i = 0
@@ -184,8 +206,18 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
         if side is not None:
             side.wait_stream(main)  # the fork: grad, x and weight are ready
         with torch.cuda.stream(side):
-            dw, db = params(*half([False, need_dw, need_db])[1:])
+            dw, db = half([False, need_dw, need_db])[1:]
+            if sink is None:
+                dw, db = params(dw, db)
         dx, _, _ = half([True, False, False])
+        if sink is not None:
+            if side is not None and weight.dtype == grad_dtype:
+                # No autocast cast: weight may be the parameter itself, which the input
+                # gradient's GEMM (just queued on main) reads and the sink is about to update.
+                side.wait_stream(main)
+            with torch.cuda.stream(side):
+                sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None)
+            dw, db = placeholders
         if side is not None and defer:
             # Left running: the allocator must not hand out what the side stream still reads
             # (it waits for the side stream's work before reusing grad's, x's and weight's
@@ -214,12 +246,13 @@ def _define_ops():
     @torch.library.custom_op("shmlearn::conv2d_backward_overlap", mutates_args=())
     def backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: List[int],
                     padding: List[int], dilation: List[int], groups: int, mask: List[bool],
-                    rows: int, grad_dtype: torch.dtype,
-                    may_defer: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer)
+                    rows: int, grad_dtype: torch.dtype, may_defer: bool,
+                    slot: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer,
+                             slot)
 
     @backward_op.register_fake
-    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer):
+    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot):
         empty = grad.new_empty
         return (torch.empty_like(x) if mask[0] else empty(0),
                 torch.empty_like(weight, dtype=grad_dtype) if mask[1] else empty(0),
@@ -228,7 +261,7 @@ def _define_ops():
     from torch.utils.flop_counter import conv_backward_flop, register_flop_formula
 
     @register_flop_formula(torch.ops.shmlearn.conv2d_backward_overlap)
-    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, *,
+    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot, *,
           out_shape=None, **kwargs):
         return conv_backward_flop(grad_shape, x_shape, w_shape, None, stride, padding, dilation, False,
                                   [0, 0], groups, mask, out_val=out_shape)
@@ -237,12 +270,13 @@ def _define_ops():
 
 
 def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows=ALL_ROWS,
-                         grad_dtype: Optional[torch.dtype] = None, may_defer: bool = False):
+                         grad_dtype: Optional[torch.dtype] = None, may_defer: bool = False, slot: int = -1):
     """(dx, dw, db) as torch.ops.aten.convolution_backward gives them for a 2-D convolution (None
     where mask says no), the two GEMMs on two streams on CUDA where the GEMM has at most `rows`
-    rows (max_rows); dw and db in grad_dtype (default: weight's). may_defer: see backward_impl."""
+    rows (max_rows); dw and db in grad_dtype (default: weight's). may_defer, slot: see
+    backward_impl."""
     dx, dw, db = _ops()(grad, x, weight, list(stride), list(padding), list(dilation), groups,
-                        [bool(m) for m in mask], rows, grad_dtype or weight.dtype, may_defer)
+                        [bool(m) for m in mask], rows, grad_dtype or weight.dtype, may_defer, slot)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
@@ -252,37 +286,37 @@ class _Conv2d(torch.autograd.Function):
     on the main stream reads a gradient the side stream may still be computing, `deferred`)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows, dtype):
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows, dtype, slot):
         w = weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, w)
-        ctx.conv = (stride, padding, dilation, groups, rows)
+        ctx.conv = (stride, padding, dilation, groups, rows, slot)
         ctx.grad_dtype = weight.dtype
         return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        stride, padding, dilation, groups, rows = ctx.conv
+        stride, padding, dilation, groups, rows, slot = ctx.conv
         mask = ctx.needs_input_grad[:3]
         dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows,
-                                          ctx.grad_dtype, True)
-        return dx, dw, db, None, None, None, None, None, None
+                                          ctx.grad_dtype, True, slot)
+        return dx, dw, db, None, None, None, None, None, None, None
 
 
 def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
-           rows: int = ALL_ROWS) -> torch.Tensor:
+           rows: int = ALL_ROWS, slot: int = -1) -> torch.Tensor:
     """F.conv2d with the backward of this module (numeric padding, 4-D x): the two GEMMs apart
-    where batch x output height x width <= rows."""
+    where batch x output height x width <= rows; slot: its number for `deferred`'s sink."""
     args = (tuple(stride), tuple(padding), tuple(dilation), groups, rows)
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
-        return _Conv2d.apply(x, weight, bias, *args, weight.dtype)
+        return _Conv2d.apply(x, weight, bias, *args, weight.dtype, slot)
     # Cast as autocast casts conv2d's inputs: x outside the Function (its cast's backward runs on
     # the main stream, where dx is made), the parameters inside (above).
     dt = torch.get_autocast_dtype(dev)
     with torch.autocast(dev, enabled=False):
-        return _Conv2d.apply(x.to(dt), weight, bias, *args, dt)
+        return _Conv2d.apply(x.to(dt), weight, bias, *args, dt, slot)
 
 
 class OverlapConv2d(nn.Conv2d):
@@ -292,7 +326,7 @@ class OverlapConv2d(nn.Conv2d):
         if x.dim() != 4:  # unbatched (C, H, W): torch's module
             return super().forward(x)
         return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
-                      self.__dict__["overlap_rows"])
+                      self.overlap_rows, self.grad_slot)  # attributes: Dynamo guards on their values
 
 
 def _qualifies(m: nn.Module) -> bool:
@@ -312,7 +346,47 @@ def convert(model: nn.Module, mode: str) -> int:
         if mode == "off":
             m.__class__ = nn.Conv2d
             m.__dict__.pop("overlap_rows", None)
+            m.__dict__.pop("grad_slot", None)
         else:
             m.__class__ = OverlapConv2d
             m.__dict__["overlap_rows"] = max_rows(mode)
+            m.__dict__.setdefault("grad_slot", -1)
     return len(found) if mode != "off" else 0
+
+
+def set_slots(model: nn.Module, trainable: List[nn.Parameter]) -> Dict[int, Tuple[int, Optional[int], str]]:
+    """Number the overlapped convolutions (`convert`) whose parameters a sink may take (`deferred`):
+    slot -> (index in `trainable` of the weight, of the bias or None, the module's name). Only trainable weights
+    held in one place (a shared weight or module gets its gradient from two places; autograd
+    would add the returned placeholder to the other; fast.py also checks that each slot is
+    taken once per backward). Clears the slots of every other
+    convolution. A weight that a model also uses outside its module (F.conv2d(x, conv.weight))
+    must not be given a slot: the sink would see only this module's part of its gradient."""
+    where = {id(p): i for i, p in enumerate(trainable)}
+    holders: Dict[int, int] = {}  # parameter -> how many places in the model hold it
+    for _, m in model.named_modules(remove_duplicate=False):  # a module at two places counts twice
+        for p in m.parameters(recurse=False):
+            holders[id(p)] = holders.get(id(p), 0) + 1
+    slots: Dict[int, Tuple[int, Optional[int], str]] = {}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Conv2d):
+            continue
+        m.__dict__.pop("grad_slot", None)
+        if type(m) is not OverlapConv2d:
+            continue
+        m.__dict__["grad_slot"] = -1
+        w, b = m.weight, m.bias
+        if id(w) not in where or holders[id(w)] > 1 or (b is not None and b.requires_grad
+                                                         and (id(b) not in where or holders[id(b)] > 1)):
+            continue
+        slot = len(slots)
+        slots[slot] = (where[id(w)], where[id(b)] if b is not None and id(b) in where else None, name)
+        m.__dict__["grad_slot"] = slot
+    return slots
+
+
+def clear_slots(model: nn.Module) -> None:
+    """No convolution of model hands its gradients to a sink any more."""
+    for m in model.modules():
+        if type(m) is OverlapConv2d:
+            m.__dict__["grad_slot"] = -1

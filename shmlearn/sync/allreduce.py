@@ -27,6 +27,10 @@ class AllReduce(SyncStrategy):
     measures_noise = True
     control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 
+    @property
+    def updates_locally(self) -> bool:  # one worker: the average is its own gradient
+        return self.world_size == 1
+
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size > 1:
             with timer.phase("allreduce"):

@@ -167,21 +167,31 @@ class SyncStrategy(ABC):
     us on an H100, against 2.0 us for cat); cat's grid does not grow with large inputs (resnet18,
     11M values: 165 us, where the multi-tensor copy runs at the copy bandwidth, about 30 us)."""
 
-    def adopt_grads(self) -> None:
+    updates_locally: bool = False
+    """Whether this step's update reads this rank's own gradient alone (no collective before it),
+    so that a parameter may be updated as soon as the backward has made its gradient (the fast
+    step's update in the backward, fast.py)."""
+
+    def adopt_grads(self, taken=frozenset()) -> None:
         """After the backward: write every gradient into the flat buffer in one kernel (zeros
         for a parameter that got none, and for the control slots, as `zero_grad` leaves them)
-        and point .grad at its views again: one cat or one multi-tensor copy (CAT_MAX)."""
-        src = []
+        and point .grad at its views again: one cat or one multi-tensor copy (CAT_MAX). taken:
+        indices of parameters whose gradients are in the buffer already (the update in the
+        backward, fast.py); what their .grad holds now is dropped."""
+        src, dst = [], []
         for i, (p, view) in enumerate(zip(self._trainable, self._grad_views)):
             g = p.grad
+            p.grad = view
+            if i in taken:
+                continue
             if g is None:
                 g = self._zeros.get(i)
                 if g is None:
                     g = self._zeros[i] = torch.zeros_like(view)
             src.append(g)
-            p.grad = view
-        if self.grads_flat.numel() > self.CAT_MAX:
-            torch._foreach_copy_(self._grad_views + self._tail, src + self._tail_zeros)
+            dst.append(view)
+        if taken or self.grads_flat.numel() > self.CAT_MAX:
+            torch._foreach_copy_(dst + self._tail, src + self._tail_zeros)
             return
         # In the buffer's order: a view where g is laid out as its flat view (a copy if not).
         flat = [g.permute(order).reshape(-1) for g, order in zip(src, self._flat_orders)]

@@ -47,6 +47,7 @@ class Params:
 class WeightAveraging(SyncStrategy):
     name = "weight-avg"
     gated = True
+    updates_locally = True  # each replica steps on its own gradient; the weights are averaged after
 
     def __init__(self, *, rank: int, world_size: int, group=None, period: int = 1):
         super().__init__(rank=rank, world_size=world_size, group=group)

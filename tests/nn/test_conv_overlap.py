@@ -237,3 +237,60 @@ def test_a_run_with_every_convolution_split_is_the_same_run_and_says_so(tmp_path
     assert sum(type(m) is OverlapConv2d for m in runs[1].model.modules()) == 20
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_a_sink_takes_each_convolutions_gradients_as_torch_makes_them(autocast):
+    """Inside deferred(sink=...), a convolution with a slot hands dw and db (in the GEMM's dtype)
+    to the sink once per backward, through both paths (the first convolution needs no input
+    gradient: one call; the others split), and returns placeholders of the parameters' shape."""
+    ref = _net().to(memory_format=torch.channels_last)
+    net = copy.deepcopy(ref)
+    conv_overlap.convert(net, "all")
+    trainable = list(net.parameters())
+    slots = conv_overlap.set_slots(net, trainable)
+    convs = [n for n, m in net.named_modules() if type(m) is OverlapConv2d]
+    assert [s[2] for s in slots.values()] == convs
+    x = torch.randn(4, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    _, g_r = _grads(ref, x, autocast=autocast)
+    taken = {}
+
+    def sink(slot, dw, db):
+        assert slot not in taken
+        taken[slot] = (dw.clone(), None if db is None else db.clone())
+
+    with conv_overlap.deferred(torch.device("cpu"), sink=sink):
+        _grads(net, x, autocast=autocast)
+    names = dict(net.named_parameters())
+    assert sorted(taken) == sorted(slots)
+    for slot, (w, b, name) in slots.items():
+        dw, db = taken[slot]
+        assert dw.dtype == (torch.bfloat16 if autocast else torch.float32)
+        assert dw.stride() == names[name + ".weight"].stride()  # laid out as the parameter
+        assert torch.equal(dw.float(), g_r[name + ".weight"])  # autocast's cast back is exact
+        assert (db is None) == (b is None)
+        if db is not None:
+            assert torch.equal(db.float(), g_r[name + ".bias"])
+        assert names[name + ".weight"].grad.shape == names[name + ".weight"].shape  # a placeholder
+    # Without a sink, the same modules return the gradients again.
+    _, g = _grads(net, x, autocast=autocast)
+    for name in g_r:
+        assert torch.equal(g[name], g_r[name]), name
+
+
+def test_slots_skip_shared_weights_and_modules_and_clear():
+    net = _net()
+    shared = net[3]
+    net.add_module("again", shared)  # one module at two places
+    tied = nn.Conv2d(16, 16, 3, padding=2, dilation=2, groups=4)
+    tied.weight = net[5].weight  # one weight in two modules
+    net.add_module("tied", tied)
+    net[7].weight.requires_grad_(False)  # frozen: not trainable
+    conv_overlap.convert(net, "all")
+    trainable = [p for p in net.parameters() if p.requires_grad]
+    slots = conv_overlap.set_slots(net, trainable)
+    assert [s[2] for s in slots.values()] == ["0"]
+    assert slots[0] == (0, None, "0")
+    assert net[0].grad_slot == 0 and net[3].grad_slot == -1
+    conv_overlap.clear_slots(net)
+    assert all(m.grad_slot == -1 for m in net.modules() if type(m) is OverlapConv2d)
