@@ -82,6 +82,13 @@ AGREE_DEFER = (
     ("resnet18", 128, "eager", "allreduce:serial-conv,allreduce:joined-conv,allreduce,allreduce:all-conv"),
     ("resnet34", 1024, "compiled", "allreduce:compile+serial-conv,allreduce:compile+all-conv"))
 """agree-defer: (model, batch, kind, variants) of benchmarks/step_agreement.py, the first variant the reference."""
+AGREE_EARLY = (
+    ("resnet18", 128, "compiled", "allreduce:compile+no-combo+late-update,allreduce:compile+no-combo,"
+                                  "allreduce:compile+no-combo+joined-conv"),
+    ("resnet18", 128, "eager", "allreduce:late-update,allreduce"),
+    ("resnet34", 128, "compiled", "allreduce:compile+no-combo+late-update,allreduce:compile+no-combo"))
+"""Eighth round: the update in the backward (the default) against the update after it, bit for bit
+with deterministic cuDNN (combo kernels off: their own autotuning sums in another order)."""
 DEFER2_VARIANTS = ("allreduce:compile,allreduce:compile+2-streams,allreduce:compile+combo,allreduce:compile+aggressive,"
                    "allreduce:compile+no-split,allreduce:compile+serial-conv")
 """Seventh round, second run: the new default (--conv-overlap auto = all, deferred), with the weight
@@ -383,6 +390,24 @@ def part_commands(p: str, workers: str) -> dict:
                                "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                "--variants", "compile",
                                "--out", os.path.join(p("roofline-defer"), "profile-resnet18.json")), 300),
+        # Eighth round: each convolution's SGD step inside the backward (--update-in-backward auto,
+        # on here) against the update after it (late-update); bit for bit first, then the timings
+        # for issue 18's acceptance 1 and 2, and the profile of resnet34 at 128 (acceptance 3).
+        "tput-early-128": (_gpu_bench(p("tput-early-128"), [
+            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+late-update")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
+        "agree-early": (["bash", "-c", "; ".join(
+            shlex.join(_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", m, "--batch",
+                           str(b), "--steps", "30", "--variants", variants,
+                           "--out", os.path.join(p("agree-early"), f"{m}-b{b}-{kind}.json")))
+            for m, b, kind, variants in AGREE_EARLY)], 560),
+        "tput-early-1024": (_gpu_bench(p("tput-early-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+late-update")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 560),
+        "roofline-early": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
+                               "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
+                               "--variants", "compile",
+                               "--out", os.path.join(p("roofline-early"), "profile-resnet34.json")), 300),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
