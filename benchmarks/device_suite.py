@@ -42,6 +42,15 @@ SEED_GRID = ("--model", "alexnet-small", "--dataset", "fashion-mnist", "--sample
 uniform init and L2 (plain SGD: the seed's 0.9 momentum goes with its lr 0.001, seed 001)."""
 
 
+def _inductor_knobs(*mods: str) -> list:
+    """Those of the bench modifiers `mods` (each a + list) whose Inductor options this torch has."""
+    import torch._inductor.config as config
+    from shmlearn.bench.throughput import MODIFIERS
+    known = set(config._config) if hasattr(config, "_config") else set(dir(config))
+    return [m for m in mods if all(k in known for part in m.split("+")
+                                   for k, _ in MODIFIERS[part].get("inductor", ()))]
+
+
 def _gpu_bench(folder: str, runs) -> list:
     """Issue 18: `bench throughput` on one GPU (bf16, channels_last, 5 repeats of 0.2 s), one
     process and one JSON (folder/throughput-MODEL-bBATCH.json) per (model, input, batch,
@@ -404,6 +413,10 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-early-1024": (_gpu_bench(p("tput-early-1024"), [
             (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+late-update")
             for m in ("resnet34", "resnet18", "alexnet-small")]), 560),
+        "tput-knobs-128": (_gpu_bench(p("tput-knobs-128"), [
+            (m, "3x32x32", 128, "graph,compile", ",".join(["allreduce:compile"] + [
+                f"allreduce:compile+{k}" for k in _inductor_knobs("pdl", "coop", "pdl+coop", "combo16", "no-mix-order")]))
+            for m in ("resnet34", "resnet18")]), 580),
         "roofline-early": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                                "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                "--variants", "compile",
