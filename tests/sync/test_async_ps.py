@@ -12,21 +12,33 @@ import torch
 import shmlearn
 from shmlearn.config import TrainConfig, validate
 from shmlearn.errors import BadInput
+from shmlearn.pool import Pool, using
 
 
-def _run(tmp_path, name, **kw):
+@pytest.fixture(scope="module")
+def pool():
+    """One pool of workers for the module's in-process runs (it grows to the 4 processes of 3
+    workers and the server): a fresh train() spends ~5 s of a loaded 2-core machine on spawning
+    and importing its processes, more than these runs train (tests/test_pool.py: a pooled run
+    is a fresh one bit for bit)."""
+    with Pool(2) as p:
+        yield p
+
+
+def _run(pool, tmp_path, name, **kw):
     cfg = dict(dataset="digits", model="mlp", workers=2, samples=2 * 32 * 40, eval_points=2, log_every=1,
                progress=False, out=str(tmp_path / name), device="cpu")
     cfg.update(kw)
-    res = shmlearn.train(TrainConfig(**cfg))
+    with using(pool):
+        res = shmlearn.train(TrainConfig(**cfg))
     losses = [json.loads(line)["loss"] for line in open(tmp_path / name / "metrics.jsonl")]
     return res, losses
 
 
 @pytest.mark.parametrize("optimizer", ["momentum", "adam"])  # fused SGD on the server; any other optimizer
-def test_staleness_0_is_the_dedicated_parameter_server_bit_for_bit(tmp_path, optimizer):
-    ps, ps_losses = _run(tmp_path, "ps", strategy="ps", ps_dedicated=True, optimizer=optimizer, lr=0.01)
-    ap, ap_losses = _run(tmp_path, "async", strategy="async-ps", staleness=0, optimizer=optimizer, lr=0.01)
+def test_staleness_0_is_the_dedicated_parameter_server_bit_for_bit(pool, tmp_path, optimizer):
+    ps, ps_losses = _run(pool, tmp_path, "ps", strategy="ps", ps_dedicated=True, optimizer=optimizer, lr=0.01)
+    ap, ap_losses = _run(pool, tmp_path, "async", strategy="async-ps", staleness=0, optimizer=optimizer, lr=0.01)
     assert ap.summary["step_mode"] == "free-running"
     assert ap_losses == ps_losses and len(ap_losses) == 40
     for a, b in zip(ap.model.parameters(), ps.model.parameters()):
@@ -43,8 +55,8 @@ def _lags(summary):
 
 
 @pytest.mark.parametrize("staleness", [1, 3])
-def test_staleness_s_bounds_every_lag_and_every_update_averages_w_gradients(tmp_path, staleness):
-    res, losses = _run(tmp_path, f"s{staleness}", strategy="async-ps", staleness=staleness, workers=3,
+def test_staleness_s_bounds_every_lag_and_every_update_averages_w_gradients(pool, tmp_path, staleness):
+    res, losses = _run(pool, tmp_path, f"s{staleness}", strategy="async-ps", staleness=staleness, workers=3,
                        samples=3 * 32 * 60)
     s = res.summary
     assert s["strategy_params"] == {"staleness": staleness}
@@ -78,10 +90,11 @@ def test_a_straggler_gives_fewer_gradients_and_paces_nobody(tmp_path):
     assert max(_lags(s)) <= 2 and s["applied_gradients"] == 3 * 150
 
 
-def test_staleness_2_on_three_workers_learns_digits(tmp_path):
+def test_staleness_2_on_three_workers_learns_digits(pool, tmp_path):
     """Issue 17, acceptance 2: shmlearn train --strategy async-ps --workers 3 --staleness 2."""
-    res = shmlearn.train(TrainConfig(strategy="async-ps", workers=3, staleness=2, progress=False, device="cpu",
-                                     out=str(tmp_path / "run")))
+    with using(pool):
+        res = shmlearn.train(TrainConfig(strategy="async-ps", workers=3, staleness=2, progress=False,
+                                         device="cpu", out=str(tmp_path / "run")))
     assert res.summary["test_accuracy"] >= 0.95, res.summary["test_accuracy"]
     assert max(_lags(res.summary)) <= 2
 
@@ -106,16 +119,32 @@ def test_simulate_predicts_async_ps_as_the_dedicated_server_at_staleness_0_and_h
     assert s2["step_s"] < s0["step_s"]
 
 
-@pytest.mark.parametrize("fault", ["kill:2:20", "stop:1:20"])
-def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(tmp_path, fault):
+FAULTS = ["kill:2:20", "stop:1:20"]
+
+
+@pytest.fixture(scope="module")
+def faulted(tmp_path_factory):
+    """Both faulted runs, started together: each spends most of its time waiting out --timeout 5
+    (CPU idle), so together they take little more than one. {fault: (result, seconds)}."""
     import time
-    t0 = time.monotonic()
-    r, _ = _cli(tmp_path, "run", "--strategy", "async-ps", "--workers", "2", "--staleness", "2",
-                "--samples", "8192", "--timeout", "5", fault=fault, timeout_s=120)
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(fault):
+        t0 = time.monotonic()
+        r, _ = _cli(tmp_path_factory.mktemp("faulted"), "run", "--strategy", "async-ps", "--workers", "2",
+                    "--staleness", "2", "--samples", "8192", "--timeout", "5", fault=fault, timeout_s=120)
+        return r, time.monotonic() - t0
+    with ThreadPoolExecutor(len(FAULTS)) as ex:
+        return dict(zip(FAULTS, ex.map(one, FAULTS)))
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_a_dead_or_hung_worker_is_named_and_never_hangs_the_server(faulted, fault):
+    r, elapsed = faulted[fault]
     assert r.returncode == 1, r.stderr
     rank = fault.split(":")[1]
     assert f"rank {rank}" in r.stderr and "Traceback" not in r.stderr, r.stderr
-    assert time.monotonic() - t0 < 100  # the server gave up after --timeout, it did not wait forever
+    assert elapsed < 100  # the server gave up after --timeout, it did not wait forever
 
 
 def test_the_protocol_replayed_on_a_clock_keeps_the_servers_rules():
