@@ -101,20 +101,33 @@ def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, args, flag, 
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
+@pytest.fixture(scope="module")
+def pool():
+    """The runs below that take two processes (async-ps, a dedicated server) share one pool: a
+    fresh train() spawns and imports both for a run of a few steps."""
+    from shmlearn.pool import Pool
+    with Pool(2) as p:
+        yield p
+
+
 @pytest.mark.parametrize("strategy", list(STRATEGY_PARAMS))
-def test_summary_records_strategy_params(tmp_path, strategy):
+def test_summary_records_strategy_params(tmp_path, pool, strategy):
     import shmlearn
+    from shmlearn.pool import using
     config, params = STRATEGY_PARAMS[strategy]
-    res = shmlearn.train(TrainConfig(strategy=strategy, workers=1, samples=256, eval_points=1, progress=False,
-                                     out=str(tmp_path / "run"), **config))
+    with using(pool):
+        res = shmlearn.train(TrainConfig(strategy=strategy, workers=1, samples=256, eval_points=1, progress=False,
+                                         out=str(tmp_path / "run"), **config))
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert res.summary["strategy_params"] == on_disk["strategy_params"] == params
 
 
-def test_summary_records_a_dedicated_server(tmp_path):
+def test_summary_records_a_dedicated_server(tmp_path, pool):
     import shmlearn
-    res = shmlearn.train(TrainConfig(strategy="ps", ps_dedicated=True, workers=1, samples=256, eval_points=1,
-                                     progress=False, out=str(tmp_path / "run")))
+    from shmlearn.pool import using
+    with using(pool):
+        res = shmlearn.train(TrainConfig(strategy="ps", ps_dedicated=True, workers=1, samples=256, eval_points=1,
+                                         progress=False, out=str(tmp_path / "run")))
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["strategy_params"] == {"dedicated": True} and (s["workers"], s["processes"]) == (1, 2)
     assert res.summary["strategy_params"] == {"dedicated": True}
