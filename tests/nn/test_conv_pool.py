@@ -1,12 +1,7 @@
 """shmlearn/nn/conv_pool.py: the fused conv + ReLU + 2x2 max-pool kernels (in Triton's interpreter on
 the CPU) against F.conv2d -> F.relu -> F.max_pool2d, and --conv-pool against the same run without it."""
 import copy
-import functools
 import os
-import subprocess
-import sys
-import tempfile
-import xml.etree.ElementTree as ET
 
 import pytest
 import torch
@@ -14,62 +9,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn.conv_pool import ConvReluPool2d, FusedMaxPool2d, FusedReLU, blocks, convert
+from triton_interp import interpreted_together as interpreted
 
-# The interpreted tests below: as triton_interp.interpreted (Triton's interpreter must be chosen
-# before Triton is first imported, so they run in a fresh pytest process with TRITON_INTERPRET=1),
-# but the ones this session selected share ONE such process, started by the first of them (a
-# process of its own each cost ~3 s of imports apiece, 15 s of the module's 38). Each test then
-# passes or fails on its own outcome there, with that process's report of it. Between them
-# _fresh_kernel_settings puts back the module settings a test changes, as a process of its own had.
-_INTERPRETED = "_interpreted_here"
-_batch = {"nodes": [], "outcomes": None}
-
-
-def interpreted(test):
-    @functools.wraps(test)
-    def run(*args, **kwargs):
-        pytest.importorskip("triton")
-        if os.environ.get("TRITON_INTERPRET") == "1":
-            return test(*args, **kwargs)
-        if _batch["outcomes"] is None:
-            _batch["outcomes"] = _run_interpreted(_batch["nodes"])
-        node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
-        outcome, report = _batch["outcomes"].get(node.rsplit("::", 1)[1], ("missing", _batch["outcomes"].get("")))
-        if outcome == "skipped":
-            pytest.skip(f"in Triton's interpreter: {report}")
-        assert outcome == "passed", f"{node} in Triton's interpreter: {outcome}\n{report}"
-    setattr(run, _INTERPRETED, True)
-    return run
-
-
-def _run_interpreted(nodes):
-    """{test name: (passed|failed|error|skipped, report)} of one pytest process with TRITON_INTERPRET=1
-    over `nodes`; under "": that process's output tail (its report when it left none per test)."""
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    with tempfile.TemporaryDirectory() as d:
-        xml = os.path.join(d, "interpreted.xml")
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={xml}",
-                            *nodes], env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                           cwd=root)
-        tail = f"exit {r.returncode}\n" + r.stdout[-3000:] + r.stderr[-2000:]
-        outcomes = {"": ("", tail)}
-        if os.path.exists(xml):
-            for case in ET.parse(xml).getroot().iter("testcase"):
-                bad = [e for e in case if e.tag in ("failure", "error", "skipped")]
-                outcomes[case.get("name")] = ((bad[0].tag, (bad[0].get("message") or "") + "\n" + (bad[0].text or ""))
-                                              if bad else ("passed", ""))
-    return outcomes
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _interpreted_nodes(request):
-    """This module's interpreted tests in the session's selection, in order (in the parent process)."""
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        here = os.path.abspath(__file__)
-        _batch["nodes"] = [item.nodeid for item in request.session.items
-                           if os.path.abspath(str(item.fspath)) == here and getattr(item.obj, _INTERPRETED, False)]
-        _batch["outcomes"] = None
-    yield
+# The interpreted tests share one process (triton_interp.interpreted_together; a process of its own
+# each cost ~3 s of imports apiece, 15 s of the module's 38). Between them _fresh_kernel_settings
+# puts back the module settings a test changes, as a process of its own had.
 
 
 @pytest.fixture(autouse=True)

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn.image_conv import ImageConv2d, convert, im2col_conv2d, qualifies
-from triton_interp import interpreted
+from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
 def _matches_conv2d(conv, x, cout, k, stride, padding, bias, tol):

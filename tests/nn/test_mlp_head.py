@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 from shmlearn.nn.mlp_head import FusedHeadLinear, FusedHeadReLU, MLPHead, convert, heads
-from triton_interp import interpreted
+from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
 def _head(sizes, bias=True):
