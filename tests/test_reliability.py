@@ -66,32 +66,43 @@ def reference(tmp_path_factory):
     return out
 
 
-def test_resume_after_a_killed_worker_equals_uninterrupted(reference, tmp_path):
+@pytest.fixture(scope="module")
+def killed(tmp_path_factory):
+    """A 2-worker run with checkpoints every 40 steps whose rank 1 is killed at step 170: the run
+    every resume below starts from, copied (--out is not part of what a checkpoint must agree on),
+    as one killed run per test would have left it."""
+    out = tmp_path_factory.mktemp("killed") / "run"
+    r = run(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)], fault="kill:1:170")
+    return out, r
+
+
+def _copy_of(killed, out):
+    shutil.copytree(killed[0], out)
+    return BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
+
+
+def test_resume_after_a_killed_worker_equals_uninterrupted(reference, killed, tmp_path):
     out = tmp_path / "run"
-    args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
-    r = run(args, fault="kill:1:130")
+    r = killed[1]
     assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
-    assert ckpt.candidates(str(out))[0] == 120
+    assert ckpt.candidates(str(killed[0]))[0] == 160
+    args = _copy_of(killed, out)
     r = run(args + ["--resume"])
     assert r.returncode == 0, r.stderr
     s = summary(out)
-    assert (s["samples_seen"], s["steps"], s["resumed_from_step"]) == (12800, 200, 120)
+    assert (s["samples_seen"], s["steps"], s["resumed_from_step"]) == (12800, 200, 160)
     assert_same_weights(final_weights(out), final_weights(reference))
     steps = [json.loads(l)["step"] for l in open(out / "metrics.jsonl")]
     assert steps == sorted(set(steps)) and steps[-1] == 200  # no duplicate or missing rows
 
 
-def test_damaged_checkpoints_fall_back_to_the_previous_good_one(reference, tmp_path):
-    # One killed run, copied once per damage (the same files three killed runs would leave: --out
-    # is not part of what a checkpoint must agree on).
-    killed = tmp_path / "killed"
-    assert run(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(killed)],
-               fault="kill:0:170").returncode == 1
-    assert ckpt.candidates(str(killed))[:2] == [160, 120]
+def test_damaged_checkpoints_fall_back_to_the_previous_good_one(reference, killed, tmp_path):
+    # The killed run, copied once per damage (the same files three killed runs would leave).
+    assert killed[1].returncode == 1
+    assert ckpt.candidates(str(killed[0]))[:2] == [160, 120]
     for damage in ("truncate", "flip", "unrenamed"):
         out = tmp_path / damage
-        args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
-        shutil.copytree(killed, out)
+        args = _copy_of(killed, out)
         newest = ckpt.step_dir(str(out), 160)
         f = os.path.join(newest, "rank1.ckpt")
         raw = open(f, "rb").read()
@@ -121,16 +132,14 @@ def test_no_good_checkpoint_is_exit_2(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and "no usable checkpoint" in r.stderr
 
 
-def test_a_resume_mismatch_names_each_checkpoint_once(tmp_path):
-    out = tmp_path / "run"
-    args = BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
-    assert run(args, fault="raise:0:90").returncode == 1
+def test_a_resume_mismatch_names_each_checkpoint_once(killed, tmp_path):
+    args = _copy_of(killed, tmp_path / "run")
     r = run(args + ["--resume", "--lr", "0.1"])
     lines = r.stderr.strip().splitlines()
     assert r.returncode == 2 and len(lines) == 1, r.stderr
     # both ranks find the same mismatch: each step was listed once per rank
-    assert lines[0].endswith("no usable checkpoint (step 80: written with different lr; "
-                             "step 40: written with different lr)"), r.stderr
+    assert lines[0].endswith("no usable checkpoint (step 160: written with different lr; "
+                             "step 120: written with different lr)"), r.stderr
 
 
 def run_together(**calls):
@@ -299,11 +308,18 @@ def test_a_kill_during_the_first_checkpoint_leaves_a_resumable_run(tmp_path):
     assert s["status"] == "completed" and s["steps"] == s["planned_steps"] and not s["resumed_from_step"]
 
 
-def test_resume_without_any_checkpoint_starts_clean(tmp_path):
-    out = tmp_path / "run"
-    args = BASE + ["--workers", "1", "--out", str(out)]
-    assert run(args, fault="raise:0:50").returncode == 1
-    r = run(args + ["--resume"])
+@pytest.fixture(scope="module")
+def raised(tmp_path_factory):
+    """A 1-worker run without checkpoints that fails at step 50: the failure's one line, and the run
+    a --resume finds no checkpoint in."""
+    out = tmp_path_factory.mktemp("raised") / "run"
+    return out, run(BASE + ["--workers", "1", "--out", str(out)], fault="raise:0:50")
+
+
+def test_resume_without_any_checkpoint_starts_clean(raised):
+    out, r = raised
+    assert r.returncode == 1
+    r = run(BASE + ["--workers", "1", "--out", str(out), "--resume"])
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stdout.splitlines() if "--resume" in line]  # it was silent
     assert said == [f"shmlearn: --resume: no complete checkpoint in {out}; starting from step 0"], r.stdout
@@ -312,8 +328,8 @@ def test_resume_without_any_checkpoint_starts_clean(tmp_path):
     assert steps[0] == 0 and steps.count(0) == 1, steps
 
 
-def test_a_failure_at_one_worker_is_one_line(tmp_path):
-    r = run(BASE + ["--workers", "1", "--out", str(tmp_path / "run")], fault="raise:0:5")
+def test_a_failure_at_one_worker_is_one_line(raised):
+    r = raised[1]
     assert r.returncode == 1 and _one_line(r) and "rank 0: RuntimeError: injected fault" in r.stderr, r.stderr
 
 
