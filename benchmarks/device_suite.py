@@ -45,6 +45,8 @@ uniform init and L2 (plain SGD: the seed's 0.9 momentum goes with its lr 0.001, 
 def _inductor_knobs(*mods: str) -> list:
     """Those of the bench modifiers `mods` (each a + list) whose Inductor options this torch has."""
     import torch._inductor.config as config
+    if ROOT_DIR not in sys.path:  # run as a script from benchmarks/
+        sys.path.insert(0, ROOT_DIR)
     from shmlearn.bench.throughput import MODIFIERS
     known = set(config._config) if hasattr(config, "_config") else set(dir(config))
     return [m for m in mods if all(k in known for part in m.split("+")
@@ -416,7 +418,7 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-knobs-128": (_gpu_bench(p("tput-knobs-128"), [
             (m, "3x32x32", 128, "graph,compile", ",".join(["allreduce:compile"] + [
                 f"allreduce:compile+{k}" for k in _inductor_knobs("pdl", "coop", "pdl+coop", "combo16", "no-mix-order")]))
-            for m in ("resnet34", "resnet18")]), 580),
+            for m in ("resnet34",)]), 580),
         "roofline-early": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                                "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                "--variants", "compile",
@@ -437,9 +439,11 @@ def _done(root, name):
 def _alive(root) -> bool:
     try:
         with open(os.path.join(root, "runner.pid")) as f:
-            os.kill(int(f.read()), 0)
-        return True
-    except (OSError, ValueError):
+            pid = int(f.read())
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as f:  # a dead runner nobody reaped is a zombie, not alive
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, ValueError, IndexError):
         return False
 
 
