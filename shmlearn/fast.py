@@ -365,24 +365,42 @@ class Stepper:
         early = adopt and self.early_update
         if early:
             self._taken = [0] * len(self._slots)
+            self._placed = {}
         with conv_overlap.deferred(self.device, adopt and self.deferred, self.opts.side_streams,
                                    sink=self._take if early else None):
             loss = self._forward_backward(x, y, gate=early)
         if early:
             self._check_taken()
+            self._check_placeholders()
         if adopt:
             s.adopt_grads(s.flat_update.early if early else frozenset())
         return loss
 
-    def _take(self, slot: int, dw, db) -> None:
+    def _take(self, slot: int, dw, db, placeholders) -> None:
         """The sink of conv_overlap.deferred (update in the backward): convolution `slot`'s
         gradients into the flat buffer and their SGD step, on the stream that made them."""
         w, b, _ = self._slots[slot]
         self._taken[slot] += 1
+        for i, t in zip((w, b), placeholders):
+            if i is not None and t is not None:
+                self._placed[i] = t.data_ptr()
         if dw is not None:
             self.strategy.flat_update.take(w, dw)
         if db is not None and b is not None:
             self.strategy.flat_update.take(b, db)
+
+    def _check_placeholders(self) -> None:
+        """After such a backward, on the host: each parameter updated in it must hold the op's
+        placeholder as its .grad. Another tensor there means autograd added a gradient from
+        elsewhere (the weight used outside its module too), which the update did not see: an
+        error, in the warm-up of a captured step (whose updates are skipped) or the first step."""
+        s = self.strategy
+        for w, b, name in self._slots.values():
+            for i in (w, b):
+                g = s._trainable[i].grad if i is not None else None
+                if g is not None and i in self._placed and g.data_ptr() != self._placed[i]:
+                    raise RuntimeError(f"--update-in-backward: {name}'s parameters get gradients from outside "
+                                       "the module too; run with --update-in-backward off")
 
     def _check_taken(self) -> None:
         """After a backward that updated its convolutions (on the host: when a step runs eagerly

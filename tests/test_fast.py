@@ -283,7 +283,8 @@ def test_combo_kernels_auto_is_on_for_small_image_batches_on_cuda_only():
 
 class _ConvNet(torch.nn.Module):
     """digits as 1x8x8 images: conv (no bias) + BatchNorm, conv (bias), linear. extra: a third
-    convolution that runs only on even steps ("sometimes") or the second one twice ("twice")."""
+    convolution that runs only on even steps ("sometimes"), the second one twice ("twice"), or its
+    weight used outside it as well ("outside")."""
 
     def __init__(self, extra=None):
         super().__init__()
@@ -298,6 +299,8 @@ class _ConvNet(torch.nn.Module):
         x = torch.relu(self.c2(x))
         if self.extra == "twice":
             x = torch.relu(self.c2(x))
+        if self.extra == "outside":  # c2's weight used outside its module as well
+            x = x + torch.nn.functional.conv2d(x, self.c2.weight, padding=1)
         if self.extra == "sometimes":
             self.calls += 1
             if self.calls % 2:
@@ -355,10 +358,15 @@ def test_update_in_backward_is_the_update_after_it_bit_for_bit(monkeypatch):
 
 
 @interpreted
-def test_update_in_backward_refuses_a_convolution_run_twice(monkeypatch):
-    st = _early_stepper(monkeypatch, "on", extra="twice")
-    with pytest.raises(RuntimeError, match="convolution c2 ran more than once"):
-        _train(st, 2)
+def test_update_in_backward_refuses_a_convolution_run_twice_or_a_weight_used_outside_it(monkeypatch):
+    for extra, message in (("twice", "convolution c2 ran more than once"),
+                           ("outside", "c2's parameters get gradients from outside the module")):
+        st = _early_stepper(monkeypatch, "on", extra=extra)
+        before = st.strategy.params_flat.clone()
+        with pytest.raises(RuntimeError, match=message):
+            _train(st, 2)
+        if extra == "outside":  # caught before any update was applied? no: eagerly, in the first step
+            assert not torch.equal(before, st.strategy.params_flat)
 
 
 def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):

@@ -113,8 +113,10 @@ def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
     return _SIDE[key]
 
 
-Sink = Callable[[int, torch.Tensor, Optional[torch.Tensor]], None]
-"""sink(slot, dw, db): takes a convolution's weight (and bias) gradient for good (`deferred`)."""
+Sink = Callable[[int, Optional[torch.Tensor], Optional[torch.Tensor], tuple], None]
+"""sink(slot, dw, db, placeholders): takes a convolution's weight (and bias) gradient for good
+(`deferred`); placeholders: the (dw, db) tensors the op returns in their place, so that the
+caller can tell them from a gradient that autograd summed with another."""
 
 
 @contextlib.contextmanager
@@ -191,7 +193,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
     if not split:
         dx, dw, db = half([need_dx, need_dw, need_db])
         if sink is not None:
-            sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None)
+            sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None, placeholders)
             dw, db = placeholders
         else:
             dw, db = params(dw, db)
@@ -216,7 +218,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
                 # gradient's GEMM (just queued on main) reads and the sink is about to update.
                 side.wait_stream(main)
             with torch.cuda.stream(side):
-                sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None)
+                sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None, placeholders)
             dw, db = placeholders
         if side is not None and defer:
             # Left running: the allocator must not hand out what the side stream still reads
