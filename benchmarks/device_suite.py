@@ -419,6 +419,12 @@ def part_commands(p: str, workers: str) -> dict:
             (m, "3x32x32", 128, "graph,compile", ",".join(["allreduce:compile"] + [
                 f"allreduce:compile+{k}" for k in _inductor_knobs("pdl", "coop", "pdl+coop", "combo16", "no-mix-order")]))
             for m in ("resnet34",)]), 580),
+        "tput-prio": (["bash", "-c", "; ".join([shlex.join(_py(
+            os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", "resnet18", "--batch", "128",
+            "--steps", "30", "--variants", "allreduce:compile+normal-priority,allreduce:compile",
+            "--out", os.path.join(p("tput-prio"), "agree-resnet18-b128.json")))] + _gpu_bench(p("tput-prio"), [
+                (m, "3x32x32", b, "graph,compile", "allreduce:compile,allreduce:compile+normal-priority")
+                for m, b in (("resnet34", 128), ("resnet18", 128), ("resnet34", 1024))])[2:])], 580),
         "roofline-early": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                                "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                "--variants", "compile",

@@ -133,6 +133,11 @@ class StepOptions:
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
     update_in_backward: str = "auto"
     """EARLY_UPDATE: on, off, or auto (on wherever it can run: `Stepper._early_why_not`)."""
+    high_priority_capture: bool = True
+    """CUDA graphs: capture the step on a stream of the highest priority, so that its kernels run
+    before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
+    priority) when both have blocks waiting: torch instantiates graphs with per-node priorities.
+    False: the default priority for both (the bench's `normal-priority` modifier)."""
 
 
 @dataclass
@@ -668,8 +673,11 @@ class Stepper:
         """fn's device work captured in a CUDA graph (fn does not run); replay() runs it. In
         the memory pool self._pool (the step's graphs share one, `_capture`), else its own."""
         g = torch.cuda.CUDAGraph()
+        stream = None
+        if self.opts.high_priority_capture:  # a large negative number maps to the highest priority
+            stream = torch.cuda.Stream(self.device, priority=-100)
         # thread_local: other threads (NCCL's watchdog, the heartbeat) may make CUDA calls.
-        with torch.cuda.graph(g, pool=self._pool, capture_error_mode="thread_local"):
+        with torch.cuda.graph(g, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             fn()
         return g
 

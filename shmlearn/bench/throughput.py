@@ -87,7 +87,8 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "coop": {"inductor": (("triton.cooperative_reductions", True),)},
              "combo16": {"inductor": (("combo_kernel_max_num_nodes", 16),)},
              "no-mix-order": {"inductor": (("triton.mix_order_reduction", False),)},
-             "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"}}
+             "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
+             "normal-priority": {"high_priority_capture": False}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 

@@ -109,6 +109,8 @@ def _index(device: torch.device) -> int:
 def _side_stream(device: torch.device, i: int = 0) -> "torch.cuda.Stream":
     key = (_index(device), i)
     if key not in _SIDE:
+        # The default priority is the lowest: in a step captured at a higher one (fast.py's
+        # high_priority_capture) the weight GEMMs yield SMs to the critical path.
         _SIDE[key] = torch.cuda.Stream(device=key[0])
     return _SIDE[key]
 
