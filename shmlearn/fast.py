@@ -95,6 +95,10 @@ class StepOptions:
     """Graph mode: run one step in this many eagerly, with phase timing."""
     cudnn_benchmark: bool = True
     """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
+    cudnn_benchmark_limit: Optional[int] = None
+    """How many of cuDNN's algorithms that timing tries per shape (torch.backends.cudnn.
+    benchmark_limit; 0: all of them); None leaves torch's setting (10) alone. Process-wide, as
+    torch's flag is (the bench's `cudnn-all` modifier)."""
     compile: str = "off"
     """COMPILE: off, default, max-autotune or auto."""
     image_conv: str = "auto"
@@ -199,6 +203,8 @@ class Stepper:
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
+            if opts.cudnn_benchmark_limit is not None:
+                torch.backends.cudnn.benchmark_limit = opts.cudnn_benchmark_limit
         if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
             raise BadInput(why)
         if opts.conv_pool == "triton" and (why := conv_pool.usable(device)):

@@ -88,7 +88,8 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "combo16": {"inductor": (("combo_kernel_max_num_nodes", 16),)},
              "no-mix-order": {"inductor": (("triton.mix_order_reduction", False),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
-             "normal-priority": {"high_priority_capture": False}}
+             "normal-priority": {"high_priority_capture": False},
+             "cudnn-all": {"cudnn_benchmark_limit": 0}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
