@@ -209,29 +209,35 @@ def _ddp_worker(rank, world, port, tmp):
     os._exit(0)
 
 
-def test_dedicated_server_measures_its_one_workers_half_batches(tmp_path):
-    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+@pytest.fixture(scope="module")
+def ddp_runs(tmp_path_factory):
+    """_ddp_worker's three runs on 2 Gloo processes, once for the two tests that read them."""
+    tmp = tmp_path_factory.mktemp("ddp")
+    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp)), nprocs=2, join=True)
+    return tmp
+
+
+def test_dedicated_server_measures_its_one_workers_half_batches(ddp_runs, tmp_path):
     cfg = TrainConfig(model="mlp", dataset="digits", strategy="allreduce", optimizer="momentum", lr=0.05,
                       batch_size=B, samples=80 * B, workers=1, eval_points=1, progress=False, noise_scale=True,
                       noise_every=DDP_EVERY, out=str(tmp_path / "allreduce-w1"))
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local", master_port=free_port())
     ref = run_worker(cfg, env).summary
-    ps = json.load(open(tmp_path / "ps-dedicated-w1" / "summary.json"))
+    ps = json.load(open(ddp_runs / "ps-dedicated-w1" / "summary.json"))
     assert ps["workers"] == 1 and ps["noise_scale"]["b_small"] == B / 2 and ps["noise_scale"]["steps"] == 27
     assert ps["gradient_noise_scale"] == pytest.approx(ref["gradient_noise_scale"], rel=1e-4)
 
 
-def test_ddp_measures_what_allreduce_measures(tmp_path):
+def test_ddp_measures_what_allreduce_measures(ddp_runs):
     """DDP's communication hook carries the same scalar through its bucket all-reduce, on the
     measured steps only (every 3rd): on the same batches and weights it reports allreduce's
     estimates, step by step."""
-    mp.spawn(_ddp_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
-    a, d = (json.load(open(tmp_path / s / "summary.json")) for s in ("allreduce", "ddp"))
+    a, d = (json.load(open(ddp_runs / s / "summary.json")) for s in ("allreduce", "ddp"))
     assert d["gradient_noise_scale"] == pytest.approx(a["gradient_noise_scale"], rel=1e-4)
     assert d["noise_scale"]["steps"] == a["noise_scale"]["steps"] == 27  # steps 0, 3, ..., 78
     for (sa, ba), (sd, bd) in zip(a["gradient_noise_scale_trajectory"], d["gradient_noise_scale_trajectory"]):
         assert sa == sd and bd == pytest.approx(ba, rel=1e-3)
-    rows = [json.loads(line) for line in open(tmp_path / "ddp" / "metrics.jsonl")]
+    rows = [json.loads(line) for line in open(ddp_runs / "ddp" / "metrics.jsonl")]
     assert [r["noise_scale"]["measured_step"] for r in rows] == [r["step"] - (r["step"] - 1) % 3 for r in rows]
 
 
