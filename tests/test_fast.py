@@ -25,7 +25,7 @@ from shmlearn.models import build_model
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.sync import build_strategy
 from shmlearn.timing import PhaseTimer
-from triton_interp import interpreted
+from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
 def _bn_model(spec):
@@ -308,18 +308,23 @@ class _ConvNet(torch.nn.Module):
         return self.fc(x.flatten(1))
 
 
-def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None, steps=10):
+def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None, steps=10, strategy="allreduce",
+                   rank=0, world=1, avg_period=1):
     """A fast Stepper on the CPU with every convolution in shmlearn's backward op (conv_overlap's
-    CUDA check lifted; its split then runs in line) and the flat SGD kernel (interpreter)."""
+    CUDA check lifted; its split then runs in line) and the flat SGD kernel (interpreter).
+    monkeypatch None: lift the check for good (in a spawned worker)."""
     from shmlearn.nn import conv_overlap
-    monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
+    if monkeypatch is None:
+        conv_overlap.usable = lambda device: None
+    else:
+        monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
     data = load_dataset("digits")
     torch.manual_seed(0)
     model = _ConvNet(extra)
     opt = build_optimizer("nesterov", model.parameters(), lr=0.05, weight_decay=1e-3)
-    s = build_strategy("allreduce", rank=0, world_size=1)
+    s = build_strategy(strategy, rank=rank, world_size=world, avg_period=avg_period)
     s.setup(model, opt, channels_last=compile != "off")
-    loader = ShardedLoader(data.train_x, data.train_y, batch_size=16, shard=0, num_shards=1, seed=0,
+    loader = ShardedLoader(data.train_x, data.train_y, batch_size=16, shard=rank, num_shards=world, seed=0,
                            normalize=normalizer(data, torch.device("cpu")))
     count = {"n": 0}
 
@@ -331,7 +336,7 @@ def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None,
                        precision="bf16" if compile != "off" else "fp32", channels_last=compile != "off")
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 3),
                    loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
-                   timer=PhaseTimer(torch.device("cpu")), rank=0, world_size=1, total_steps=steps,
+                   timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps,
                    loss=loss if nan_at is not None else None)
 
 
@@ -380,3 +385,34 @@ def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
         Stepper(model=st.model, strategy=st.strategy, optimizer=st.optimizer, schedule=st.schedule, loader=st.loader,
                 task="classification", device=torch.device("cpu"), timer=st.timer, rank=0, world_size=1,
                 total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on"))
+
+
+def _early_worker(rank, world, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    res = []
+    for mode in ("on", "off"):
+        st = _early_stepper(None, mode, strategy="weight-avg", rank=rank, world=world, avg_period=3)
+        assert st.early_update == (mode == "on")
+        _train(st, 10)
+        res.append(st.strategy.params_flat.clone())
+    try:
+        _early_stepper(None, "on", strategy="allreduce", rank=rank, world=world)
+        res.append("no error")
+    except BadInput as e:
+        res.append(str(e))
+    torch.save(res, os.path.join(out, f"early-rank{rank}.pt"))
+    dist.destroy_process_group()
+    os._exit(0)  # as _graph_worker
+
+
+@interpreted
+def test_update_in_backward_under_weight_averaging_on_two_processes(tmp_path):
+    """weight-avg updates each replica from its own gradient: in the backward, its two workers end
+    where the update after the backward leaves them (10 steps, averaging every 3: two rounds and
+    a step past the last), bit for bit; allreduce at 2 workers cannot and says so."""
+    mp.spawn(_early_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    for r in range(2):
+        early, late, refusal = torch.load(os.path.join(tmp_path, f"early-rank{r}.pt"))
+        assert torch.equal(early, late), r
+        assert "strategy allreduce at 2 workers updates from other ranks' gradients" in refusal

@@ -8,7 +8,7 @@ from torch import nn
 
 from shmlearn import flat_sgd
 from shmlearn.sync import build_strategy
-from triton_interp import interpreted
+from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
 class _Net(nn.Module):
