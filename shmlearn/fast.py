@@ -335,7 +335,6 @@ class Stepper:
             if update is not None:
                 self.strategy.flat_update, self.update_kernel = update, "flat"
                 self.early_update = bool(early)
-                self._one = torch.ones((), dtype=torch.float32, device=dev)
         if self._slots and not self.early_update:
             conv_overlap.clear_slots(self.model)
             self._slots = {}
@@ -422,12 +421,15 @@ class Stepper:
         if twice:
             raise RuntimeError(f"--update-in-backward: convolution {twice[0]} ran more than once in a step; "
                                "run with --update-in-backward off")
+        s = self.strategy
         for k, n in enumerate(self._taken):
             if n == 0:
                 w, b, _ = self._slots[k]
                 for i in (w, b):
-                    if i is not None:
-                        self.strategy.flat_update.take(i, torch.zeros_like(self.strategy._grad_views[i]))
+                    if i is not None:  # the zeros adopt_grads keeps for a parameter without a gradient
+                        if i not in s._zeros:
+                            s._zeros[i] = torch.zeros_like(s._grad_views[i])
+                        s.flat_update.take(i, s._zeros[i])
 
     def _train_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """The batch's mean loss: the forward under autocast (--precision), the loss in fp32."""
@@ -442,7 +444,7 @@ class Stepper:
         def fb(xb, yb):
             loss = self.train_loss(xb, yb)
             if gate:
-                check_non_finite(loss.detach().reshape(1), self.found_inf, self._one)
+                check_non_finite(loss.detach().reshape(1), self.found_inf, self.strategy._one)
             loss.backward()
             return loss.detach()
         meter = self.strategy.noise

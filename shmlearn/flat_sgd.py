@@ -72,32 +72,29 @@ class FlatUpdate:
         self._table = None if whole or not merged else kernel.block_table(merged, params_flat.device)
         self._nothing = not merged
 
-    def _hyper(self) -> dict:
-        g = self._group
-        lr = g["lr"]
+    def _sgd(self, p, g, m, **where) -> None:
+        """The kernel over (p, g, m) with the optimizer's hyperparameters as they are now."""
+        group = self._group
+        lr = group["lr"]
         if not isinstance(lr, torch.Tensor):  # a schedule that assigns floats (fast.py keeps tensors)
             if self._lr_cache is None:
                 self._lr_cache = torch.zeros((), dtype=torch.float32, device=self._p.device)
             lr = self._lr_cache.fill_(float(lr))
-        return dict(lr=lr, momentum=float(g["momentum"]), dampening=float(g["dampening"]),
-                    weight_decay=float(g["weight_decay"]), nesterov=bool(g["nesterov"]))
+        self._kernel.sgd_(p, g, m, lr, self._skip, momentum=float(group["momentum"]),
+                          dampening=float(group["dampening"]), weight_decay=float(group["weight_decay"]),
+                          nesterov=bool(group["nesterov"]), **where)
 
     def __call__(self) -> None:
         """One SGD step of every parameter not in `early`, from grads_flat, skipped while
         found_inf is non-zero."""
-        if self._nothing:
-            return
-        h = self._hyper()
-        lr = h.pop("lr")
-        self._kernel.sgd_(self._p, self._g, self._m, lr, self._skip, table=self._table, **h)
+        if not self._nothing:
+            self._sgd(self._p, self._g, self._m, table=self._table)
 
     def take(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient (any float dtype, its parameter's shape) into its part of
         grads_flat and its SGD step, at once (skipped while found_inf is non-zero, as the rest):
         one kernel where grad is laid out as the parameter in memory, else a copy first."""
         a, b = self._ranges[i]
-        h = self._hyper()
-        lr = h.pop("lr")
         m = self._m[a:b] if self._m is not None else None
         src = None
         view = self._views[i]
@@ -105,7 +102,7 @@ class FlatUpdate:
             src = grad
         else:  # cuDNN chose another layout: copy it in as the parameter is laid out
             _same_layout(self._g, view, self._p).copy_(grad)
-        self._kernel.sgd_(self._p[a:b], self._g[a:b], m, lr, self._skip, src=src, **h)
+        self._sgd(self._p[a:b], self._g[a:b], m, src=src)
 
 
 def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params_flat: torch.Tensor,

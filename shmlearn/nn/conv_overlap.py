@@ -192,13 +192,14 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
     if sink is not None:  # what the op returns for dw and db (made here, on the caller's stream)
         placeholders = (torch.empty_like(weight, dtype=grad_dtype) if need_dw else None,
                         weight.new_empty(weight.shape[0], dtype=grad_dtype) if need_db else None)
+
+    def hand_over(dw, db):  # to the sink, on the current stream; the placeholders in their place
+        sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None, placeholders)
+        return placeholders
+
     if not split:
         dx, dw, db = half([need_dx, need_dw, need_db])
-        if sink is not None:
-            sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None, placeholders)
-            dw, db = placeholders
-        else:
-            dw, db = params(dw, db)
+        dw, db = hand_over(dw, db) if sink is not None else params(dw, db)
     else:  # on the CPU the same split, one after the other (torch.cuda.stream(None) does nothing)
         defer = may_defer and _DEFER["on"]
         i = 0
@@ -220,8 +221,7 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
                 # gradient's GEMM (just queued on main) reads and the sink is about to update.
                 side.wait_stream(main)
             with torch.cuda.stream(side):
-                sink(slot, _like(dw, weight) if need_dw else None, db if need_db else None, placeholders)
-            dw, db = placeholders
+                dw, db = hand_over(dw, db)
         if side is not None and defer:
             # Left running: the allocator must not hand out what the side stream still reads
             # (it waits for the side stream's work before reusing grad's, x's and weight's
