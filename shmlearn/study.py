@@ -659,12 +659,14 @@ class StudySweep(Sweep):
 
     def _peer_value(self, o: _Owned, step: int) -> Optional[float]:
         """What the pruner compared with, for the record: the bound's area (area), else the
-        median of the other trials' values at that eval point."""
+        median of the completed trials' values at that eval point (Optuna's PercentilePruner takes
+        COMPLETE trials only: one still running, or pruned, was not among them)."""
         if self.pruner_name == "area":
             b = self._bounds().get(o.cfg.workers)
             return b[0] if b else None
         vals = sorted(t.intermediate_values[step] for t in self._trials(fresh=True)
-                      if t.number != o.trial.number and step in t.intermediate_values)
+                      if t.state == TrialState.COMPLETE and t.number != o.trial.number
+                      and step in t.intermediate_values)
         if not vals:
             return None
         n = len(vals)
