@@ -81,7 +81,34 @@ def kernels_against_gb(top: list, gb: dict, limits) -> list:
     return top
 
 
-def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dict:
+def timeline_of(graph, rewind, folder: str, tag: str, replays: int = 20) -> dict:
+    """`replays` replays of the step's CUDA graph under the profiler: the trace (gzipped, for
+    Perfetto or chrome://tracing) goes to folder/tag.json.gz, and the analysis of its streams'
+    kernels (shmlearn/bench/timeline.py) is returned."""
+    import gzip
+    import shutil
+    from torch.profiler import ProfilerActivity, profile
+    from shmlearn.bench.timeline import analyze, kernels_of_trace, render
+    os.makedirs(folder, exist_ok=True)
+    rewind()
+    for _ in range(3):  # the profiler's own first-use costs stay out of the trace
+        graph.replay()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            graph.replay()
+        torch.cuda.synchronize()
+    raw = os.path.join(folder, f"{tag}.json")
+    prof.export_chrome_trace(raw)
+    a = analyze(kernels_of_trace(raw), steps=replays)
+    with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
+        shutil.copyfileobj(f, g)
+    os.remove(raw)
+    print(f"{tag}:\n{render(a)}", flush=True)
+    return a
+
+
+def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeline: str = "") -> dict:
     from torch.profiler import ProfilerActivity, profile
     from shmlearn.bench.throughput import _Shmlearn
     from shmlearn.timing import NULL_TIMER
@@ -146,6 +173,8 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None) -> dic
     if st.graphs:
         from shmlearn.bench.common import replay_us
         out["graph_step_us"] = statistics.median(replay_us(st.graphs[False], n, before=rewind))
+        if timeline:
+            out["timeline"] = timeline_of(st.graphs[False], rewind, timeline, f"{c.model}-b{batch}-{variant}")
     out["steps_timed"] = n
     st._expected = None
     r.close()
@@ -164,6 +193,9 @@ def main(argv=None) -> int:
                    help="off (shmlearn's step) or bench throughput modifiers joined by + (compile, compile-max, "
                         "im2col, triton-conv), comma-separated: off,compile,compile+triton-conv")
     p.add_argument("--no-roofline", action="store_true", help="skip the operator-by-operator limits")
+    p.add_argument("--timeline", default="", metavar="DIR",
+                   help="also trace 20 graph replays: the gzipped traces go to DIR, and each result gains the "
+                        "streams' analysis (main-stream gaps, overlap; shmlearn/bench/timeline.py)")
     p.add_argument("--out", default="profile.json")
     a = p.parse_args(argv)
     import torch.distributed as dist
@@ -189,7 +221,7 @@ def main(argv=None) -> int:
            "results": []}
     for b in (int(v) for v in a.batch_sizes.split(",")):
         for v in a.variants.split(","):
-            doc["results"].append(profile_one(c, b, device, v, limits))
+            doc["results"].append(profile_one(c, b, device, v, limits, a.timeline))
             with open(a.out, "w") as f:  # what finished survives a time limit
                 json.dump(doc, f, indent=1)
     dist.destroy_process_group()
