@@ -435,6 +435,17 @@ def part_commands(p: str, workers: str) -> dict:
                                "--batch-sizes", "128", "--precision", "bf16", "--channels-last",
                                "--variants", "compile",
                                "--out", os.path.join(p("roofline-early"), "profile-resnet34.json")), 300),
+        # Ninth round: where the critical path waits (main-stream gaps) in the default step, with the
+        # side stream's work on it (serial-conv) and the update after the backward (late-update).
+        "timeline-34": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
+                            "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
+                            "--variants", "compile,compile+serial-conv,compile+late-update",
+                            "--timeline", p("timeline-34"),
+                            "--out", os.path.join(p("timeline-34"), "profile-resnet34.json")), 500),
+        "timeline-18": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet18",
+                            "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
+                            "--variants", "compile", "--timeline", p("timeline-18"),
+                            "--out", os.path.join(p("timeline-18"), "profile-resnet18.json")), 300),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
