@@ -50,7 +50,7 @@ def train(c: ThroughputConfig, variant: str, device, batch: int, steps: int):
         torch.cuda.synchronize(device)
     weights = runner.strategy.params_flat.detach().float().cpu().clone()
     row = dict(mode=runner.mode, note=runner.note, conv_overlaps=st.conv_overlaps, deferred=st.deferred,
-               update_in_backward=st.early_update, compiled=st.compiled)
+               update_in_backward=st.early_update, compiled=st.compiled, memsets_replaced=st.memsets_replaced)
     runner.close()
     return weights, losses, row
 
@@ -98,7 +98,7 @@ def _compare(c: ThroughputConfig, a, device) -> List[dict]:
                    losses_equal=losses == ref[2])
         rows.append(row)
         print(f"{v:45s} {row['mode']:11s} overlaps={row['conv_overlaps']:2d} deferred={row['deferred']!s:5s} "
-              f"early={row['update_in_backward']!s:5s} "
+              f"early={row['update_in_backward']!s:5s} memsets->kernels={row['memsets_replaced']:2d} "
               f"equal_bits={row['equal_bits']!s:5s} max|dw|={row['max_abs_diff']:.3g} loss={losses[-1]:.5f}")
     return rows
 

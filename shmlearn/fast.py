@@ -38,7 +38,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from shmlearn import flat_sgd
+from shmlearn import flat_sgd, graph_memsets
 from shmlearn.errors import BadInput
 from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.sync.base import check_non_finite
@@ -142,6 +142,11 @@ class StepOptions:
     before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
     priority) when both have blocks waiting: torch instantiates graphs with per-node priorities.
     False: the default priority for both (the bench's `normal-priority` modifier)."""
+    memset_kernels: bool = True
+    """CUDA graphs: replace the captured graph's memset nodes (cuDNN zeroing its workspace) with
+    kernel nodes that write the same bytes, before instantiating it (shmlearn/graph_memsets.py):
+    a memset node between two kernels idles the GPU for several microseconds on each side.
+    False: keep them (the bench's `memset-nodes` modifier)."""
 
 
 @dataclass
@@ -249,6 +254,8 @@ class Stepper:
         updated in the backward (conv_overlap.set_slots)."""
         self.early_update = False
         """Whether convolutions take their SGD step inside the backward (`_setup_fast` binds it)."""
+        self.memsets_replaced = 0
+        """Memset nodes of the step's CUDA graphs made kernel nodes (StepOptions.memset_kernels)."""
         self.train_loss = self._train_loss
         """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
@@ -680,13 +687,20 @@ class Stepper:
     def _graph_of(self, fn):
         """fn's device work captured in a CUDA graph (fn does not run); replay() runs it. In
         the memory pool self._pool (the step's graphs share one, `_capture`), else its own."""
-        g = torch.cuda.CUDAGraph()
+        edit = self.opts.memset_kernels and graph_memsets.supported()
+        g = torch.cuda.CUDAGraph(keep_graph=True) if edit else torch.cuda.CUDAGraph()
         stream = None
         if self.opts.high_priority_capture:  # a large negative number maps to the highest priority
             stream = torch.cuda.Stream(self.device, priority=-100)
         # thread_local: other threads (NCCL's watchdog, the heartbeat) may make CUDA calls.
         with torch.cuda.graph(g, pool=self._pool, stream=stream, capture_error_mode="thread_local"):
             fn()
+        if edit:
+            try:
+                self.memsets_replaced += graph_memsets.memsets_to_kernels(g.raw_cuda_graph(), self.device.index)
+            except (OSError, RuntimeError, AttributeError) as e:  # each replacement leaves a valid graph
+                self.note = f"memset nodes kept in the step's CUDA graph: {e}"
+            g.instantiate()
         return g
 
     # -- what the loop calls ----------------------------------------------------------------------

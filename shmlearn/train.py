@@ -693,6 +693,7 @@ class _Loop:
             "conv_overlap": self.stepper.conv_overlap, "conv_overlaps": self.stepper.conv_overlaps,
             "conv_overlap_deferred": self.stepper.deferred, "combo_kernels": self.stepper.combo,
             "update_kernel": self.stepper.update_kernel, "update_in_backward": self.stepper.early_update,
+            "graph_memsets_replaced": self.stepper.memsets_replaced,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

@@ -88,7 +88,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "combo16": {"inductor": (("combo_kernel_max_num_nodes", 16),)},
              "no-mix-order": {"inductor": (("triton.mix_order_reduction", False),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
-             "normal-priority": {"high_priority_capture": False},
+             "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
@@ -456,6 +456,8 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
                            update_in_backward=st.early_update)
+            if st is not None and st.graphs:  # the captured step's memset nodes made kernels
+                row.update(memsets_replaced=st.memsets_replaced)
             step[v] = 0
             barrier()
             t0 = time.perf_counter()
