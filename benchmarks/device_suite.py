@@ -446,6 +446,27 @@ def part_commands(p: str, workers: str) -> dict:
                             "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                             "--variants", "compile", "--timeline", p("timeline-18"),
                             "--out", os.path.join(p("timeline-18"), "profile-resnet18.json")), 300),
+        # Ninth round: the graph's memset nodes made kernel nodes (the default) against kept.
+        "gpu-tests-memset": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                          "tests/test_graph_memsets.py"))], 300),
+        "agree-memset": (["bash", "-c", "; ".join(
+            shlex.join(_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", m, "--batch",
+                           "128", "--steps", "30", "--variants", variants,
+                           "--out", os.path.join(p("agree-memset"), f"{m}-b128-{kind}.json")))
+            for m, kind, variants in (
+                ("resnet18", "compiled", "allreduce:compile+memset-nodes,allreduce:compile"),
+                ("resnet18", "eager", "allreduce:memset-nodes,allreduce"),
+                ("resnet34", "compiled", "allreduce:compile+memset-nodes,allreduce:compile")))], 500),
+        "tput-memset-128": (_gpu_bench(p("tput-memset-128"), [
+            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
+        "tput-memset-1024": (_gpu_bench(p("tput-memset-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
+        "timeline-34m": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
+                             "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
+                             "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),
+                             "--out", os.path.join(p("timeline-34m"), "profile-resnet34.json")), 400),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

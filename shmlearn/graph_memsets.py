@@ -133,29 +133,31 @@ class _Driver:
     def __init__(self):
         self.cu = ctypes.CDLL("libcuda.so.1")
         self.funcs = {}
-        # CUDA 12.3 added edge data to the dependency calls (_v2); CUDA 13's headers name those
-        # alone, while the driver keeps both symbols. The v1 ones are what older drivers have.
+        # CUDA 12.3 added edge data to the dependency calls (the _v2 symbols, whose signature is
+        # the same on every driver that has them; CUDA 13's headers give the plain names that
+        # signature). Drivers before 12.3 have only the plain, edge-less ones.
+        self.edges_v2 = hasattr(self.cu, "cuGraphNodeGetDependencies_v2")
         self.add_kernel_v2 = hasattr(self.cu, "cuGraphAddKernelNode_v2")
 
     def dependencies(self, node) -> list:
-        if hasattr(self.cu, "cuGraphNodeGetDependencies"):
-            return self.nodes(self.cu.cuGraphNodeGetDependencies, node, "cuGraphNodeGetDependencies")
-        return self.nodes(lambda h, a, n: self.cu.cuGraphNodeGetDependencies_v2(h, a, None, n), node,
-                          "cuGraphNodeGetDependencies_v2")
+        if self.edges_v2:
+            return self.nodes(lambda h, a, n: self.cu.cuGraphNodeGetDependencies_v2(h, a, None, n), node,
+                              "cuGraphNodeGetDependencies_v2")
+        return self.nodes(self.cu.cuGraphNodeGetDependencies, node, "cuGraphNodeGetDependencies")
 
     def dependents(self, node) -> list:
-        if hasattr(self.cu, "cuGraphNodeGetDependentNodes"):
-            return self.nodes(self.cu.cuGraphNodeGetDependentNodes, node, "cuGraphNodeGetDependentNodes")
-        return self.nodes(lambda h, a, n: self.cu.cuGraphNodeGetDependentNodes_v2(h, a, None, n), node,
-                          "cuGraphNodeGetDependentNodes_v2")
+        if self.edges_v2:
+            return self.nodes(lambda h, a, n: self.cu.cuGraphNodeGetDependentNodes_v2(h, a, None, n), node,
+                              "cuGraphNodeGetDependentNodes_v2")
+        return self.nodes(self.cu.cuGraphNodeGetDependentNodes, node, "cuGraphNodeGetDependentNodes")
 
     def add_edge(self, graph, a, b) -> None:
         one = ctypes.c_size_t(1)
         src, dst = ctypes.byref(ctypes.c_void_p(a)), ctypes.byref(ctypes.c_void_p(b))
-        if hasattr(self.cu, "cuGraphAddDependencies"):
-            self.check(self.cu.cuGraphAddDependencies(graph, src, dst, one), "cuGraphAddDependencies")
-        else:
+        if self.edges_v2:
             self.check(self.cu.cuGraphAddDependencies_v2(graph, src, dst, None, one), "cuGraphAddDependencies_v2")
+        else:
+            self.check(self.cu.cuGraphAddDependencies(graph, src, dst, one), "cuGraphAddDependencies")
 
     def add_kernel(self, graph, deps: list, kp: KernelParams) -> ctypes.c_void_p:
         new = ctypes.c_void_p()
@@ -242,7 +244,7 @@ def memsets_to_kernels(raw_graph: int, device: int = 0) -> int:
         deps, outs = d.dependencies(node), d.dependents(node)
         args = [ctypes.c_uint64(dst), ctypes.c_uint64(pitch), ctypes.c_uint32(value), ctypes.c_uint32(esize),
                 ctypes.c_uint64(width), ctypes.c_uint64(height)]
-        argv = (ctypes.c_void_p * len(args))(*[ctypes.cast(ctypes.byref(a), ctypes.c_void_p) for a in args])
+        argv = (ctypes.c_void_p * len(args))(*[ctypes.addressof(a) for a in args])
         kp = KernelParams(func=func, gridDimX=min(MAX_BLOCKS, -(-total // THREADS)), gridDimY=1, gridDimZ=1,
                           blockDimX=THREADS, blockDimY=1, blockDimZ=1, sharedMemBytes=0,
                           kernelParams=ctypes.cast(argv, ctypes.POINTER(ctypes.c_void_p)), extra=None)
