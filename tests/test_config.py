@@ -1,8 +1,6 @@
 """config.validate and TrainConfig.budget_samples: every numeric field has a finite, documented
 range; a value outside it is one BadInput line naming the flag, the value and what is expected."""
 import math
-import os
-import subprocess
 import sys
 
 import pytest
@@ -105,14 +103,27 @@ def test_budgets_in_range_are_exact():
     assert TrainConfig(workers=2, dataset="digits").budget_samples(1437) == 20 * 1437
 
 
+def _main(argv, capfd, monkeypatch):
+    """(exit code, stderr) of the CLI's main() in this process: a refusal of a fresh interpreter
+    was ~3-6 s of two cores here (tests/test_cli.py runs the program itself to its exit 2). capfd:
+    a refusal found in the workers main() spawns is on their stderr too, as it was the program's."""
+    from shmlearn.cli import main
+    for k in ("RANK", "WORLD_SIZE"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    return code, capfd.readouterr().err
+
+
 @pytest.mark.parametrize("args,needle", [(["--lr", "inf"], "--lr inf: "),
                                          (["--epochs", "1e-9"], "--epochs 1e-09: ")])
-def test_cli_refuses_with_exit_2_and_one_line(tmp_path, args, needle):
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", *args, "--workers", "2", "--no-progress",
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and needle in lines[0], r.stderr
+def test_cli_refuses_with_exit_2_and_one_line(tmp_path, capfd, monkeypatch, args, needle):
+    code, err = _main(["train", *args, "--workers", "2", "--no-progress", "--out", str(tmp_path / "run")],
+                      capfd, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and needle in lines[0], err
 
 
 @pytest.mark.parametrize("content,needle", [
@@ -130,14 +141,12 @@ def test_a_config_file_that_is_not_yaml_text_is_one_line(tmp_path, content, need
 
 
 @pytest.mark.parametrize("command", ["train", "sweep"])
-def test_cli_refuses_a_binary_config_with_exit_2_and_one_line(tmp_path, command):
+def test_cli_refuses_a_binary_config_with_exit_2_and_one_line(tmp_path, capfd, monkeypatch, command):
     path = tmp_path / "b.yaml"
     path.write_bytes(open(sys.executable, "rb").read(3000))
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
-    r = subprocess.run([sys.executable, "-m", "shmlearn", command, "--config", str(path),
-                        "--out", str(tmp_path / "run")], capture_output=True, text=True, timeout=300, env=env)
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and f"--config {path}: not UTF-8" in lines[0], r.stderr
+    code, err = _main([command, "--config", str(path), "--out", str(tmp_path / "run")], capfd, monkeypatch)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and f"--config {path}: not UTF-8" in lines[0], err
 
 
 def test_a_budget_of_one_worker_says_worker_not_workers():
