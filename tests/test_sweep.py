@@ -186,25 +186,40 @@ def test_store_refuses_a_bad_middle_line_and_leaves_the_file_alone(tmp_path):
     assert open(path).read() == data
 
 
-def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path):
-    r = shmlearn("sweep", "--lr", "0.1:0.9:0", "--out", str(tmp_path / "s"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--lr 0.1:0.9:0" in r.stderr, r.stderr
+def in_process(capfd, monkeypatch, *args):
+    """(exit code, stdout, stderr) of the CLI's main() in this process, for refusals (a fresh
+    interpreter apiece was ~3 s of two cores here; the real sweeps below run the program itself).
+    capfd: what any process it started wrote to stderr is read too, as it was from the program."""
+    from shmlearn.cli import main
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code
+    out, err = capfd.readouterr()
+    return code, out, err
+
+
+def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path, capfd, monkeypatch):
+    code, _, err = in_process(capfd, monkeypatch, "sweep", "--lr", "0.1:0.9:0", "--out", str(tmp_path / "s"))
+    assert code == 2 and err.count("\n") == 1 and "--lr 0.1:0.9:0" in err, err
     out = tmp_path / "bad"
     out.mkdir()
     data = '{"id": "x", "status": "completed", "config": {}, "summary": {}}\nnot json\n{}\n'
     (out / "results.jsonl").write_text(data)
-    r = shmlearn("sweep", "--dataset", "digits", "--model", "softmax", "--workers", "1", "--samples", "512",
-                 "--lr", "0.1,0.2", "--out", str(out))
-    assert r.returncode == 2 and "line 2: not valid JSON" in r.stderr and "Traceback" not in r.stderr
+    code, _, err = in_process(capfd, monkeypatch, "sweep", "--dataset", "digits", "--model", "softmax",
+                              "--workers", "1", "--samples", "512", "--lr", "0.1,0.2", "--out", str(out))
+    assert code == 2 and "line 2: not valid JSON" in err and "Traceback" not in err, err
     assert (out / "results.jsonl").read_text() == data
 
 
 @pytest.mark.parametrize("args", [["--lr", "-1,0.1"], ["--lr=-1,0.1"], ["--lr", "-1:1:0.5"]])
-def test_cli_takes_negative_values_and_refuses_them_in_one_line(tmp_path, args):
+def test_cli_takes_negative_values_and_refuses_them_in_one_line(tmp_path, capfd, monkeypatch, args):
     # "--lr -1,0.1" was argparse's "expected one argument": a value starting with '-' must parse
-    r = shmlearn("sweep", *args, "--out", str(tmp_path / "s"))
-    lines = r.stderr.strip().splitlines()
-    assert r.returncode == 2 and len(lines) == 1 and "--lr -1.0: expected a finite number > 0" in lines[0], r.stderr
+    code, _, err = in_process(capfd, monkeypatch, "sweep", *args, "--out", str(tmp_path / "s"))
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and "--lr -1.0: expected a finite number > 0" in lines[0], err
     assert not (tmp_path / "s").exists()
 
 
