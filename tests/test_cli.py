@@ -18,6 +18,20 @@ CONTRACT_KEYS = {"status", "strategy", "workers", "batch_size", "lr", "samples_s
                  "best_test_accuracy", "samples_per_s", "phase_s", "device", "torch_version"}
 
 
+def in_process(capfd, monkeypatch, *args):
+    """(exit code, stderr) of the CLI's main() in this process, for a refusal (a fresh interpreter
+    is ~2-3 s of imports on two cores); fd 2 is read, so what any process it started wrote there
+    counts as it did from the program. The tests that train run the program itself."""
+    from shmlearn.cli import main
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        code = main(list(args))
+    except SystemExit as e:
+        code = e.code
+    return code, capfd.readouterr().err
+
+
 def shmlearn(*args, timeout=300):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
@@ -152,27 +166,27 @@ def test_truncated_idx_exits_2_on_every_worker(mnist_dir, tmp_path):
     assert not (tmp_path / "run" / "summary.json").exists()
 
 
-def test_malformed_cifar_exits_2(tmp_path):
+def test_malformed_cifar_exits_2(tmp_path, capfd, monkeypatch):
     d = tmp_path / "cifar-10-batches-bin"
     d.mkdir()
     for name in [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]:
         (d / name).write_bytes(b"\x01" * 3000)  # not a multiple of the 3073-byte record
-    r = shmlearn("train", "--dataset", "cifar10", "--data-dir", str(d), "--workers", "1",
-                 "--out", str(tmp_path / "run"))
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
-    assert "data_batch_1.bin" in r.stderr
+    code, err = in_process(capfd, monkeypatch, "train", "--dataset", "cifar10", "--data-dir", str(d), "--workers",
+                           "1", "--out", str(tmp_path / "run"))
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "data_batch_1.bin" in err
 
 
-def test_existing_run_is_never_overwritten(tmp_path):
+def test_existing_run_is_never_overwritten(tmp_path, capfd, monkeypatch):
     out = tmp_path / "run"
     out.mkdir()
     (out / "summary.json").write_text('{"status": "completed"}')
-    r = shmlearn("train", "--out", str(out))
-    assert r.returncode == 2 and "already holds a run" in r.stderr
+    code, err = in_process(capfd, monkeypatch, "train", "--out", str(out))
+    assert code == 2 and "already holds a run" in err
     assert (out / "summary.json").read_text() == '{"status": "completed"}'
 
 
-def test_config_file_gives_flags_and_flags_win(tmp_path):
+def test_config_file_gives_flags_and_flags_win(tmp_path, capfd, monkeypatch):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("workers: 1\nbatch_size: 16\nsamples: 320\nlr: 0.01\n")
     out = tmp_path / "run"
@@ -182,8 +196,8 @@ def test_config_file_gives_flags_and_flags_win(tmp_path):
     assert (s["workers"], s["batch_size"], s["steps"], s["lr"]) == (1, 16, 20, 0.02)
     bad = tmp_path / "bad.yaml"
     bad.write_text("wrokers: 2\n")
-    r = shmlearn("train", "--config", str(bad))
-    assert r.returncode == 2 and "wrokers" in r.stderr
+    code, err = in_process(capfd, monkeypatch, "train", "--config", str(bad))
+    assert code == 2 and "wrokers" in err
 
 
 FASHION = "/usr/share/datasets/fashion-mnist"
