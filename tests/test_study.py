@@ -208,16 +208,26 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
         assert "hunter2" not in err
 
 
-def test_a_study_created_with_another_grid_is_refused(tmp_path):
+def test_a_study_created_with_another_grid_is_refused(tmp_path, capfd):
+    from shmlearn.cli import main
     db = f"sqlite:///{tmp_path}/s.db"
     small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
              "--eval-points", "1", "--no-report", "--batch-size", "64", "--storage", db, "--study", "s"]
     r = sweep(*small, "--lr", "0.1,0.2", "--out", str(tmp_path / "a"))
     assert r.returncode == 0, r.stdout + r.stderr
-    # A study that shmlearn did not create is not taken over either (the two refusals run together).
+    # A study that shmlearn did not create is not taken over either. The two refusals: the CLI's
+    # main() in this process, fd 2 read (two fresh interpreters were ~5 s of two cores here).
     optuna.create_study(study_name="theirs", storage=db).optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=1)
-    r, theirs = sweeps([*small, "--lr", "0.1,0.3", "--out", str(tmp_path / "b")],
-                       [*small[:-1], "theirs", "--lr", "0.1,0.2", "--out", str(tmp_path / "c")])
+    capfd.readouterr()
+    refused = []
+    for args in ([*small, "--lr", "0.1,0.3", "--out", str(tmp_path / "b")],
+                 [*small[:-1], "theirs", "--lr", "0.1,0.2", "--out", str(tmp_path / "c")]):
+        try:
+            code = main(["sweep", *args])
+        except SystemExit as e:
+            code = e.code
+        refused.append(subprocess.CompletedProcess(args, code, *capfd.readouterr()))
+    r, theirs = refused
     assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
     assert "--study s: created with another grid (--lr 0.1,0.2 there, 0.1,0.3 here)" in r.stderr
     assert not os.path.exists(tmp_path / "b" / "results.jsonl")
