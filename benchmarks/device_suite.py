@@ -463,6 +463,9 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-memset-1024": (_gpu_bench(p("tput-memset-1024"), [
             (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
             for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
+        "tput-memset-fix": (_gpu_bench(p("tput-memset-fix"), [
+            (m, "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
+            for m in ("alexnet-small", "resnet34")]), 500),
         "timeline-34m": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),

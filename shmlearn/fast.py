@@ -256,6 +256,8 @@ class Stepper:
         """Whether convolutions take their SGD step inside the backward (`_setup_fast` binds it)."""
         self.memsets_replaced = 0
         """Memset nodes of the step's CUDA graphs made kernel nodes (StepOptions.memset_kernels)."""
+        self.memset_bytes = 0
+        """The largest of them, in bytes."""
         self.train_loss = self._train_loss
         """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
@@ -697,7 +699,9 @@ class Stepper:
             fn()
         if edit:
             try:
-                self.memsets_replaced += graph_memsets.memsets_to_kernels(g.raw_cuda_graph(), self.device.index)
+                sizes = graph_memsets.memsets_to_kernels(g.raw_cuda_graph(), self.device.index)
+                self.memsets_replaced += len(sizes)
+                self.memset_bytes = max([self.memset_bytes, *sizes])
             except (OSError, RuntimeError, AttributeError) as e:  # each replacement leaves a valid graph
                 self.note = f"memset nodes kept in the step's CUDA graph: {e}"
             g.instantiate()

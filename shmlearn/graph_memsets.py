@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Optional
+from typing import List, Optional
 
 PTX = r"""
 .version 7.0
@@ -35,7 +35,7 @@ PTX = r"""
     .param .u64 p_height
 )
 {
-    .reg .pred %p<4>;
+    .reg .pred %p<5>;
     .reg .b32 %r<8>;
     .reg .b64 %rd<16>;
 
@@ -55,12 +55,20 @@ PTX = r"""
     add.u64 %rd8, %rd6, %rd7;
     mul.wide.u32 %rd9, %r6, %r4;
     cvt.u64.u32 %rd10, %r2;
+    setp.eq.u64 %p4, %rd4, 1;
 LOOP:
     setp.ge.u64 %p1, %rd8, %rd5;
     @%p1 bra DONE;
+    @%p4 bra ROW0;
     div.u64 %rd11, %rd8, %rd3;
     rem.u64 %rd12, %rd8, %rd3;
     mul.lo.u64 %rd13, %rd11, %rd2;
+    bra ADDR;
+ROW0:
+    // one row (the usual memset): no 64-bit division per element
+    mov.u64 %rd13, 0;
+    mov.u64 %rd12, %rd8;
+ADDR:
     mul.lo.u64 %rd14, %rd12, %rd10;
     add.u64 %rd15, %rd1, %rd13;
     add.u64 %rd15, %rd15, %rd14;
@@ -221,14 +229,14 @@ def _get_driver() -> _Driver:
         return _driver
 
 
-def memsets_to_kernels(raw_graph: int, device: int = 0) -> int:
+def memsets_to_kernels(raw_graph: int, device: int = 0) -> List[int]:
     """Replace every memset node of the cudaGraph_t `raw_graph` with a fill-kernel node of the
-    same edges; returns how many were replaced. Call with the graph's device current."""
+    same edges; returns the bytes each replaced memset wrote. Call with the graph's device current."""
     d = _get_driver()
     cu = d.cu
     graph = ctypes.c_void_p(raw_graph)
     func = d.fill_function(device)
-    replaced = 0
+    replaced: List[int] = []
     for node in d.nodes(cu.cuGraphGetNodes, graph, "cuGraphGetNodes"):
         node = ctypes.c_void_p(node)
         kind = ctypes.c_int()
@@ -261,5 +269,5 @@ def memsets_to_kernels(raw_graph: int, device: int = 0) -> int:
                             "cuGraphKernelNodeSetAttribute")
                 break
         d.check(cu.cuGraphDestroyNode(node), "cuGraphDestroyNode")
-        replaced += 1
+        replaced.append(width * height * esize)
     return replaced

@@ -457,7 +457,7 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
                            update_in_backward=st.early_update)
             if st is not None and st.graphs:  # the captured step's memset nodes made kernels
-                row.update(memsets_replaced=st.memsets_replaced)
+                row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes)
             step[v] = 0
             barrier()
             t0 = time.perf_counter()
