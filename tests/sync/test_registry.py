@@ -92,8 +92,17 @@ def _shmlearn(*args):
     (["--strategy", "weight-avg", "--ps-dedicated"], "--ps-dedicated", "--strategy ps"),
     (["--strategy", "allreduce", "--staleness", "2"], "--staleness 2", "--strategy async-ps"),
 ])
-def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, args, flag, takers):
-    r = _shmlearn("train", *args, "--out", str(tmp_path / "run"), "--no-progress")
+def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, capfd, monkeypatch, args, flag, takers):
+    """The CLI's main() in this process, fd 2 read (a fresh interpreter apiece was ~3 s of two
+    cores here for a refusal made before any worker starts)."""
+    from shmlearn.cli import main
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        monkeypatch.delenv(k, raising=False)
+    try:
+        code = main(["train", *args, "--out", str(tmp_path / "run"), "--no-progress"])
+    except SystemExit as e:
+        code = e.code
+    r = subprocess.CompletedProcess([], code, *capfd.readouterr())
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in r.stderr, r.stderr
