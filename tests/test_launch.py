@@ -103,10 +103,21 @@ def test_srun_shaped_environment(tmp_path):
     assert (s["launcher"], s["workers"]) == ("srun", 2)
 
 
-def test_workers_flag_must_match_launcher(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "shmlearn", *ARGS, "--workers", "3", "--out", str(tmp_path / "r")],
-                       capture_output=True, text=True, timeout=120,
-                       env=_clean_env(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port())))
+def test_workers_flag_must_match_launcher(tmp_path, capfd, monkeypatch):
+    """The CLI's main() in this process, in a one-rank torchrun job's environment (the refusal comes
+    before any process group; a fresh interpreter was ~3 s of two cores here), fd 2 read."""
+    from shmlearn.cli import main
+    for k in list(os.environ):
+        if k.startswith(("OMPI_", "PMI_", "PMIX_", "SLURM_")):
+            monkeypatch.delenv(k)
+    for k, v in dict(RANK="0", WORLD_SIZE="1", MASTER_PORT=str(free_port())).items():
+        monkeypatch.setenv(k, v)
+    capfd.readouterr()
+    try:
+        code = main([*ARGS, "--workers", "3", "--out", str(tmp_path / "r")])
+    except SystemExit as e:
+        code = e.code
+    r = subprocess.CompletedProcess([], code, *capfd.readouterr())
     assert r.returncode == 2 and "--workers 3" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 
 
