@@ -143,9 +143,10 @@ class StepOptions:
     priority) when both have blocks waiting: torch instantiates graphs with per-node priorities.
     False: the default priority for both (the bench's `normal-priority` modifier)."""
     memset_kernels: bool = True
-    """CUDA graphs: replace the captured graph's memset nodes (cuDNN zeroing its workspace) with
-    kernel nodes that write the same bytes, before instantiating it (shmlearn/graph_memsets.py):
-    a memset node between two kernels idles the GPU for several microseconds on each side.
+    """CUDA graphs: replace the captured graph's small memset nodes (cuDNN zeroing a few bytes of
+    workspace) with kernel nodes that write the same bytes, before instantiating it
+    (shmlearn/graph_memsets.py): a memset node between two kernels idles the GPU for several
+    microseconds on each side.
     False: keep them (the bench's `memset-nodes` modifier)."""
 
 

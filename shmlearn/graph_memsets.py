@@ -7,10 +7,11 @@ ninth round) shows 4-6 us of idle GPU before each memset and as much after it, w
 in a row leave 0.5 us, for 23 memsets per step, about 150 us of them on the critical path. A
 kernel node doing the same fill runs in the graph's kernel stream like its neighbours.
 
-`memsets_to_kernels(graph)` replaces each memset node of a cudaGraph_t (torch.cuda.CUDAGraph(
-keep_graph=True).raw_cuda_graph(), after capture_end and before instantiate) with a kernel node
-of the same dependencies and dependents that writes the same values: a fill kernel of our own,
-written in PTX and loaded through the driver (no compiler at run time, no extension to build).
+`memsets_to_kernels(graph)` replaces each small memset node (up to MAX_BYTES) of a cudaGraph_t
+(torch.cuda.CUDAGraph(keep_graph=True).raw_cuda_graph(), after capture_end and before
+instantiate) with a kernel node of the same dependencies and dependents that writes the same
+values: a fill kernel of our own, written in PTX and loaded through the driver (no compiler at
+run time, no extension to build).
 The node takes the priority of the kernel it feeds, so a high-priority capture stays one.
 """
 from __future__ import annotations
@@ -96,6 +97,11 @@ _KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 _PRIORITY = 8  # CU_LAUNCH_ATTRIBUTE_PRIORITY
 THREADS = 256
 MAX_BLOCKS = 1024
+MAX_BYTES = 64 << 10
+"""Memsets larger than this stay memset nodes: theirs is bandwidth work, which the driver's
+memset does at least as well, and a fill kernel of that size takes SMs from kernels running
+beside it. On an H100, ResNet-34's 23 memsets per step (4 bytes at most) made kernels gained
+3%; alexnet-small's one of 2.7 MB made a kernel lost 2-3% (issue 18, ninth round)."""
 
 
 class MemsetParams(ctypes.Structure):
@@ -230,8 +236,9 @@ def _get_driver() -> _Driver:
 
 
 def memsets_to_kernels(raw_graph: int, device: int = 0) -> List[int]:
-    """Replace every memset node of the cudaGraph_t `raw_graph` with a fill-kernel node of the
-    same edges; returns the bytes each replaced memset wrote. Call with the graph's device current."""
+    """Replace each memset node of at most MAX_BYTES in the cudaGraph_t `raw_graph` with a
+    fill-kernel node of the same edges; returns the bytes each replaced memset wrote. Call with
+    the graph's device current."""
     d = _get_driver()
     cu = d.cu
     graph = ctypes.c_void_p(raw_graph)
@@ -247,7 +254,7 @@ def memsets_to_kernels(raw_graph: int, device: int = 0) -> List[int]:
         d.check(cu.cuGraphMemsetNodeGetParams(node, ctypes.byref(p)), "cuGraphMemsetNodeGetParams")
         dst, pitch, value, esize, width, height = fill_args(p)
         total = width * height
-        if total == 0:
+        if total == 0 or total * esize > MAX_BYTES:
             continue
         deps, outs = d.dependencies(node), d.dependents(node)
         args = [ctypes.c_uint64(dst), ctypes.c_uint64(pitch), ctypes.c_uint32(value), ctypes.c_uint32(esize),
