@@ -246,30 +246,61 @@ def test_optuna_missing_is_one_line_and_exit_2(tmp_path):
                                 "pip install 'shmlearn[optuna]'")
 
 
-def test_without_storage_the_sweep_is_the_pooled_one(tmp_path):
-    r = sweep("--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
-              "--eval-points", "1", "--no-report", "--lr", "0.1,0.2", "--out", str(tmp_path / "o"))
+@pytest.fixture(scope="module")
+def small_runs(tmp_path_factory):
+    """{name: (folder, finished process)}: a 2-trial sweep without a storage and one on a study as
+    srun's task 1 of 4, independent, started together (one 1-worker trial at a time each)."""
+    small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
+             "--eval-points", "1", "--no-report", "--lr", "0.1,0.2"]
+    pooled, srun = tmp_path_factory.mktemp("pooled"), tmp_path_factory.mktemp("srun")
+    ps = [subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *small, "--out", str(pooled / "o")],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env()),
+          subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *small, "--storage", f"sqlite:///{srun}/s.db",
+                            "--study", "s", "--out", str(srun / "o")], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, env=dict(env(), SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4", SLURM_LOCALID="1"))]
+    try:
+        done = []
+        for p in ps:
+            o, e = p.communicate(timeout=300)
+            done.append(subprocess.CompletedProcess(p.args, p.returncode, o, e))
+    finally:
+        for p in ps:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    return {"pooled": (pooled, done[0]), "srun": (srun, done[1])}
+
+
+def test_without_storage_the_sweep_is_the_pooled_one(small_runs):
+    tmp_path, r = small_runs["pooled"]
     assert r.returncode == 0, r.stdout + r.stderr
     spec = json.load(open(tmp_path / "o" / "sweep.json"))
     assert "study" not in spec and "storage" not in spec and "study " not in r.stdout
     assert len(results(tmp_path / "o")) == 2 and not os.path.exists(tmp_path / "o" / "study.db")
 
 
-def test_under_srun_each_task_is_one_more_process_of_the_study(tmp_path):
-    small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
-             "--eval-points", "1", "--no-report", "--lr", "0.1,0.2", "--storage", f"sqlite:///{tmp_path}/s.db",
-             "--study", "s", "--out", str(tmp_path / "o")]
-    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", *small], capture_output=True, text=True,
-                       timeout=300, env=dict(env(), SLURM_PROCID="1", SLURM_STEP_NUM_TASKS="4", SLURM_LOCALID="1"))
+def test_under_srun_each_task_is_one_more_process_of_the_study(small_runs):
+    tmp_path, r = small_runs["srun"]
     assert r.returncode == 0, r.stdout + r.stderr
     assert len(results(tmp_path / "o")) == 2
 
 
 # --- one process, real storages -----------------------------------------------------------------
 
-def _grid_once(tmp_path, storage):
+@pytest.fixture(scope="module")
+def grid_runs(tmp_path_factory):
+    """{kind: (folder, storage URL, the first sweep's process)}: the SQLite and the journal
+    storage's first GRID sweeps, independent, started together (each is one process training a
+    1-worker trial at a time: one after the other they left a core idle)."""
+    dirs = {kind: tmp_path_factory.mktemp(f"grid-{kind}") for kind in ("sqlite", "journal")}
+    urls = {"sqlite": f"sqlite:///{dirs['sqlite']}/study.db", "journal": f"journal:{dirs['journal']}/study.log"}
+    ran = sweeps(*[[*GRID, "--storage", urls[k], "--study", "g", "--out", str(dirs[k] / "out")] for k in dirs])
+    return {k: (dirs[k], urls[k], r) for k, r in zip(dirs, ran)}
+
+
+def _grid_once(grid_runs, kind):
+    tmp_path, storage, r = grid_runs[kind]
     out = str(tmp_path / "out")
-    r = sweep(*GRID, "--storage", storage, "--study", "g", "--out", out)
     assert r.returncode == 0, r.stdout + r.stderr
     ids, sc = expected_ids(GRID)
     rows = results(out)
@@ -289,12 +320,12 @@ def _grid_once(tmp_path, storage):
     assert len(load(storage, "g").trials) == len(study.trials)  # nothing asked, nothing run
 
 
-def test_sqlite_grid_once_each_results_winners_report_from_the_study(tmp_path):
-    _grid_once(tmp_path, f"sqlite:///{tmp_path}/study.db")
+def test_sqlite_grid_once_each_results_winners_report_from_the_study(grid_runs):
+    _grid_once(grid_runs, "sqlite")
 
 
-def test_journal_file_storage_grid(tmp_path):
-    _grid_once(tmp_path, f"journal:{tmp_path}/study.log")
+def test_journal_file_storage_grid(grid_runs):
+    _grid_once(grid_runs, "journal")
 
 
 PG_BIN = next((d for d in ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin")
@@ -493,13 +524,15 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
     """The winner (lr 0.3) is queued first (enqueue_trial, as a user may), so the others can be
     pruned; the winner is the full grid's, and each pruned run was already beaten."""
     storage = f"sqlite:///{tmp_path}/study.db"
-    full = sweep(*PRUNE, "--out", str(tmp_path / "full"))
-    assert full.returncode == 0, full.stderr
     _, sc = expected_ids([*PRUNE, "--storage", storage, "--study", "p"])
     st = optuna.create_study(storage=storage, study_name="p", direction="minimize")
     st.set_user_attr("shmlearn", study_spec(sc))
     st.enqueue_trial({"lr": 0.3})
-    r = sweep(*PRUNE, "--prune", "--storage", storage, "--study", "p", "--out", str(tmp_path / "pruned"))
+    # The full grid and the pruned study, independent, run together (one 1-worker trial at a time
+    # each); the area pruner has no target here, so it compares areas, not times.
+    full, r = sweeps([*PRUNE, "--out", str(tmp_path / "full")],
+                     [*PRUNE, "--prune", "--storage", storage, "--study", "p", "--out", str(tmp_path / "pruned")])
+    assert full.returncode == 0, full.stderr
     assert r.returncode == 0, r.stdout + r.stderr
     rows = results(tmp_path / "pruned")
     wf = pick_winners(results(tmp_path / "full"), swept=["lr"])["by_workers"]["1"]["winner"]
