@@ -466,6 +466,13 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-memset-fix": (_gpu_bench(p("tput-memset-fix"), [
             (m, "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
             for m in ("alexnet-small", "resnet34")]), 500),
+        # alexnet-small's first shmlearn variant ran 0.224-0.251 ms against 0.217-0.227 for the
+        # same step listed second: three identical steps, after the compile baseline and without it.
+        "tput-order": (["bash", "-c", "; ".join(
+            _gpu_bench(os.path.join(p("tput-order"), sub), [
+                ("alexnet-small", "3x32x32", 128, base,
+                 "allreduce:compile,allreduce:compile+memset-nodes,allreduce:compile+late-update")])[2]
+            for sub, base in (("with-compile", "graph,compile"), ("graph-only", "graph")))], 500),
         "timeline-34m": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),
