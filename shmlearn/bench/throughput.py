@@ -34,8 +34,11 @@ With W > 1 the baselines other than ddp run on every rank alone (no communicatio
 
 Method: each variant is built, warmed up (its CUDA graph captured, cuDNN autotuned), then timed
 `repeats` times. A repeat: synchronize the device, barrier, perf_counter, `steps` steps,
-synchronize, perf_counter; its time is the slowest rank's. `steps` is chosen from the warm-up so
-a repeat lasts about --seconds (the same on every rank). Compiling and capturing happen while a
+synchronize, perf_counter; its time is the slowest rank's. `steps` is chosen from ten steps
+timed after the warm-up so a repeat lasts about --seconds (the same on every rank); for
+shmlearn's steps replayed from a CUDA graph, a whole number of their `sample_every` periods
+(one eager, phase-timed step each) where that stays within 10x --seconds
+(`steps_per_repeat`), so every repeat pays the same share of those eager steps. Compiling and capturing happen while a
 variant is built (compile and compile-max run 3 steps there: Inductor compiles forward and
 backward, its CUDA graphs are recorded), so `setup_s` (build + warm-up, slowest rank) holds
 them and no timed repeat does. Reported: median and spread (min, quartiles, max) of steps/s and
@@ -430,6 +433,37 @@ def _worker(env, cfg: dict):
     return rows if rank == 0 else None
 
 
+def _probe(runner, step: dict, v: str, steps: int, device, slowest) -> float:
+    """Seconds per step over `steps` more steps after the warm-up: the warm-up's own time holds
+    the first step (a shmlearn runner's first is eager, sampled), which made repeats too short."""
+    t0 = time.perf_counter()
+    for _ in range(max(steps, 10)):
+        runner.step(step[v])
+        step[v] += 1
+    sync(device)
+    return slowest((time.perf_counter() - t0) / max(steps, 10))
+
+
+def _sample_every(runner) -> Optional[int]:
+    """A shmlearn runner's period of eager, phase-timed steps among its graph replays, if any."""
+    st = getattr(runner, "stepper", None)
+    return st.opts.sample_every if st is not None and st.graphs else None
+
+
+def steps_per_repeat(seconds: float, per_step: float, sample_every: Optional[int] = None) -> int:
+    """Steps in one timed repeat: about `seconds` of them (5 to 5000). A step replayed from a CUDA
+    graph runs one step in `sample_every` eagerly, to time its phases; that step is part of its
+    cost, so a repeat holds a whole number of periods (each repeat then carries the same share of
+    them) wherever that stays within 10x `seconds`. Otherwise the share is left to chance, and
+    small: such a step is slow enough that its eager run costs little more than its replay."""
+    n = int(min(5000, max(5, math.ceil(seconds / max(per_step, 1e-6)))))
+    if sample_every:
+        whole = -(-n // sample_every) * sample_every
+        if whole * per_step <= 10 * seconds:
+            return whole
+    return n
+
+
 def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict]:
     """Build and warm up every variant, then time them round-robin (repeat 1 of each, repeat 2 of
     each, ...): a machine whose speed drifts (other load, clocks) bends every variant alike."""
@@ -460,14 +494,13 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
                 row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes)
             step[v] = 0
             barrier()
-            t0 = time.perf_counter()
             for _ in range(c.warmup_steps):
                 runner.step(step[v])
                 step[v] += 1
             sync(device)
-            per_step = slowest((time.perf_counter() - t0) / c.warmup_steps)
             row["setup_s"] = slowest(time.perf_counter() - t_build)
-            n = int(min(5000, max(5, math.ceil(c.seconds / max(per_step, 1e-6)))))
+            per_step = _probe(runner, step, v, c.warmup_steps, device, slowest)
+            n = steps_per_repeat(c.seconds, per_step, _sample_every(runner))
             live.append((row, runner, n, []))
         except Exception as e:  # noqa: BLE001 - one variant failing must not lose the rest
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from shmlearn.bench.throughput import ThroughputConfig, _ratios, _variants
+from shmlearn.bench.throughput import ThroughputConfig, _ratios, _variants, steps_per_repeat
 from shmlearn.cli import main
 
 
@@ -21,6 +21,19 @@ def test_variants_per_worker_count():
     assert _variants(c, 1) == ["plain", "graph", "compile", "compile-max", "allreduce", "allreduce:compile"]
     assert _variants(c, 2) == ["plain", "graph", "compile", "compile-max", "ddp", "allreduce", "allreduce:compile",
                                "ps:eager+compile-max"]
+
+
+def test_steps_per_repeat_holds_whole_sampling_periods_when_cheap():
+    # no periodic eager step: about `seconds` of steps, 5 to 5000
+    assert steps_per_repeat(0.2, 0.22e-3) == 910
+    assert steps_per_repeat(0.2, 1.0) == 5 and steps_per_repeat(100.0, 1e-6) == 5000
+    # alexnet-small at 0.22 ms with one eager step in 256: four whole periods (0.23 s), so each
+    # repeat pays the same share of eager steps (76-236 steps let them fall in some repeats only)
+    assert steps_per_repeat(0.2, 0.22e-3, 256) == 1024
+    # resnet34 at 3.8 ms: one period (0.97 s) is within 10x 0.2 s
+    assert steps_per_repeat(0.2, 3.8e-3, 256) == 256
+    # resnet34 at batch 1024, 21 ms: a period would be 5.4 s, 27x; left as timed
+    assert steps_per_repeat(0.2, 21e-3, 256) == 10
 
 
 def test_ratio_to_best_baseline_is_against_the_best_of_plain_graph_compile():
