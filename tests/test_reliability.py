@@ -227,9 +227,36 @@ def test_a_hung_rank_is_named_within_the_timeout(stalled):
     assert processes_with_tag(tag) == []
 
 
-def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path):
-    out = tmp_path / "run"
-    r = run(BASE + ["--workers", "3", "--out", str(out)], fault="nan:2:17")
+@pytest.fixture(scope="module")
+def beside_a_dying_sweep(tmp_path_factory):
+    """A sweep whose trials' workers die (one process training at a time, replacements started
+    between: ~1 core of 2 busy), the 3-worker NaN run and the 3-worker test-accuracy run,
+    independent, started together: {name: (result, the processes of its tag left 1 s after it
+    ended (as the test looked before), tag, --out)}."""
+    from concurrent.futures import ThreadPoolExecutor
+    d = tmp_path_factory.mktemp("beside")
+    outs = {"sweep": d / "s", "nan": d / "nan", "accuracy": d / "accuracy"}
+
+    def sweep():
+        tag = uuid.uuid4().hex
+        r = run(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "2048", "--workers", "1",
+                 "--lr", "0.1,0.2", "--no-report", "--no-progress", "--out", str(outs["sweep"])],
+                fault="kill:0:5", tag=tag)
+        time.sleep(1)
+        return r, processes_with_tag(tag), tag
+    with ThreadPoolExecutor(1) as ex:
+        swept = ex.submit(sweep)
+        runs = run_together(
+            nan=(BASE + ["--workers", "3", "--out", str(outs["nan"])], dict(fault="nan:2:17")),
+            accuracy=(["train", "--dataset", "step", "--model", "neuron", "--workers", "3", "--samples", "3000",
+                       "--batch-size", "10", "--lr", "0.5", "--checkpoint-every", "1000", "--eval-points", "1",
+                       "--no-progress", "--out", str(outs["accuracy"])], {}))
+        runs["sweep"] = swept.result()
+    return {k: (*v, outs[k]) for k, v in runs.items()}
+
+
+def test_nan_on_one_rank_stops_every_rank_at_that_step(beside_a_dying_sweep):
+    r, _, _, out = beside_a_dying_sweep["nan"]
     assert r.returncode == 3, r.stderr
     s = summary(out)
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
@@ -305,13 +332,10 @@ def test_same_seed_gives_identical_losses(tmp_path):
     assert losses[0] == losses[1] and len(losses[0]) == 20
 
 
-def test_test_accuracy_counts_each_test_sample_once(tmp_path):
+def test_test_accuracy_counts_each_test_sample_once(beside_a_dying_sweep):
     """step has 1000 test samples: 3 ranks get 334/333/333; the summary must equal a
     single-process evaluation of the final weights over all 1000."""
-    out = tmp_path / "run"
-    r = run(["train", "--dataset", "step", "--model", "neuron", "--workers", "3", "--samples", "3000",
-             "--batch-size", "10", "--lr", "0.5", "--checkpoint-every", "1000", "--eval-points", "1",
-             "--no-progress", "--out", str(out)])
+    r, _, _, out = beside_a_dying_sweep["accuracy"]
     assert r.returncode == 0, r.stderr
     from shmlearn.data import load_dataset
     from shmlearn.models import build_model
@@ -425,15 +449,11 @@ def test_a_full_disk_names_the_file_and_keeps_the_summary(tmp_path):
     assert not (out / "trace.json").exists() and not list(out.glob("trace.json.tmp*"))
 
 
-def test_a_sweep_whose_trials_die_reports_them_and_exits_1(tmp_path):
-    tag = uuid.uuid4().hex
-    r = run(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "2048", "--workers", "1",
-             "--lr", "0.1,0.2", "--no-report", "--no-progress", "--out", str(tmp_path / "s")],
-            fault="kill:0:5", tag=tag)
+def test_a_sweep_whose_trials_die_reports_them_and_exits_1(beside_a_dying_sweep):
+    r, left, _, _ = beside_a_dying_sweep["sweep"]
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert r.stderr.count("worker died (killed by signal 9)") >= 2, r.stderr
-    time.sleep(1)
-    assert processes_with_tag(tag) == []
+    assert left == []  # looked for 1 s after the sweep ended
 
 
 def test_a_sweep_on_an_unwritable_out_is_exit_2(monkeypatch, capfd):
