@@ -646,7 +646,7 @@ class _Loop:
     def _phase_timing(self) -> str:
         how = "CUDA events" if self.device.type == "cuda" else "perf_counter"
         if self.stepper.mode == "cuda-graph":
-            return (f"{how} on {self.timer.timed_steps} eager steps (one in {self.stepper.opts.sample_every}); "
+            return (f"{how} on {self.timer.timed_steps} eager steps (one in {self.stepper.sample_every}); "
                     f"the other {self.timer.steps - self.timer.timed_steps} were CUDA graph replays")
         return f"{how} on every step"
 
@@ -694,6 +694,7 @@ class _Loop:
             "conv_overlap_deferred": self.stepper.deferred, "combo_kernels": self.stepper.combo,
             "update_kernel": self.stepper.update_kernel, "update_in_backward": self.stepper.early_update,
             "graph_memsets_replaced": self.stepper.memsets_replaced,
+            "phase_sample_every": self.stepper.sample_every if self.stepper.graphs else None,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

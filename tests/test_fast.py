@@ -416,3 +416,19 @@ def test_update_in_backward_under_weight_averaging_on_two_processes(tmp_path):
         early, late, refusal = torch.load(os.path.join(tmp_path, f"early-rank{r}.pt"))
         assert torch.equal(early, late), r
         assert "strategy allreduce at 2 workers updates from other ranks' gradients" in refusal
+
+
+def test_sample_period_keeps_eager_steps_within_one_percent():
+    from shmlearn.fast import SAMPLE_EVERY, sample_period
+    # ResNet-34 at batch 128 on an H100: 36 ms eager against 3.8 ms replayed: (9.47 - 1) / 1% = 847
+    assert sample_period(36e-3, 3.8e-3) == 1024
+    # an eager step little slower than its replay: the shortest period
+    assert sample_period(4.0e-3, 3.8e-3) == SAMPLE_EVERY == 256
+    # launch-bound: 4 ms eager against 0.22 ms replayed needs 1718 -> 2048
+    assert sample_period(4e-3, 0.22e-3) == 2048
+    # the cap, and nothing measured
+    assert sample_period(10.0, 1e-6) == 65536
+    assert sample_period(0.0, 0.0) == SAMPLE_EVERY
+    for eager, replay in ((36e-3, 3.8e-3), (4e-3, 0.22e-3), (1e-3, 1e-3)):
+        n = sample_period(eager, replay)
+        assert (eager - replay) / (n * replay) <= 0.01 and (n == 256 or (eager - replay) / (n // 2 * replay) > 0.01)

@@ -447,7 +447,7 @@ def _probe(runner, step: dict, v: str, steps: int, device, slowest) -> float:
 def _sample_every(runner) -> Optional[int]:
     """A shmlearn runner's period of eager, phase-timed steps among its graph replays, if any."""
     st = getattr(runner, "stepper", None)
-    return st.opts.sample_every if st is not None and st.graphs else None
+    return st.sample_every if st is not None and st.graphs else None
 
 
 def steps_per_repeat(seconds: float, per_step: float, sample_every: Optional[int] = None) -> int:
@@ -490,8 +490,9 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
                            update_in_backward=st.early_update)
-            if st is not None and st.graphs:  # the captured step's memset nodes made kernels
-                row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes)
+            if st is not None and st.graphs:  # the captured step's memset nodes made kernels; its sampling
+                row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes,
+                           sample_every=st.sample_every, eager_over_replay=round(st.eager_over_replay, 2))
             step[v] = 0
             barrier()
             for _ in range(c.warmup_steps):
