@@ -303,7 +303,11 @@ def _set_determinism(on: bool, device: torch.device) -> None:
         # cuBLAS reads this when it creates its handle (the process's first matrix product);
         # without it, deterministic mode makes matrix products raise.
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    torch.use_deterministic_algorithms(on, warn_only=True)
+    # Only on a change: torch's setter imports Inductor's config (about 1 s of every worker's
+    # start-up on a CPU) even to clear a flag that is already clear.
+    if torch.are_deterministic_algorithms_enabled() != on or (
+            on and not torch.is_deterministic_algorithms_warn_only_enabled()):
+        torch.use_deterministic_algorithms(on, warn_only=True)
     torch.backends.cudnn.deterministic = on
 
 
