@@ -12,6 +12,7 @@ import time
 
 import numpy as np
 import pytest
+from cli_inproc import run_main
 
 CONTRACT_KEYS = {"status", "strategy", "workers", "batch_size", "lr", "samples_seen", "steps",
                  "wall_time_s", "final_loss", "min_loss", "loss_area", "test_accuracy",
@@ -19,17 +20,9 @@ CONTRACT_KEYS = {"status", "strategy", "workers", "batch_size", "lr", "samples_s
 
 
 def in_process(capfd, monkeypatch, *args):
-    """(exit code, stderr) of the CLI's main() in this process, for a refusal (a fresh interpreter
-    is ~2-3 s of imports on two cores); fd 2 is read, so what any process it started wrote there
-    counts as it did from the program. The tests that train run the program itself."""
-    from shmlearn.cli import main
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        monkeypatch.delenv(k, raising=False)
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    return code, capfd.readouterr().err
+    """(exit code, stderr) of the CLI's main() in this process (tests/cli_inproc.py)."""
+    r = run_main(args, monkeypatch, capfd)
+    return r.returncode, r.stderr
 
 
 def shmlearn(*args, timeout=300):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import torch
 
+from cli_inproc import run_main
 from shmlearn import checkpoint as ckpt
 from shmlearn.launch import free_port
 
@@ -30,30 +31,9 @@ def run(args, *, fault=None, timeout=300, tag=None, launcher=None, extra_env=Non
 
 
 def in_process(args, monkeypatch, capfd, *, tag=None):
-    """The CLI's main() in this process, for refusals made before any worker trains: (exit code,
-    stdout, stderr), stderr read from fd 2, so whatever a process it started wrote there counts
-    as it did from the program. A fresh interpreter apiece was ~3-5 s of two cores here; the tests
-    that start, kill and resume runs still run the program itself. tag: put in the environment
-    that any process started from here inherits (this process's own /proc environ keeps what it
-    was started with), for processes_with_tag."""
-    from multiprocessing import resource_tracker
-
-    from shmlearn.cli import main
-    # multiprocessing's resource tracker, which spawned workers share, outlives the run in this
-    # process (in the program's own it ends with it): started here before the tag, it is not
-    # counted as a process the run left behind.
-    resource_tracker.ensure_running()
-    for k in list(os.environ):
-        if k.startswith(("OMPI_", "PMI_", "SLURM_", "TORCHELASTIC")) or k in ("RANK", "WORLD_SIZE"):
-            monkeypatch.delenv(k)
-    monkeypatch.setenv("SHMLEARN_TEST_TAG", tag or uuid.uuid4().hex)
-    monkeypatch.delenv("SHMLEARN_FAULT", raising=False)
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(args, code, out, err)
+    """The CLI's main() in this process (tests/cli_inproc.py), for refusals made before any worker
+    trains, tagged so that processes_with_tag finds any process it leaves."""
+    return run_main(args, monkeypatch, capfd, tag=tag or uuid.uuid4().hex)
 
 
 def summary(out):

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from cli_inproc import run_main
 from shmlearn.errors import BadInput
 from shmlearn.sweep import (ResultStore, expand_grid, parse_values, pick_winners, split_axes, trial_id,
                             winners_table)
@@ -187,18 +188,9 @@ def test_store_refuses_a_bad_middle_line_and_leaves_the_file_alone(tmp_path):
 
 
 def in_process(capfd, monkeypatch, *args):
-    """(exit code, stdout, stderr) of the CLI's main() in this process, for refusals (a fresh
-    interpreter apiece was ~3 s of two cores here; the real sweeps below run the program itself).
-    capfd: what any process it started wrote to stderr is read too, as it was from the program."""
-    from shmlearn.cli import main
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        monkeypatch.delenv(k, raising=False)
-    try:
-        code = main(list(args))
-    except SystemExit as e:
-        code = e.code
-    out, err = capfd.readouterr()
-    return code, out, err
+    """(exit code, stdout, stderr) of the CLI's main() in this process (tests/cli_inproc.py)."""
+    r = run_main(args, monkeypatch, capfd)
+    return r.returncode, r.stdout, r.stderr
 
 
 def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path, capfd, monkeypatch):
