@@ -457,12 +457,12 @@ def part_commands(p: str, workers: str) -> dict:
                 ("resnet18", "compiled", "allreduce:compile+memset-nodes,allreduce:compile"),
                 ("resnet18", "eager", "allreduce:memset-nodes,allreduce"),
                 ("resnet34", "compiled", "allreduce:compile+memset-nodes,allreduce:compile")))], 500),
-        "tput-memset-128": (_gpu_bench(p("tput-memset-128"), [
-            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
-            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
-        "tput-memset-1024": (_gpu_bench(p("tput-memset-1024"), [
-            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
-            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
+        # Every acceptance row, the memset nodes made kernels against kept: tput-memset-* first,
+        # tput-final9-* (the ninth round's final table) after the bench's repeat fix (steps_per_repeat).
+        **{f"tput-{tag}-{b}": (_gpu_bench(p(f"tput-{tag}-{b}"), [
+            (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 580)
+           for tag in ("memset", "final9") for b in (128, 1024)},
         "tput-memset-fix": (_gpu_bench(p("tput-memset-fix"), [
             (m, "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
             for m in ("alexnet-small", "resnet34")]), 500),
@@ -473,14 +473,6 @@ def part_commands(p: str, workers: str) -> dict:
                 ("alexnet-small", "3x32x32", 128, base,
                  "allreduce:compile,allreduce:compile+memset-nodes,allreduce:compile+late-update")])[2]
             for sub, base in (("with-compile", "graph,compile"), ("graph-only", "graph")))], 500),
-        # The ninth round's final table: every acceptance row with the bench's whole sampling
-        # periods per repeat (steps_per_repeat), the memset nodes made kernels against kept.
-        "tput-final9-128": (_gpu_bench(p("tput-final9-128"), [
-            (m, "3x32x32", 128, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
-            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
-        "tput-final9-1024": (_gpu_bench(p("tput-final9-1024"), [
-            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+memset-nodes")
-            for m in ("resnet34", "resnet18", "alexnet-small")]), 580),
         "timeline-34m": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),

@@ -27,8 +27,8 @@ Two ways to run a step, chosen once per run (`resolve_mode`):
 Phase timing in graph mode: a replayed step is one launch and is not split into phases. One step
 in every `sample_every` runs eagerly instead (same kernels, same result) with CUDA events around
 its phases; phase_s is the mean over those sampled steps, step time comes from the wall clock.
-An eager step of a compiled model costs 10-20 replays (ResNet-34 at batch 128 on an H100: 36 ms
-against 3.8), so the period is chosen at capture to keep those steps within 1% of the time
+An eager step of a compiled model costs 8-25 replays (ResNet-34 at batch 128 on an H100: 12),
+so the period is chosen at capture to keep those steps within 1% of the time
 (`sample_period`), unless StepOptions.sample_every fixes it.
 """
 from __future__ import annotations
@@ -680,11 +680,8 @@ class Stepper:
         memory pool: they are never replayed concurrently, and nothing allocated in one is read by
         another (what outlives a step was allocated in the warm-up), so the measuring variant does
         not double the activation memory."""
-        saved_params = self.strategy.params_flat.clone()
-        saved_buffers = [b.clone() for b in self.model.buffers()]
-        self.found_inf.fill_(1.0)  # warm-up steps compute and communicate but never update
         kinds = self._kinds()
-        try:
+        with self._no_update():
             if self.strategy.computes:
                 self.loader.prepare(0)
             eager_s = 0.0
@@ -707,6 +704,17 @@ class Stepper:
                 graphs[self._key(*k)] = self._graph_of(lambda k=k: self._device_step(NULL_TIMER, k[0]))
             self._eager_s = eager_s
             return graphs
+
+    @contextlib.contextmanager
+    def _no_update(self):
+        """Steps that compute and communicate but never update (the skip flag set), with the
+        weights, buffers, loader and step counter put back after, also after an error: capture's
+        warm-up, and the replays `_replay_s` times."""
+        saved_params = self.strategy.params_flat.clone()
+        saved_buffers = [b.clone() for b in self.model.buffers()]
+        self.found_inf.fill_(1.0)
+        try:
+            yield
         finally:  # also after a failed capture: the eager fallback starts from the same state
             if self.device.type == "cuda":
                 with contextlib.suppress(Exception):
@@ -721,16 +729,13 @@ class Stepper:
                 self.loader.invalidate()
 
     def _replay_s(self, n: int = 5) -> float:
-        """Seconds per replay of the plain step's graph (median of n after one), with the
-        skip flag set; the weights, buffers and counters are put back after."""
+        """Seconds per replay of the plain step's graph (median of n after one), under
+        `_no_update`."""
         kind = self._kinds()[0]
         graph = self.graphs[self._key(*kind)]
-        saved_params = self.strategy.params_flat.clone()
-        saved_buffers = [b.clone() for b in self.model.buffers()]
-        self.found_inf.fill_(1.0)
-        self._as_kind(kind)
         times = []
-        try:
+        with self._no_update():
+            self._as_kind(kind)
             self._t.fill_(0)
             for i in range(n + 1):
                 if self.strategy.computes:
@@ -740,16 +745,6 @@ class Stepper:
                 graph.replay()
                 self._sync()
                 times.append(time.perf_counter() - t0)
-        finally:
-            self._sync()
-            with torch.no_grad():
-                self.strategy.params_flat.copy_(saved_params)
-                for b, v in zip(self.model.buffers(), saved_buffers):
-                    b.copy_(v)
-            self.found_inf.zero_()
-            self._expected = None
-            if self.strategy.computes:
-                self.loader.invalidate()
         return sorted(times[1:])[n // 2]
 
     @contextlib.contextmanager
