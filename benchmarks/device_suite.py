@@ -484,6 +484,11 @@ def part_commands(p: str, workers: str) -> dict:
         **{f"tput-bn-{b}": (_gpu_bench(p(f"tput-bn-{b}"), [
             (m, "3x32x32", b, "graph,compile", "allreduce:compile,allreduce:compile+aten-bn")
             for m in ("resnet34", "resnet18")]), 500) for b in (128, 1024)},
+        # The same with the kernel's second form (bigger loads, one-pass combination, rows capped)
+        # and every baseline: the tenth round's final table.
+        **{f"tput-final10-{b}": (_gpu_bench(p(f"tput-final10-{b}"), [
+            (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+aten-bn")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 590) for b in (128, 1024)},
         "timeline-34bn": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                               "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                               "--variants", "compile,compile+aten-bn", "--timeline", p("timeline-34bn"),

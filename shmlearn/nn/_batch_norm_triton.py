@@ -22,10 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
-BLOCK_M = 32
-"""Rows a program loads at once (x BLOCK_C channels)."""
-CTAS_PER_SM = 4
-"""Programs aimed for per SM: enough chunks to keep every SM reading."""
+BLOCK_M = 64
+"""Rows a program loads at once (x BLOCK_C channels: 4096 values, 32 per thread of 4 warps)."""
+PROGRAMS_PER_SM = 2
+"""Programs aimed for per SM over all channel blocks: each has BLOCK_M x BLOCK_C loads in flight,
+and the last one's combination reads every chunk's partials, so not many more chunks than that."""
+BLOCK_P = 128
+"""Chunks the last program combines per load (a chunk count up to this: one pass)."""
 _SMS = {}
 
 
@@ -38,47 +41,48 @@ def _stats_kernel(x_ptr, part_ptr, count_ptr, mean_ptr, invstd_ptr, rmean_ptr, r
     cols = pid_c * BLOCK_C + tl.arange(0, BLOCK_C)
     cmask = cols < C
     start = pid_m * rows_per_chunk
-    end = tl.minimum(start + rows_per_chunk, M)
     shift = tl.load(x_ptr + start.to(tl.int64) * C + cols, mask=cmask, other=0.0).to(tl.float32)
-    s1 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    s2 = tl.zeros([BLOCK_C], dtype=tl.float32)
-    for r0 in range(start, end, BLOCK_M):
-        rows = r0 + tl.arange(0, BLOCK_M)
-        m = (rows < end)[:, None] & cmask[None, :]
+    s1 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    s2 = tl.zeros([BLOCK_M, BLOCK_C], dtype=tl.float32)
+    for r0 in range(0, rows_per_chunk, BLOCK_M):  # sums across rows at the end: one reduction per chunk
+        rows = start + r0 + tl.arange(0, BLOCK_M)
+        m = (rows < M)[:, None] & cmask[None, :]
         v = tl.load(x_ptr + rows.to(tl.int64)[:, None] * C + cols[None, :], mask=m, other=0.0).to(tl.float32)
         d = tl.where(m, v - shift[None, :], 0.0)
-        s1 += tl.sum(d, axis=0)
-        s2 += tl.sum(d * d, axis=0)
-    n = (end - start) * 1.0
-    mean_i = shift + s1 / n
-    m2_i = tl.maximum(s2 - s1 * s1 / n, 0.0)
+        s1 += d
+        s2 += d * d
+    t1 = tl.sum(s1, axis=0)
+    t2 = tl.sum(s2, axis=0)
+    n = tl.minimum(rows_per_chunk, M - start) * 1.0
+    mean_i = shift + t1 / n
+    m2_i = tl.maximum(t2 - t1 * t1 / n, 0.0)
     # partials: [2, num_chunks, C] (mean, M2); every chunk but the last has rows_per_chunk rows
     tl.store(part_ptr + pid_m * C + cols, mean_i, mask=cmask)
     tl.store(part_ptr + (num_chunks + pid_m) * C + cols, m2_i, mask=cmask)
     tl.debug_barrier()  # every thread's partials are written before the ticket (release, GPU scope)
     ticket = tl.atomic_add(count_ptr + pid_c, 1, sem="acq_rel", scope="gpu")
     if ticket == num_chunks - 1:
-        total = M * 1.0  # (ints equal to 1 reach the kernel as constants: arithmetic, not .to)
+        # One pass over the chunks, in chunk order, in float64: sum n_i mean_i and
+        # sum (M2_i + n_i mean_i^2); then M2 = that - N mean^2 (float64 keeps the difference exact
+        # enough for means far from zero).
         full = rows_per_chunk * 1.0
         last_n = (M - (num_chunks - 1) * rows_per_chunk) * 1.0
-        acc = tl.zeros([BLOCK_C], dtype=tl.float32)
-        for p0 in range(0, num_chunks, BLOCK_P):  # the mean, chunk by chunk in order
-            ps = p0 + tl.arange(0, BLOCK_P)
-            pm = (ps < num_chunks)[:, None] & cmask[None, :]
-            mi = tl.load(part_ptr + ps[:, None] * C + cols[None, :], mask=pm, other=0.0, cache_modifier=".cg")
-            ni = tl.where(ps == num_chunks - 1, last_n, full)
-            acc += tl.sum(mi * ni[:, None], axis=0)
-        mean = acc / total
-        m2 = tl.zeros([BLOCK_C], dtype=tl.float32)
+        acc_s = tl.zeros([BLOCK_C], dtype=tl.float64)
+        acc_q = tl.zeros([BLOCK_C], dtype=tl.float64)
         for p0 in range(0, num_chunks, BLOCK_P):
             ps = p0 + tl.arange(0, BLOCK_P)
             pm = (ps < num_chunks)[:, None] & cmask[None, :]
-            mi = tl.load(part_ptr + ps[:, None] * C + cols[None, :], mask=pm, other=0.0, cache_modifier=".cg")
+            mi = tl.load(part_ptr + ps[:, None] * C + cols[None, :], mask=pm, other=0.0,
+                         cache_modifier=".cg").to(tl.float64)
             qi = tl.load(part_ptr + (num_chunks + ps[:, None]) * C + cols[None, :], mask=pm, other=0.0,
-                         cache_modifier=".cg")
-            ni = tl.where(ps == num_chunks - 1, last_n, full)
-            dm = tl.where(pm, mi - mean[None, :], 0.0)
-            m2 += tl.sum(qi + ni[:, None] * dm * dm, axis=0)
+                         cache_modifier=".cg").to(tl.float64)
+            ni = tl.where(ps == num_chunks - 1, last_n, full).to(tl.float64)[:, None]
+            acc_s += tl.sum(tl.where(pm, ni * mi, 0.0), axis=0)
+            acc_q += tl.sum(tl.where(pm, qi + ni * mi * mi, 0.0), axis=0)
+        total = M * 1.0
+        mean64 = acc_s / total
+        m2 = tl.maximum(acc_q - total * mean64 * mean64, 0.0).to(tl.float32)
+        mean = mean64.to(tl.float32)
         var = m2 / total
         tl.store(mean_ptr + cols, mean, mask=cmask)
         tl.store(invstd_ptr + cols, 1.0 / tl.sqrt(var + eps), mask=cmask)
@@ -106,7 +110,7 @@ def plan(M: int, C: int, device: torch.device):
         sms = _SMS[device]
     else:  # the interpreter: a few chunks, enough to test the combination
         sms = 2
-    want = max(1, CTAS_PER_SM * sms // cblocks)
+    want = max(1, min(BLOCK_P, PROGRAMS_PER_SM * sms // cblocks))
     chunks = max(1, min(want, triton.cdiv(M, BLOCK_M)))
     rows = triton.cdiv(triton.cdiv(M, chunks), BLOCK_M) * BLOCK_M
     return rows, triton.cdiv(M, rows), cblocks
@@ -125,5 +129,5 @@ def stats(x2d: torch.Tensor, counter: torch.Tensor, running_mean, running_var, m
     _stats_kernel[(chunks, cblocks)](
         x2d, part, counter, mean, invstd, running_mean if update else mean, running_var if update else mean, M, C,
         rows, chunks, eps, momentum, UPDATE=update, BLOCK_M=BLOCK_M, BLOCK_C=block_c(C),
-        BLOCK_P=min(64, triton.next_power_of_2(chunks)), num_warps=4)
+        BLOCK_P=min(BLOCK_P, triton.next_power_of_2(chunks)), num_warps=4)
     return mean, invstd

@@ -4,26 +4,27 @@ Why: under torch.compile, Inductor lowers a training-mode BatchNorm to a chain o
 the step's critical path: partial Welford sums over chunks of rows, their combination (for
 large maps a second partial pass), a kernel that finishes the statistics and copies the
 running statistics, then the normalize (with the ReLU and the residual add fused into it). At
-batch 128 on 32x32 images the maps of ResNet's later stages are small (8x8 and 4x4: 2-4 MB),
-and each of those kernels is a launch of 1.5-4 us that mostly waits: in ResNet-34's replayed
+batch 128 on 32x32 images the maps of ResNet's later stages are small (16x16 to 4x4: 1-8 MB),
+and each of those kernels is a launch of 1.5-6 us that mostly waits: in ResNet-34's replayed
 step on an H100 the forward's 36 BatchNorms took 628 us of its 1580, against about 250 us
 to read and write their activations at the copy bandwidth (benchmarks/results/memset-h100/,
 `timeline-34m`).
 
 Here the statistics are one kernel (_batch_norm_triton.py: every program reduces a chunk of
 rows, the last one to finish combines the chunks in order and updates the running
-statistics), and the normalize is plain torch arithmetic that Inductor fuses with what
-follows it (ReLU, the residual add) as before. The gradient is torch arithmetic too: the
-statistics' backward (`_stats_backward`) is the derivative of mean and 1/sqrt(var + eps) with
-respect to x, which Inductor fuses with the normalize's backward into the same two reductions
-and one pointwise kernel that native BatchNorm's backward makes.
+statistics), and the normalize and the backward are torch arithmetic in an autograd Function
+(`_BatchNorm`), which Dynamo inlines so that Inductor fuses them as before: the normalize with
+the ReLU or residual add after it, the backward (BatchNorm's usual formula) into one reduction
+and one pointwise kernel with the ReLU's mask. Only BatchNorms over at most MAX_ROWS rows take
+the kernel; above that Inductor's own kernels already run at the copy bandwidth.
 
 Same results as torch's BatchNorm to fp32 rounding: mean, biased variance for the normalize,
 unbiased for the running variance, the running statistics' momentum update, num_batches_tracked.
 What stays torch's own: eval mode, momentum=None (a cumulative average), modules without
 running statistics, inputs that are not channels_last 4-D or N x C 2-D (BatchNorm1d over
-sequences), and one value per channel (torch refuses it). `convert` switches the classes of
-nn.BatchNorm1d/2d modules in place, both ways (parameters, buffers and state_dict unchanged).
+sequences), one value per channel (torch refuses it) and more than MAX_ROWS rows. `convert`
+switches the classes of nn.BatchNorm1d/2d modules in place, both ways (parameters, buffers and
+state_dict unchanged).
 """
 from __future__ import annotations
 
@@ -38,6 +39,12 @@ from shmlearn.nn._lazy import OnFirstUse
 MODES = ("aten", "triton", "auto")
 """--batch-norm: torch's BatchNorm; the statistics as one Triton kernel; auto: triton where the
 step is compiled on CUDA (Inductor fuses the normalize that follows), else aten."""
+
+MAX_ROWS = 65536
+"""The kernel takes BatchNorms over at most this many rows (batch x height x width); larger ones
+stay torch's, which Inductor lowers to kernels that already run at the copy bandwidth (ResNet's
+first stage at batch 128: 131,072 rows of 64 channels, 16.8 MB, read in 8 us). Below it
+Inductor's chain is launch-bound, which is what the one kernel saves."""
 
 _COUNTER_PAGE = 4096
 _pages: List[torch.Tensor] = []
@@ -79,21 +86,6 @@ def _slot(channels: int, device: torch.device) -> Tuple[int, int]:
     return len(_pages) - 1, 0
 
 
-def _stats_backward(x: torch.Tensor, mean: torch.Tensor, invstd: torch.Tensor, g_mean, g_invstd) -> torch.Tensor:
-    """dL/dx from dL/dmean and dL/dinvstd: mean = sum x / N; invstd = (var + eps)^-1/2 with
-    var = sum (x - mean)^2 / N, so dinvstd/dx = -invstd^3 (x - mean) / N (the mean's own
-    dependence drops out: sum (x - mean) = 0)."""
-    c = mean.numel()
-    n = x.numel() // c
-    shape = [1, c] + [1] * (x.dim() - 2)
-    g = torch.zeros((), dtype=torch.float32, device=x.device)
-    if g_mean is not None:
-        g = g + (g_mean / n).view(shape)
-    if g_invstd is not None:
-        g = g - (g_invstd * invstd.pow(3) / n).view(shape) * (x.float() - mean.view(shape))
-    return g.expand(x.shape).to(x.dtype)
-
-
 def _define_ops():
     @torch.library.custom_op("shmlearn::batch_norm_stats", mutates_args=("running_mean", "running_var"))
     def batch_stats(x: torch.Tensor, running_mean: Optional[torch.Tensor], running_var: Optional[torch.Tensor],
@@ -116,34 +108,54 @@ def _define_ops():
 _ops = OnFirstUse(_define_ops)
 
 
-class _BatchStats(torch.autograd.Function):
-    """The op with its gradient: a custom op that mutates (the running statistics) cannot carry
-    an autograd formula of its own."""
+def _channel_shape(x: torch.Tensor) -> List[int]:
+    return [1, x.shape[1]] + [1] * (x.dim() - 2)
+
+
+class _BatchNorm(torch.autograd.Function):
+    """Training-mode BatchNorm: the statistics by the kernel, the normalize and the backward in
+    torch arithmetic, which Dynamo inlines into the step's graphs for Inductor to fuse (the
+    normalize with the ReLU or residual add after it; the backward's two reductions with the
+    ReLU's mask before it). The backward is BatchNorm's usual one (as aten's decomposition):
+    db = sum dy, dw = sum dy xhat, dx = w invstd (dy - db / N - xhat dw / N). A custom op that
+    mutates (the running statistics) cannot carry an autograd formula itself, hence a Function."""
 
     @staticmethod
-    def forward(ctx, x, running_mean, running_var, page: int, offset: int, momentum: float, eps: float):
+    def forward(ctx, x, weight, bias, running_mean, running_var, page: int, offset: int, momentum: float,
+                eps: float):
         mean, invstd = _ops()(x, running_mean, running_var, page, offset, momentum, eps)
-        ctx.save_for_backward(x, mean, invstd)
-        return mean, invstd
+        shape = _channel_shape(x)
+        scale = invstd if weight is None else invstd * weight.float()
+        y = (x.float() - mean.view(shape)) * scale.view(shape)
+        if bias is not None:
+            y = y + bias.float().view(shape)
+        ctx.save_for_backward(x, weight, mean, invstd)
+        ctx.bias_dtype = None if bias is None else bias.dtype
+        return y.to(x.dtype)
 
     @staticmethod
-    def backward(ctx, g_mean, g_invstd):
-        x, mean, invstd = ctx.saved_tensors
-        return _stats_backward(x, mean, invstd, g_mean, g_invstd), None, None, None, None, None, None
+    def backward(ctx, dy):
+        x, weight, mean, invstd = ctx.saved_tensors
+        shape = _channel_shape(x)
+        dims = [0] + list(range(2, x.dim()))
+        n = x.numel() // x.shape[1]
+        xhat = (x.float() - mean.view(shape)) * invstd.view(shape)
+        g = dy.float()
+        db = g.sum(dims)
+        dw = (g * xhat).sum(dims)
+        scale = invstd if weight is None else invstd * weight.float()
+        dx = (g - (db / n).view(shape) - xhat * (dw / n).view(shape)) * scale.view(shape)
+        return (dx.to(x.dtype), None if weight is None else dw.to(weight.dtype),
+                None if ctx.bias_dtype is None else db.to(ctx.bias_dtype),
+                None, None, None, None, None, None)
 
 
 def batch_norm(x: torch.Tensor, m: nn.modules.batchnorm._BatchNorm) -> torch.Tensor:
     """m(x) in training mode, the statistics by the kernel (the caller checked `_fits`)."""
     m.num_batches_tracked.add_(1)
     page, offset = m._stats_slot
-    mean, invstd = _BatchStats.apply(x, m.running_mean, m.running_var, page, offset, float(m.momentum), float(m.eps))
-    c = x.shape[1]
-    shape = [1, c] + [1] * (x.dim() - 2)
-    scale = invstd if m.weight is None else invstd * m.weight.float()
-    y = (x.float() - mean.view(shape)) * scale.view(shape)
-    if m.bias is not None:
-        y = y + m.bias.float().view(shape)
-    return y.to(x.dtype)
+    return _BatchNorm.apply(x, m.weight, m.bias, m.running_mean, m.running_var, page, offset, float(m.momentum),
+                            float(m.eps))
 
 
 def _fits(m: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> bool:
@@ -156,7 +168,8 @@ def _fits(m: nn.modules.batchnorm._BatchNorm, x: torch.Tensor) -> bool:
         laid = x.is_contiguous(memory_format=torch.channels_last)
     else:
         laid = x.dim() == 2 and x.is_contiguous()
-    return laid and x.numel() > x.shape[1] and x.is_floating_point() and x.shape[1] > 0
+    rows = x.numel() // max(x.shape[1], 1)
+    return laid and 1 < rows <= MAX_ROWS and x.is_floating_point() and x.shape[1] > 0
 
 
 class StatsBatchNorm2d(nn.BatchNorm2d):

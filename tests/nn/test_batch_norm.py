@@ -121,6 +121,8 @@ def test_what_stays_torch():
     assert not bn._fits(m, x)  # NCHW-contiguous
     assert not bn._fits(m, torch.randn(1, 16, 1, 1))  # one value per channel: torch refuses it
     assert not bn._fits(model.bn3, torch.randn(4, 5, 7))  # BatchNorm1d over sequences
+    assert bn._fits(model.bn3, torch.randn(bn.MAX_ROWS, 5))
+    assert not bn._fits(model.bn3, torch.randn(bn.MAX_ROWS + 1, 5))  # large: Inductor's own is at bandwidth
     m.eval()
     assert not bn._fits(m, x.contiguous(memory_format=torch.channels_last))
     m.train()
@@ -185,7 +187,7 @@ def test_cuda_compiled_bf16_in_a_graph():
     (y, grads, state), (ry, rgrads, rstate) = run(model), run(ref)
     torch.testing.assert_close(y, ry, rtol=0.05, atol=0.05)
     for g, r in zip(grads, rgrads):
-        torch.testing.assert_close(g, r, rtol=0.05, atol=0.05 * r.abs().max().item())
+        torch.testing.assert_close(g, r, rtol=0.05, atol=max(0.05 * r.abs().max().item(), 1e-4))
     for k in state:
         torch.testing.assert_close(state[k].float(), rstate[k].float(), rtol=0.02, atol=0.02, msg=k)
     assert all(bn._pages[m._stats_slot[0]].abs().sum() == 0 for m in model.modules() if hasattr(m, "_stats_slot"))
