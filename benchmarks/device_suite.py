@@ -477,22 +477,6 @@ def part_commands(p: str, workers: str) -> dict:
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),
                              "--out", os.path.join(p("timeline-34m"), "profile-resnet34.json")), 400),
-        # Tenth round: BatchNorm's statistics as one kernel (--batch-norm, the default when compiled
-        # on CUDA) against Inductor's lowering (aten-bn), every ResNet row; its trace; the GPU test.
-        "gpu-tests-bn": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                      "tests/nn/test_batch_norm.py"))], 300),
-        **{f"tput-bn-{b}": (_gpu_bench(p(f"tput-bn-{b}"), [
-            (m, "3x32x32", b, "graph,compile", "allreduce:compile,allreduce:compile+aten-bn")
-            for m in ("resnet34", "resnet18")]), 500) for b in (128, 1024)},
-        # The same with the kernel's second form (bigger loads, one-pass combination, rows capped)
-        # and every baseline: the tenth round's final table.
-        **{f"tput-final10-{b}": (_gpu_bench(p(f"tput-final10-{b}"), [
-            (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+aten-bn")
-            for m in ("resnet34", "resnet18", "alexnet-small")]), 590) for b in (128, 1024)},
-        "timeline-34bn": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
-                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
-                              "--variants", "compile,compile+aten-bn", "--timeline", p("timeline-34bn"),
-                              "--out", os.path.join(p("timeline-34bn"), "profile-resnet34.json")), 400),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

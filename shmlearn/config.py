@@ -141,12 +141,6 @@ class TrainConfig:
     fuses), reduce (global and kernel == stride pools alike) or auto (global when the step is
     compiled, else aten; every pool as a reduction was slower on fashion-net). Same outputs and
     gradients, ties included; shmlearn/nn/max_pool.py."""
-    batch_norm: str = "auto"
-    """How training-mode BatchNorm computes its batch statistics: aten (torch's; under
-    --compile, Inductor's chain of partial-sum, combine and finish kernels), triton (one kernel
-    per BatchNorm, the normalize left to Inductor to fuse with what follows) or auto (triton when
-    the step is compiled on CUDA, else aten). Same statistics to fp32 rounding;
-    shmlearn/nn/batch_norm.py."""
     cuda_graph: str = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
@@ -405,7 +399,6 @@ def validate(cfg: TrainConfig) -> None:
     from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
-    from shmlearn.nn.batch_norm import MODES as BATCH_NORM
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
     from shmlearn.nn.mlp_head import MODES as MLP_HEAD
     from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
@@ -428,8 +421,6 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--update-in-backward {cfg.update_in_backward}: choose one of {', '.join(EARLY_UPDATE)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
-    if cfg.batch_norm not in BATCH_NORM:
-        raise BadInput(f"--batch-norm {cfg.batch_norm}: choose one of {', '.join(BATCH_NORM)}")
     if cfg.compile not in COMPILE:
         raise BadInput(f"--compile {cfg.compile}: choose one of {', '.join(COMPILE)}")
     Augment.parse(cfg.augment)

@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from shmlearn import flat_sgd, graph_memsets
 from shmlearn.errors import BadInput
-from shmlearn.nn import batch_norm, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.sync.base import check_non_finite
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
@@ -110,9 +110,6 @@ class StepOptions:
     on CUDA; shmlearn/nn/image_conv.py)."""
     max_pool: str = "auto"
     """How max-pools run: aten, global, reduce, or auto (global when compiled; shmlearn/nn/max_pool.py)."""
-    batch_norm: str = "auto"
-    """Training-mode BatchNorm's batch statistics: aten, triton (one kernel each) or auto (triton
-    when compiled on CUDA; shmlearn/nn/batch_norm.py)."""
     conv_pool: str = "auto"
     """Conv + ReLU + 2x2 max-pool blocks: off, triton (one fused kernel) or auto (triton where it
     can run; shmlearn/nn/conv_pool.py)."""
@@ -244,8 +241,6 @@ class Stepper:
             raise BadInput(why)
         if opts.conv_overlap in ("small", "all") and (why := conv_overlap.usable(device)):
             raise BadInput(why)
-        if opts.batch_norm == "triton" and (why := batch_norm.usable(device)):
-            raise BadInput(why)
         # First: the fused blocks' convs and pools are then left alone by the two passes below.
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.conv_pools = conv_pool.convert(model, self.conv_pool)
@@ -272,9 +267,6 @@ class Stepper:
         self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
         self.max_pools = max_pool.convert(model, self.max_pool)
         """--max-pool: how many pools run as reductions (before compiling, as above)."""
-        self.batch_norm = batch_norm.resolve(opts.batch_norm, opts.compile != "off", device)
-        self.batch_norms = batch_norm.convert(model, self.batch_norm)
-        """--batch-norm: how many BatchNorms compute their statistics in one kernel."""
         # Before compiling: each convolution's slot is a constant of the traced graph.
         why_early = self._early_why_not(why_not, fault)
         if opts.update_in_backward == "on" and why_early:
@@ -597,8 +589,6 @@ class Stepper:
             self.combo = False
             if self.opts.max_pool == "auto" and self.max_pool != "aten":
                 self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
-            if self.opts.batch_norm == "auto" and self.batch_norm != "aten":
-                self.batch_norm, self.batch_norms = "aten", batch_norm.convert(self.model, "aten")
             if self.opts.image_conv == "auto" and self.image_conv != "cudnn":
                 self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
         self.compiled = choice

@@ -76,8 +76,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "compile-max": {"compile": "max-autotune"}, "im2col": {"image_conv": "im2col"},
              "triton-conv": {"image_conv": "triton"}, "aten-pool": {"max_pool": "aten"},
              "global-pool": {"max_pool": "global"},
-             "reduce-pool": {"max_pool": "reduce"},
-             "aten-bn": {"batch_norm": "aten"}, "triton-bn": {"batch_norm": "triton"}, "accumulate": {"adopt_grads": False},
+             "reduce-pool": {"max_pool": "reduce"}, "accumulate": {"adopt_grads": False},
              "cudnn-conv": {"image_conv": "cudnn"}, "conv-pool": {"conv_pool": "triton"},
              "unfused": {"conv_pool": "off"}, "torch-sgd": {"flat_sgd": False},
              "mlp-head": {"mlp_head": "triton"}, "unfused-head": {"mlp_head": "off"},
@@ -491,8 +490,6 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
                            update_in_backward=st.early_update)
-            if st is not None and st.batch_norms:  # --batch-norm triton: how many BatchNorms
-                row.update(batch_norms=st.batch_norms)
             if st is not None and st.graphs:  # the captured step's memset nodes made kernels; its sampling
                 row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes,
                            sample_every=st.sample_every, eager_over_replay=round(st.eager_over_replay, 2))
