@@ -5,25 +5,45 @@ exactly one dataset, on every machine and every rank.
 """
 from __future__ import annotations
 
+import importlib.util
+import os
+
 import numpy as np
 import torch
+
+from ..errors import BadInput
 
 from .base import Dataset, DataSpec
 from .common import image_dataset
 
 
+DIGITS_SPLIT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "digits_split.npy")
+"""The 1797 images' order: the 1437 training images, then the 360 test images. It is the
+stratified 80/20 split that scikit-learn 1.9.1's train_test_split(test_size=0.2,
+stratify=target, random_state=0) makes, stored so that every install trains and tests on the
+same images."""
+
+
+def _sklearn_file(name: str) -> str:
+    """A data file bundled with scikit-learn, found without importing it (its import takes about a
+    second: every worker process would pay it)."""
+    spec = importlib.util.find_spec("sklearn")
+    if spec is None or not spec.submodule_search_locations:
+        raise BadInput("--dataset digits: reads scikit-learn's bundled digits; pip install scikit-learn")
+    return os.path.join(list(spec.submodule_search_locations)[0], "datasets", "data", name)
+
+
 def digits() -> Dataset:
     """scikit-learn's bundled 8x8 digits (1797 images, no download) as uint8 (N, 1, 8, 8) with
-    values 0..16. The 80/20 stratified split is fixed (random_state=0), not seeded, so every
-    run tests on the same 360 images; train has 1437."""
-    from sklearn.datasets import load_digits
-    from sklearn.model_selection import train_test_split
-
-    bunch = load_digits()
-    x = bunch.images.astype(np.uint8)[:, None]  # stored as float64 0..16, all whole numbers
-    train_x, test_x, train_y, test_y = train_test_split(
-        x, bunch.target, test_size=0.2, stratify=bunch.target, random_state=0)
-    return image_dataset("digits", 10, train_x, train_y, test_x, test_y)
+    values 0..16. The 80/20 stratified split is fixed (DIGITS_SPLIT), not seeded, so every run
+    tests on the same 360 images; train has 1437. The file is read as load_digits reads it (one
+    row per image: 64 pixels, then the label)."""
+    data = np.loadtxt(_sklearn_file("digits.csv.gz"), delimiter=",")
+    x = data[:, :-1].astype(np.uint8).reshape(-1, 1, 8, 8)  # stored as 0..16, all whole numbers
+    y = data[:, -1].astype(np.int64)
+    order = np.load(DIGITS_SPLIT).astype(np.int64)
+    train, test = order[:1437], order[1437:]
+    return image_dataset("digits", 10, x[train], y[train], x[test], y[test])
 
 
 def synthetic(seed: int = 0, *, n_train: int = 10000, n_test: int = 2000,

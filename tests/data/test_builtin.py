@@ -29,6 +29,26 @@ def test_digits_split():
     assert ds.mean[0] == pytest.approx(x.mean()) and ds.std[0] == pytest.approx(x.std())
 
 
+def test_digits_is_scikit_learns_split_without_importing_it():
+    """The same images, labels and order as load_digits + train_test_split(test_size=0.2,
+    stratify, random_state=0) give (the stored split against the installed scikit-learn), read
+    without importing scikit-learn (about a second of every worker's start-up)."""
+    import subprocess
+    import sys
+    code = ("import sys; from shmlearn.data import load_dataset; load_dataset('digits'); "
+            "print(any(m == 'sklearn' or m.startswith('sklearn.') for m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+    bunch = load_digits()
+    tx, vx, ty, vy = train_test_split(bunch.images.astype(np.uint8)[:, None], bunch.target, test_size=0.2,
+                                      stratify=bunch.target, random_state=0)
+    ds = load_dataset("digits")
+    for ours, theirs in ((ds.train_x, tx), (ds.test_x, vx), (ds.train_y, ty), (ds.test_y, vy)):
+        assert np.array_equal(ours.numpy(), theirs)
+
+
 def test_synthetic_shapes_determinism_and_rule_is_learnable():
     ds = synthetic(seed=1, n_train=3000, n_test=500)
     assert ds.train_x.shape == (3000, 3, 32, 32) and ds.train_x.dtype == torch.uint8
