@@ -419,6 +419,12 @@ def part_commands(p: str, workers: str) -> dict:
             (m, "3x32x32", 128, "graph,compile", ",".join(["allreduce:compile"] + [
                 f"allreduce:compile+{k}" for k in _inductor_knobs("pdl", "coop", "pdl+coop", "combo16", "no-mix-order")]))
             for m in ("resnet34",)]), 580),
+        # Tenth round: Inductor's options for its reductions and tilings (BatchNorm's kernels), resnet34.
+        "tput-knobs10-128": (_gpu_bench(p("tput-knobs10-128"), [
+            (m, "3x32x32", 128, "graph,compile", ",".join(["allreduce:compile"] + [
+                f"allreduce:compile+{k}" for k in _inductor_knobs("multi-kernel", "tile-red",
+                                                                  "nd-tiling", "tile-red+nd-tiling")]))
+            for m in ("resnet34",)]), 590),
         "tput-prio": (["bash", "-c", "; ".join([shlex.join(_py(
             os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", "resnet18", "--batch", "128",
             "--steps", "30", "--variants", "allreduce:compile+normal-priority,allreduce:compile",

@@ -90,6 +90,10 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "coop": {"inductor": (("triton.cooperative_reductions", True),)},
              "combo16": {"inductor": (("combo_kernel_max_num_nodes", 16),)},
              "no-mix-order": {"inductor": (("triton.mix_order_reduction", False),)},
+             "multi-kernel": {"inductor": (("triton.multi_kernel", 1),)},
+             "autotune-pw": {"inductor": (("max_autotune_pointwise", True),)},
+             "tile-red": {"inductor": (("triton.tile_reductions", True),)},
+             "nd-tiling": {"inductor": (("triton.prefer_nd_tiling", True),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
