@@ -88,7 +88,7 @@ def timeline_of(graph, rewind, folder: str, tag: str, replays: int = 20) -> dict
     import gzip
     import shutil
     from torch.profiler import ProfilerActivity, profile
-    from shmlearn.bench.timeline import analyze, kernels_of_trace, render
+    from shmlearn.bench.timeline import analyze, kernels_of_trace, phases, render, render_phases
     os.makedirs(folder, exist_ok=True)
     rewind()
     for _ in range(3):  # the profiler's own first-use costs stay out of the trace
@@ -100,11 +100,18 @@ def timeline_of(graph, rewind, folder: str, tag: str, replays: int = 20) -> dict
         torch.cuda.synchronize()
     raw = os.path.join(folder, f"{tag}.json")
     prof.export_chrome_trace(raw)
-    a = analyze(kernels_of_trace(raw), steps=replays)
+    kernels = kernels_of_trace(raw)
+    a = analyze(kernels, steps=replays)
+    try:  # forward against backward, by kernel class (a step without a loss kernel has none)
+        a["phases"] = phases(kernels, steps=replays)
+    except ValueError as e:
+        a["phases_note"] = str(e)
     with open(raw, "rb") as f, gzip.open(raw + ".gz", "wb") as g:
         shutil.copyfileobj(f, g)
     os.remove(raw)
     print(f"{tag}:\n{render(a)}", flush=True)
+    if "phases" in a:
+        print(render_phases(a["phases"]), flush=True)
     return a
 
 

@@ -8,11 +8,20 @@ SMs). `analyze` splits the traced span into what the main stream (the stream wit
 kernels, the one the step was captured on) was doing, what the others did beside it, and where
 nothing ran, and lists the main stream's largest gaps with the kernels either side of them: the
 critical path's waits, which a kernel-by-kernel profile cannot show.
+
+The trace's streams are the driver's streams for the graph's branches, not the ones the step was
+captured on, so "main" is only the busiest of them. `phases` does not depend on them: it cuts
+each replayed step at its first loss kernel into forward and backward (with the update), and
+gives each part's wall time, the time some kernel ran, and its kernels' summed time by class
+(convolutions and matmuls, reductions, pointwise, update, fills and copies): where a part's
+summed time exceeds its wall time, streams overlapped; where its wall time exceeds its busy time,
+the GPU waited.
 """
 from __future__ import annotations
 
 import gzip
 import json
+import sys
 from collections import Counter
 from typing import Dict, Iterable, List, Sequence, Tuple
 
@@ -120,6 +129,80 @@ def analyze(kernels: Sequence[dict], steps: int = 1, top: int = 25) -> Dict:
     }
 
 
+LOSS_MARKERS = ("log_softmax", "nll_loss", "cross_entropy", "mse_loss")
+"""Substrings of the first kernel of a loss (cross-entropy's log-softmax, or MSE): where a step's
+forward ends."""
+
+KERNEL_CLASSES = (
+    ("reduction", ("triton_red", "triton_per")),
+    ("pointwise", ("triton_poi",)),
+    ("update", ("sgd", "multi_tensor_apply", "adam")),
+    ("conv/matmul", ("xmma", "implicit_gemm", "gemm", "nvjet", "cutlass", "cudnn", "conv", "splitk")),
+    ("fill/copy", ("memset", "memcpy", "fill", "copy", "gather", "scatter", "index")),
+    ("reduction", ("reduce", "batch_norm_collect", "welford")),
+    ("pointwise", ("elementwise", "vectorized", "unrolled")),
+)
+"""Kernel classes by substrings of kernel names (lower case), in order, the first match winning:
+Inductor's kernels by their prefix first (their names list every op fused in, convolution
+backwards included). "update" holds the optimizer's kernels and torch's multi-tensor ones (the
+foreach copies of gradients into a flat buffer too); the rest is "other"."""
+
+
+def kernel_class(name: str) -> str:
+    low = name.lower()
+    for cls, keys in KERNEL_CLASSES:
+        if any(k in low for k in keys):
+            return cls
+    return "other"
+
+
+def _part(ks: Sequence[dict], start: float, end: float) -> Dict:
+    """Wall time of [start, end), the time some kernel in it ran, and its kernels' time by class."""
+    clipped = [(max(k["ts"], start), min(k["ts"] + k["dur"], end)) for k in ks]
+    by_class: Counter = Counter()
+    for k in ks:
+        by_class[kernel_class(k["name"])] += k["dur"]
+    return {"wall_us": end - start, "busy_us": length(union((a, b) for a, b in clipped if b > a)),
+            "kernels": len(ks), "kernel_us": sum(k["dur"] for k in ks), "by_class_us": dict(by_class)}
+
+
+def phases(kernels: Sequence[dict], steps: int, markers: Sequence[str] = LOSS_MARKERS) -> Dict:
+    """Each of `steps` replayed steps cut at its first kernel whose name holds one of `markers`:
+    the forward before it, the rest (loss, backward, update) after; both averaged over the steps.
+    Replays of one graph run one after another with the same kernels, so step i is the i-th run of
+    len(kernels) / steps kernels in start order. Raises ValueError where the trace is not that,
+    or a step has no marker."""
+    ks = sorted(kernels, key=lambda k: (k["ts"], k["ts"] + k["dur"]))
+    if steps < 1 or not ks or len(ks) % steps:
+        raise ValueError(f"{len(ks)} kernels are not {steps} replays of one step")
+    n = len(ks) // steps
+    parts = {"forward": [], "backward": []}
+    for i in range(steps):
+        step = ks[i * n:(i + 1) * n]
+        cut = next((j for j, k in enumerate(step) if any(m in k["name"] for m in markers)), None)
+        if cut is None:
+            raise ValueError(f"step {i} has no kernel named like {', '.join(markers)}: where its forward ends is unknown")
+        start, mid = step[0]["ts"], step[cut]["ts"]
+        end = max(k["ts"] + k["dur"] for k in step)
+        parts["forward"].append(_part(step[:cut], start, mid))
+        parts["backward"].append(_part(step[cut:], mid, end))
+    out = {}
+    for name, got in parts.items():
+        classes = sorted({c for g in got for c in g["by_class_us"]})
+        out[name] = {key: sum(g[key] for g in got) / steps for key in ("wall_us", "busy_us", "kernels", "kernel_us")}
+        out[name]["by_class_us"] = {c: sum(g["by_class_us"].get(c, 0.0) for g in got) / steps for c in classes}
+    return out
+
+
+def render_phases(p: Dict) -> str:
+    lines = []
+    for name, q in p.items():
+        classes = ", ".join(f"{c} {us:.1f}" for c, us in sorted(q["by_class_us"].items(), key=lambda kv: -kv[1]))
+        lines.append(f"  {name}: {q['wall_us']:.1f} us, a kernel running {q['busy_us']:.1f} us; {q['kernels']:.0f} kernels, "
+                     f"{q['kernel_us']:.1f} us of them ({classes})")
+    return "\n".join(lines)
+
+
 def render(a: Dict) -> str:
     """A few lines of text for a log."""
     lines = [f"traced {a['steps']} steps: {a['span_us_per_step']:.1f} us per step, {a['kernels_per_step']:.0f} kernels "
@@ -139,3 +222,25 @@ def render(a: Dict) -> str:
         lines.append(f"    {g['us']:7.1f} us ({g['covered_us']:6.1f} covered) {g['name_before'][:50]} -> "
                      f"{g['name_after'][:50]}")
     return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """python -m shmlearn.bench.timeline TRACE --steps N: the analysis of a saved trace of N
+    replays (benchmarks/throughput_profile.py --timeline writes them)."""
+    import argparse
+    p = argparse.ArgumentParser(prog="python -m shmlearn.bench.timeline", description=main.__doc__.split(":")[0])
+    p.add_argument("trace", help="a Chrome trace from torch.profiler (.json or .json.gz)")
+    p.add_argument("--steps", type=int, required=True, help="how many replays of the step it holds")
+    a = p.parse_args(argv)
+    try:
+        kernels = kernels_of_trace(a.trace)
+        print(render(analyze(kernels, steps=a.steps)))
+        print(render_phases(phases(kernels, steps=a.steps)))
+    except (OSError, ValueError) as e:
+        print(f"{p.prog}: {a.trace}: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from shmlearn.bench.timeline import analyze, intersect, kernels_of_trace, union
+from shmlearn.bench.timeline import analyze, intersect, kernel_class, kernels_of_trace, phases, union
 
 
 def k(name, ts, dur, stream):
@@ -39,6 +39,45 @@ def test_two_steps_split_by_hand():
     assert [b["count"] for b in a["gap_buckets"]] == [0, 1, 0, 1.5, 0]  # 2 in (1,2]; 8, 15 in (5,20]
     top = a["largest_gaps"][0]
     assert top["us"] == 15 and top["name_before"] == "upd" and top["name_after"] == "fwd"
+
+
+def test_phases_cut_each_step_at_its_loss_by_hand():
+    # two replays of [conv 0-10, red 11-14, log_softmax 15-16, dgrad 17-27 | wgrad 20-30 on
+    # another stream, sgd 31-33]: forward [0, 15), the rest [15, 33) of each step
+    ks = []
+    for o in (0, 100):
+        ks += [k("sm90_xmma_fprop", o, 10, 7), k("triton_red_fused_bn", o + 11, 3, 7),
+               k("triton_per_fused__log_softmax_1", o + 15, 1, 7), k("sm90_xmma_dgrad", o + 17, 10, 7),
+               k("sm90_xmma_wgrad", o + 20, 10, 9), k("_sgd_kernel", o + 31, 2, 9)]
+    p = phases(ks, steps=2)
+    f, b = p["forward"], p["backward"]
+    assert f["wall_us"] == 15 and f["busy_us"] == 13 and f["kernels"] == 2 and f["kernel_us"] == 13
+    assert f["by_class_us"] == {"conv/matmul": 10, "reduction": 3}
+    # [15, 33): busy 15-16, 17-30, 31-33 = 16 us; kernels 1 + 10 + 10 + 2 = 23 us (streams overlapped)
+    assert b["wall_us"] == 18 and b["busy_us"] == 16 and b["kernels"] == 4 and b["kernel_us"] == 23
+    assert b["by_class_us"] == {"reduction": 1, "conv/matmul": 20, "update": 2}
+
+
+def test_phases_refuse_what_is_not_replays_of_a_step():
+    one = [k("sm90_xmma_fprop", 0, 10, 7), k("triton_per_fused__log_softmax_1", 11, 1, 7)]
+    with pytest.raises(ValueError, match="3 kernels are not 2 replays"):
+        phases(one + [k("x", 20, 1, 7)], steps=2)
+    with pytest.raises(ValueError, match="step 0 has no kernel named like"):
+        phases([k("sm90_xmma_fprop", 0, 10, 7), k("triton_poi_fused_relu", 11, 1, 7)], steps=1)
+
+
+def test_kernel_classes():
+    # Inductor's names list what they fused, convolution backwards included: their prefix decides
+    assert kernel_class("triton_poi_fused__native_batch_norm_legit_functional_conv2d_backward_overlap_7") == "pointwise"
+    assert kernel_class("triton_red_fused__native_batch_norm_legit_functional_12") == "reduction"
+    assert kernel_class("sm90_xmma_wgrad_indexed_implicit_gemm_bf16bf16_bf16f32_f32_nhwckrsc") == "conv/matmul"
+    assert kernel_class("nvjet_sm90_tst_64x32_64x16_1x2_h_bz_splitK_NTT") == "conv/matmul"
+    assert kernel_class("_sgd_kernel") == "update"
+    assert kernel_class("void at::native::(anonymous namespace)::multi_tensor_apply_kernel<...Copy<float, float>>") == "update"
+    assert kernel_class("Memset (Device)") == "fill/copy"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<4, FillFunctor<float>>") == "fill/copy"
+    assert kernel_class("void at::native::vectorized_elementwise_kernel<2, CUDAFunctorOnSelf_add<long>>") == "pointwise"
+    assert kernel_class("shm_fill") == "fill/copy" and kernel_class("mystery") == "other"
 
 
 def test_overlapping_main_kernels_make_no_gap():
@@ -74,3 +113,17 @@ def test_reader_reads_what_the_profiler_exports(tmp_path):
     p = str(tmp_path / "cpu.json")
     prof.export_chrome_trace(p)
     assert kernels_of_trace(p) == []
+
+
+def test_main_on_a_saved_trace(tmp_path, capsys):
+    from shmlearn.bench.timeline import main
+    events = [{"ph": "X", "cat": "kernel", "name": n, "ts": float(t), "dur": 1.0, "args": {"stream": 7}}
+              for n, t in (("sm90_xmma_fprop", 0), ("triton_per_fused__log_softmax_0", 2), ("sm90_xmma_dgrad", 4))]
+    p = tmp_path / "t.json"
+    p.write_text(json.dumps({"traceEvents": events}))
+    assert main([str(p), "--steps", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "traced 1 steps" in out and "forward: 2.0 us" in out and "backward: 3.0 us" in out
+    assert main([str(p), "--steps", "2"]) == 2  # 3 kernels are not 2 replays: one line, exit 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "3 kernels are not 2 replays of one step" in err[0]
