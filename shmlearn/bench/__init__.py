@@ -25,7 +25,12 @@ def _throughput(sub) -> None:
     register(sub)
 
 
-SUBCOMMANDS: List[Callable] = [_comm, _ps_sim, _throughput]
+def _timeline(sub) -> None:
+    from shmlearn.bench.timeline import register
+    register(sub)
+
+
+SUBCOMMANDS: List[Callable] = [_comm, _ps_sim, _throughput, _timeline]
 """register(bench_subparsers) functions, one per `shmlearn bench` subcommand."""
 
 

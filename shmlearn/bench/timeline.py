@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from collections import Counter
 from typing import Dict, Iterable, List, Sequence, Tuple
 
@@ -224,23 +223,24 @@ def render(a: Dict) -> str:
     return "\n".join(lines)
 
 
-def main(argv=None) -> int:
-    """python -m shmlearn.bench.timeline TRACE --steps N: the analysis of a saved trace of N
-    replays (benchmarks/throughput_profile.py --timeline writes them)."""
-    import argparse
-    p = argparse.ArgumentParser(prog="python -m shmlearn.bench.timeline", description=main.__doc__.split(":")[0])
+
+def register(bench_sub) -> None:
+    p = bench_sub.add_parser(
+        "timeline", help="read a saved trace of replayed steps: streams, gaps, forward against backward",
+        description="The analysis of a Chrome trace of N replays of a step's CUDA graph "
+                    "(benchmarks/throughput_profile.py --timeline writes them): streams and gaps, then each "
+                    "step cut at its loss kernel into forward and backward, by kernel class.")
     p.add_argument("trace", help="a Chrome trace from torch.profiler (.json or .json.gz)")
     p.add_argument("--steps", type=int, required=True, help="how many replays of the step it holds")
-    a = p.parse_args(argv)
+    p.set_defaults(func=cmd_timeline)
+
+
+def cmd_timeline(ns) -> int:
+    from shmlearn.errors import BadInput
     try:
-        kernels = kernels_of_trace(a.trace)
-        print(render(analyze(kernels, steps=a.steps)))
-        print(render_phases(phases(kernels, steps=a.steps)))
+        kernels = kernels_of_trace(ns.trace)
+        text = render(analyze(kernels, steps=ns.steps)) + "\n" + render_phases(phases(kernels, steps=ns.steps))
     except (OSError, ValueError) as e:
-        print(f"{p.prog}: {a.trace}: {e}", file=sys.stderr)
-        return 2
+        raise BadInput(f"{ns.trace}: {e}") from None
+    print(text)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

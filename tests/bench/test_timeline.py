@@ -116,14 +116,14 @@ def test_reader_reads_what_the_profiler_exports(tmp_path):
 
 
 def test_main_on_a_saved_trace(tmp_path, capsys):
-    from shmlearn.bench.timeline import main
+    from shmlearn.cli import main
     events = [{"ph": "X", "cat": "kernel", "name": n, "ts": float(t), "dur": 1.0, "args": {"stream": 7}}
               for n, t in (("sm90_xmma_fprop", 0), ("triton_per_fused__log_softmax_0", 2), ("sm90_xmma_dgrad", 4))]
     p = tmp_path / "t.json"
     p.write_text(json.dumps({"traceEvents": events}))
-    assert main([str(p), "--steps", "1"]) == 0
+    assert main(["bench", "timeline", str(p), "--steps", "1"]) == 0
     out = capsys.readouterr().out
     assert "traced 1 steps" in out and "forward: 2.0 us" in out and "backward: 3.0 us" in out
-    assert main([str(p), "--steps", "2"]) == 2  # 3 kernels are not 2 replays: one line, exit 2
+    assert main(["bench", "timeline", str(p), "--steps", "2"]) == 2  # 3 kernels are not 2 replays: one line, exit 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "3 kernels are not 2 replays of one step" in err[0]
