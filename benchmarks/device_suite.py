@@ -100,6 +100,14 @@ AGREE_EARLY = (
     ("resnet34", 128, "compiled", "allreduce:compile+no-combo+late-update,allreduce:compile+no-combo"))
 """Eighth round: the update in the backward (the default) against the update after it, bit for bit
 with deterministic cuDNN (combo kernels off: their own autotuning sums in another order)."""
+AGREE_COPY = (
+    ("resnet18", 128, "compiled", "allreduce:compile+no-combo+no-weight-copy,allreduce:compile+no-combo,"
+                                  "allreduce:compile+no-combo+late-update"),
+    ("resnet18", 128, "eager", "allreduce:no-weight-copy,allreduce,allreduce:late-update"),
+    ("resnet34", 128, "compiled", "allreduce:compile+no-combo+no-weight-copy,allreduce:compile+no-combo"))
+"""Eleventh round: the weights' bf16 copy written by the update (--weight-copy auto, the default)
+against the forward's own casts, with the update in the backward (whose input-gradient GEMMs
+read the copy that the update then writes) and after it, bit for bit."""
 DEFER2_VARIANTS = ("allreduce:compile,allreduce:compile+2-streams,allreduce:compile+combo,allreduce:compile+aggressive,"
                    "allreduce:compile+no-split,allreduce:compile+serial-conv")
 """Seventh round, second run: the new default (--conv-overlap auto = all, deferred), with the weight
@@ -483,6 +491,20 @@ def part_commands(p: str, workers: str) -> dict:
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+memset-nodes", "--timeline", p("timeline-34m"),
                              "--out", os.path.join(p("timeline-34m"), "profile-resnet34.json")), 400),
+        # Eleventh round: the update writes the convolutions' bf16 weights (--weight-copy auto) and
+        # the forward casts none; bit for bit first, then every acceptance row against the casts.
+        "agree-copy": (["bash", "-c", "; ".join(
+            shlex.join(_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", m, "--batch",
+                           str(b), "--steps", "30", "--variants", variants,
+                           "--out", os.path.join(p("agree-copy"), f"{m}-b{b}-{kind}.json")))
+            for m, b, kind, variants in AGREE_COPY)], 500),
+        **{f"tput-copy-{b}": (_gpu_bench(p(f"tput-copy-{b}"), [
+            (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+no-weight-copy")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 580) for b in (128, 1024)},
+        "timeline-34c": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
+                             "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
+                             "--variants", "compile,compile+no-weight-copy", "--timeline", p("timeline-34c"),
+                             "--out", os.path.join(p("timeline-34c"), "profile-resnet34.json")), 400),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

@@ -24,9 +24,20 @@ BLOCK = 1024
 
 
 @triton.jit
-def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, lr_ptr, skip_ptr, starts_ptr, ends_ptr, N, momentum, dampening,
-                weight_decay, HAS_MOM: tl.constexpr, NESTEROV: tl.constexpr, HAS_WD: tl.constexpr,
-                HAS_SRC: tl.constexpr, HAS_TABLE: tl.constexpr, BLOCK: tl.constexpr):
+def _bf16_rne(x):
+    """fp32 -> bf16, rounded to nearest even as torch's cast rounds (c10's round_to_nearest_even;
+    NaN to its quiet NaN), in integer arithmetic: what tl's own cast gives on a GPU, and also in
+    Triton's interpreter, whose cast truncates."""
+    bits = x.to(tl.uint32, bitcast=True)
+    rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).to(tl.uint16)
+    return tl.where(x != x, 0x7FC0, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)
+
+
+@triton.jit
+def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, copy_ptr, lr_ptr, skip_ptr, starts_ptr, ends_ptr, N, momentum,
+                dampening, weight_decay, HAS_MOM: tl.constexpr, NESTEROV: tl.constexpr, HAS_WD: tl.constexpr,
+                HAS_SRC: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_COPY: tl.constexpr, COPY_BF16: tl.constexpr,
+                BLOCK: tl.constexpr):
     if HAS_TABLE:  # program i updates [starts[i], ends[i]) of the buffers (at most BLOCK values)
         start = tl.load(starts_ptr + tl.program_id(0))
         offs = start + tl.arange(0, BLOCK)
@@ -52,17 +63,26 @@ def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, lr_ptr, skip_ptr, starts_ptr, ends
         else:
             g = m
     lr = tl.load(lr_ptr).to(tl.float32)
-    tl.store(p_ptr + offs, (p - lr * g).to(p_ptr.dtype.element_ty), mask=ok)
+    new = (p - lr * g).to(p_ptr.dtype.element_ty)
+    tl.store(p_ptr + offs, new, mask=ok)
+    if HAS_COPY:  # the forward's low-precision copy of the new weights
+        if COPY_BF16:
+            tl.store(copy_ptr + offs, _bf16_rne(new), mask=ok)
+        else:
+            tl.store(copy_ptr + offs, new.to(copy_ptr.dtype.element_ty), mask=ok)
 
 
 def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tensor, skip: torch.Tensor, *,
-         momentum: float, dampening: float, weight_decay: float, nesterov: bool, src=None, table=None) -> None:
+         momentum: float, dampening: float, weight_decay: float, nesterov: bool, src=None, table=None,
+         copy=None) -> None:
     """params <- one SGD step, in place, unless skip (a 0-dim float tensor) is non-zero.
     params, grads and momentum_buf (None without momentum): contiguous, one length; lr: a
     0-dim tensor on the same device. src: the gradient, read from here (any float dtype, laid
     out as params in memory) and written into grads as it is used (even when skipped: grads then
     holds what the backward made, as without src). table: (starts, ends), int64 tensors on the
-    device: update only these ranges of the buffers, one program each (`block_table`)."""
+    device: update only these ranges of the buffers, one program each (`block_table`). copy: a
+    buffer laid out as params (e.g. bf16) that gets each new weight cast to its dtype as it is
+    stored (not where skipped): the forward's weights, cast by the update."""
     n = params.numel()
     mom = momentum_buf if momentum_buf is not None else params  # never read without momentum
     if table is None:
@@ -70,10 +90,11 @@ def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tens
     else:
         starts, ends = table
         grid = (starts.numel(),)
-    _sgd_kernel[grid](params, grads, mom, src if src is not None else grads, lr, skip, starts, ends, n, momentum,
-                      dampening, weight_decay, HAS_MOM=momentum_buf is not None, NESTEROV=nesterov,
-                      HAS_WD=weight_decay != 0, HAS_SRC=src is not None, HAS_TABLE=table is not None,
-                      BLOCK=BLOCK, num_warps=4)
+    _sgd_kernel[grid](params, grads, mom, src if src is not None else grads, copy if copy is not None else params,
+                      lr, skip, starts, ends, n, momentum, dampening, weight_decay, HAS_MOM=momentum_buf is not None,
+                      NESTEROV=nesterov, HAS_WD=weight_decay != 0, HAS_SRC=src is not None,
+                      HAS_TABLE=table is not None, HAS_COPY=copy is not None,
+                      COPY_BF16=copy is not None and copy.dtype == torch.bfloat16, BLOCK=BLOCK, num_warps=4)
 
 
 def block_table(ranges, device) -> tuple:

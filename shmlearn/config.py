@@ -135,6 +135,12 @@ class TrainConfig:
     off, or auto (on wherever it can run: allreduce at 1 worker or weight-avg, the flat SGD
     kernel on CUDA, convolutions that run shmlearn's backward op; on asks for it and says why not
     where it cannot). The same update, bit for bit; shmlearn/fast.py."""
+    weight_copy: str = "auto"
+    """The fast step's update also writes the convolutions' weights cast to bf16, and the next
+    forward reads them there instead of casting every weight first (autocast's cast, a pass over
+    the weights on the forward's critical path): on, off, or auto (on wherever it can run: bf16,
+    the flat SGD kernel on CUDA, convolutions that run shmlearn's op; on says why not where it
+    cannot). The same weights cast the same way, so the same steps, bit for bit; shmlearn/fast.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
@@ -396,7 +402,7 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
-    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS
+    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS, WEIGHT_COPY
     from shmlearn.nn.image_conv import MODES as IMAGE_CONV
     from shmlearn.nn.max_pool import MODES as MAX_POOL
     from shmlearn.nn.conv_pool import MODES as CONV_POOL
@@ -419,6 +425,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--combo-kernels {cfg.combo_kernels}: choose one of {', '.join(COMBO)}")
     if cfg.update_in_backward not in EARLY_UPDATE:
         raise BadInput(f"--update-in-backward {cfg.update_in_backward}: choose one of {', '.join(EARLY_UPDATE)}")
+    if cfg.weight_copy not in WEIGHT_COPY:
+        raise BadInput(f"--weight-copy {cfg.weight_copy}: choose one of {', '.join(WEIGHT_COPY)}")
     if cfg.max_pool not in MAX_POOL:
         raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
     if cfg.compile not in COMPILE:

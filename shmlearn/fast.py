@@ -58,6 +58,9 @@ compiles with default, times a few steps of each and keeps the faster."""
 EARLY_UPDATE = ("auto", "on", "off")
 """--update-in-backward: each convolution's SGD step as soon as the backward has made its weight's
 gradient (`Stepper.early_update`)."""
+WEIGHT_COPY = ("auto", "on", "off")
+"""--weight-copy: the update writes the convolutions' bf16 weights for the next forward, which then
+casts none (`Stepper.weight_copy`)."""
 COMBO = ("auto", "on", "off")
 """--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
 COMBO_MAX_PIXELS = 256 * 32 * 32
@@ -141,6 +144,8 @@ class StepOptions:
     False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
     update_in_backward: str = "auto"
     """EARLY_UPDATE: on, off, or auto (on wherever it can run: `Stepper._early_why_not`)."""
+    weight_copy: str = "auto"
+    """WEIGHT_COPY: on, off, or auto (on wherever it can run: `Stepper._copy_why_not`)."""
     high_priority_capture: bool = True
     """CUDA graphs: capture the step on a stream of the highest priority, so that its kernels run
     before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
@@ -277,6 +282,25 @@ class Stepper:
         updated in the backward (conv_overlap.set_slots)."""
         self.early_update = False
         """Whether convolutions take their SGD step inside the backward (`_setup_fast` binds it)."""
+        # Before compiling too: the forward Dynamo traces reads the copies.
+        why_copy = self._copy_why_not(why_not)
+        if opts.weight_copy == "on" and why_copy:
+            raise BadInput(f"--weight-copy on: {why_copy}")
+        self._copy = None
+        """The flat bf16 copy of the weights that the update writes and the convolutions' forward
+        reads (flat_sgd.bind's copy), or None."""
+        if why_copy is None and opts.weight_copy != "off":
+            self._copy = flat_sgd.weight_copy(strategy.params_flat, torch.bfloat16)
+            flat = strategy.params_flat
+            base, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+            held = {id(p) for p in strategy._trainable}
+            if not conv_overlap.set_weight_copies(
+                    model, lambda p: (flat_sgd.copy_view(self._copy, p, flat)
+                                      if id(p) in held and base <= p.data_ptr() < end else None)):
+                self._copy = None
+        self.weight_copy = False
+        """Whether the update writes the convolutions' bf16 weights for the next forward, which
+        then casts none (--weight-copy; `_setup_fast` binds it)."""
         self.memsets_replaced = 0
         """Memset nodes of the step's CUDA graphs made kernel nodes (StepOptions.memset_kernels)."""
         self.memset_bytes = 0
@@ -327,6 +351,20 @@ class Stepper:
         why = "--flat-sgd is off" if not o.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
         return f"the update is not the flat SGD kernel ({why})" if why else None
 
+    def _copy_why_not(self, fast_why_not: Optional[str]) -> Optional[str]:
+        """None if the weight copy can run (the flat update writes the bf16 weights that the
+        convolutions' forward reads, instead of autocast's cast of each at every forward), else
+        why not (one line)."""
+        s, o = self.strategy, self.opts
+        if not self.fast or s.free_running:
+            return fast_why_not or "the step is not the fast one (--check-every 1)"
+        if o.precision != "bf16":
+            return f"--precision {o.precision}: the forward casts no weights"
+        if not self.conv_overlaps or self.conv_overlap == "off":
+            return "no convolution runs shmlearn's op (--conv-overlap off, or none in the model)"
+        why = "--flat-sgd is off" if not o.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
+        return f"the update is not the flat SGD kernel ({why})" if why else None
+
     # -- modes ----------------------------------------------------------------------------------
     @property
     def mode(self) -> str:
@@ -369,13 +407,17 @@ class Stepper:
         if self.opts.flat_sgd and not self.strategy.free_running:
             early = [i for w, b, _ in self._slots.values() for i in (w, b) if i is not None]
             update, _ = flat_sgd.bind(self.optimizer, self.strategy._trainable, self.strategy.params_flat,
-                                      self.strategy.grads_flat, self.found_inf, early=early)
+                                      self.strategy.grads_flat, self.found_inf, early=early, copy=self._copy)
             if update is not None:
                 self.strategy.flat_update, self.update_kernel = update, "flat"
                 self.early_update = bool(early)
+                self.weight_copy = self._copy is not None
         if self._slots and not self.early_update:
             conv_overlap.clear_slots(self.model)
             self._slots = {}
+        if self._copy is not None and not self.weight_copy:  # never: _copy_why_not checked what bind does
+            conv_overlap.set_weight_copies(self.model, lambda p: None)
+            self._copy = None
         if self.strategy.noise is not None:
             self.strategy.noise.bind(self._t)  # its history is indexed by the step, as the losses are
 
@@ -480,7 +522,8 @@ class Stepper:
         at one worker, as two half batches (noise.py: their gradients' norms are the measurement).
         gate: a non-finite loss sets the skip flag before the backward (whose updates read it)."""
         def fb(xb, yb):
-            loss = self.train_loss(xb, yb)
+            with conv_overlap.weight_copies(self._copy is not None):
+                loss = self.train_loss(xb, yb)
             if gate:
                 check_non_finite(loss.detach().reshape(1), self.found_inf, self.strategy._one)
             loss.backward()
@@ -534,7 +577,9 @@ class Stepper:
 
                 def fb(fwd) -> None:
                     self.strategy.zero_grad()
-                    fwd(x, y).backward()
+                    with conv_overlap.weight_copies(self._copy is not None):  # as the step will trace it
+                        loss = fwd(x, y)
+                    loss.backward()
 
                 def timed(fwd, n: int) -> float:
                     self._sync()
@@ -723,6 +768,8 @@ class Stepper:
                 self.strategy.params_flat.copy_(saved_params)
                 for b, v in zip(self.model.buffers(), saved_buffers):
                     b.copy_(v)
+                if self.strategy.flat_update is not None:
+                    self.strategy.flat_update.refresh()  # the weights were written around the update
             self.found_inf.zero_()
             self._expected = None  # the next step re-primes the loader and the step counter
             if self.strategy.computes:
@@ -854,6 +901,8 @@ class Stepper:
         if self.graphs is not None:
             torch.cuda.synchronize(self.device)
             self.graphs = None
+        if self._copy is not None:  # the model goes back to casting its weights (and holds no copy)
+            conv_overlap.set_weight_copies(self.model, lambda p: None)
 
     def flush(self, done: int) -> Optional[Window]:
         """Read whatever is pending (the benchmark does, between timed repeats)."""

@@ -7,6 +7,15 @@ Triton kernel (_flat_sgd_triton.py) with as many programs as the buffer needs, w
 fused SGD gives each tensor's 65,536-value chunk to one block (10 blocks for alexnet-small's
 150k parameters: 15.6 us on an H100, for 3 MB of traffic). The optimizer stays torch's SGD: its
 state_dict, checkpoints and schedule are unchanged, and every other path still calls its step().
+
+With a weight copy (`bind(copy=...)`, fast.py's --weight-copy), the kernel also stores each new
+weight cast to bf16 into a second flat buffer laid out as the parameters: the convolutions'
+forward reads its weights there (conv_overlap.weight_copies) instead of casting every weight at
+the start of every forward under autocast, a pass of 6 bytes a parameter on the forward's
+critical path (ResNet-34: four kernels, 56 us of a 3.8 ms step at batch 128 on an H100). The
+cast then costs 2 bytes a parameter inside the update, which the update in the backward runs on
+a side stream. Whatever else writes the parameters (weight averaging, a parameter server's
+broadcast, putting weights back) must call `refresh` after.
 """
 from __future__ import annotations
 
@@ -51,9 +60,11 @@ class FlatUpdate:
 
     def __init__(self, kernel, group: dict, params_flat: torch.Tensor, grads_flat: torch.Tensor,
                  mom_flat: Optional[torch.Tensor], found_inf: torch.Tensor, trainable: List[torch.nn.Parameter],
-                 early: Sequence[int]):
+                 early: Sequence[int], copy: Optional[torch.Tensor] = None):
         self._kernel, self._group = kernel, group
         self._p, self._g, self._m, self._skip = params_flat, grads_flat, mom_flat, found_inf
+        self.copy = copy
+        """The weights cast to a lower precision, laid out as params_flat (`bind`), or None."""
         self._lr_cache: Optional[torch.Tensor] = None
         self.early = frozenset(early)
         base = params_flat.data_ptr()
@@ -72,6 +83,12 @@ class FlatUpdate:
         self._table = None if whole or not merged else kernel.block_table(merged, params_flat.device)
         self._nothing = not merged
 
+    def refresh(self) -> None:
+        """The weight copy cast again from the parameters (after anything but this update wrote
+        them); nothing without a copy."""
+        if self.copy is not None:
+            self.copy.copy_(self._p)
+
     def _sgd(self, p, g, m, **where) -> None:
         """The kernel over (p, g, m) with the optimizer's hyperparameters as they are now."""
         group = self._group
@@ -88,7 +105,7 @@ class FlatUpdate:
         """One SGD step of every parameter not in `early`, from grads_flat, skipped while
         found_inf is non-zero."""
         if not self._nothing:
-            self._sgd(self._p, self._g, self._m, table=self._table)
+            self._sgd(self._p, self._g, self._m, table=self._table, copy=self.copy)
 
     def take(self, i: int, grad: torch.Tensor) -> None:
         """Parameter i's gradient (any float dtype, its parameter's shape) into its part of
@@ -102,18 +119,20 @@ class FlatUpdate:
             src = grad
         else:  # cuDNN chose another layout: copy it in as the parameter is laid out
             _same_layout(self._g, view, self._p).copy_(grad)
-        self._sgd(self._p[a:b], self._g[a:b], m, src=src)
+        self._sgd(self._p[a:b], self._g[a:b], m, src=src, copy=self.copy[a:b] if self.copy is not None else None)
 
 
 def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params_flat: torch.Tensor,
          grads_flat: torch.Tensor, found_inf: torch.Tensor,
-         early: Sequence[int] = ()) -> Tuple[Optional[FlatUpdate], Optional[str]]:
+         early: Sequence[int] = (), copy: Optional[torch.Tensor] = None) -> Tuple[Optional[FlatUpdate], Optional[str]]:
     """(update, None): `update()` applies one SGD step of `optimizer`'s hyperparameters to
     params_flat from grads_flat, skipped while found_inf is non-zero, and the momentum buffers
     are now views of one flat buffer (their values kept). early: indices (into trainable) of
     parameters that `update.take` updates instead, each from its own gradient (update() leaves
-    them alone). (None, why) where it cannot (why_not). Call after any optimizer.load_state_dict:
-    loading replaces the state's tensors."""
+    them alone). copy: a flat buffer of params_flat's length (`weight_copy`) that every update
+    writes its new weights into, cast to the copy's dtype; filled from params_flat here. (None, why)
+    where it cannot (why_not). Call after any optimizer.load_state_dict: loading replaces the
+    state's tensors."""
     why = why_not(optimizer, trainable, params_flat)
     if why is not None:
         return None, why
@@ -129,4 +148,20 @@ def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params
             if old is not None:
                 view.copy_(old)
             optimizer.state[p]["momentum_buffer"] = view
-    return FlatUpdate(kernel, group, params_flat, grads_flat, mom_flat, found_inf, trainable, early), None
+    if copy is not None:
+        if copy.numel() != params_flat.numel() or not copy.is_contiguous() or copy.device != params_flat.device:
+            raise ValueError("bind: copy must be a contiguous buffer of params_flat's length, on its device")
+        copy.copy_(params_flat)
+    return FlatUpdate(kernel, group, params_flat, grads_flat, mom_flat, found_inf, trainable, early, copy), None
+
+
+def weight_copy(params_flat: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A flat buffer of params_flat's length in `dtype`, holding params_flat cast (`bind`'s copy)."""
+    out = torch.empty(params_flat.numel(), dtype=dtype, device=params_flat.device)
+    return out.copy_(params_flat.detach())
+
+
+def copy_view(copy: torch.Tensor, param: torch.Tensor, params_flat: torch.Tensor) -> torch.Tensor:
+    """The view of `copy` (`weight_copy`) that holds `param`'s values, laid out as `param` (which
+    must be a view of params_flat: sync/base.py's flatten_parameters)."""
+    return _same_layout(copy, param.data, params_flat)

@@ -309,7 +309,7 @@ class _ConvNet(torch.nn.Module):
 
 
 def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None, steps=10, strategy="allreduce",
-                   rank=0, world=1, avg_period=1):
+                   rank=0, world=1, avg_period=1, weight_copy="auto", precision=None):
     """A fast Stepper on the CPU with every convolution in shmlearn's backward op (conv_overlap's
     CUDA check lifted; its split then runs in line) and the flat SGD kernel (interpreter).
     monkeypatch None: lift the check for good (in a spawned worker)."""
@@ -333,7 +333,8 @@ def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None,
         value = torch.nn.functional.cross_entropy(out, y)
         return value * float("nan") if count["n"] == (nan_at or 0) + 1 and nan_at is not None else value
     opts = StepOptions(check_every=4, conv_overlap="all", update_in_backward=mode, compile=compile,
-                       precision="bf16" if compile != "off" else "fp32", channels_last=compile != "off")
+                       precision=precision or ("bf16" if compile != "off" else "fp32"), channels_last=compile != "off",
+                       weight_copy=weight_copy)
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 3),
                    loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps,
@@ -385,6 +386,78 @@ def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
         Stepper(model=st.model, strategy=st.strategy, optimizer=st.optimizer, schedule=st.schedule, loader=st.loader,
                 task="classification", device=torch.device("cpu"), timer=st.timer, rank=0, world_size=1,
                 total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on"))
+
+
+@interpreted
+def test_the_weight_copy_gives_the_steps_of_autocasts_cast_bit_for_bit(monkeypatch):
+    """--weight-copy: the update writes the convolutions' bf16 weights and the forward reads them
+    instead of casting: the same weights, gradients and momentum after 10 steps as the step that
+    casts, bit for bit, with the update in the backward (whose input-gradient GEMM reads the copy
+    that the update then writes) and after it, eagerly in bf16 and compiled, and through a NaN
+    step; at the end the copy holds the weights cast; the model, closed, casts again."""
+    for kw in ({"precision": "bf16"}, {"compile": "default"}, {"compile": "default", "mode": "off"},
+               {"precision": "bf16", "nan_at": 6}):
+        mode = kw.pop("mode", "on")
+        runs = {c: _early_stepper(monkeypatch, mode, weight_copy=c, **kw) for c in ("on", "off")}
+        assert runs["on"].weight_copy and not runs["off"].weight_copy
+        assert runs["on"].early_update == (mode == "on")
+        wins = {c: _train(st, 10) for c, st in runs.items()}
+        if "nan_at" in kw:
+            assert wins["on"].bad == wins["off"].bad == (6, 0)
+        on, off = runs["on"], runs["off"]
+        for a, b in ((on.strategy.params_flat, off.strategy.params_flat),
+                     (on.strategy.grads_flat, off.strategy.grads_flat),
+                     (on.strategy.flat_update._m, off.strategy.flat_update._m)):
+            assert torch.equal(a, b), kw
+        assert torch.equal(on.strategy.flat_update.copy, on.strategy.params_flat.bfloat16()), kw
+        held = [m for m in on.model.modules() if "weight_copy" in m.__dict__]
+        assert len(held) == 3
+        on.close()
+        assert not any("weight_copy" in m.__dict__ for m in on.model.modules())
+
+
+def test_weight_copy_on_says_why_it_cannot_run(monkeypatch):
+    with pytest.raises(BadInput, match="--weight-copy on: --precision fp32: the forward casts no weights"):
+        _early_stepper(monkeypatch, "auto", weight_copy="on", precision="fp32")
+    assert not _early_stepper(monkeypatch, "auto", precision="fp32").weight_copy
+    if os.environ.get("TRITON_INTERPRET") != "1":
+        with pytest.raises(BadInput, match="--weight-copy on: the update is not the flat SGD kernel"):
+            _early_stepper(monkeypatch, "auto", weight_copy="on", precision="bf16")
+    with pytest.raises(BadInput, match="--weight-copy maybe: choose one of auto, on, off"):
+        validate(TrainConfig(weight_copy="maybe"))
+
+
+def _copy_worker(rank, world, port, out):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    res = {}
+    for strategy, mode in (("weight-avg", "on"), ("ps", "off"), ("allreduce", "off")):
+        for c in ("on", "off"):
+            st = _early_stepper(None, mode, strategy=strategy, rank=rank, world=world, avg_period=3,
+                                precision="bf16", weight_copy=c)
+            assert st.weight_copy == (c == "on")
+            _train(st, 10)
+            res[strategy, c] = st.strategy.params_flat.clone()
+            if c == "on":
+                res[strategy, "copy"] = st.strategy.flat_update.copy.clone()
+    torch.save(res, os.path.join(out, f"copy-rank{rank}.pt"))
+    dist.destroy_process_group()
+    os._exit(0)  # as _graph_worker
+
+
+@interpreted
+def test_the_weight_copy_follows_every_writer_of_the_weights_on_two_processes(tmp_path):
+    """The weights written other than by the update (weight-avg's averages every 3 steps, the
+    parameter server's broadcast to its workers) leave the copy cast again (params_written):
+    with copies, 10 steps of each strategy on two Gloo processes end on the weights of the step
+    that casts, bit for bit (a stale copy read by a forward would change them), and each rank's
+    copy holds its weights cast."""
+    mp.spawn(_copy_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    for r in range(2):
+        res = torch.load(os.path.join(tmp_path, f"copy-rank{r}.pt"))
+        for strategy in ("weight-avg", "ps", "allreduce"):
+            assert torch.equal(res[strategy, "on"], res[strategy, "off"]), (r, strategy)
+            assert torch.equal(res[strategy, "copy"], res[strategy, "on"].bfloat16()), (r, strategy)
 
 
 def _early_worker(rank, world, port, out):

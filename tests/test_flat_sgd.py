@@ -169,3 +169,53 @@ def _positions(s, indices):
         a = (p.data_ptr() - base) // p.element_size()
         mask[a:a + p.numel()] = True
     return mask
+
+
+@interpreted
+def test_the_update_writes_the_weight_copy_as_it_writes_the_weights():
+    """bind(copy=...): the copy starts as the weights cast to bf16 and, after every update (the
+    whole one, and take's for the early parameters), holds the new weights cast, bit for bit as
+    torch's cast (round to nearest even); a skipped update leaves both alone; refresh casts again
+    after another writer; the weights themselves step as without a copy."""
+    model, s, found_inf, plain, _, _ = _pair(0.9, True, 1e-3)
+    twin, s2, found2, _, _, _ = _pair(0.9, True, 1e-3)
+    copy_buf = flat_sgd.weight_copy(s2.params_flat, torch.bfloat16)
+    copy_buf.fill_(float("nan"))  # bind fills it
+    upd, why = flat_sgd.bind(s2.optimizer, s2._trainable, s2.params_flat, s2.grads_flat, found2, early=[0],
+                             copy=copy_buf)
+    assert why is None and torch.equal(copy_buf, s2.params_flat.bfloat16())
+    for i in range(3):
+        _grads(model, s, copy.deepcopy(model), i)
+        s2.grads_flat.copy_(s.grads_flat)
+        plain()
+        upd.take(0, s2._grad_views[0].clone())
+        upd()
+        assert torch.equal(s2.params_flat, s.params_flat)
+        assert torch.equal(copy_buf, s2.params_flat.bfloat16()), i
+        conv = twin.conv.weight  # a 4-D view, laid out as its parameter (channels_last)
+        view = flat_sgd.copy_view(copy_buf, conv, s2.params_flat)
+        assert view.stride() == conv.stride() and torch.equal(view, conv.detach().bfloat16())
+    before, cast = s2.params_flat.clone(), copy_buf.clone()
+    found2.fill_(1.0)
+    upd.take(0, s2._grad_views[0].clone())
+    upd()
+    assert torch.equal(s2.params_flat, before) and torch.equal(copy_buf, cast)
+    s2.params_flat.mul_(0.5)  # another writer (an average, a broadcast)
+    upd.refresh()
+    assert torch.equal(copy_buf, s2.params_flat.bfloat16())
+    with pytest.raises(ValueError, match="params_flat's length"):
+        flat_sgd.bind(s2.optimizer, s2._trainable, s2.params_flat, s2.grads_flat, found2, copy=copy_buf[1:])
+    # The rounding's edges, against torch's cast bit for bit: ties to even (down and up), negative,
+    # overflow to inf, a subnormal, -0; NaN (a zero gradient and no weight decay keep the weights).
+    _, s3, found3, _, _, _ = _pair(0.0, False, 0.0)
+    buf = flat_sgd.weight_copy(s3.params_flat, torch.bfloat16)
+    upd3, _ = flat_sgd.bind(s3.optimizer, s3._trainable, s3.params_flat, s3.grads_flat, found3, copy=buf)
+    edges = torch.tensor([1 + 2 ** -8, 1 + 3 * 2 ** -8, -(1 + 2 ** -8), 3.4e38, float("nan"), 2.0 ** -130, -0.0])
+    with torch.no_grad():
+        s3.params_flat[:edges.numel()] = edges
+    s3.grads_flat.zero_()
+    buf.zero_()
+    upd3()
+    nan = s3.params_flat.isnan()  # NaN stays NaN (its bits differ between torch's own casts)
+    assert torch.equal(buf.isnan(), nan) and nan.sum() == 1
+    assert torch.equal(buf.view(torch.int16)[~nan], s3.params_flat.bfloat16().view(torch.int16)[~nan])

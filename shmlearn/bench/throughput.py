@@ -95,6 +95,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "tile-red": {"inductor": (("triton.tile_reductions", True),)},
              "nd-tiling": {"inductor": (("triton.prefer_nd_tiling", True),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
+             "no-weight-copy": {"weight_copy": "off"},
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
@@ -493,7 +494,7 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
                 row.update(compile=st.compiled, compile_s=st.compile_s, combo_kernels=st.combo)
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
-                           update_in_backward=st.early_update)
+                           update_in_backward=st.early_update, weight_copy=st.weight_copy)
             if st is not None and st.graphs:  # the captured step's memset nodes made kernels; its sampling
                 row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes,
                            sample_every=st.sample_every, eager_over_replay=round(st.eager_over_replay, 2))

@@ -46,6 +46,14 @@ reads a weight gradient before the join. What a deferred GEMM still reads after 
 (the output gradient, the input, the weight) is kept from reuse: by the allocator through
 record_stream, and by Inductor through INDUCTOR_OPTIONS (fast.py compiles with them when it
 defers).
+
+Weight copies (`set_weight_copies`, `weight_copies`; fast.py's --weight-copy): within
+`weight_copies`, a convolution given a copy of its weight in autocast's dtype convolves with that
+copy instead of casting its fp32 weight, which autocast does at the start of every forward (a
+pass over every weight on the forward's critical path). The fast step's update writes the copy as
+it writes the weights (flat_sgd.py), so the copy always holds the weight cast; outside the
+context (evaluation, a user's own calls) the module casts as before, so a copy that another
+writer of the weights has made stale is never read there.
 """
 from __future__ import annotations
 
@@ -72,6 +80,8 @@ _DEFER = {"on": False, "streams": 1, "next": 0, "sink": None}
 """Inside `deferred`: a split backward leaves its weight GEMM on the side stream, and hands the
 weight's gradient to the sink if one is given. A module global, not thread-local: autograd runs a
 CUDA backward on a thread of its own."""
+_COPIES = {"on": False}
+"""Inside `weight_copies`: convolutions read their weights from the copy they were given."""
 _PENDING: Set[Tuple[int, int]] = set()
 """Side streams (device index, i) holding weight GEMMs not yet joined (`join`)."""
 INDUCTOR_OPTIONS = {"allow_buffer_reuse": False, "inplace_buffers": False}
@@ -168,14 +178,16 @@ def _like(t: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(ref, dtype=t.dtype).copy_(t)
 
 
-def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot=-1):
+def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot=-1,
+                  weight_is_copy=False):
     """(dx, dw, db) of F.conv2d, dw and db in grad_dtype (the parameters' own: autocast's cast
     back, done where the GEMM ran); an empty tensor for each one mask does not ask for. rows: the
     largest batch x output height x width whose two GEMMs run apart (max_rows). may_defer: inside
     `deferred`, leave the weight's GEMM running on the side stream (the caller's parameters are
     nn.Conv2d's; conv_pool's blocks cast their weights outside and pass False). slot: this
     convolution's number for the sink of `deferred` (-1: none): where a sink is set, dw and db go
-    to it and the op returns uninitialized tensors for them."""
+    to it and the op returns uninitialized tensors for them. weight_is_copy: weight is the
+    parameter's copy (`weight_copies`), which the sink's update writes."""
     need_dx, need_dw, need_db = mask
     sink = _DEFER["sink"] if (may_defer and slot >= 0 and (need_dw or need_db)) else None
     split = need_dx and (need_dw or need_db) and grad.numel() // grad.shape[1] <= rows
@@ -216,9 +228,10 @@ def backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows
                 dw, db = params(dw, db)
         dx, _, _ = half([True, False, False])
         if sink is not None:
-            if side is not None and weight.dtype == grad_dtype:
-                # No autocast cast: weight may be the parameter itself, which the input
-                # gradient's GEMM (just queued on main) reads and the sink is about to update.
+            if side is not None and (weight.dtype == grad_dtype or weight_is_copy):
+                # No autocast cast: weight may be the parameter itself (or its copy, which the
+                # update writes too), which the input gradient's GEMM (just queued on main)
+                # reads and the sink is about to update.
                 side.wait_stream(main)
             with torch.cuda.stream(side):
                 dw, db = hand_over(dw, db)
@@ -250,13 +263,14 @@ def _define_ops():
     @torch.library.custom_op("shmlearn::conv2d_backward_overlap", mutates_args=())
     def backward_op(grad: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, stride: List[int],
                     padding: List[int], dilation: List[int], groups: int, mask: List[bool],
-                    rows: int, grad_dtype: torch.dtype, may_defer: bool,
-                    slot: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    rows: int, grad_dtype: torch.dtype, may_defer: bool, slot: int,
+                    weight_is_copy: bool) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         return backward_impl(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer,
-                             slot)
+                             slot, weight_is_copy)
 
     @backward_op.register_fake
-    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot):
+    def _(grad, x, weight, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot,
+          weight_is_copy):
         empty = grad.new_empty
         return (torch.empty_like(x) if mask[0] else empty(0),
                 torch.empty_like(weight, dtype=grad_dtype) if mask[1] else empty(0),
@@ -265,8 +279,8 @@ def _define_ops():
     from torch.utils.flop_counter import conv_backward_flop, register_flop_formula
 
     @register_flop_formula(torch.ops.shmlearn.conv2d_backward_overlap)
-    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot, *,
-          out_shape=None, **kwargs):
+    def _(grad_shape, x_shape, w_shape, stride, padding, dilation, groups, mask, rows, grad_dtype, may_defer, slot,
+          weight_is_copy, *, out_shape=None, **kwargs):
         return conv_backward_flop(grad_shape, x_shape, w_shape, None, stride, padding, dilation, False,
                                   [0, 0], groups, mask, out_val=out_shape)
 
@@ -274,44 +288,49 @@ def _define_ops():
 
 
 def convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows=ALL_ROWS,
-                         grad_dtype: Optional[torch.dtype] = None, may_defer: bool = False, slot: int = -1):
+                         grad_dtype: Optional[torch.dtype] = None, may_defer: bool = False, slot: int = -1,
+                         weight_is_copy: bool = False):
     """(dx, dw, db) as torch.ops.aten.convolution_backward gives them for a 2-D convolution (None
     where mask says no), the two GEMMs on two streams on CUDA where the GEMM has at most `rows`
-    rows (max_rows); dw and db in grad_dtype (default: weight's). may_defer, slot: see
-    backward_impl."""
+    rows (max_rows); dw and db in grad_dtype (default: weight's). may_defer, slot,
+    weight_is_copy: see backward_impl."""
     dx, dw, db = _ops()(grad, x, weight, list(stride), list(padding), list(dilation), groups,
-                        [bool(m) for m in mask], rows, grad_dtype or weight.dtype, may_defer, slot)
+                        [bool(m) for m in mask], rows, grad_dtype or weight.dtype, may_defer, slot, weight_is_copy)
     return dx if mask[0] else None, dw if mask[1] else None, db if mask[2] else None
 
 
 class _Conv2d(torch.autograd.Function):
     """F.conv2d of x and the parameters cast to `dtype` (autocast's cast, inside: the backward
     returns the parameters' gradients in their own dtype straight from the op, so that nothing
-    on the main stream reads a gradient the side stream may still be computing, `deferred`)."""
+    on the main stream reads a gradient the side stream may still be computing, `deferred`).
+    copy: the weight already cast (`weight_copies`), read instead of casting it; its gradient is
+    still the weight's."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows, dtype, slot):
-        w = weight.to(dtype)
+    def forward(ctx, x, weight, bias, stride, padding, dilation, groups, rows, dtype, slot, copy=None):
+        w = copy if copy is not None else weight.to(dtype)
         b = bias.to(dtype) if bias is not None else None
         ctx.save_for_backward(x, w)
-        ctx.conv = (stride, padding, dilation, groups, rows, slot)
+        ctx.conv = (stride, padding, dilation, groups, rows, slot, copy is not None)
         ctx.grad_dtype = weight.dtype
         return F.conv2d(x, w, b, stride, padding, dilation, groups)
 
     @staticmethod
     def backward(ctx, grad):
         x, weight = ctx.saved_tensors
-        stride, padding, dilation, groups, rows, slot = ctx.conv
+        stride, padding, dilation, groups, rows, slot, is_copy = ctx.conv
         mask = ctx.needs_input_grad[:3]
         dx, dw, db = convolution_backward(grad, x, weight, stride, padding, dilation, groups, mask, rows,
-                                          ctx.grad_dtype, True, slot)
-        return dx, dw, db, None, None, None, None, None, None, None
+                                          ctx.grad_dtype, True, slot, is_copy)
+        return dx, dw, db, None, None, None, None, None, None, None, None
 
 
 def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1,
-           rows: int = ALL_ROWS, slot: int = -1) -> torch.Tensor:
+           rows: int = ALL_ROWS, slot: int = -1, copy: Optional[torch.Tensor] = None) -> torch.Tensor:
     """F.conv2d with the backward of this module (numeric padding, 4-D x): the two GEMMs apart
-    where batch x output height x width <= rows; slot: its number for `deferred`'s sink."""
+    where batch x output height x width <= rows; slot: its number for `deferred`'s sink; copy:
+    weight cast to autocast's dtype already (read instead of casting it, under autocast of that
+    dtype only)."""
     args = (tuple(stride), tuple(padding), tuple(dilation), groups, rows)
     dev = x.device.type
     if not torch.is_autocast_enabled(dev):
@@ -319,8 +338,10 @@ def conv2d(x, weight, bias=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
     # Cast as autocast casts conv2d's inputs: x outside the Function (its cast's backward runs on
     # the main stream, where dx is made), the parameters inside (above).
     dt = torch.get_autocast_dtype(dev)
+    if copy is not None and copy.dtype != dt:
+        copy = None
     with torch.autocast(dev, enabled=False):
-        return _Conv2d.apply(x.to(dt), weight, bias, *args, dt, slot)
+        return _Conv2d.apply(x.to(dt), weight, bias, *args, dt, slot, copy)
 
 
 class OverlapConv2d(nn.Conv2d):
@@ -329,8 +350,9 @@ class OverlapConv2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:  # unbatched (C, H, W): torch's module
             return super().forward(x)
+        copy = self.__dict__.get("weight_copy") if _COPIES["on"] else None
         return conv2d(x, self.weight, self.bias, self.stride, self.padding, self.dilation, self.groups,
-                      self.overlap_rows, self.grad_slot)  # attributes: Dynamo guards on their values
+                      self.overlap_rows, self.grad_slot, copy)  # attributes: Dynamo guards on their values
 
 
 def _qualifies(m: nn.Module) -> bool:
@@ -351,6 +373,7 @@ def convert(model: nn.Module, mode: str) -> int:
             m.__class__ = nn.Conv2d
             m.__dict__.pop("overlap_rows", None)
             m.__dict__.pop("grad_slot", None)
+            m.__dict__.pop("weight_copy", None)
         else:
             m.__class__ = OverlapConv2d
             m.__dict__["overlap_rows"] = max_rows(mode)
@@ -394,3 +417,34 @@ def clear_slots(model: nn.Module) -> None:
     for m in model.modules():
         if type(m) is OverlapConv2d:
             m.__dict__["grad_slot"] = -1
+
+
+@contextlib.contextmanager
+def weight_copies(on: bool = True):
+    """Within: each convolution given a weight copy (`set_weight_copies`) reads it under autocast
+    of its dtype, instead of casting its weight. Only where the copy is known to hold the weight
+    cast: the fast step's forward, whose update writes it (fast.py)."""
+    before = _COPIES["on"]
+    _COPIES["on"] = bool(on)
+    try:
+        yield
+    finally:
+        _COPIES["on"] = before
+
+
+def set_weight_copies(model: nn.Module, view_of: Callable[[nn.Parameter], Optional[torch.Tensor]]) -> int:
+    """Give each overlapped convolution (`convert`) the copy of its weight that view_of returns
+    (None: none); how many got one. view_of=lambda p: None clears them all."""
+    n = 0
+    for m in model.modules():
+        if type(m) is not OverlapConv2d:
+            continue
+        v = view_of(m.weight)
+        if v is None:
+            m.__dict__.pop("weight_copy", None)
+            continue
+        if v.shape != m.weight.shape or v.stride() != m.weight.stride():
+            raise ValueError("set_weight_copies: a copy must be laid out as its weight")
+        m.__dict__["weight_copy"] = v
+        n += 1
+    return n

@@ -222,6 +222,13 @@ class SyncStrategy(ABC):
         else:
             self.optimizer.step()
 
+    def params_written(self) -> None:
+        """gated_step wrote params_flat other than through `update_params` (an average, a
+        broadcast): the flat update's weight copy, which the next forward reads, is cast again
+        (flat_sgd.FlatUpdate.refresh; nothing without one)."""
+        if self.flat_update is not None:
+            self.flat_update.refresh()
+
     def round_kinds(self) -> list:
         """The values of `round_` that gated_step is called with in this run (fast.py captures
         one CUDA graph for each): [False] unless the strategy communicates in rounds."""

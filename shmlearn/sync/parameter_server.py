@@ -107,6 +107,8 @@ class ParameterServer(SyncStrategy):
                 self.update_params()
         with timer.phase("broadcast"):
             dist.broadcast(self.params_flat, src=0, group=self.group)
+        if self.rank != 0:  # rank 0's update wrote its own copy
+            self.params_written()
 
     def state_dict(self) -> dict:
         return {"dedicated": self.dedicated}

@@ -91,6 +91,7 @@ class WeightAveraging(SyncStrategy):
                 torch.log(1 - found_inf, out=buf[-1])
                 self._average_(buf)
             check_non_finite(buf[-1:], found_inf, self._one)
+            self.params_written()
 
     def host_step(self, round_: bool) -> None:
         self.local_steps += 1

@@ -295,3 +295,45 @@ def test_slots_skip_shared_weights_and_modules_and_clear():
     assert net[0].grad_slot == 0 and net[3].grad_slot == -1
     conv_overlap.clear_slots(net)
     assert all(m.grad_slot == -1 for m in net.modules() if type(m) is OverlapConv2d)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_weight_copy_is_read_inside_weight_copies_only_and_gives_the_casts_results(compiled):
+    """Given copies of their weights in bf16 (set_weight_copies), the convolutions read them under
+    bf16 autocast inside weight_copies: with the weights cast there, the same outputs and fp32
+    gradients as the same module casting, bit for bit, eagerly and compiled; with zeros there, other
+    outputs (the copy is what is read); outside the context (evaluation, a user's call) the module
+    casts its weight and the copy is not read."""
+    ref = _net().to(memory_format=torch.channels_last)
+    net = copy.deepcopy(ref)
+    conv_overlap.convert(net, "all")
+    x = torch.randn(4, 3, 12, 12).contiguous(memory_format=torch.channels_last)
+    copies = {id(m.weight): m.weight.detach().to(torch.bfloat16) for m in net.modules() if type(m) is OverlapConv2d}
+    assert all(c.stride() == m.weight.stride() for m in net.modules() if type(m) is OverlapConv2d
+               for c in [copies[id(m.weight)]])
+    assert conv_overlap.set_weight_copies(net, lambda p: copies.get(id(p))) == 4
+    run = torch.compile(net, backend="inductor", dynamic=False) if compiled else net
+    out_r, g_r = _grads(net, x, autocast=True, run=run)  # outside: each weight cast, as autocast does
+    if not compiled:
+        assert torch.equal(out_r, _grads(ref, x, autocast=True)[0])
+    with conv_overlap.weight_copies():
+        out, g = _grads(net, x, autocast=True, run=run)
+    assert torch.equal(out, out_r)
+    for name in g_r:
+        assert g[name].dtype == torch.float32 and torch.equal(g[name], g_r[name]), name
+    for c in copies.values():  # the copies now differ from the weights: which one is read shows
+        c.zero_()
+    outside, _ = _grads(net, x, autocast=True, run=run)
+    assert torch.equal(outside, out_r)
+    with conv_overlap.weight_copies():
+        inside, g0 = _grads(net, x, autocast=True, run=run)
+    assert not torch.equal(inside, out_r)
+    assert conv_overlap.set_weight_copies(net, lambda p: None) == 0
+    assert not any("weight_copy" in m.__dict__ for m in net.modules())
+
+
+def test_a_weight_copy_must_be_laid_out_as_its_weight():
+    net = _net().to(memory_format=torch.channels_last)
+    conv_overlap.convert(net, "all")
+    with pytest.raises(ValueError, match="laid out as its weight"):
+        conv_overlap.set_weight_copies(net, lambda p: torch.zeros(p.shape, dtype=torch.bfloat16))
