@@ -26,8 +26,9 @@ BLOCK = 1024
 @triton.jit
 def _bf16_rne(x):
     """fp32 -> bf16, rounded to nearest even as torch's cast rounds (c10's round_to_nearest_even;
-    NaN to its quiet NaN), in integer arithmetic: what tl's own cast gives on a GPU, and also in
-    Triton's interpreter, whose cast truncates."""
+    NaN to a quiet NaN), in integer arithmetic: what tl's own cast gives on a GPU, for Triton's
+    interpreter, whose cast truncates. Not on the GPU: there it made the update's kernels 30-50%
+    slower (resnet34's at batch 128 on an H100, benchmarks/results/copy-h100/run1)."""
     bits = x.to(tl.uint32, bitcast=True)
     rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).to(tl.uint16)
     return tl.where(x != x, 0x7FC0, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)
@@ -36,7 +37,7 @@ def _bf16_rne(x):
 @triton.jit
 def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, copy_ptr, lr_ptr, skip_ptr, starts_ptr, ends_ptr, N, momentum,
                 dampening, weight_decay, HAS_MOM: tl.constexpr, NESTEROV: tl.constexpr, HAS_WD: tl.constexpr,
-                HAS_SRC: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_COPY: tl.constexpr, COPY_BF16: tl.constexpr,
+                HAS_SRC: tl.constexpr, HAS_TABLE: tl.constexpr, HAS_COPY: tl.constexpr, COPY_RNE_INT: tl.constexpr,
                 BLOCK: tl.constexpr):
     if HAS_TABLE:  # program i updates [starts[i], ends[i]) of the buffers (at most BLOCK values)
         start = tl.load(starts_ptr + tl.program_id(0))
@@ -66,9 +67,9 @@ def _sgd_kernel(p_ptr, g_ptr, m_ptr, src_ptr, copy_ptr, lr_ptr, skip_ptr, starts
     new = (p - lr * g).to(p_ptr.dtype.element_ty)
     tl.store(p_ptr + offs, new, mask=ok)
     if HAS_COPY:  # the forward's low-precision copy of the new weights
-        if COPY_BF16:
+        if COPY_RNE_INT:
             tl.store(copy_ptr + offs, _bf16_rne(new), mask=ok)
-        else:
+        else:  # a GPU's conversion: round to nearest even, as torch's cast on the GPU
             tl.store(copy_ptr + offs, new.to(copy_ptr.dtype.element_ty), mask=ok)
 
 
@@ -94,7 +95,8 @@ def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tens
                       lr, skip, starts, ends, n, momentum, dampening, weight_decay, HAS_MOM=momentum_buf is not None,
                       NESTEROV=nesterov, HAS_WD=weight_decay != 0, HAS_SRC=src is not None,
                       HAS_TABLE=table is not None, HAS_COPY=copy is not None,
-                      COPY_BF16=copy is not None and copy.dtype == torch.bfloat16, BLOCK=BLOCK, num_warps=4)
+                      COPY_RNE_INT=copy is not None and copy.dtype == torch.bfloat16 and not params.is_cuda,
+                      BLOCK=BLOCK, num_warps=4)
 
 
 def block_table(ranges, device) -> tuple:
