@@ -501,6 +501,9 @@ def part_commands(p: str, workers: str) -> dict:
         **{f"tput-copy-{b}": (_gpu_bench(p(f"tput-copy-{b}"), [
             (m, "3x32x32", b, "plain,graph,compile", "allreduce:compile,allreduce:compile+no-weight-copy")
             for m in ("resnet34", "resnet18", "alexnet-small")]), 580) for b in (128, 1024)},
+        "tput-copy-late-128": (_gpu_bench(p("tput-copy-late-128"), [
+            (m, "3x32x32", 128, "graph", "allreduce:compile+late-update,allreduce:compile+late-update+no-weight-copy")
+            for m in ("resnet34", "resnet18")]), 400),
         "timeline-34c": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+no-weight-copy", "--timeline", p("timeline-34c"),
