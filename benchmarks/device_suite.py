@@ -504,6 +504,8 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-copy-late-128": (_gpu_bench(p("tput-copy-late-128"), [
             (m, "3x32x32", 128, "graph", "allreduce:compile+late-update,allreduce:compile+late-update+no-weight-copy")
             for m in ("resnet34", "resnet18")]), 400),
+        "kernels-copy": (_py(os.path.join(HERE, "kernels.py"), "--cases", "flat-sgd-copy", "--batch-sizes", "128",
+                             "--out", os.path.join(p("kernels-copy"), "kernels-flat-sgd-copy.json")), 200),
         "timeline-34c": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+no-weight-copy", "--timeline", p("timeline-34c"),

@@ -326,8 +326,55 @@ def conv_overlap_cases(stage: str):
     return build, nbytes
 
 
+FLAT_SGD_PARAMS = 21_282_122
+"""flat-sgd-copy: ResNet-34's (CIFAR, 10 classes) parameter count; the batch size is not used."""
+
+
+def flat_sgd_copy_cases(batch: int, device) -> Dict[str, Callable]:
+    """One flat SGD step (momentum, Nesterov, weight decay) over ResNet-34's parameter count, as the
+    fast step's update (flat_sgd.py): without the weight copy, with it (--weight-copy: the kernel
+    also stores each new weight in bf16), and the step followed by torch's cast into the copy;
+    the same from a bf16 gradient (`take`, the update in the backward). Each variant on its own
+    buffers from the same random start: its output is the new weights (and copy)."""
+    n = FLAT_SGD_PARAMS
+    g = torch.Generator(device="cpu").manual_seed(7)
+    p0, g0, m0 = (torch.randn(n, generator=g).to(device) for _ in range(3))
+    lr = torch.tensor(1e-3, device=device)
+    skip = torch.zeros((), device=device)
+    cases: Dict[str, Callable] = {}
+    if device.type != "cuda":
+        return {"torch cast only (no kernel on the CPU)": lambda: (p0.to(BF16),)}
+    from shmlearn import _flat_sgd_triton as k
+
+    def case(with_copy: bool, torch_cast: bool, src_bf16: bool):
+        p, gr, m = p0.clone(), g0.clone(), m0.clone()
+        src = g0.to(BF16) if src_bf16 else None
+        cp = torch.empty(n, dtype=BF16, device=device)
+
+        def step():
+            k.sgd_(p, gr, m, lr, skip, momentum=0.9, dampening=0.0, weight_decay=5e-4, nesterov=True, src=src,
+                   copy=cp if with_copy else None)
+            if torch_cast:
+                cp.copy_(p)
+            return (p, cp) if (with_copy or torch_cast) else (p,)
+        return step
+
+    for src_bf16 in (False, True):
+        tail = ", bf16 gradient (take)" if src_bf16 else ""
+        cases[f"sgd + copy in the kernel{tail}"] = case(True, False, src_bf16)  # first: the reference
+        cases[f"sgd{tail}"] = case(False, False, src_bf16)
+        cases[f"sgd, then torch's cast{tail}"] = case(False, True, src_bf16)
+    return cases
+
+
+def flat_sgd_copy_bytes(batch: int) -> int:
+    """Read weights, gradient and momentum, write weights and momentum (fp32): the step without a copy."""
+    return 20 * FLAT_SGD_PARAMS
+
+
 CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
          "bias-grad": (bias_grad_cases, bias_grad_bytes), "mlp-head": (mlp_head_cases, mlp_head_bytes),
+         "flat-sgd-copy": (flat_sgd_copy_cases, flat_sgd_copy_bytes),
          **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS},
          **{name: conv_overlap_cases(name) for name in CONV_OVERLAP_STAGES}}
 
