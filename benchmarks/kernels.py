@@ -346,14 +346,19 @@ def flat_sgd_copy_cases(batch: int, device) -> Dict[str, Callable]:
         return {"torch cast only (no kernel on the CPU)": lambda: (p0.to(BF16),)}
     from shmlearn import _flat_sgd_triton as k
 
-    def case(with_copy: bool, torch_cast: bool, src_bf16: bool):
+    def case(with_copy: bool, torch_cast: bool, src_bf16: bool, block: int = k.BLOCK, warps: int = k.NUM_WARPS):
         p, gr, m = p0.clone(), g0.clone(), m0.clone()
         src = g0.to(BF16) if src_bf16 else None
         cp = torch.empty(n, dtype=BF16, device=device)
 
         def step():
-            k.sgd_(p, gr, m, lr, skip, momentum=0.9, dampening=0.0, weight_decay=5e-4, nesterov=True, src=src,
-                   copy=cp if with_copy else None)
+            saved = k.BLOCK, k.NUM_WARPS  # the launch's shape (a whole-buffer step has no block table)
+            k.BLOCK, k.NUM_WARPS = block, warps
+            try:
+                k.sgd_(p, gr, m, lr, skip, momentum=0.9, dampening=0.0, weight_decay=5e-4, nesterov=True, src=src,
+                       copy=cp if with_copy else None)
+            finally:
+                k.BLOCK, k.NUM_WARPS = saved
             if torch_cast:
                 cp.copy_(p)
             return (p, cp) if (with_copy or torch_cast) else (p,)
@@ -364,6 +369,10 @@ def flat_sgd_copy_cases(batch: int, device) -> Dict[str, Callable]:
         cases[f"sgd + copy in the kernel{tail}"] = case(True, False, src_bf16)  # first: the reference
         cases[f"sgd{tail}"] = case(False, False, src_bf16)
         cases[f"sgd, then torch's cast{tail}"] = case(False, True, src_bf16)
+    for block, warps in ((512, 4), (2048, 4), (2048, 8), (4096, 8), (1024, 8)):  # the launch's shape
+        for with_copy in (True, False):
+            cases[f"sgd{' + copy' if with_copy else ''}, BLOCK {block}, {warps} warps"] = case(with_copy, False, False,
+                                                                                             block, warps)
     return cases
 
 

@@ -21,6 +21,7 @@ import triton
 import triton.language as tl
 
 BLOCK = 1024
+NUM_WARPS = 4
 
 
 @triton.jit
@@ -96,7 +97,7 @@ def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tens
                       NESTEROV=nesterov, HAS_WD=weight_decay != 0, HAS_SRC=src is not None,
                       HAS_TABLE=table is not None, HAS_COPY=copy is not None,
                       COPY_RNE_INT=copy is not None and copy.dtype == torch.bfloat16 and not params.is_cuda,
-                      BLOCK=BLOCK, num_warps=4)
+                      BLOCK=BLOCK, num_warps=NUM_WARPS)
 
 
 def block_table(ranges, device) -> tuple:
