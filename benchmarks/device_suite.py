@@ -506,6 +506,9 @@ def part_commands(p: str, workers: str) -> dict:
             for m in ("resnet34", "resnet18")]), 400),
         "kernels-copy": (_py(os.path.join(HERE, "kernels.py"), "--cases", "flat-sgd-copy", "--batch-sizes", "128",
                              "--out", os.path.join(p("kernels-copy"), "kernels-flat-sgd-copy.json")), 200),
+        "tput-copy5-128": (_gpu_bench(p("tput-copy5-128"), [
+            (m, "3x32x32", 128, "graph,compile", "allreduce:compile,allreduce:compile+weight-copy")
+            for m in ("resnet34", "resnet18")]), 400),
         "timeline-34c": (_py(os.path.join(HERE, "throughput_profile.py"), "--model", "resnet34",
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+no-weight-copy", "--timeline", p("timeline-34c"),

@@ -95,7 +95,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "tile-red": {"inductor": (("triton.tile_reductions", True),)},
              "nd-tiling": {"inductor": (("triton.prefer_nd_tiling", True),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
-             "no-weight-copy": {"weight_copy": "off"},
+             "no-weight-copy": {"weight_copy": "off"}, "weight-copy": {"weight_copy": "on"},
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
