@@ -32,8 +32,7 @@ thread, before) took 157.6 and 199.0 us, and larger blocks made the copy's store
 def _bf16_rne(x):
     """fp32 -> bf16, rounded to nearest even as torch's cast rounds (c10's round_to_nearest_even;
     NaN to a quiet NaN), in integer arithmetic: what tl's own cast gives on a GPU, for Triton's
-    interpreter, whose cast truncates. Not on the GPU: there it made the update's kernels 30-50%
-    slower (resnet34's at batch 128 on an H100, benchmarks/results/copy-h100/run1)."""
+    interpreter, whose cast truncates. On the GPU the kernel uses the hardware's conversion."""
     bits = x.to(tl.uint32, bitcast=True)
     rounded = ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).to(tl.uint16)
     return tl.where(x != x, 0x7FC0, rounded).to(tl.uint16).to(tl.bfloat16, bitcast=True)

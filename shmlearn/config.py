@@ -138,10 +138,9 @@ class TrainConfig:
     weight_copy: str = "auto"
     """The fast step's update also writes the convolutions' weights cast to bf16, and the next
     forward reads them there instead of casting every weight first (autocast's cast, a pass over
-    the weights on the forward's critical path): on, off, or auto (on where it can run, bf16, the
-    flat SGD kernel on CUDA, convolutions that run shmlearn's op, for batches of more than 262,144
-    image pixels, e.g. 1024 images of 32x32, where it was measured to pay; on says why not where
-    it cannot). The same weights cast the same way, so the same steps; shmlearn/fast.py."""
+    the weights on the forward's critical path): on, off, or auto (on wherever it can run: bf16,
+    the flat SGD kernel on CUDA, convolutions that run shmlearn's op; on says why not where it
+    cannot). The same weights cast the same way, so the same steps; shmlearn/fast.py."""
     max_pool: str = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor

@@ -60,8 +60,13 @@ EARLY_UPDATE = ("auto", "on", "off")
 gradient (`Stepper.early_update`)."""
 WEIGHT_COPY = ("auto", "on", "off")
 """--weight-copy: the update writes the convolutions' bf16 weights for the next forward, which then
-casts none (`Stepper.weight_copy`); auto: where it can run and is measured to pay
-(`weight_copy_pays`)."""
+casts none (`Stepper.weight_copy`). The forward loses its casts (ResNet-34 at batch 128 on an
+H100: 1425 -> 1366 us), and the update's kernel writes 2 more bytes a parameter, which cost it
+20 us over ResNet-34's 21M parameters (144.6 -> 164.8 us; torch's cast after it costs 45).
+Steps on an H100, compiled (benchmarks/results/copy-h100/): resnet34 at batch 128 3.720 -> 3.711 ms,
+resnet18 2.169 -> 2.158 (run 5); at 1024, with the earlier kernel of 1024 values a program,
+21.30 -> 21.14 and 20.99 -> 20.81 (runs 1 and 2), where at 128 that kernel's stores had made
+the copy lose (3.850 -> 3.892)."""
 COMBO = ("auto", "on", "off")
 """--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
 COMBO_MAX_PIXELS = 256 * 32 * 32
@@ -81,25 +86,6 @@ def combo_kernels(mode: str, device: torch.device, x: Optional[torch.Tensor]) ->
         return False
     pixels = x.shape[0] * (x.shape[-2] * x.shape[-1] if x.dim() == 4 else 1)
     return pixels <= COMBO_MAX_PIXELS
-
-
-COPY_MIN_PIXELS = COMBO_MAX_PIXELS
-"""--weight-copy auto: on CUDA for batches of more than this many image pixels (batch x height x
-width) only. The copy moves the weights' cast out of the forward (ResNet-34 at batch 128 on an
-H100: 1425 -> 1366 us) into the update, where its stores cost as much as the cast did (the flat
-SGD step over ResNet-34's 21M parameters alone: 157 -> 199 us; torch's cast after it, 202 us).
-At batch 1024 the update runs beside the backward's large GEMMs and the step gained (resnet34
-21.30 -> 21.14 and 20.99 -> 20.81 ms in two runs; resnet18 equal); at 128 it runs beside small
-kernels that it slows, and every step measured lost 0.5-2.6% (resnet34 3.850 -> 3.892, resnet18
-2.196 -> 2.225, with the update after the backward too; benchmarks/results/copy-h100/)."""
-
-
-def weight_copy_pays(device: torch.device, x: Optional[torch.Tensor]) -> bool:
-    """--weight-copy auto: whether the copy is measured to pay for a batch x (COPY_MIN_PIXELS)."""
-    if device.type != "cuda" or x is None:
-        return False
-    pixels = x.shape[0] * (x.shape[-2] * x.shape[-1] if x.dim() == 4 else 1)
-    return pixels > COPY_MIN_PIXELS
 
 
 DEFAULT_CHECK_EVERY = {"cpu": 10, "cuda": 50}
@@ -165,8 +151,7 @@ class StepOptions:
     update_in_backward: str = "auto"
     """EARLY_UPDATE: on, off, or auto (on wherever it can run: `Stepper._early_why_not`)."""
     weight_copy: str = "auto"
-    """WEIGHT_COPY: on, off, or auto (on where it can run, `Stepper._copy_why_not`, for large
-    batches, `weight_copy_pays`)."""
+    """WEIGHT_COPY: on, off, or auto (on wherever it can run: `Stepper._copy_why_not`)."""
     high_priority_capture: bool = True
     """CUDA graphs: capture the step on a stream of the highest priority, so that its kernels run
     before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
@@ -310,9 +295,7 @@ class Stepper:
         self._copy = None
         """The flat bf16 copy of the weights that the update writes and the convolutions' forward
         reads (flat_sgd.bind's copy), or None."""
-        wanted = opts.weight_copy == "on" or (opts.weight_copy == "auto" and why_copy is None and weight_copy_pays(
-            device, loader.batch(0)[0] if strategy.computes else None))
-        if why_copy is None and wanted:
+        if why_copy is None and opts.weight_copy != "off":
             self._copy = flat_sgd.weight_copy(strategy.params_flat, torch.bfloat16)
             flat = strategy.params_flat
             base, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()

@@ -427,19 +427,6 @@ def test_weight_copy_on_says_why_it_cannot_run(monkeypatch):
         validate(TrainConfig(weight_copy="maybe"))
 
 
-def test_weight_copy_auto_is_on_for_large_batches_on_cuda_only():
-    """auto: the copy where it was measured to pay (fast.COPY_MIN_PIXELS: 32x32 images at batch 1024,
-    not 128); never off CUDA; an input that is not an image counts its rows."""
-    from shmlearn.fast import COPY_MIN_PIXELS, weight_copy_pays
-    cuda, cpu = torch.device("cuda"), torch.device("cpu")
-    big, small = torch.empty(1024, 3, 32, 32, device="meta"), torch.empty(128, 3, 32, 32, device="meta")
-    assert weight_copy_pays(cuda, big) and not weight_copy_pays(cuda, small)
-    assert not weight_copy_pays(cpu, big) and not weight_copy_pays(cuda, None)
-    assert weight_copy_pays(cuda, torch.empty(COPY_MIN_PIXELS + 1, 64, device="meta"))
-    assert not weight_copy_pays(cuda, torch.empty(COPY_MIN_PIXELS, 64, device="meta"))
-    assert not _early_stepper(None, "auto", precision="bf16").weight_copy  # on the CPU: auto leaves it off
-
-
 def _copy_worker(rank, world, port, out):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
