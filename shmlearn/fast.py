@@ -340,7 +340,7 @@ class Stepper:
         """None if the update in the backward can run (the update of every convolution's weight
         in its op's backward, as soon as its gradient exists: fast.py's module docstring), else
         why not (one line)."""
-        s, o = self.strategy, self.opts
+        s = self.strategy
         if not self.fast or s.free_running:
             return fast_why_not or "the step is not the fast one (--check-every 1)"
         if not s.updates_locally:
@@ -354,7 +354,13 @@ class Stepper:
             return "fault injection changes the loss after the backward"
         if not self.conv_overlaps or self.conv_overlap == "off":
             return "no convolution runs shmlearn's backward op (--conv-overlap off, or none in the model)"
-        why = "--flat-sgd is off" if not o.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
+        return self._flat_why_not()
+
+    def _flat_why_not(self) -> Optional[str]:
+        """None if the update will be the flat SGD kernel (flat_sgd.bind), else why not (one line)."""
+        s = self.strategy
+        why = "--flat-sgd is off" if not self.opts.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable,
+                                                                                  s.params_flat)
         return f"the update is not the flat SGD kernel ({why})" if why else None
 
     def _copy_why_not(self, fast_why_not: Optional[str]) -> Optional[str]:
@@ -368,8 +374,7 @@ class Stepper:
             return f"--precision {o.precision}: the forward casts no weights"
         if not self.conv_overlaps or self.conv_overlap == "off":
             return "no convolution runs shmlearn's op (--conv-overlap off, or none in the model)"
-        why = "--flat-sgd is off" if not o.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
-        return f"the update is not the flat SGD kernel ({why})" if why else None
+        return self._flat_why_not()
 
     # -- modes ----------------------------------------------------------------------------------
     @property
