@@ -157,6 +157,11 @@ class StepOptions:
     before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
     priority) when both have blocks waiting: torch instantiates graphs with per-node priorities.
     False: the default priority for both (the bench's `normal-priority` modifier)."""
+    compile_read: bool = True
+    """--compile: compile the batch read too (the loader's `next_batch`: the index arithmetic, the
+    gather, augmentation and normalization), whose eager ops are 8 kernels without augmentation
+    and about 20 with it, so that Inductor fuses them into two or three. False: the read runs
+    eagerly (the bench's `eager-read` modifier, to compare)."""
     memset_kernels: bool = True
     """CUDA graphs: replace the captured graph's small memset nodes (cuDNN zeroing a few bytes of
     workspace) with kernel nodes that write the same bytes, before instantiating it
@@ -320,6 +325,10 @@ class Stepper:
         self.train_loss = self._train_loss
         """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
+        self.next_batch = loader.next_batch
+        """() -> the batch at the loader's device counter (fast step): its `next_batch`, or that
+        compiled (StepOptions.compile_read)."""
+        self.read_compiled = False
         self.compile_s: Optional[float] = None
         self.compiled: Optional[str] = None
         self.combo = False
@@ -437,7 +446,7 @@ class Stepper:
         s = self.strategy
         if s.computes:
             with timer.phase("data"):
-                x, y = self.loader.next_batch()
+                x, y = self.next_batch()
             with timer.phase("compute"):
                 loss = self._gradients(x, y)
             if self.fault is not None and step is not None:
@@ -641,6 +650,8 @@ class Stepper:
                          f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
         if choice != "off":
             self.train_loss = compiled
+            if computes and self.opts.compile_read and self.fast and not self.strategy.free_running:
+                self._compile_read(mode, options)
         else:  # eager won: what auto chose for a compiled step is slower eagerly
             self.combo = False
             if self.opts.max_pool == "auto" and self.max_pool != "aten":
@@ -648,6 +659,20 @@ class Stepper:
             if self.opts.image_conv == "auto" and self.image_conv != "cudnn":
                 self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
         self.compiled = choice
+
+    def _compile_read(self, mode, options) -> None:
+        """The batch read compiled (StepOptions.compile_read), with the model's mode and options,
+        and compiled now, its time added to compile_s: one read at the counter of step 0, which
+        the next prepare() resets."""
+        read = torch.compile(self.loader.next_batch, mode=mode, options=options, dynamic=False)
+        self.loader.prepare(0)
+        self._sync()
+        t0 = time.perf_counter()
+        read()
+        self._sync()
+        self.compile_s = (self.compile_s or 0.0) + time.perf_counter() - t0
+        self.loader.invalidate()
+        self.next_batch, self.read_compiled = read, True
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -691,6 +691,7 @@ class _Loop:
             "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
             "step_note": self.stepper.note,
             "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
+            "compile_read": self.stepper.read_compiled,
             "image_conv": self.stepper.image_conv, "image_convs": self.stepper.image_convs,
             "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
             "conv_pool": self.stepper.conv_pool, "conv_pools": self.stepper.conv_pools,

@@ -248,7 +248,9 @@ def test_compiled_step_agrees_with_the_eager_step_to_bf16_tolerance_on_the_cpu(t
         runs[mode] = (res, losses)
     (eager, le), (comp, lc) = runs["off"], runs["default"]
     assert comp.summary["compile"] == "default" and comp.summary["compile_s"] > 0
+    assert comp.summary["compile_read"] is True  # the batch read compiled too (its own test: tests/data)
     assert eager.summary["compile"] == "off" and eager.summary["compile_s"] is None
+    assert eager.summary["compile_read"] is False
     assert len(le) == len(lc) == 30
     assert torch.allclose(torch.tensor(lc), torch.tensor(le), rtol=2e-2, atol=1e-2), (le, lc)
     for a, b in zip(comp.model.parameters(), eager.model.parameters()):

@@ -97,6 +97,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
              "no-weight-copy": {"weight_copy": "off"}, "weight-copy": {"weight_copy": "on"},
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
+             "eager-read": {"compile_read": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
 """Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""

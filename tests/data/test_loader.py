@@ -38,3 +38,27 @@ def test_epochs_reshuffle_and_same_seed_same_order():
 def test_batch_larger_than_shard_is_bad_input():
     with pytest.raises(BadInput, match="--batch-size 60"):
         _loaders(100, 2, 60)
+
+
+@pytest.mark.parametrize("augment,channels_last", [(None, False), (None, True), ("flip,translate:2", True)])
+def test_compiled_next_batch_reads_the_eager_batches(augment, channels_last):
+    """The fast step compiles the read (StepOptions.compile_read): torch.compile of next_batch
+    (Inductor's C++ kernels here) gives the host-indexed batches of `batch`, bit for bit, and
+    advances the device counter as the eager read does, across epoch boundaries and a jump."""
+    from shmlearn.data.augment import Augment
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=g)
+    y = torch.randint(0, 10, (50,), generator=g)
+    mean, inv = torch.tensor([10.0, 128.0, 200.0]).view(1, 3, 1, 1), torch.tensor([0.5, 1 / 64, 0.1]).view(1, 3, 1, 1)
+    loader = ShardedLoader(x, y, batch_size=7, shard=1, num_shards=2, seed=5,
+                           normalize=lambda t: (t.float() - mean) * inv,
+                           augment=Augment.parse(augment), channels_last=channels_last)
+    read = torch.compile(loader.next_batch, dynamic=False)
+    for step in [*range(8), 11, 12]:  # 3 steps an epoch; 8 -> 11 is a jump
+        loader.prepare(step)
+        xc, yc = read()
+        xe, ye = loader.batch(step)
+        assert torch.equal(yc, ye) and yc.dtype == ye.dtype
+        assert torch.equal(xc, xe) and xc.dtype == torch.float32
+        assert xc.is_contiguous(memory_format=torch.channels_last) == xe.is_contiguous(
+            memory_format=torch.channels_last) or xc.shape[0] == 1
