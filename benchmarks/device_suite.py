@@ -513,6 +513,22 @@ def part_commands(p: str, workers: str) -> dict:
                              "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                              "--variants", "compile,compile+no-weight-copy", "--timeline", p("timeline-34c"),
                              "--out", os.path.join(p("timeline-34c"), "profile-resnet34.json")), 400),
+        # Twelfth round: the batch read compiled with the model (--compile; StepOptions.compile_read)
+        # against it run eagerly (eager-read). Its GPU test first; then every acceptance row of
+        # issue 18 in one run each, with every baseline at 128 (compile-max too); the traces.
+        "gpu-tests-12": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                      "tests/data/test_loader.py", "-k", "compiled"))], 300),
+        "tput-final12-128": (_gpu_bench(p("tput-final12-128"), [
+            (m, "3x32x32", 128, MAX4, "allreduce:compile,allreduce:compile+eager-read")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 1200),
+        "tput-final12-1024": (_gpu_bench(p("tput-final12-1024"), [
+            (m, "3x32x32", 1024, "plain,graph,compile", "allreduce:compile,allreduce:compile+eager-read")
+            for m in ("resnet34", "resnet18", "alexnet-small")]), 900),
+        "timeline-12": (["bash", "-c", "; ".join(
+            f"{sys.executable} {os.path.join(HERE, 'throughput_profile.py')} --model {m} --batch-sizes 128 "
+            f"--precision bf16 --channels-last --no-roofline --variants compile,compile+eager-read "
+            f"--timeline {p('timeline-12')} --out {p('timeline-12')}/profile-{m}.json"
+            for m in ("resnet34", "alexnet-small"))], 600),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

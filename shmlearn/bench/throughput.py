@@ -661,11 +661,12 @@ def _ratios(rows: List[dict]) -> None:
 
 def table(doc: Dict[str, Any]) -> str:
     e = doc["env"]
+    vw = max([25] + [len(r["variant"]) + 1 for r in doc["results"]])  # modifiers make long names
     lines = [f"bench throughput: {doc['config']['model']} {'x'.join(map(str, doc['config']['input_shape']))}, "
              f"{e['device']} x{max(doc['config']['workers'])}, torch {e['torch_version']}, "
              f"precision {doc['config']['precision']}{', channels_last' if doc['config']['channels_last'] else ''}, "
              f"{doc['config']['repeats']} repeats, {e['date']}",
-             f"{'W':>2} {'B':>5} {'variant':<25}{'mode':<11}{'ms/step':>9}{'steps/s':>10}{'samples/s':>12}"
+             f"{'W':>2} {'B':>5} {'variant':<{vw}}{'mode':<11}{'ms/step':>9}{'steps/s':>10}{'samples/s':>12}"
              f"{'p25-p75 samples/s':>22}{'vs plain':>9}{'vs ddp':>8}{'vs local':>9}{'scaling':>8}"
              f"{'vs best':>8}{'setup s':>9}"]
 
@@ -674,10 +675,10 @@ def table(doc: Dict[str, Any]) -> str:
     for r in doc["results"]:
         if "samples_per_s" not in r:
             why = f"skipped: {r['skipped']}" if "skipped" in r else f"failed: {r.get('error', '?')}"
-            lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<25}{why}")
+            lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<{vw}}{why}")
             continue
         sp, st = r["samples_per_s"], r["steps_per_s"]
-        lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<25}{r.get('mode', ''):<11}"
+        lines.append(f"{r['workers']:>2} {r['batch']:>5} {r['variant']:<{vw}}{r.get('mode', ''):<11}"
                      f"{1e3 / st['median']:>9.3f}{st['median']:>10.1f}{sp['median']:>12.0f}"
                      f"{sp['p25']:>11.0f}-{sp['p75']:<10.0f}{f(r, 'vs_plain'):>9}{f(r, 'vs_ddp'):>8}"
                      f"{f(r, 'vs_local'):>9}{f(r, 'scaling'):>8}{f(r, 'ratio_to_best_baseline'):>8}"
