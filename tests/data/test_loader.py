@@ -47,22 +47,27 @@ def test_compiled_next_batch_reads_the_eager_batches(augment, channels_last, dev
     """The fast step compiles the read (StepOptions.compile_read): torch.compile of next_batch
     (Inductor's C++ kernels on the CPU, Triton's on a GPU) gives the host-indexed batches of
     `batch`, bit for bit, and advances the device counter as the eager read does, across epoch
-    boundaries and a jump."""
+    boundaries and a jump; also for a second loader of other data and normalization in the same
+    process (as a pool worker's next trial has), whose read may reuse the first one's compiled code."""
     from shmlearn.data.augment import Augment
-    g = torch.Generator().manual_seed(0)
-    x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=g).to(device)
-    y = torch.randint(0, 10, (50,), generator=g).to(device)
-    mean = torch.tensor([10.0, 128.0, 200.0], device=device).view(1, 3, 1, 1)
-    inv = torch.tensor([0.5, 1 / 64, 0.1], device=device).view(1, 3, 1, 1)
-    loader = ShardedLoader(x, y, batch_size=7, shard=1, num_shards=2, seed=5,
-                           normalize=lambda t: (t.float() - mean) * inv,
-                           augment=Augment.parse(augment), channels_last=channels_last)
-    read = torch.compile(loader.next_batch, dynamic=False)
+
+    def loader(seed, m, s):
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(0, 256, (50, 3, 6, 5), dtype=torch.uint8, generator=g).to(device)
+        y = torch.randint(0, 10, (50,), generator=g).to(device)
+        mean = torch.tensor(m, device=device).view(1, 3, 1, 1)
+        inv = torch.tensor(s, device=device).view(1, 3, 1, 1)
+        return ShardedLoader(x, y, batch_size=7, shard=1, num_shards=2, seed=seed,
+                             normalize=lambda t: (t.float() - mean) * inv,
+                             augment=Augment.parse(augment), channels_last=channels_last)
+    loaders = [loader(5, [10.0, 128.0, 200.0], [0.5, 1 / 64, 0.1]), loader(6, [1.0, 2.0, 3.0], [2.0, 0.25, 1.0])]
+    reads = [torch.compile(ld.next_batch, dynamic=False) for ld in loaders]
     for step in [*range(8), 11, 12]:  # 3 steps an epoch; 8 -> 11 is a jump
-        loader.prepare(step)
-        xc, yc = read()
-        xe, ye = loader.batch(step)
-        assert torch.equal(yc, ye) and yc.dtype == ye.dtype
-        assert torch.equal(xc, xe) and xc.dtype == torch.float32
-        assert xc.is_contiguous(memory_format=torch.channels_last) == xe.is_contiguous(
-            memory_format=torch.channels_last)
+        for ld, read in zip(loaders, reads):
+            ld.prepare(step)
+            xc, yc = read()
+            xe, ye = ld.batch(step)
+            assert torch.equal(yc, ye) and yc.dtype == ye.dtype
+            assert torch.equal(xc, xe) and xc.dtype == torch.float32
+            assert xc.is_contiguous(memory_format=torch.channels_last) == xe.is_contiguous(
+                memory_format=torch.channels_last)
