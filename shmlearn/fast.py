@@ -146,8 +146,9 @@ class StepOptions:
     """--compile: further Inductor options as (name, value) pairs (the bench's aggressive,
     no-split and cdt modifiers)."""
     flat_sgd: bool = True
-    """SGD's update as one Triton kernel over the flat buffers where it can run (CUDA; flat_sgd.py);
-    False: torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
+    """SGD's update as one kernel over the flat buffers where it can run (flat_sgd.py: a Triton
+    kernel on CUDA, torch's fused SGD called on the flat buffers on the CPU); False: the
+    optimizer's step() with torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
     update_in_backward: str = "auto"
     """EARLY_UPDATE: on, off, or auto (on wherever it can run: `Stepper._early_why_not`)."""
     weight_copy: str = "auto"

@@ -1,4 +1,4 @@
-"""SGD as one kernel over a strategy's flat buffers (the fast step's update on CUDA).
+"""SGD as one kernel over a strategy's flat buffers (the fast step's update on CUDA and the CPU).
 
 Parameters and gradients already live in one flat buffer each (sync/base.py); `bind` puts the
 momentum buffers in a third, laid out the same way, each parameter's `momentum_buffer` in the
@@ -7,6 +7,8 @@ Triton kernel (_flat_sgd_triton.py) with as many programs as the buffer needs, w
 fused SGD gives each tensor's 65,536-value chunk to one block (10 blocks for alexnet-small's
 150k parameters: 15.6 us on an H100, for 3 MB of traffic). The optimizer stays torch's SGD: its
 state_dict, checkpoints and schedule are unchanged, and every other path still calls its step().
+On the CPU the same contract is one call of torch's fused SGD over the flat buffers
+(_flat_sgd_torch.py), which spares the optimizer's step() its Python around the kernel.
 
 With a weight copy (`bind(copy=...)`, fast.py's --weight-copy), the kernel also stores each new
 weight cast to bf16 into a second flat buffer laid out as the parameters: the convolutions'
@@ -36,15 +38,22 @@ def why_not(optimizer, trainable: List[torch.nn.Parameter], params_flat: torch.T
         return "the optimizer's parameters are not the model's trainable ones, in order"
     if g.get("maximize") or (g["momentum"] and g["dampening"]):
         return "maximize or dampening (torch's SGD keeps those)"
-    if params_flat.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-        return f"the kernel runs on CUDA, not {params_flat.device.type}"
     if not params_flat.is_floating_point():
         return "parameters are not floating point"
+    if _backend(params_flat.device) == "torch":
+        return None if params_flat.device.type == "cpu" else \
+            f"the update runs on CUDA and the CPU, not {params_flat.device.type}"
     try:
         import triton  # noqa: F401
     except ImportError:
         return "Triton is not installed"
     return None
+
+
+def _backend(device: torch.device) -> str:
+    """triton (_flat_sgd_triton.py: CUDA, and Triton's interpreter, where its tests run it on the
+    CPU) or torch (_flat_sgd_torch.py: torch's fused SGD over the flat buffers, on the CPU)."""
+    return "triton" if device.type == "cuda" or os.environ.get("TRITON_INTERPRET") == "1" else "torch"
 
 
 def _same_layout(flat: torch.Tensor, like: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
@@ -136,7 +145,10 @@ def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params
     why = why_not(optimizer, trainable, params_flat)
     if why is not None:
         return None, why
-    from shmlearn import _flat_sgd_triton as kernel
+    if _backend(params_flat.device) == "triton":
+        from shmlearn import _flat_sgd_triton as kernel
+    else:
+        from shmlearn import _flat_sgd_torch as kernel
 
     group = optimizer.param_groups[0]
     mom_flat = None

@@ -1,5 +1,7 @@
-"""shmlearn/flat_sgd.py: SGD as one Triton kernel over the flat buffers (in Triton's interpreter on
-the CPU) against torch.optim.SGD on the same model, and what `bind` refuses."""
+"""shmlearn/flat_sgd.py: SGD as one kernel over the flat buffers against torch.optim.SGD on the same
+model, and what `bind` refuses. Each behaviour is checked for both backends: the Triton kernel (in
+Triton's interpreter on the CPU: the `interpreted` tests) and torch's fused SGD over the flat
+buffers (the CPU's update: the `_on_the_cpu` tests)."""
 import copy
 
 import pytest
@@ -46,10 +48,22 @@ def _grads(model, s, ref, i):
     ref(x).square().mean().backward()
 
 
+SGD_CASES = [(0.0, False, 0.0), (0.9, False, 0.0), (0.9, True, 5e-4), (0.5, False, 1e-2)]
+
+
 @interpreted
-@pytest.mark.parametrize("momentum,nesterov,wd", [(0.0, False, 0.0), (0.9, False, 0.0), (0.9, True, 5e-4),
-                                                  (0.5, False, 1e-2)])
+@pytest.mark.parametrize("momentum,nesterov,wd", SGD_CASES)
 def test_flat_kernel_steps_as_torch_sgd(momentum, nesterov, wd):
+    _steps_as_torch_sgd(momentum, nesterov, wd, "triton")
+
+
+@pytest.mark.parametrize("momentum,nesterov,wd", SGD_CASES)
+def test_flat_update_on_the_cpu_steps_as_torch_sgd(momentum, nesterov, wd):
+    _steps_as_torch_sgd(momentum, nesterov, wd, "torch")
+
+
+def _steps_as_torch_sgd(momentum, nesterov, wd, backend):
+    assert flat_sgd._backend(torch.device("cpu")) == backend  # the backend this test means to check
     model, s, _, update, ref, ref_opt = _pair(momentum, nesterov, wd)
     for i in range(4):
         _grads(model, s, ref, i)
@@ -67,6 +81,15 @@ def test_flat_kernel_steps_as_torch_sgd(momentum, nesterov, wd):
 
 @interpreted
 def test_a_set_skip_flag_leaves_weights_and_momentum_alone_even_with_nan_gradients():
+    _skip_flag_leaves_everything_alone()
+
+
+def test_a_set_skip_flag_leaves_weights_and_momentum_alone_on_the_cpu():
+    assert flat_sgd._backend(torch.device("cpu")) == "torch"
+    _skip_flag_leaves_everything_alone()
+
+
+def _skip_flag_leaves_everything_alone():
     model, s, found_inf, update, _, _ = _pair(0.9, False, 1e-3)
     _grads(model, s, copy.deepcopy(model), 0)
     update()
@@ -108,13 +131,22 @@ def test_bind_says_why_not_and_leaves_the_optimizer_alone():
     for opt, why in cases:
         assert why in flat_sgd.why_not(opt, params, flat)
         assert flat_sgd.bind(opt, params, flat, flat, torch.zeros(()))[0] is None
-    import os
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        assert "runs on CUDA, not cpu" in flat_sgd.why_not(torch.optim.SGD(params, lr=0.1), params, flat)
+    assert flat_sgd.why_not(torch.optim.SGD(params, lr=0.1), params, flat) is None  # the CPU's update
+    meta = torch.zeros(3, device="meta")
+    assert "runs on CUDA and the CPU, not meta" in flat_sgd.why_not(torch.optim.SGD(params, lr=0.1), params, meta)
 
 
 @interpreted
 def test_a_fast_run_with_the_flat_update_is_the_run_with_torch_sgd(tmp_path, monkeypatch):
+    _fast_run_is_the_torch_sgd_run(tmp_path, monkeypatch)
+
+
+def test_a_fast_run_with_the_cpus_flat_update_is_the_run_with_torch_sgd(tmp_path, monkeypatch):
+    assert flat_sgd._backend(torch.device("cpu")) == "torch"
+    _fast_run_is_the_torch_sgd_run(tmp_path, monkeypatch)
+
+
+def _fast_run_is_the_torch_sgd_run(tmp_path, monkeypatch):
     import shmlearn
     from shmlearn.config import TrainConfig
     runs = {}
@@ -137,6 +169,15 @@ def test_early_parameters_taken_one_by_one_and_the_rest_give_the_whole_update():
     parameter, or from an fp32 one in another layout: copied in first), then update() for the
     rest, is the one flat update over the same gradients, bit for bit; take writes its gradient
     into the buffer, and update() leaves the early ones alone (their slots start as NaN here)."""
+    _early_then_rest_is_the_whole_update()
+
+
+def test_early_parameters_and_the_rest_give_the_whole_update_on_the_cpu():
+    assert flat_sgd._backend(torch.device("cpu")) == "torch"
+    _early_then_rest_is_the_whole_update()
+
+
+def _early_then_rest_is_the_whole_update():
     for early in ([0], [0, 1], [1, 2]):
         model, s, _, full, _, _ = _pair(0.9, True, 1e-3)
         twin, s2, _, _, _, _ = _pair(0.9, True, 1e-3)
@@ -177,6 +218,15 @@ def test_the_update_writes_the_weight_copy_as_it_writes_the_weights():
     whole one, and take's for the early parameters), holds the new weights cast, bit for bit as
     torch's cast (round to nearest even); a skipped update leaves both alone; refresh casts again
     after another writer; the weights themselves step as without a copy."""
+    _update_writes_the_weight_copy()
+
+
+def test_the_cpus_update_writes_the_weight_copy_as_it_writes_the_weights():
+    assert flat_sgd._backend(torch.device("cpu")) == "torch"
+    _update_writes_the_weight_copy()
+
+
+def _update_writes_the_weight_copy():
     model, s, found_inf, plain, _, _ = _pair(0.9, True, 1e-3)
     twin, s2, found2, _, _, _ = _pair(0.9, True, 1e-3)
     copy_buf = flat_sgd.weight_copy(s2.params_flat, torch.bfloat16)
