@@ -664,16 +664,23 @@ class Stepper:
     def _compile_read(self, mode, options) -> None:
         """The batch read compiled (StepOptions.compile_read), with the model's mode and options,
         and compiled now, its time added to compile_s: one read at the counter of step 0, which
-        the next prepare() resets."""
+        the next prepare() resets. A read that does not compile stays eager, and the run says why
+        (the model is compiled all the same)."""
         read = torch.compile(self.loader.next_batch, mode=mode, options=options, dynamic=False)
         self.loader.prepare(0)
         self._sync()
         t0 = time.perf_counter()
-        read()
-        self._sync()
+        try:
+            read()
+            self._sync()
+        except Exception as e:  # noqa: BLE001 - the eager read computes the same batches
+            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            self.note = "; ".join(filter(None, [self.note, f"--compile: the batch read runs eagerly ({why})"]))
+            read = None
         self.compile_s = (self.compile_s or 0.0) + time.perf_counter() - t0
         self.loader.invalidate()
-        self.next_batch, self.read_compiled = read, True
+        if read is not None:
+            self.next_batch, self.read_compiled = read, True
 
     def _sync(self) -> None:
         if self.device.type == "cuda":

@@ -257,6 +257,27 @@ def test_compiled_step_agrees_with_the_eager_step_to_bf16_tolerance_on_the_cpu(t
         assert torch.allclose(a, b, rtol=5e-2, atol=5e-3)
 
 
+def test_a_batch_read_that_does_not_compile_runs_eagerly_and_the_run_says_so(tmp_path, monkeypatch):
+    """--compile: where torch.compile fails on the loader's read (a loader Dynamo cannot take),
+    the model is still compiled, the read runs eagerly, the run completes and its note says why."""
+    import shmlearn
+    real = torch.compile
+
+    def compile_but_the_read(fn, *args, **kwargs):
+        if getattr(fn, "__name__", "") != "next_batch":
+            return real(fn, *args, **kwargs)
+
+        def fails():
+            raise RuntimeError("no kernel for this read")
+        return fails
+    monkeypatch.setattr(torch, "compile", compile_but_the_read)
+    res = shmlearn.train(TrainConfig(workers=1, device="cpu", samples=32 * 8, precision="bf16", compile="default",
+                                     eval_points=1, progress=False, out=str(tmp_path / "run")))
+    s = res.summary
+    assert s["status"] == "completed" and s["compile"] == "default" and s["compile_read"] is False
+    assert "--compile: the batch read runs eagerly (RuntimeError: no kernel for this read)" in s["step_note"]
+
+
 def test_compile_flag_is_checked():
     with pytest.raises(BadInput, match=r"^--compile fast: choose one of off, default, max-autotune, auto$"):
         validate(TrainConfig(compile="fast"))
