@@ -326,9 +326,9 @@ class Stepper:
         self.train_loss = self._train_loss
         """(x, y) -> the batch's mean loss, after the forward: `_train_loss`, or its torch.compile'd
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
-        self.next_batch = loader.next_batch
+        self.next_batch = loader.next_batch if loader is not None else None
         """() -> the batch at the loader's device counter (fast step): its `next_batch`, or that
-        compiled (StepOptions.compile_read)."""
+        compiled (StepOptions.compile_read); None on a rank that computes nothing (no loader)."""
         self.read_compiled = False
         self.compile_s: Optional[float] = None
         self.compiled: Optional[str] = None
