@@ -399,9 +399,11 @@ def test_update_in_backward_refuses_a_convolution_run_twice_or_a_weight_used_out
 
 
 def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
-    if os.environ.get("TRITON_INTERPRET") != "1":  # the flat kernel needs CUDA (or the interpreter)
-        with pytest.raises(BadInput, match="--update-in-backward on: the update is not the flat SGD kernel"):
-            _early_stepper(monkeypatch, "on")
+    from shmlearn import flat_sgd
+    monkeypatch.setattr(flat_sgd, "why_not", lambda *a: "no flat update here")  # e.g. CUDA without Triton
+    with pytest.raises(BadInput, match=r"^--update-in-backward on: the update is not the flat SGD kernel "
+                                       r"\(no flat update here\)$"):
+        _early_stepper(monkeypatch, "on")
     auto = _early_stepper(monkeypatch, "auto")
     assert not auto.early_update and all(getattr(m, "grad_slot", -1) == -1 for m in auto.model.modules())
     st = _stepper(4)  # the mlp: no convolution
@@ -443,9 +445,11 @@ def test_weight_copy_on_says_why_it_cannot_run(monkeypatch):
     with pytest.raises(BadInput, match="--weight-copy on: --precision fp32: the forward casts no weights"):
         _early_stepper(monkeypatch, "auto", weight_copy="on", precision="fp32")
     assert not _early_stepper(monkeypatch, "auto", precision="fp32").weight_copy
-    if os.environ.get("TRITON_INTERPRET") != "1":
-        with pytest.raises(BadInput, match="--weight-copy on: the update is not the flat SGD kernel"):
-            _early_stepper(monkeypatch, "auto", weight_copy="on", precision="bf16")
+    from shmlearn import flat_sgd
+    monkeypatch.setattr(flat_sgd, "why_not", lambda *a: "no flat update here")  # e.g. CUDA without Triton
+    with pytest.raises(BadInput, match=r"^--weight-copy on: the update is not the flat SGD kernel "
+                                       r"\(no flat update here\)$"):
+        _early_stepper(monkeypatch, "auto", weight_copy="on", precision="bf16")
     with pytest.raises(BadInput, match="--weight-copy maybe: choose one of auto, on, off"):
         validate(TrainConfig(weight_copy="maybe"))
 
