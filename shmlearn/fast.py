@@ -67,6 +67,13 @@ Steps on an H100, compiled (benchmarks/results/copy-h100/): resnet34 at batch 12
 resnet18 2.169 -> 2.158 (run 5); at 1024, with the earlier kernel of 1024 values a program,
 21.30 -> 21.14 and 20.99 -> 20.81 (runs 1 and 2), where at 128 that kernel's stores had made
 the copy lose (3.850 -> 3.892)."""
+ADOPT_GRADS = ("auto", "on", "off")
+"""StepOptions.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
+the graph (resnet18 at batch 128 on an H100: 62 kernels, 135 us). On the CPU the adds run inside
+autograd's C++, and adopting costs a Python permute and reshape per parameter and a cat: about
+45 us a step. 2-core CPU, fast step, ms per step (benchmarks/results/read-cpu/): the mlp at
+batch 32 0.519 -> 0.470 (1 worker) and 2.52 -> 2.46 (2 workers); lenet and alexnet-small at
+batch 32 within 1% (15.47 -> 15.62, 21.74 -> 21.85)."""
 COMBO = ("auto", "on", "off")
 """--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
 COMBO_MAX_PIXELS = 256 * 32 * 32
@@ -122,10 +129,10 @@ class StepOptions:
     conv_pool: str = "auto"
     """Conv + ReLU + 2x2 max-pool blocks: off, triton (one fused kernel) or auto (triton where it
     can run; shmlearn/nn/conv_pool.py)."""
-    adopt_grads: bool = True
-    """Take each backward's gradient tensors and copy them into the flat buffer in one kernel
-    (SyncStrategy.release_grads), instead of zeroing it and adding them one by one; False: the
-    latter (the bench's `accumulate` modifier, to compare)."""
+    adopt_grads: str = "auto"
+    """ADOPT_GRADS: on: take each backward's gradient tensors and copy them into the flat buffer
+    in one kernel (SyncStrategy.release_grads); off: zero the buffer and let autograd add each
+    gradient into its view (the bench's `accumulate` modifier); auto: on on CUDA, off on the CPU."""
     mlp_head: str = "auto"
     """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
     or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
@@ -271,8 +278,11 @@ class Stepper:
         # After the two above: the convolutions they switched are theirs (conv_pool's blocks
         # take the overlapped backward through their own flag, with `all` asked for only: slower
         # on an H100 in alexnet-small's step, conv_overlap.py).
-        self._adopts = opts.adopt_grads and strategy.adopts_grads
-        """Whether backwards take their gradients whole (`_gradients`)."""
+        if opts.adopt_grads not in ADOPT_GRADS:
+            raise BadInput(f"adopt_grads {opts.adopt_grads!r}: choose one of {', '.join(ADOPT_GRADS)}")
+        adopt = opts.adopt_grads == "on" or (opts.adopt_grads == "auto" and device.type == "cuda")
+        self._adopts = adopt and strategy.adopts_grads
+        """Whether backwards take their gradients whole (`_gradients`; ADOPT_GRADS)."""
         can_defer = self._adopts and opts.defer_wgrad and device.type == "cuda"
         self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device, deferred=can_defer)
         plain = conv_overlap.convert(model, self.conv_overlap)
@@ -357,7 +367,8 @@ class Stepper:
             return (f"strategy {s.name} at {self.world_size} workers updates from other ranks' gradients "
                     "(allreduce at 1 worker and weight-avg update from their own)")
         if not self._adopts:
-            return "the gradients are accumulated into .grad, not taken whole (DDP, or the accumulate modifier)"
+            return ("the gradients are accumulated into .grad, not taken whole (DDP, the CPU's default, "
+                    "or the accumulate modifier)")
         if s.noise is not None:
             return "--noise-scale measures steps as two half batches, whose gradients add up"
         if fault is not None:

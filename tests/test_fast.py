@@ -34,7 +34,7 @@ def _bn_model(spec):
 
 
 def _stepper(check_every, *, fault=None, strategy="allreduce", optimizer="momentum", steps=40, model="mlp",
-             rank=0, world=1, sample_every=256, avg_period=1):
+             rank=0, world=1, sample_every=256, avg_period=1, adopt_grads="auto"):
     data = load_dataset("digits")
     torch.manual_seed(0)
     model = _bn_model(data.spec) if model == "bn" else build_model(model, data.spec)
@@ -45,7 +45,8 @@ def _stepper(check_every, *, fault=None, strategy="allreduce", optimizer="moment
                            normalize=normalizer(data, torch.device("cpu")), augment=Augment(flip=True))
     sched = build_schedule("linear", opt, steps, 3)
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=sched, loader=loader, task="classification",
-                   device=torch.device("cpu"), opts=StepOptions(check_every=check_every, sample_every=sample_every),
+                   device=torch.device("cpu"), opts=StepOptions(check_every=check_every, sample_every=sample_every,
+                                                                adopt_grads=adopt_grads),
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps, fault=fault)
 
 
@@ -278,6 +279,20 @@ def test_a_batch_read_that_does_not_compile_runs_eagerly_and_the_run_says_so(tmp
     assert "--compile: the batch read runs eagerly (RuntimeError: no kernel for this read)" in s["step_note"]
 
 
+def test_adopted_and_accumulated_gradients_train_the_same_weights_and_auto_accumulates_on_the_cpu():
+    """StepOptions.adopt_grads: on (the gradients taken whole, then copied into the flat buffer)
+    and auto, which on the CPU zeroes the buffer and lets autograd add into its views (0 + g is
+    g), give the same steps bit for bit; a value outside ADOPT_GRADS is refused."""
+    steppers = {a: _stepper(4, adopt_grads=a, model="bn") for a in ("on", "auto")}
+    assert steppers["on"]._adopts and not steppers["auto"]._adopts
+    for st in steppers.values():
+        assert _train(st, 12) is None
+    assert torch.equal(steppers["on"].strategy.params_flat, steppers["auto"].strategy.params_flat)
+    assert torch.equal(steppers["on"].hist, steppers["auto"].hist)
+    with pytest.raises(BadInput, match=r"^adopt_grads 'yes': choose one of auto, on, off$"):
+        _stepper(4, adopt_grads="yes")
+
+
 def test_compile_flag_is_checked():
     with pytest.raises(BadInput, match=r"^--compile fast: choose one of off, default, max-autotune, auto$"):
         validate(TrainConfig(compile="fast"))
@@ -357,7 +372,7 @@ def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None,
         return value * float("nan") if count["n"] == (nan_at or 0) + 1 and nan_at is not None else value
     opts = StepOptions(check_every=4, conv_overlap="all", update_in_backward=mode, compile=compile,
                        precision=precision or ("bf16" if compile != "off" else "fp32"), channels_last=compile != "off",
-                       weight_copy=weight_copy)
+                       weight_copy=weight_copy, adopt_grads="on")  # as on CUDA, where the update in the backward runs
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 3),
                    loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps,
@@ -410,7 +425,7 @@ def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
     with pytest.raises(BadInput, match="--update-in-backward on: no convolution runs shmlearn's backward op"):
         Stepper(model=st.model, strategy=st.strategy, optimizer=st.optimizer, schedule=st.schedule, loader=st.loader,
                 task="classification", device=torch.device("cpu"), timer=st.timer, rank=0, world_size=1,
-                total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on"))
+                total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on", adopt_grads="on"))
 
 
 @interpreted
