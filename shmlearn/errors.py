@@ -31,3 +31,9 @@ class WorkerFailed(Exception):
 def count(n: int, noun: str) -> str:
     """A count in a message: '1 worker', '2 workers' (nouns with a plain -s plural)."""
     return f"{n} {noun}{'' if n == 1 else 's'}"
+
+
+def one_line(e: BaseException, limit: int = 200) -> str:
+    """An exception as one line of a message: 'RuntimeError: the first line of its text'."""
+    text = str(e)
+    return f"{type(e).__name__}: {text.splitlines()[0][:limit] if text else ''}"

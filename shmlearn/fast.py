@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn import flat_sgd, graph_memsets
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, one_line
 from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.sync.base import check_non_finite
 from shmlearn.tasks import loss_fn
@@ -685,8 +685,7 @@ class Stepper:
             read()
             self._sync()
         except Exception as e:  # noqa: BLE001 - the eager read computes the same batches
-            why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-            self.note = "; ".join(filter(None, [self.note, f"--compile: the batch read runs eagerly ({why})"]))
+            self.note = "; ".join(filter(None, [self.note, f"--compile: the batch read runs eagerly ({one_line(e)})"]))
             read = None
         self.compile_s = (self.compile_s or 0.0) + time.perf_counter() - t0
         self.loader.invalidate()
@@ -757,7 +756,7 @@ class Stepper:
         try:
             graphs = self._capture()
         except Exception as e:  # noqa: BLE001 - a failed capture falls back to eager, and says why
-            graphs, err = None, f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+            graphs, err = None, one_line(e)
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)
         ok = torch.tensor([0.0 if graphs else 1.0], device=self.device)

@@ -31,7 +31,7 @@ from shmlearn.fast import StepOptions, Stepper
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
-from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count, one_line
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group, run_local
 from shmlearn.models import apply_init, build_model
@@ -421,7 +421,7 @@ class _Loop:
             who = self.heartbeat.laggards()
             if who:
                 raise WorkerFailed(f"{who} stopped responding; rank {self.env.rank} gave up waiting "
-                                   f"({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''})") from e
+                                   f"({one_line(e)})") from e
             raise
         finally:
             stepper = getattr(self, "stepper", None)
