@@ -648,6 +648,25 @@ class _Loop:
         if self.lead:
             self.rundir.log_eval(row)
 
+    def _step_fields(self) -> dict:
+        """summary.json's account of how this rank's step ran (mode, compiler, kernels)."""
+        st = self.stepper
+        return {
+            "step_mode": st.mode, "check_every": 1 if not st.fast else st.check_every,
+            "step_note": st.note,
+            "compile": st.compiled or "off", "compile_s": st.compile_s, "compile_read": st.read_compiled,
+            "image_conv": st.image_conv, "image_convs": st.image_convs,
+            "max_pool": st.max_pool, "max_pools": st.max_pools,
+            "conv_pool": st.conv_pool, "conv_pools": st.conv_pools,
+            "mlp_head": st.mlp_head, "mlp_heads": st.mlp_heads,
+            "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
+            "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
+            "update_kernel": st.update_kernel, "update_in_backward": st.early_update,
+            "weight_copy": st.weight_copy,
+            "graph_memsets_replaced": st.memsets_replaced,
+            "phase_sample_every": st.sample_every if st.graphs else None,
+        }
+
     def _phase_timing(self) -> str:
         how = "CUDA events" if self.device.type == "cuda" else "perf_counter"
         if self.stepper.mode == "cuda-graph":
@@ -658,11 +677,16 @@ class _Loop:
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
         events = self.timer.trace_events()
+        mine = (events, self._step_fields() if self.strategy.computes else None)
         gathered = [None] * env.world_size if self.lead else None
         if env.world_size > 1:
-            dist.gather_object(events, gathered, dst=0)
+            dist.gather_object(mine, gathered, dst=0)
         else:
-            gathered = [events]
+            gathered = [mine]
+        # How the step ran is a computing rank's: a dedicated parameter server (rank 0) runs no
+        # model step, compiles nothing and reads no batches.
+        step_fields = next((f for _, f in gathered or [] if f is not None), None) or self._step_fields()
+        gathered = [e for e, _ in gathered] if gathered else gathered
         steps_done = len(self.step_losses)
         wall = self.step_times[-1] if self.step_times else 0.0
         finite = [l for l in self.step_losses if math.isfinite(l)]
@@ -687,21 +711,8 @@ class _Loop:
             "samples_per_s": steps_done * self.samples_per_step / wall if wall > 0 else None,
             "phase_s": self.timer.mean_per_step(),
             "phase_timing": self._phase_timing(),
-            "step_mode": self.stepper.mode, "check_every": 1 if not self.stepper.fast else self.stepper.check_every,
             "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
-            "step_note": self.stepper.note,
-            "compile": self.stepper.compiled or "off", "compile_s": self.stepper.compile_s,
-            "compile_read": self.stepper.read_compiled,
-            "image_conv": self.stepper.image_conv, "image_convs": self.stepper.image_convs,
-            "max_pool": self.stepper.max_pool, "max_pools": self.stepper.max_pools,
-            "conv_pool": self.stepper.conv_pool, "conv_pools": self.stepper.conv_pools,
-            "mlp_head": self.stepper.mlp_head, "mlp_heads": self.stepper.mlp_heads,
-            "conv_overlap": self.stepper.conv_overlap, "conv_overlaps": self.stepper.conv_overlaps,
-            "conv_overlap_deferred": self.stepper.deferred, "combo_kernels": self.stepper.combo,
-            "update_kernel": self.stepper.update_kernel, "update_in_backward": self.stepper.early_update,
-            "weight_copy": self.stepper.weight_copy,
-            "graph_memsets_replaced": self.stepper.memsets_replaced,
-            "phase_sample_every": self.stepper.sample_every if self.stepper.graphs else None,
+            **step_fields,
             "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             "torch_version": torch.__version__,
             **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields

@@ -1,4 +1,4 @@
-"""train.py's process-wide settings."""
+"""train.py: its process-wide settings, and what summary.json says of the run."""
 import torch
 
 from shmlearn.train import _set_determinism
@@ -23,3 +23,21 @@ def test_set_determinism_sets_and_clears_torch_flags():
     finally:
         torch.use_deterministic_algorithms(before[0], warn_only=True)
         torch.backends.cudnn.deterministic = before[1]
+
+
+def test_a_dedicated_servers_summary_tells_how_its_workers_stepped(tmp_path):
+    """ps --ps-dedicated: rank 0 only serves (no model step, no compile, no batch read), so
+    summary.json's account of the step must be a worker's. It was rank 0's: compile_s None and
+    compile_read False for a run whose workers compiled both."""
+    import shmlearn
+    from shmlearn.config import TrainConfig
+
+    res = shmlearn.train(TrainConfig(model="mlp", dataset="digits", workers=2, strategy="ps", ps_dedicated=True,
+                                     device="cpu", samples=64 * 6, batch_size=64, compile="default",
+                                     eval_points=1, progress=False, out=str(tmp_path / "psd")))
+    s = res.summary
+    assert s["status"] == "completed" and s["processes"] == 3 and s["workers"] == 2
+    assert s["compile"] == "default"
+    assert s["compile_s"] is not None and s["compile_s"] > 0
+    assert s["compile_read"] is True
+    assert s["step_mode"] == "fast-eager"
