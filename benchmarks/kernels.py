@@ -23,6 +23,8 @@ them (alexnet-small and the ResNet CIFAR stem, 3x32x32 images):
   backward. Variants: aten's three ops in channels_last, torch.compile'd, and shmlearn's fused
   Triton kernels (--conv-pool triton, shmlearn/nn/conv_pool.py; for blocks 2 and 3 also with
   each backward forced: shmlearn's kernels, cuDNN's). Floor: the fused block's bytes.
+* batch-gather: the loader's read of a batch from a device-resident CIFAR-sized uint8 dataset:
+  index_select against advanced indexing x[idx], from NCHW and from the NHWC copy.
 * conv-overlap-1/3/4: a ResNet 3x3 convolution of stage 1, 3 and 4 at 32x32 input (64 channels
   at 32x32, 256 at 8x8, 512 at 4x4), forward and backward (input and weight gradients): torch's
   one convolution_backward, and its two GEMMs on two streams (--conv-overlap all,
@@ -33,7 +35,9 @@ Every variant is captured in a CUDA graph (as the step is) and timed by CUDA eve
 200 replays after warm-up, the median, with p25-p75. Inputs are random, never zeros. The floor is
 the bytes the case must move (read once, written once) over this device's measured copy bandwidth
 (shmlearn/bench/roofline.py). --device cpu runs each variant eagerly and only checks that they
-agree (tests/bench/test_kernels.py); its timings mean nothing.
+agree (tests/bench/test_kernels.py); with --cpu-time it also times them (perf_counter, 5 runs
+of 200 calls), which means something only for the cases that run on the CPU in training
+(batch-gather).
 """
 from __future__ import annotations
 
@@ -381,7 +385,33 @@ def flat_sgd_copy_bytes(batch: int) -> int:
     return 20 * FLAT_SGD_PARAMS
 
 
+GATHER_IMAGES = 50_000  # a CIFAR-10-sized training set, device-resident as the loader keeps it
+
+
+def batch_gather_cases(batch: int, device) -> Dict[str, Callable]:
+    """The loader's read of one batch (shmlearn/data/loader.py `_read`): the rows of a random
+    permutation's slice out of the uint8 image tensor, as index_select (what the loader does) and
+    as advanced indexing x[idx] (what it did), from NCHW storage and from the NHWC copy that
+    --channels-last reads (the result permuted to NCHW, as the loader returns it)."""
+    g = torch.Generator(device="cpu").manual_seed(3)
+    x = torch.randint(0, 256, (GATHER_IMAGES, 3, 32, 32), dtype=torch.uint8, generator=g).to(device)
+    nhwc = x.permute(0, 2, 3, 1).contiguous()
+    idx = torch.randperm(GATHER_IMAGES, generator=g)[:batch].to(device)
+    return {
+        "index_select": lambda: (x.index_select(0, idx),),  # first: the reference
+        "x[idx]": lambda: (x[idx],),
+        "index_select, NHWC": lambda: (nhwc.index_select(0, idx).permute(0, 3, 1, 2),),
+        "x[idx], NHWC": lambda: (nhwc[idx].permute(0, 3, 1, 2),),
+    }
+
+
+def batch_gather_bytes(batch: int) -> int:
+    """Read the batch's images and indices, write the images."""
+    return batch * (2 * 3 * 32 * 32 + 8)
+
+
 CASES = {"first-conv": (first_conv_cases, first_conv_bytes), "max-pool": (max_pool_cases, max_pool_bytes),
+         "batch-gather": (batch_gather_cases, batch_gather_bytes),
          "bias-grad": (bias_grad_cases, bias_grad_bytes), "mlp-head": (mlp_head_cases, mlp_head_bytes),
          "flat-sgd-copy": (flat_sgd_copy_cases, flat_sgd_copy_bytes),
          **{name: conv_pool_cases(name) for name in CONV_POOL_BLOCKS},
@@ -405,6 +435,21 @@ def time_graph(step: Callable, device, replays: int = 200) -> List[float]:
     return replay_us(graph, replays)
 
 
+def time_cpu(step: Callable, calls: int = 200) -> List[float]:
+    """Microseconds per call of step on the CPU, by perf_counter: 5 runs of `calls` calls after
+    warm-up (--cpu-time)."""
+    import time
+    for _ in range(10):
+        step()
+    out = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        for _ in range(calls):
+            step()
+        out.append((time.perf_counter() - t0) * 1e6 / calls)
+    return out
+
+
 def agree(results: List, rtol: float = 0.05, windows: bool = False) -> bool:
     """Whether every variant's outputs match the first's (the padded conv's weight gradient on
     its first 3 channels, with zeros on the rest). windows: compare input gradients summed over
@@ -425,7 +470,7 @@ def agree(results: List, rtol: float = 0.05, windows: bool = False) -> bool:
     return True
 
 
-def run_case(name: str, batch: int, device, bandwidth: float = None) -> dict:
+def run_case(name: str, batch: int, device, bandwidth: float = None, cpu_time: bool = False) -> dict:
     build, nbytes = CASES[name]
     cases = build(batch, device)
     outs = [[t.detach().clone() for t in (r if isinstance(r, tuple) else (r,))] for r in (f() for f in cases.values())]
@@ -433,9 +478,9 @@ def run_case(name: str, batch: int, device, bandwidth: float = None) -> dict:
            "bytes": nbytes(batch), "variants": []}
     if bandwidth:
         res["floor_us"] = nbytes(batch) / bandwidth * 1e6
-    if device.type == "cuda":
+    if device.type == "cuda" or cpu_time:
         for v, step in cases.items():
-            us = time_graph(step, device)
+            us = time_graph(step, device) if device.type == "cuda" else time_cpu(step)
             q = statistics.quantiles(us, n=4)
             row = {"variant": v, "us": statistics.median(us), "p25": q[0], "p75": q[2], "n": len(us)}
             if bandwidth:
@@ -450,6 +495,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", default="128,1024")
     p.add_argument("--cases", default=",".join(CASES))
     p.add_argument("--out", default="kernels.json")
+    p.add_argument("--cpu-time", action="store_true",
+                   help="--device cpu: time each variant too (perf_counter), not only check that they agree")
     a = p.parse_args(argv)
     from shmlearn.bench.common import environment
     from shmlearn.bench.roofline import measure_limits
@@ -462,7 +509,7 @@ def main(argv=None) -> int:
            "method": __doc__, "results": []}
     for b in (int(v) for v in a.batch_sizes.split(",")):
         for name in a.cases.split(","):
-            r = run_case(name, b, device, limits.bandwidth)
+            r = run_case(name, b, device, limits.bandwidth, a.cpu_time)
             doc["results"].append(r)
             print(f"{name} B={b}: floor {r['floor_us']:.1f} us, outputs agree: {r['outputs_agree']}", flush=True)
             for v in r["variants"]:

@@ -81,9 +81,11 @@ class ShardedLoader:
     def _read(self, idx: torch.Tensor, table: Optional[torch.Tensor]) -> torch.Tensor:
         if self.augment is not None:
             return self.augment.gather(self.xp, idx, table, self.height, self.width)
+        # index_select, not x[idx]: the same gather, but advanced indexing's general kernel is
+        # about 5x slower on the CPU (130 against 27 us for 128 CIFAR-sized images, 2 cores).
         if self._nhwc is not None:
-            return self._nhwc[idx].permute(0, 3, 1, 2)
-        return self.x[idx]
+            return self._nhwc.index_select(0, idx).permute(0, 3, 1, 2)
+        return self.x.index_select(0, idx)
 
     def batch(self, step: int) -> Tuple[torch.Tensor, torch.Tensor]:
         """The (inputs, targets) this shard trains on at global step `step`."""
@@ -91,7 +93,7 @@ class ShardedLoader:
         start = i * self.global_batch + self.shard * self.batch_size
         idx = self._permutation(epoch)[start:start + self.batch_size]
         table = self._table[start:start + self.batch_size] if self._table is not None else None
-        return self.normalize(self._read(idx, table)), self.y[idx]
+        return self.normalize(self._read(idx, table)), self.y.index_select(0, idx)
 
     # -- the same batches from a device counter (CUDA-graph friendly) -------------------------
     def prepare(self, step: int) -> None:
