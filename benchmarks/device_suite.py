@@ -529,6 +529,21 @@ def part_commands(p: str, workers: str) -> dict:
             f"--precision bf16 --channels-last --no-roofline --variants compile,compile+eager-read "
             f"--timeline {p('timeline-12')} --out {p('timeline-12')}/profile-{m}.json"
             for m in ("resnet34", "alexnet-small"))], 600),
+        # Two GPUs (run with --workers 1,2 on nvidia-h100-x2): where alexnet-small's gradient average
+        # costs 170-440 us a step when a bare all_reduce of its 0.6 MB takes 62 us
+        # (benchmarks/results/h100x2/). The trained run's phase times (summary.json phase_s, CUDA
+        # events on the sampled eager steps) at 1 and 2 GPUs, and the bare all_reduce after 1 ms of
+        # computation on every rank, as in a step, against back to back.
+        "x2-probe": (["bash", "-c", "; ".join(
+            [f"{sys.executable} -m shmlearn train --device cuda --workers {w} --model alexnet-small "
+             f"--dataset fashion-mnist --data-dir {os.path.join(ROOT_DIR, 'data', 'fashion-mnist')} --batch-size 1024 "
+             f"--precision bf16 --channels-last --compile default --samples 3000000 --no-progress "
+             f"--out {p('x2-probe')}/train-w{w} && {sys.executable} -c \"import json; "
+             f"s=json.load(open('{p('x2-probe')}/train-w{w}/summary.json')); "
+             f"print('W={w}', s['samples_per_s'], s['step_mode'], s['phase_s'])\"" for w in (1, 2)]
+            + [f"{sys.executable} -m shmlearn bench comm --backend nccl --workers 2 --ops all_reduce "
+               f"--sizes 512K,1M --budget-s 0.5 --compute-ms {ms} --no-plot "
+               f"--out {p('x2-probe')}/comm-compute{ms}ms.json" for ms in (0, 1)])], 400),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
