@@ -47,6 +47,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from typing import Callable, Dict, List
 
 import torch
@@ -438,7 +439,6 @@ def time_graph(step: Callable, device, replays: int = 200) -> List[float]:
 def time_cpu(step: Callable, calls: int = 200) -> List[float]:
     """Microseconds per call of step on the CPU, by perf_counter: 5 runs of `calls` calls after
     warm-up (--cpu-time)."""
-    import time
     for _ in range(10):
         step()
     out = []

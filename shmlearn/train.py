@@ -677,16 +677,18 @@ class _Loop:
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
         events = self.timer.trace_events()
-        mine = (events, self._step_fields() if self.strategy.computes else None)
+        step_fields = self._step_fields()
+        mine = (events, step_fields if self.strategy.computes else None)
         gathered = [None] * env.world_size if self.lead else None
         if env.world_size > 1:
             dist.gather_object(mine, gathered, dst=0)
         else:
             gathered = [mine]
-        # How the step ran is a computing rank's: a dedicated parameter server (rank 0) runs no
-        # model step, compiles nothing and reads no batches.
-        step_fields = next((f for _, f in gathered or [] if f is not None), None) or self._step_fields()
-        gathered = [e for e, _ in gathered] if gathered else gathered
+        if gathered:
+            # How the step ran is a computing rank's: a dedicated parameter server (rank 0) runs
+            # no model step, compiles nothing and reads no batches.
+            step_fields = next((f for _, f in gathered if f is not None), step_fields)
+            gathered = [e for e, _ in gathered]
         steps_done = len(self.step_losses)
         wall = self.step_times[-1] if self.step_times else 0.0
         finite = [l for l in self.step_losses if math.isfinite(l)]

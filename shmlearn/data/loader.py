@@ -82,7 +82,8 @@ class ShardedLoader:
         if self.augment is not None:
             return self.augment.gather(self.xp, idx, table, self.height, self.width)
         # index_select, not x[idx]: the same gather, but advanced indexing's general kernel is
-        # about 5x slower on the CPU (130 against 27 us for 128 CIFAR-sized images, 2 cores).
+        # about 15x slower on the CPU (118.7 against 7.5 us for 128 CIFAR-sized uint8 images, 2
+        # cores) and no faster on a GPU (benchmarks/results/gather/).
         if self._nhwc is not None:
             return self._nhwc.index_select(0, idx).permute(0, 3, 1, 2)
         return self.x.index_select(0, idx)
