@@ -43,7 +43,7 @@ import torch.distributed as dist
 
 from shmlearn import flat_sgd, graph_memsets
 from shmlearn.errors import BadInput, one_line
-from shmlearn.nn import conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.sync.base import check_non_finite
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import NULL_TIMER
@@ -266,15 +266,22 @@ class Stepper:
         if opts.conv_overlap in ("small", "all") and (why := conv_overlap.usable(device)):
             raise BadInput(why)
         # First: the fused blocks' convs and pools are then left alone by the two passes below.
+        # Each layer takes a kernel only where it can run on this device (nn/choice.py).
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
-        self.conv_pools = conv_pool.convert(model, self.conv_pool)
-        """--conv-pool: how many conv + ReLU + max-pool blocks run fused."""
         self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
-        self.mlp_heads = mlp_head.convert(model, self.mlp_head)
-        """--mlp-head: how many classifier heads run fused."""
+        self.kernels = choice.choose(model, conv_pool_mode=self.conv_pool, mlp_head_mode=self.mlp_head,
+                                     dtype=torch.bfloat16 if opts.precision == "bf16" else torch.float32, device=device)
+        """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
+        choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
+                            torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
+        self._probe_kernels()
+        self.conv_pools = sum(c.kernel == "conv-pool" and c.path == "triton" for c in self.kernels)
+        """--conv-pool: how many conv + ReLU + max-pool blocks run fused."""
+        self.mlp_heads = sum(c.kernel == "mlp-head" and c.path == "triton" for c in self.kernels)
+        """--mlp-head: how many classifier heads run fused."""
         # After the two above: the convolutions they switched are theirs (conv_pool's blocks
         # take the overlapped backward through their own flag, with `all` asked for only: slower
         # on an H100 in alexnet-small's step, conv_overlap.py).
@@ -355,6 +362,27 @@ class Stepper:
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
                 self.note = "fault injection runs eagerly (no CUDA graph)"
+
+    def _probe_kernels(self) -> None:
+        """On CUDA, where a layer runs a custom kernel: one forward and backward on the first
+        batch before anything depends on them (choice.probe); a kernel that fails is switched
+        off for the run and the note says so. Unforced kernels the device cannot run were left
+        out by choice.choose; the note names them too."""
+        skipped = [c for c in self.kernels if c.path != "triton" and c.why and "only" not in c.why]
+        notes = [f"{choice.FLAGS[c.kernel]}: {c.layer} runs torch's ops ({c.why})" for c in skipped]
+        batch = getattr(self.loader, "batch", None)
+        if self.device.type == "cuda" and batch is not None and choice.running(self.model):
+            failed = choice.probe(self.model, lambda: batch(0), self.loss, self.autocast, self.device)
+            if failed:
+                on = set(choice.running(self.model))
+                for c in self.kernels:
+                    if c.path == "triton" and c.kernel not in on:
+                        c.path, c.why = "torch", "failed on this device at the first step"
+                if "image-conv" not in on and self.image_conv == "triton":
+                    self.image_conv, self.image_convs = "cudnn", 0
+                notes += failed
+        self.kernel_notes = notes
+        """One line per kernel left to torch for this device's sake (printed by the run's lead)."""
 
     def _early_why_not(self, fast_why_not: Optional[str], fault) -> Optional[str]:
         """None if the update in the backward can run (the update of every convolution's weight

@@ -451,6 +451,9 @@ class _Loop:
                                reached=lambda step: setattr(self.heartbeat, "step", step))
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
+        if self.lead:
+            for line in self.stepper.kernel_notes:
+                print(f"shmlearn: {line}", flush=True)
         bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
         if self.start_step == 0:
             self._evaluate(step=0, train_s=0.0)
@@ -659,6 +662,7 @@ class _Loop:
             "max_pool": st.max_pool, "max_pools": st.max_pools,
             "conv_pool": st.conv_pool, "conv_pools": st.conv_pools,
             "mlp_head": st.mlp_head, "mlp_heads": st.mlp_heads,
+            "kernels": [c.as_dict() for c in st.kernels], "kernel_notes": st.kernel_notes,
             "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
             "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
             "update_kernel": st.update_kernel, "update_in_backward": st.early_update,

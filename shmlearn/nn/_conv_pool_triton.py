@@ -38,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from shmlearn.nn import fit
 from shmlearn.nn.conv_pool import unfolds
 
 DEAD = 255
@@ -425,6 +426,41 @@ def _tuned(kind: str, cin: int = 0):
     return _TUNED[key]
 
 
+WGRAD_ROWS = (fit.Candidate.of(4, None, BLOCK_Q=64), fit.Candidate.of(4, 2, BLOCK_Q=64),
+              fit.Candidate.of(4, 1, BLOCK_Q=64), fit.Candidate.of(4, 1, BLOCK_Q=32))
+"""The image block's weight-gradient kernel, in the order tried: Triton's default pipelining
+first (bf16: 20 KB of shared memory a block), then fewer stages and smaller tiles. fp32 tiles
+pipelined over 3 stages need 408 KB, over 2 272 KB (an H100 block has 227 KB); unpipelined 40 KB."""
+
+
+def _rows_constexprs(cin: int, cout: int, kh: int, kw: int) -> dict:
+    xrow = _pow2(kw * cin)
+    return dict(N=cout, KH=kh, XROW=xrow, KT=_pow2(kh * xrow), BLOCK_N=_pow2(cout))
+
+
+def wgrad_config(cin: int, cout: int, kh: int, kw: int, dtype: torch.dtype, lim: fit.DeviceLimits):
+    """(the image block weight-gradient kernel's configuration that runs on a device with limits
+    lim, None) or (None, why none does)."""
+    return fit.pick(_weight_grad_rows_kernel, {"xr_ptr": dtype, "dy_ptr": dtype, "code_ptr": torch.uint8,
+                                               "dw_ptr": torch.float32},
+                    _rows_constexprs(cin, cout, kh, kw), WGRAD_ROWS, lim)
+
+
+def forward_why_not(cin: int, cout: int, kh: int, kw: int, padding, has_bias: bool, dtype: torch.dtype,
+                    lim: fit.DeviceLimits):
+    """None if the forward kernel's smallest tile runs on a device with limits lim (the autotuner
+    then skips the configurations that do not: Triton times those as infinite), else why not."""
+    ptrs = {"w_ptr": dtype, "b_ptr": dtype, "y_ptr": dtype, "code_ptr": torch.uint8}
+    if unfolds(cin):
+        consts = dict(_rows_constexprs(cin, cout, kh, kw), CIN=cin, ROW=kw * cin, HAS_BIAS=has_bias)
+        consts["KT"] = _pow2(kh * consts["XROW"])
+        return fit.why_not(_forward_rows_kernel, dict(ptrs, xr_ptr=dtype), consts,
+                           fit.Candidate.of(4, None, BLOCK_Q=32, STACK=False), lim)
+    consts = dict(CIN=cin, N=cout, KH=kh, KW=kw, PH=padding[0], PW=padding[1], HAS_BIAS=has_bias, BLOCK_N=_pow2(cout))
+    return fit.why_not(_forward_direct_kernel, dict(ptrs, x_ptr=dtype), consts,
+                       fit.Candidate.of(4, 2, BLOCK_Q=32, BLOCK_K=16, STACK=False), lim)
+
+
 def prepared_shape(x_shape, weight_shape, padding):
     """The shape of `prepare`'s result for an NCHW x_shape ((0,) where the block reads x itself)."""
     n, cin, h, w = x_shape
@@ -506,7 +542,14 @@ def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor
     cout, cin, kh, kw = weight_shape
     xrow = xr.shape[3]
     kt, bn = _pow2(kh * xrow), _pow2(cout)
-    block_q = 128 if _interpreted() else 64
+    if _interpreted():
+        launch = dict(BLOCK_Q=128, num_warps=4)
+    else:
+        cand, why = wgrad_config(cin, cout, kh, kw, xr.dtype, fit.limits(xr.device))
+        if cand is None:  # conv_pool.plan checked this before choosing the kernel
+            raise RuntimeError(f"conv-pool weight gradient ({cin} -> {cout}, {kh}x{kw}, {xr.dtype}): {why}")
+        launch = cand.launch()
+    block_q = launch["BLOCK_Q"]
     blocks = triton.cdiv(geo["Q"], block_q)
     if programs <= 0:
         sms = (torch.cuda.get_device_properties(xr.device).multi_processor_count
@@ -514,7 +557,7 @@ def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor
         programs = max(1, min(blocks, 2 * sms))
     parts = torch.empty(programs, kt + 1, bn, device=xr.device, dtype=torch.float32)
     _weight_grad_rows_kernel[(programs,)](xr, dy_nhwc, code_nhwc, parts, **geo, BLOCKS=blocks, N=cout, KH=kh,
-                                          XROW=xrow, KT=kt, BLOCK_Q=block_q, BLOCK_N=bn, num_warps=4)
+                                          XROW=xrow, KT=kt, BLOCK_N=bn, **launch)
     dw = torch.empty(weight_shape, device=xr.device, dtype=torch.float32,
                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     db = torch.empty(cout, device=xr.device, dtype=torch.float32)

@@ -22,6 +22,7 @@ interpreter on the CPU (TRITON_INTERPRET=1).
 from __future__ import annotations
 
 import os
+from typing import Optional
 
 import torch
 import triton
@@ -248,3 +249,25 @@ def backward(grad: torch.Tensor, x: torch.Tensor, h1: torch.Tensor, h2: torch.Te
         b, k, parts, chunks, **geo, NEED_DX=need_dx, **flags, BLOCK_M=64 if not _interpreted() else 32,
         BLOCK_K=block_k, num_warps=4)
     return dx, dws, dbs
+
+
+def head_why_not(widths, has_bias, dtype: torch.dtype, lim) -> Optional[str]:
+    """None if the three kernels of a head with these out_features (2 or 3 layers) and bias flags
+    compile and fit on a device with limits lim (fit.py) for inputs of dtype, else why not."""
+    from shmlearn.nn import fit
+    geo, warps = _geometry([torch.empty(n, 0) for n in widths])
+    nl = geo["NL"]
+    flags = {f"HB{i + 1}": (i < nl and bool(has_bias[i])) for i in range(3)}
+    names = {"forward": _head_forward_kernel, "backward rows": _head_backward_rows_kernel,
+             "backward columns": _head_backward_cols_kernel}
+    consts = {"forward": dict(geo, **flags), "backward rows": dict(geo),
+              "backward columns": dict(geo, **flags, NEED_DX=True)}
+    cands = {"forward": fit.Candidate.of(warps, BLOCK_M=16, BLOCK_K=64),
+             "backward rows": fit.Candidate.of(warps, BLOCK_M=16),
+             "backward columns": fit.Candidate.of(4, BLOCK_M=64, BLOCK_K=64)}
+    for what, fn in names.items():
+        ptrs = {a: (torch.float32 if a == "part_ptr" else dtype) for a in fn.arg_names if a.endswith("_ptr")}
+        why = fit.why_not(fn, ptrs, consts[what], cands[what], lim)
+        if why:
+            return f"{what}: {why}"
+    return None

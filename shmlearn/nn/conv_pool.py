@@ -302,13 +302,44 @@ def blocks(model: nn.Module) -> List[Tuple[nn.Module, nn.Module, nn.Module]]:
     return found
 
 
-def convert(model: nn.Module, mode: str) -> int:
+def block_why_not(conv: nn.Module, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+    """None if the fused kernels of this block (its conv; the ReLU and pool qualified) compile
+    and fit on device for inputs of dtype, else why not: the device's limits (shared memory a
+    block, the architecture) against Triton's compiled metadata of each kernel the block
+    launches (fit.py). Always None in Triton's interpreter (the tests)."""
+    from shmlearn.nn import fit
+    if fit.interpreted() or device.type != "cuda":
+        return None
+    from shmlearn.nn import _conv_pool_triton as kernels
+    lim = fit.limits(device)
+    kh, kw = conv.kernel_size
+    cin, cout = conv.in_channels, conv.out_channels
+    why = kernels.forward_why_not(cin, cout, kh, kw, _pair(conv.padding), conv.bias is not None, dtype, lim)
+    if why:
+        return f"forward: {why}"
+    if unfolds(cin):
+        _, why = kernels.wgrad_config(cin, cout, kh, kw, dtype, lim)
+        if why:
+            return f"weight gradient: {why}"
+    return None
+
+
+def describe(conv: nn.Module) -> str:
+    """'conv 3->32 5x5' for notes."""
+    kh, kw = conv.kernel_size
+    return f"conv {conv.in_channels}->{conv.out_channels} {kh}x{kw}"
+
+
+def convert(model: nn.Module, mode: str, check=None) -> int:
     """Switch every conv + ReLU + 2x2 max-pool block of model to `mode` (off or triton; resolve
     auto first), in place, both ways; how many blocks run fused. Run it before image_conv.convert
-    and max_pool.convert: a fused block's modules are then left alone by them."""
+    and max_pool.convert: a fused block's modules are then left alone by them. check: conv ->
+    None or why the block cannot run fused (`block_why_not`); such blocks keep torch's ops."""
     if mode not in ("off", "triton"):
         raise ValueError(f"convert: mode {mode!r}: one of off, triton")
     found = blocks(model)
+    if mode == "triton" and check is not None:
+        found = [b for b in found if check(b[0]) is None]
     if found and mode == "triton":
         # Define the custom ops now: defined while Dynamo traces the first forward, they break
         # the graph there, and a break inside the step's autocast region (fast.py compiles the

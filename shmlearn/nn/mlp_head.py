@@ -167,12 +167,37 @@ def heads(model: nn.Module) -> List[List[nn.Module]]:
     return found
 
 
-def convert(model: nn.Module, mode: str) -> int:
+def head_why_not(chain: List[nn.Module], dtype: torch.dtype, device: torch.device) -> Optional[str]:
+    """None if the fused kernels run this head ([linear, relu, linear, ...]) on device for
+    inputs of dtype, else why not: fp32 (the kernels are bf16/fp16 only; torch's ops run it), or
+    the device's limits against Triton's compiled metadata of the three kernels (fit.py). The
+    dtype check holds in Triton's interpreter too; the limits do not apply there."""
+    if dtype not in (torch.float16, torch.bfloat16):
+        return f"{str(dtype).replace('torch.', '')}: the fused head runs in bf16 or fp16 only"
+    from shmlearn.nn import fit
+    if fit.interpreted() or device.type != "cuda":
+        return None
+    from shmlearn.nn import _mlp_head_triton as kernels
+    linears = chain[0::2]
+    return kernels.head_why_not([m.out_features for m in linears], [m.bias is not None for m in linears], dtype,
+                                fit.limits(device))
+
+
+def describe(chain: List[nn.Module]) -> str:
+    """'head 1024->64->32->10' for notes."""
+    linears = chain[0::2]
+    return "head " + "->".join(str(n) for n in [linears[0].in_features] + [m.out_features for m in linears])
+
+
+def convert(model: nn.Module, mode: str, check=None) -> int:
     """Switch every qualifying head of model to `mode` (off or triton; resolve auto first), in
-    place, both ways; how many heads run fused."""
+    place, both ways; how many heads run fused. check: chain -> None or why the head cannot run
+    fused (`head_why_not`); such heads keep torch's ops."""
     if mode not in ("off", "triton"):
         raise ValueError(f"convert: mode {mode!r}: one of off, triton")
     found = heads(model)
+    if mode == "triton" and check is not None:
+        found = [c for c in found if check(c) is None]
     if found and mode == "triton":
         _ops()  # now, not while Dynamo traces the first forward (a graph break: see conv_pool.convert)
     for chain in found:

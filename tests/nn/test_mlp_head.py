@@ -121,15 +121,19 @@ def test_mlp_head_flag_is_checked_and_triton_is_refused_off_cuda():
 
 @interpreted
 def test_a_run_counts_its_fused_heads(tmp_path):
-    """On the CPU in fp32 the head runs torch's ops (auto is off there); triton converts it and the
-    run is the same run: the module swap itself changes nothing."""
+    """On the CPU in fp32 the head runs torch's ops (auto is off there); triton asked for in fp32
+    leaves it to torch too (the kernels are bf16/fp16 only), says so in summary.json's kernels,
+    and the run is the same run."""
     import shmlearn
     from shmlearn.config import TrainConfig
     runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=128, workers=1,
                                        mlp_head=mode, device="cpu", progress=False, eval_points=1,
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]
-    assert (runs[0].summary["mlp_heads"], runs[1].summary["mlp_heads"]) == (0, 1)
+    assert (runs[0].summary["mlp_heads"], runs[1].summary["mlp_heads"]) == (0, 0)
     assert runs[1].summary["mlp_head"] == "triton"
+    assert [k for k in runs[1].summary["kernels"] if k["kernel"] == "mlp-head"] == [
+        {"layer": "10 (head 64->64->32->10)", "kernel": "mlp-head", "path": "torch",
+         "why": "float32: the fused head runs in bf16 or fp16 only"}]
     for a, b in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         assert torch.equal(a, b)
 

@@ -1,0 +1,224 @@
+"""The GPU matrix (issue 36): every default GPU path, run and checked on a GPU before a change to
+GPU code lands.
+
+Factors: every built-in model on its natural dataset (Fashion-MNIST where it fits, synthetic
+3x32x32 otherwise) x precision {fp32, bf16} x strategy {allreduce, ps, weight-avg, ddp, async-ps}
+x step {default, --compile default, --cuda-graph off}, at the worker count given (run once with
+--workers 1 and once with --workers 2), plus each custom kernel forced on and forced off
+(--conv-pool, --mlp-head) for the models that have such layers, in both precisions. The full
+product does not fit a lease, so the cells cover every PAIR of factor values (a greedy all-pairs
+design, deterministic); every model meets every precision, strategy and step at least once.
+
+Each cell is a short run (--steps steps, pooled: one process per GPU for the whole matrix) and
+must finish and agree with the plain eager torch reference of the same configuration (model,
+dataset, precision, strategy, workers; custom kernels off, no compile, no CUDA graph, the classic
+step): the final loss (mean of the last 10 steps) within the precision's tolerance. The table
+prints failing cells first; the JSON has device, driver, torch, commit, and each cell's status,
+losses, steps/s, step mode and the kernels each layer took (summary.json `kernels`).
+
+    python benchmarks/gpu_matrix.py --workers 1 --out gpu-matrix-w1.json [--shard 0/2]
+    python benchmarks/gpu_matrix.py --workers 2 --out gpu-matrix-w2.json
+    python benchmarks/gpu_matrix.py --list --workers 2       # the cells (no GPU needed)
+    python benchmarks/gpu_matrix.py --merge a.json b.json --out all.json
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+
+NATURAL = {
+    "neuron": "step", "linreg": "line", "softmax": "fashion-mnist", "mlp": "fashion-mnist",
+    "lenet": "fashion-mnist", "alexnet-small": "fashion-mnist", "fashion-net": "fashion-mnist",
+    "alexnet": "synthetic-32", "resnet18": "synthetic-32", "resnet34": "synthetic-32",
+}
+PRECISIONS = ("fp32", "bf16")
+STRATEGIES = ("allreduce", "ps", "weight-avg", "ddp", "async-ps")
+STEPS = {"default": {}, "compile": {"compile": "default"}, "no-graph": {"cuda_graph": "off"}}
+KERNELS = {"conv-pool=triton": {"conv_pool": "triton"}, "conv-pool=off": {"conv_pool": "off"},
+           "mlp-head=triton": {"mlp_head": "triton"}, "mlp-head=off": {"mlp_head": "off"}}
+KERNEL_MODELS = ("alexnet-small", "fashion-net")
+TOL = {"fp32": (0.05, 0.02), "bf16": (0.10, 0.04)}
+"""(relative, absolute) tolerance on the final loss against the reference."""
+REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
+                 max_pool="aten", conv_overlap="off", update_in_backward="off", weight_copy="off", check_every=1)
+
+
+def all_pairs(factors: dict) -> list:
+    """A small set of rows (dicts) in which every pair of values of every two factors appears:
+    greedy, deterministic (each step takes the full row covering the most uncovered pairs)."""
+    names = list(factors)
+    uncovered = {((a, va), (b, vb)) for a, b in itertools.combinations(names, 2)
+                 for va in factors[a] for vb in factors[b]}
+    rows = []
+    while uncovered:
+        best, gain = None, -1
+        for row in itertools.product(*(factors[n] for n in names)):
+            pairs = {((a, row[i]), (b, row[j])) for (i, a), (j, b) in itertools.combinations(enumerate(names), 2)}
+            g = len(pairs & uncovered)
+            if g > gain:
+                best, gain, cover = row, g, pairs
+        rows.append(dict(zip(names, best)))
+        uncovered -= cover
+    return rows
+
+
+def cells(workers: int) -> list:
+    """The matrix's cells at this worker count: (name, config overrides)."""
+    out = []
+    for r in all_pairs({"model": list(NATURAL), "precision": list(PRECISIONS), "strategy": list(STRATEGIES),
+                        "step": list(STEPS)}):
+        out.append(dict(r, variant=r["step"], over=dict(STEPS[r["step"]])))
+    for m, p, (k, over) in itertools.product(KERNEL_MODELS, PRECISIONS, KERNELS.items()):
+        out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
+    for c in out:
+        c["workers"] = workers
+        c["name"] = f"{c['model']}/{c['precision']}/{c['strategy']}/W{workers}/{c['variant']}"
+    return out
+
+
+def config(cell: dict, args, over: dict):
+    from shmlearn.config import TrainConfig
+    w = cell["workers"]
+    extra = {}
+    if cell["strategy"] == "async-ps" and w == 1:
+        extra["ps_dedicated"] = False
+    return TrainConfig(model=cell["model"], dataset=NATURAL[cell["model"]], data_dir=args.data_dir
+                       if NATURAL[cell["model"]] == "fashion-mnist" else None,
+                       workers=w, device=args.device, strategy=cell["strategy"], precision=cell["precision"],
+                       batch_size=args.batch, samples=args.steps * args.batch * w, lr=0.02, eval_points=1,
+                       progress=False, out=None, seed=0, timeout=240.0, **extra, **over)
+
+
+def run_cell(cfg) -> dict:
+    import shmlearn
+    from shmlearn.errors import BadInput
+    t0 = time.perf_counter()
+    try:
+        r = shmlearn.train(cfg)
+    except BadInput as e:
+        return {"status": "refused", "error": str(e), "wall_s": round(time.perf_counter() - t0, 2)}
+    except Exception as e:  # noqa: BLE001 - a cell that fails is the matrix's finding
+        return {"status": "failed", "error": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:400],
+                "wall_s": round(time.perf_counter() - t0, 2)}
+    s = r.summary
+    sps = s.get("samples_per_s")
+    return {"status": r.status, "final_loss": s.get("final_loss"), "steps": s.get("steps"),
+            "steps_per_s": (sps / (cfg.batch_size * (cfg.workers or 1))) if sps else None,
+            "step_mode": s.get("step_mode"), "step_note": s.get("step_note"), "kernels": s.get("kernels"),
+            "kernel_notes": s.get("kernel_notes"), "compile": s.get("compile"),
+            "wall_s": round(time.perf_counter() - t0, 2)}
+
+
+def agree(cell: dict, res: dict, ref: dict) -> str:
+    if res["status"] != "completed":
+        return "fail"
+    if ref.get("status") != "completed" or ref.get("final_loss") is None:
+        return "no-reference"
+    a, b = res["final_loss"], ref["final_loss"]
+    rel, ab = TOL[cell["precision"]]
+    if cell["strategy"] == "async-ps":  # bounded staleness: the order of updates is the machine's
+        rel, ab = 2 * rel, 2 * ab
+    if a is None or a != a or abs(a - b) > ab + rel * abs(b):
+        return "mismatch"
+    return "ok"
+
+
+def env_info() -> dict:
+    import torch
+    info = {"date": datetime.datetime.now().isoformat(timespec="seconds"), "torch": torch.__version__,
+            "cuda": torch.version.cuda, "python": sys.version.split()[0]}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                                        text=True).stdout.strip() or None
+    except OSError:
+        info["commit"] = None
+    if torch.cuda.is_available():
+        info["device"] = torch.cuda.get_device_name(0)
+        info["gpus"] = torch.cuda.device_count()
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True).stdout.split()[0]
+        except (OSError, IndexError):
+            info["driver"] = None
+    return info
+
+
+def table(rows: list) -> str:
+    order = {"fail": 0, "mismatch": 1, "no-reference": 2, "refused": 3, "ok": 4}
+    rows = sorted(rows, key=lambda r: (order.get(r["verdict"], 0), r["name"]))
+    lines = [f"{'cell':58} {'verdict':9} {'loss':>8} {'ref':>8} {'steps/s':>9} {'mode':11} note"]
+    for r in rows:
+        res, ref = r["result"], r.get("reference") or {}
+        f = lambda v: f"{v:8.4f}" if isinstance(v, (int, float)) else f"{'-':>8}"  # noqa: E731
+        sps = res.get("steps_per_s")
+        note = res.get("error") or "; ".join(res.get("kernel_notes") or []) or ""
+        lines.append(f"{r['name']:58} {r['verdict']:9} {f(res.get('final_loss'))} {f(ref.get('final_loss'))} "
+                     f"{(f'{sps:9.1f}' if sps else '        -')} {str(res.get('step_mode') or '-'):11} {note[:160]}")
+    counts = {k: sum(r["verdict"] == k for r in rows) for k in order}
+    lines.append("cells: " + ", ".join(f"{v} {k}" for k, v in counts.items() if v))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--steps", type=int, default=100)
+    ap.add_argument("--device", default="cuda", help="cpu: a smoke test of the script itself")
+    ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
+    ap.add_argument("--shard", default="0/1", help="i/n: this process runs every n-th cell from i")
+    ap.add_argument("--only", default=None, help="run the cells whose name contains this")
+    ap.add_argument("--list", action="store_true")
+    ap.add_argument("--merge", nargs="*")
+    ap.add_argument("--out", default="gpu-matrix.json")
+    a = ap.parse_args(argv)
+    if a.merge:
+        docs = [json.load(open(p)) for p in a.merge]
+        doc = dict(docs[0], cells=[c for d in docs for c in d["cells"]])
+        json.dump(doc, open(a.out, "w"), indent=1)
+        print(table(doc["cells"]))
+        return 0
+    todo = cells(a.workers)
+    if a.only:
+        todo = [c for c in todo if a.only in c["name"]]
+    i, n = (int(v) for v in a.shard.split("/"))
+    todo = todo[i::n]
+    if a.list:
+        for c in todo:
+            print(c["name"], c["over"])
+        print(f"{len(todo)} cells")
+        return 0
+    from shmlearn.pool import Pool
+    doc = {"matrix": "gpu", **env_info(), "workers": a.workers, "steps": a.steps, "batch": a.batch,
+           "tolerance": TOL, "reference": REFERENCE, "cells": []}
+    refs = {}
+    with Pool(list(range(a.workers)), cuda=a.device == "cuda"):
+        for k, c in enumerate(todo):
+            key = (c["model"], c["precision"], c["strategy"])
+            if key not in refs:
+                refs[key] = run_cell(config(c, a, REFERENCE))
+            res = run_cell(config(c, a, c["over"]))
+            row = dict(name=c["name"], cell={k2: v for k2, v in c.items() if k2 != "name"}, result=res,
+                       reference=refs[key])
+            row["verdict"] = "refused" if res["status"] == "refused" else agree(c, res, refs[key])
+            doc["cells"].append(row)
+            print(f"[{k + 1}/{len(todo)}] {c['name']}: {row['verdict']} {res.get('final_loss')} "
+                  f"ref {refs[key].get('final_loss')} {res.get('error') or ''} ({res['wall_s']} s)", flush=True)
+            with open(a.out, "w") as f:
+                json.dump(doc, f, indent=1)
+    print(table(doc["cells"]))
+    return 1 if any(r["verdict"] in ("fail", "mismatch") for r in doc["cells"]) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
