@@ -106,6 +106,23 @@ def _watch(cmd, *, timeout):
     return subprocess.CompletedProcess(cmd, p.returncode, out, err), seen
 
 
+def test_a_launcher_job_store_listens_on_master_addr_only():
+    """Under mpirun/srun rank 0 hosts the store on the address MASTER_ADDR names, not on every
+    interface (torch's own store would bind them all)."""
+    import datetime
+
+    from shmlearn import listen
+    from shmlearn.launch import free_port
+    assert listen.master_ip("127.0.0.1") == "127.0.0.1"
+    assert listen.master_ip("192.0.2.1") is None  # TEST-NET-1: no address of this host
+    port = free_port()
+    store = listen.launcher_store("127.0.0.1", port, 0, 1, datetime.timedelta(seconds=30))
+    store.set("k", "v")
+    assert store.get("k") == b"v"
+    mine = {(ip, p) for ip, p in listening([os.getpid()]) if p == port}
+    assert mine == {(ipaddress.ip_address("127.0.0.1"), port)}, mine
+
+
 SLOW = ["--dataset", "digits", "--model", "mlp", "--batch-size", "32", "--eval-points", "2", "--no-progress"]
 
 
