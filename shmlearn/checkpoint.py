@@ -10,6 +10,9 @@ A file is  MAGIC | sha256(payload) | len(payload) | payload  (payload = torch.sa
 written to a temp name, fsynced, renamed, and the directory fsynced. A reader checks magic,
 length and checksum, so a truncated file, a flipped byte or a rename that never happened (only
 the temp file exists) is detected; resume then falls back to the previous good checkpoint.
+The payload is read with torch.load(weights_only=True): tensors and plain values only (dicts,
+lists, numbers, strings; RNG states are tensors), so a file that would run code when unpickled
+(a planted or doctored checkpoint) is refused (UnsafeCheckpoint), never loaded (docs/security.md).
 Each rank keeps its own file because not every strategy keeps replicas' state identical
 (weight averaging between rounds; a parameter server's optimizer lives on rank 0 only).
 """
@@ -18,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import pickle
 import re
 import shutil
 import struct
@@ -34,6 +38,11 @@ KEEP = 2
 
 class CorruptCheckpoint(Exception):
     pass
+
+
+class UnsafeCheckpoint(CorruptCheckpoint):
+    """A well-formed checkpoint whose payload holds more than tensors and plain values: unpickling
+    it could run code, so it is refused, and not as damage to fall back from (resume stops)."""
 
 
 def root(run_dir: str) -> str:
@@ -88,7 +97,13 @@ def read_file(path: str, map_location=None) -> Any:
         raise CorruptCheckpoint(f"{path}: truncated (header says {n} bytes, file has {len(payload)})")
     if hashlib.sha256(payload).digest() != digest:
         raise CorruptCheckpoint(f"{path}: checksum mismatch (damaged)")
-    return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=False)
+    try:
+        return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's refusal: what it would have had to import, or run
+        m = re.search(r"GLOBAL ([\w.]+)", str(e))
+        what = f"it needs {m.group(1)}" if m else "it holds more than tensors and plain values"
+        raise UnsafeCheckpoint(f"{path}: refused: {what}, and loading it could run code "
+                               f"(a checkpoint holds only tensors and plain values)") from None
 
 
 def candidates(run_dir: str) -> List[int]:
@@ -146,8 +161,11 @@ def prune(run_dir: str, keep: int = KEEP) -> None:
 
 
 def load_rank(run_dir: str, step: int, rank: int, map_location=None) -> Tuple[Optional[Any], Optional[str]]:
-    """(state, None) or (None, why it is unusable) for this rank's file of checkpoint `step`."""
+    """(state, None) or (None, why it is unusable) for this rank's file of checkpoint `step`.
+    Raises UnsafeCheckpoint for a file that would run code: never a fallback, always a refusal."""
     try:
         return read_file(os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt"), map_location), None
+    except UnsafeCheckpoint:
+        raise
     except CorruptCheckpoint as e:
         return None, str(e)

@@ -8,11 +8,13 @@
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
+from shmlearn import listen
 from shmlearn.errors import BadInput, count
 
 
@@ -119,7 +121,13 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
 
     import_before_group()
     timeout = datetime.timedelta(seconds=timeout_s)
-    store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+    rank, world = env.rank, env.world_size
+    if env.launcher == "local" and world == 1:  # a 1-worker run in this process: all on loopback
+        store = listen.bound_store(listen.LOOPBACK, 0, timeout=timeout, world_size=1)
+    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store: no listener of ours
+        store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+    else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
+        store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
     global _groups_joined
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
     # And every group of this process its own prefix too: a script that calls shmlearn.train twice
@@ -127,7 +135,8 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     # first one's keys and hang. Every rank makes the same calls, so the counts agree.
     _groups_joined += 1
     store = dist.PrefixStore(f"shmlearn/attempt_{attempt or 0}/group_{_groups_joined}", store)
-    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+    with listen.on_loopback() if env.launcher == "local" else contextlib.nullcontext():
+        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 _groups_joined = 0

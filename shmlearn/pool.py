@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
@@ -90,6 +91,7 @@ def _die_with_parent(parent_pid: int) -> None:
 
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
     _die_with_parent(parent_pid)
+    os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()
     for m in PRELOAD:
@@ -103,7 +105,7 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
     import torch.distributed as dist
 
     global _store
-    store = _store = dist.TCPStore("127.0.0.1", store_port, is_master=False,
+    store = _store = dist.TCPStore(listen.LOOPBACK, store_port, is_master=False,
                                    timeout=datetime.timedelta(seconds=60))
     current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
     conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1}))
@@ -295,14 +297,13 @@ class Pool:
                  quick_grace_s: float = 1.0, grace_s: float = 10.0):
         """init: (fn, args): each worker calls fn(slot, *args) once after its imports, before its
         first job (what every job will need: the dataset on the device)."""
-        import torch.distributed as dist
         self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
         self.cuda = cuda
         self.init = init
         self.grace = (quick_grace_s, grace_s)
         self.ctx = mp.get_context("spawn")
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=datetime.timedelta(seconds=60))
+        # On loopback only (torch's own store would listen on every interface): listen.py
+        self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
         self.workers: Dict[int, _Worker] = {}
         self.jobs: Dict[int, Job] = {}
         self._ids = itertools.count(1)

@@ -118,6 +118,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
         sent = parts.pickled() if parts.given() else None
         summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent), world,
                                            cuda=cuda, timeout_s=cfg.timeout, backend=backend)[0]
+    # The whole module (the user's class), so not weights_only: bytes rank 0 of this run sent over
+    # its pool's pipe, never read from a file (docs/security.md).
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
@@ -572,13 +574,19 @@ class _Loop:
             dist.broadcast_object_list(found, src=0)
         problems = []
         for step in found[0]:
-            state, why = ckpt.load_rank(self.cfg.out, step, r, map_location=self.device)
+            try:
+                state, why = ckpt.load_rank(self.cfg.out, step, r, map_location=self.device)
+            except ckpt.UnsafeCheckpoint as e:  # a file that would run code: refused, no fallback
+                state, why = None, ("unsafe", str(e))
             if state is not None and (state["world_size"] != w or state["config"] != _agreed_fields(self.cfg)):
                 state, why = None, _mismatch(state, w, _agreed_fields(self.cfg))
             whys = [why]
             if w > 1:  # every rank learns every rank's verdict, so all choose the same step
                 whys = [None] * w
                 dist.all_gather_object(whys, why)
+            unsafe = [x[1] for x in whys if isinstance(x, tuple)]
+            if unsafe:  # every rank saw it (gathered): every rank raises
+                raise BadInput(f"--resume: {unsafe[0]}")
             if all(x is None for x in whys):
                 if problems and self.lead:
                     print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
