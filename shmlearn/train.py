@@ -42,6 +42,7 @@ from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
+from shmlearn import recipe
 from shmlearn.pool import current as current_pool, describe
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
@@ -65,7 +66,7 @@ class RunResult:
 
 # --- entry point -----------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
+def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, scheduler=None) -> RunResult:
     """Train as the config says: spawn local workers, or be one rank under a launcher.
 
     model: an nn.Module (its weights are every rank's starting point), or a class or callable
@@ -73,12 +74,17 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
     given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
     default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
-    Local workers receive these pickled: define them at the top level of your script.
+    optimizer: a torch.optim.Optimizer class (called with the model's parameters) or a callable
+    called with the model (parameter groups) returning an Optimizer; default the config's.
+    scheduler: a callable optimizer -> LRScheduler, stepped per epoch or per step as
+    cfg.scheduler_interval says (recipe.py). Local workers receive these pickled: define them at
+    the top level of your script (functools.partial of such is fine).
 
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
-    parts = Parts(model, data, loss)
+    parts = Parts(model, data, loss, optimizer, scheduler)
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
+    recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
     env = detect_env()
     if env is not None:
         return run_worker(cfg, env, parts=parts)
@@ -216,7 +222,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if cfg.label_smoothing and data.spec.task != "classification":
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
                        f"{cfg.dataset} is a {data.spec.task} task")
-    if cfg.label_smoothing and parts.loss is not None:
+    user_loss = recipe.resolve_loss(cfg, parts.loss)
+    if cfg.label_smoothing and user_loss is not None:
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, "
                        f"and your own loss= replaces it (smooth inside your loss)")
     if cfg.warmup >= steps:
@@ -251,8 +258,9 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     try:
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)
-        optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
-                                    momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        optimizer = recipe.build_user_optimizer(cfg, parts.optimizer, model) or build_optimizer(
+            cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        start_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         strategy.setup(model, optimizer, channels_last=cfg.channels_last)
         if cfg.noise_scale:  # augmented samples are drawn afresh: no finite population to correct for
             strategy.noise = noise.NoiseMeter(workers=compute, batch_size=cfg.batch_size, steps=steps, device=device,
@@ -260,10 +268,14 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                               world_size=env.world_size,
                                               every=cfg.noise_every or noise.default_every(compute))
         check_replicas(strategy.params_flat, env.world_size)
-        schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
+        schedule = recipe.build_user_scheduler(cfg, parts.scheduler, optimizer,
+                                               max(1, data.n_train // (compute * cfg.batch_size)))
+        if schedule is None:
+            schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=parts.loss, spec=spec)
+                     t_entry=t_entry, loss=user_loss, spec=spec)
+        loop.start_lrs = start_lrs
         return loop.run()
     finally:
         if isinstance(loader, StreamLoader):
@@ -697,7 +709,12 @@ class _Loop:
             "status": status, "strategy": cfg.strategy, "workers": self.strategy.compute_ranks,
             "processes": env.world_size, "launcher": env.launcher, "model": cfg.model,
             "dataset": cfg.dataset, "data_path": "stream" if isinstance(self.data, StreamedData) else "resident",
-            "optimizer": cfg.optimizer, "batch_size": cfg.batch_size,
+            "optimizer": cfg.optimizer, "optimizer_args": cfg.optimizer_args,
+            "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
+            "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
+            "lr_schedule": (cfg.lr_schedule if recipe.is_builtin_optimizer(cfg) else "none") if not cfg.scheduler
+            else "scheduler", "loss": cfg.loss or "task", "start_lrs": getattr(self, "start_lrs", None),
+            "batch_size": cfg.batch_size,
             "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
