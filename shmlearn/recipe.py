@@ -88,7 +88,7 @@ def torch_class(name: str, kind: str):
 
 def _torch_names(kind: str) -> str:
     where = torch.optim if kind == "optimizer" else torch.optim.lr_scheduler
-    return ", ".join(n for n in dir(where) if torch_class(n, kind) is not None
+    return ", ".join(n for n in dir(where) if torch_class(n, kind) is not None and not n.startswith("_")
                      and n not in ("ReduceLROnPlateau", "ChainedScheduler", "SequentialLR", "LRScheduler"))
 
 
@@ -107,12 +107,14 @@ def validate(cfg) -> None:
             raise BadInput(f"--optimizer-args {cfg.optimizer_args}: for a torch.optim class or your own "
                            f"optimizer; the built-in {cfg.optimizer} takes --lr, --momentum, --weight-decay")
     else:
-        for flag, given in (("momentum", cfg.momentum is not None), ("weight-decay", cfg.weight_decay != 0.0),
-                            ("lr-schedule", cfg.lr_schedule != "linear"),
-                            ("warmup", bool(cfg.warmup) or cfg.warmup_fraction is not None)):
+        for flag, given, instead in (
+                ("momentum", cfg.momentum is not None, "give it in --optimizer-args"),
+                ("weight-decay", cfg.weight_decay != 0.0, "give it in --optimizer-args"),
+                ("lr-schedule", cfg.lr_schedule != "linear", "give a --scheduler"),
+                ("warmup", bool(cfg.warmup) or cfg.warmup_fraction is not None, "give a --scheduler")):
             if given:
                 raise BadInput(f"--{flag}: belongs to the built-in optimizers; with --optimizer {cfg.optimizer} "
-                               f"give it in --optimizer-args (or a --scheduler)")
+                               f"{instead}")
     if cfg.scheduler is None:
         if cfg.scheduler_args:
             raise BadInput(f"--scheduler-args {cfg.scheduler_args}: needs --scheduler")
