@@ -218,7 +218,14 @@ class TrainConfig:
     eval_every: Optional[float] = None
     """Evaluate the full test set every this many seconds of training."""
     eval_points: Optional[int] = None
-    """Evaluate the full test set at this many evenly spaced steps (default 10)."""
+    """Evaluate the full test set at exactly this many evenly spaced steps (the last at the end),
+    plus the pass before training if --eval-at-start is on. Default (neither this nor
+    --eval-every): as many as keep evaluation under ~10% of the run's time, at most 10 and at
+    least the one at the end, rank 0 judging from the cost of an evaluation (measured, or until
+    one is measured estimated from the step time) against the run's projected training time."""
+    eval_at_start: str = "on"
+    """on: evaluate the full test set before the first step (step 0 of the accuracy curve; its
+    cost counts in eval_time_s); off: skip it."""
     log_every: int = 10
     """Write a metrics.jsonl line every this many steps (and at the last). Logging only: every
     step's loss is kept (loss area, min loss) and checked for NaN/inf either way, read from the
@@ -373,6 +380,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.task is not None and not is_ref(cfg.dataset):
         raise BadInput(f"--task {cfg.task}: only for your own data (data= or --dataset FILE.py:NAME); "
                        f"{cfg.dataset} knows its task")
+    if cfg.eval_at_start not in ("on", "off"):
+        raise BadInput(f"--eval-at-start {cfg.eval_at_start}: choose on or off")
     if cfg.cudnn_benchmark not in ("on", "off"):
         raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose on or off")
     if cfg.loader not in LOADERS:

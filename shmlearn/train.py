@@ -42,7 +42,7 @@ from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
-from shmlearn import recipe
+from shmlearn import evaluation, recipe
 from shmlearn.pool import current as current_pool, describe
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
@@ -397,9 +397,13 @@ class _Loop:
         self.last_eval_s = 0.0
         self.last_ckpt_s = 0.0
         self.samples_per_step = strategy.compute_ranks * cfg.batch_size
-        eval_points = cfg.eval_points or (None if cfg.eval_every else 10)
+        self.auto_eval = cfg.eval_points is None and cfg.eval_every is None
+        """Choose the evaluations so they stay under EVAL_SHARE of the run (`_auto_wants_eval`)."""
+        eval_points = cfg.eval_points or (1 if self.auto_eval else None)
         self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
                         if eval_points else set())
+        self.eval_cost_s: Optional[float] = None
+        """The last evaluation's seconds on rank 0 (what `_auto_wants_eval` plans with)."""
         self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
         self.t_entry = t_entry if t_entry is not None else time.perf_counter()
         self.setup_s = None
@@ -464,8 +468,10 @@ class _Loop:
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
         bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
-        if self.start_step == 0:
+        if self.start_step == 0 and cfg.eval_at_start == "on":
+            e0 = time.perf_counter()
             self._evaluate(step=0, train_s=0.0)
+            self.eval_s += time.perf_counter() - e0  # an evaluation's cost, not setup's
         status, diverged = "completed", None
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
@@ -482,7 +488,8 @@ class _Loop:
                 continue
             # A read: the losses of every step since the last one, and rank 0's requests.
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
-            want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
+            want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every) \
+                or self._auto_wants_eval(done, train_s)
             want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
                              and train_s - self.last_ckpt_s >= self.ckpt_every[0])
             want_stop = bool(self.prune and self.step_losses and self.prune.should_stop(self.area, train_s))
@@ -630,11 +637,20 @@ class _Loop:
         task, smoothing = self.task, self.cfg.label_smoothing
         return lambda out, y: loss_fn(task, out, y, label_smoothing=smoothing)
 
+    def _auto_wants_eval(self, done: int, train_s: float) -> bool:
+        """Rank 0, with the default schedule: whether to evaluate now (evaluation.py)."""
+        if not (self.auto_eval and self.lead):
+            return False
+        return evaluation.due(steps=self.steps, done=done, train_s=train_s, cost_s=self.eval_cost_s,
+                              test_per_rank=self.data.n_test / self.env.world_size,
+                              batch_size=self.cfg.batch_size, eval_steps=[e["step"] for e in self.evals])
+
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
         all-reduced, so no sample is skipped or counted twice."""
         model, w, r = self.strategy.model, self.env.world_size, self.env.rank
+        t0 = time.perf_counter()
         with self.timer.phase("eval"), self.strategy.eval_weights():
             model.eval()
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
@@ -653,6 +669,7 @@ class _Loop:
                 dist.all_reduce(sums)
             model.train()
         loss_sum, n_correct, n = sums.tolist()
+        self.eval_cost_s = time.perf_counter() - t0
         row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
                "test_loss": loss_sum / n,
                "test_accuracy": None if self.task == "regression" else n_correct / n}
@@ -719,6 +736,8 @@ class _Loop:
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
             "checkpoint_time_s": self.checkpoint_s, "setup_time_s": self.setup_s,
+            "evaluations": len(self.evals), "eval_at_start": cfg.eval_at_start,
+            "eval_schedule": "auto" if self.auto_eval else ("points" if cfg.eval_points else "every"),
             "resumed_from_step": self.start_step or None,
             "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
             "min_loss": min(finite) if finite else None,
