@@ -240,6 +240,9 @@ class TrainConfig:
     """Seed for weights, data order and augmentation; shared by all ranks."""
     out: Optional[str] = None
     """Run directory. Default runs/<date>-<model>-<dataset>-<strategy>-w<workers>."""
+    save_model: bool = True
+    """Save the final weights in the run directory: model.safetensors (with the safetensors
+    package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
     progress: bool = True
     """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
 

@@ -42,7 +42,7 @@ from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
-from shmlearn import evaluation, recipe
+from shmlearn import evaluation, recipe, weights
 from shmlearn.pool import current as current_pool, describe
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
@@ -366,6 +366,7 @@ def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
 
 # Fields that may differ between the original run and its resumption, or between ranks.
 _FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
+                "save_model",
                 "cudnn_benchmark")
 
 
@@ -760,6 +761,9 @@ class _Loop:
         if diverged is not None:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)
+        summary["weights"] = None
+        if self.lead and cfg.save_model and status in ("completed", "pruned"):
+            summary["weights"] = weights.save(cfg.out, self.strategy.model, self.data.spec)
         if self.lead:
             # The summary first: it is the result; the trace is a view of the timings.
             self.rundir.write_summary(summary)
