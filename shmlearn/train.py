@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.config import TrainConfig, validate
-from shmlearn.data import Dataset, load_dataset, normalizer
+from shmlearn.data import Dataset, check_present, load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.fast import StepOptions, Stepper
@@ -92,6 +92,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
         resolve_ref(cfg.model, "--model")
     if data is None and is_ref(cfg.dataset):
         resolve_ref(cfg.dataset, "--dataset")
+    elif data is None:  # a missing --data-dir or file: one line now, not after the workers start
+        check_present(cfg.dataset, cfg.data_dir)
     cuda = _device_type(cfg.device) == "cuda"
     spec = registry.spec(cfg)
     if cfg.workers is None:

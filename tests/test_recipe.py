@@ -143,11 +143,18 @@ def test_scheduler_steps_per_epoch_by_default():
     ({"loss": "nofile.py:f"}, "--loss nofile.py:f: file nofile.py does not exist"),
     ({"loss": "python:function"}, "--loss python:function: this run's loss was passed from Python"),
     ({"optimizer": "python:partial"}, "--optimizer python:partial: this run's optimizer was passed from Python"),
+    # the data's files are looked for before any worker starts, too
+    ({"dataset": "mnist"}, "--data-dir: mnist needs a --data-dir"),
+    ({"dataset": "fashion-mnist", "data_dir": "/nonexistent-shmlearn"}, "--data-dir /nonexistent-shmlearn: no such"),
+    ({"dataset": "cifar10"}, "--data-dir: cifar10 needs a --data-dir"),
 ])
 def test_a_bad_recipe_is_one_line_before_any_worker_starts(tmp_path, kw, start):
+    import time
     import shmlearn
+    t0 = time.perf_counter()
     with pytest.raises(BadInput) as e:
         shmlearn.train(TrainConfig(workers=2, samples=640, out=str(tmp_path / "run"), **kw))
+    assert time.perf_counter() - t0 < 2.0  # no worker was started
     assert str(e.value).startswith(start), str(e.value)
     assert "\n" not in str(e.value)
     assert not (tmp_path / "run").exists()
