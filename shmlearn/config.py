@@ -64,9 +64,30 @@ class TrainConfig:
     lr: float = 0.05
     """Learning rate, applied to the gradient averaged over all workers."""
     optimizer: str = "momentum"
-    """sgd, momentum, nesterov, adagrad, rmsprop, adam, adamax, adadelta, nadam, adamw."""
+    """Built in: sgd, momentum, nesterov, adagrad, rmsprop, adam, adamax, adadelta, nadam, adamw
+    (these read --lr, --momentum, --weight-decay and --lr-schedule). Or any torch.optim class by
+    name (Adadelta, AdamW, ...) with --optimizer-args, or your own as FILE.py:NAME or
+    pkg.module:NAME: an Optimizer class (called with the model's parameters) or a callable called
+    with the model (for parameter groups) returning an Optimizer. A class or your own has no
+    built-in schedule: its learning rate is its own unless --scheduler is given."""
+    optimizer_args: Optional[str] = None
+    """Keyword arguments of a torch.optim class or your own --optimizer: 'lr=1.0,rho=0.9'
+    (values read as YAML: numbers, true/false, [0.9, 0.999])."""
+    scheduler: Optional[str] = None
+    """A torch.optim.lr_scheduler class by name (StepLR, CosineAnnealingLR, ...) with
+    --scheduler-args, or your own as FILE.py:NAME or pkg.module:NAME, called with the optimizer.
+    Replaces --lr-schedule."""
+    scheduler_args: Optional[str] = None
+    """Keyword arguments of --scheduler: 'step_size=1,gamma=0.7'."""
+    scheduler_interval: str = "epoch"
+    """When --scheduler steps: epoch (after every pass over the training set: training samples //
+    (workers x batch size) steps; as pytorch/examples' StepLR) or step (after every step)."""
+    loss: Optional[str] = None
+    """Your own training loss as FILE.py:NAME or pkg.module:NAME, f(outputs, targets) -> mean loss
+    (also test_loss). Default: the task's (cross-entropy for classification)."""
     lr_schedule: str = "linear"
-    """linear or cosine (decay to zero at the last step), or constant (the paper's experiments)."""
+    """linear or cosine (decay to zero at the last step), or constant (the paper's experiments).
+    For the built-in optimizers; --scheduler replaces it."""
     warmup: int = 0
     """Steps of linear learning-rate warmup before the schedule."""
     warmup_fraction: Optional[float] = None
@@ -197,7 +218,14 @@ class TrainConfig:
     eval_every: Optional[float] = None
     """Evaluate the full test set every this many seconds of training."""
     eval_points: Optional[int] = None
-    """Evaluate the full test set at this many evenly spaced steps (default 10)."""
+    """Evaluate the full test set at exactly this many evenly spaced steps (the last at the end),
+    plus the pass before training if --eval-at-start is on. Default (neither this nor
+    --eval-every): as many as keep evaluation under ~10% of the run's time, at most 10 and at
+    least the one at the end, rank 0 judging from the cost of an evaluation (measured, or until
+    one is measured estimated from the step time) against the run's projected training time."""
+    eval_at_start: str = "on"
+    """on: evaluate the full test set before the first step (step 0 of the accuracy curve; its
+    cost counts in eval_time_s); off: skip it."""
     log_every: int = 10
     """Write a metrics.jsonl line every this many steps (and at the last). Logging only: every
     step's loss is kept (loss area, min loss) and checked for NaN/inf either way, read from the
@@ -212,6 +240,9 @@ class TrainConfig:
     """Seed for weights, data order and augmentation; shared by all ranks."""
     out: Optional[str] = None
     """Run directory. Default runs/<date>-<model>-<dataset>-<strategy>-w<workers>."""
+    save_model: bool = True
+    """Save the final weights in the run directory: model.safetensors (with the safetensors
+    package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
     progress: bool = True
     """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
 
@@ -339,8 +370,6 @@ def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked without the data. Raises BadInput with one line."""
     from shmlearn.models import MODELS
     from shmlearn.data import DATASETS
-    from shmlearn.optim import OPTIMIZERS
-
     from shmlearn.refs import is_ref
     from shmlearn.data.user import LOADERS, TASKS
     if cfg.model not in MODELS and not is_ref(cfg.model):
@@ -354,6 +383,8 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.task is not None and not is_ref(cfg.dataset):
         raise BadInput(f"--task {cfg.task}: only for your own data (data= or --dataset FILE.py:NAME); "
                        f"{cfg.dataset} knows its task")
+    if cfg.eval_at_start not in ("on", "off"):
+        raise BadInput(f"--eval-at-start {cfg.eval_at_start}: choose on or off")
     if cfg.cudnn_benchmark not in ("on", "off"):
         raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose on or off")
     if cfg.loader not in LOADERS:
@@ -365,8 +396,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--backend {cfg.backend}: choose one of {', '.join(BACKENDS)}")
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise BadInput("--backend nccl: needs --device cuda (NCCL talks between GPUs); the CPU uses gloo")
-    if cfg.optimizer not in OPTIMIZERS:
-        raise BadInput(f"--optimizer {cfg.optimizer}: choose one of {', '.join(OPTIMIZERS)}")
+    from shmlearn import recipe
+    recipe.validate(cfg)
     if cfg.checkpoint_every is not None:
         checkpoint_period(cfg.checkpoint_every)
     if cfg.resume and not cfg.out:

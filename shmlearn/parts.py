@@ -26,9 +26,13 @@ class Parts:
     model: Any = None
     data: Any = None
     loss: Any = None
+    optimizer: Any = None
+    """params or model -> torch.optim.Optimizer (recipe.py says which it is called with)."""
+    scheduler: Any = None
+    """optimizer -> LRScheduler."""
 
     def given(self) -> bool:
-        return self.model is not None or self.data is not None or self.loss is not None
+        return any(getattr(self, n) is not None for n in _NAMES)
 
     def labelled(self, cfg):
         """cfg with `model` / `dataset` naming the objects given (config.yaml and summary.json
@@ -37,11 +41,14 @@ class Parts:
             cfg = replace(cfg, model=label(self.model))
         if self.data is not None:
             cfg = replace(cfg, dataset=label(self.data), data_dir=None)
+        for name in ("loss", "optimizer", "scheduler"):
+            if getattr(self, name) is not None:
+                cfg = replace(cfg, **{name: label(getattr(self, name))})
         return cfg
 
     def pickled(self) -> bytes:
         """The parts as bytes for the spawned workers; BadInput naming the part that cannot go."""
-        for name in ("model", "data", "loss"):
+        for name in _NAMES:
             obj = getattr(self, name)
             if obj is None:
                 continue
@@ -67,9 +74,12 @@ class Parts:
             return pickle.loads(blob)
         except Exception as e:  # noqa: BLE001 - typically: class defined under `if __name__ == "__main__":`
             msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-            raise BadInput(f"model=/data=/loss=: a worker process cannot rebuild what was passed ({msg}); "
+            raise BadInput(f"model=/data=/loss=/optimizer=/scheduler=: a worker process cannot rebuild what was passed ({msg}); "
                            f"define classes and functions at the top level of the script, outside "
                            f"`if __name__ == \"__main__\":`") from None
+
+
+_NAMES = ("model", "data", "loss", "optimizer", "scheduler")
 
 
 def label(obj: Any) -> str:

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.config import TrainConfig, validate
-from shmlearn.data import Dataset, load_dataset, normalizer
+from shmlearn.data import Dataset, check_present, load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.fast import StepOptions, Stepper
@@ -42,6 +42,7 @@ from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
+from shmlearn import evaluation, recipe, weights
 from shmlearn.pool import current as current_pool, describe
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
@@ -65,7 +66,7 @@ class RunResult:
 
 # --- entry point -----------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
+def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, scheduler=None) -> RunResult:
     """Train as the config says: spawn local workers, or be one rank under a launcher.
 
     model: an nn.Module (its weights are every rank's starting point), or a class or callable
@@ -73,12 +74,17 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
     the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
     given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
     default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
-    Local workers receive these pickled: define them at the top level of your script.
+    optimizer: a torch.optim.Optimizer class (called with the model's parameters) or a callable
+    called with the model (parameter groups) returning an Optimizer; default the config's.
+    scheduler: a callable optimizer -> LRScheduler, stepped per epoch or per step as
+    cfg.scheduler_interval says (recipe.py). Local workers receive these pickled: define them at
+    the top level of your script (functools.partial of such is fine).
 
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
-    parts = Parts(model, data, loss)
+    parts = Parts(model, data, loss, optimizer, scheduler)
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
+    recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
     env = detect_env()
     if env is not None:
         return run_worker(cfg, env, parts=parts)
@@ -86,6 +92,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None) -> RunResult:
         resolve_ref(cfg.model, "--model")
     if data is None and is_ref(cfg.dataset):
         resolve_ref(cfg.dataset, "--dataset")
+    elif data is None:  # a missing --data-dir or file: one line now, not after the workers start
+        check_present(cfg.dataset, cfg.data_dir)
     cuda = _device_type(cfg.device) == "cuda"
     spec = registry.spec(cfg)
     if cfg.workers is None:
@@ -218,7 +226,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if cfg.label_smoothing and data.spec.task != "classification":
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
                        f"{cfg.dataset} is a {data.spec.task} task")
-    if cfg.label_smoothing and parts.loss is not None:
+    user_loss = recipe.resolve_loss(cfg, parts.loss)
+    if cfg.label_smoothing and user_loss is not None:
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, "
                        f"and your own loss= replaces it (smooth inside your loss)")
     if cfg.warmup >= steps:
@@ -253,8 +262,9 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     try:
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)
-        optimizer = build_optimizer(cfg.optimizer, model.parameters(), lr=cfg.lr,
-                                    momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        optimizer = recipe.build_user_optimizer(cfg, parts.optimizer, model) or build_optimizer(
+            cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        start_lrs = [float(g["lr"]) for g in optimizer.param_groups]
         strategy.setup(model, optimizer, channels_last=cfg.channels_last)
         if cfg.noise_scale:  # augmented samples are drawn afresh: no finite population to correct for
             strategy.noise = noise.NoiseMeter(workers=compute, batch_size=cfg.batch_size, steps=steps, device=device,
@@ -262,10 +272,14 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                               world_size=env.world_size,
                                               every=cfg.noise_every or noise.default_every(compute))
         check_replicas(strategy.params_flat, env.world_size)
-        schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
+        schedule = recipe.build_user_scheduler(cfg, parts.scheduler, optimizer,
+                                               max(1, data.n_train // (compute * cfg.batch_size)))
+        if schedule is None:
+            schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=parts.loss, spec=spec)
+                     t_entry=t_entry, loss=user_loss, spec=spec)
+        loop.start_lrs = start_lrs
         return loop.run()
     finally:
         if isinstance(loader, StreamLoader):
@@ -356,6 +370,7 @@ def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
 
 # Fields that may differ between the original run and its resumption, or between ranks.
 _FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
+                "save_model",
                 "cudnn_benchmark")
 
 
@@ -387,9 +402,13 @@ class _Loop:
         self.last_eval_s = 0.0
         self.last_ckpt_s = 0.0
         self.samples_per_step = strategy.compute_ranks * cfg.batch_size
-        eval_points = cfg.eval_points or (None if cfg.eval_every else 10)
+        self.auto_eval = cfg.eval_points is None and cfg.eval_every is None
+        """Choose the evaluations so they stay under EVAL_SHARE of the run (`_auto_wants_eval`)."""
+        eval_points = cfg.eval_points or (1 if self.auto_eval else None)
         self.eval_at = ({max(1, round(steps * (i + 1) / eval_points)) for i in range(eval_points)}
                         if eval_points else set())
+        self.eval_cost_s: Optional[float] = None
+        """The last evaluation's seconds on rank 0 (what `_auto_wants_eval` plans with)."""
         self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
         self.t_entry = t_entry if t_entry is not None else time.perf_counter()
         self.setup_s = None
@@ -457,8 +476,10 @@ class _Loop:
             for line in self.stepper.kernel_notes:
                 print(f"shmlearn: {line}", flush=True)
         bar = _progress(self.steps, self.start_step) if (self.lead and cfg.progress) else None
-        if self.start_step == 0:
+        if self.start_step == 0 and cfg.eval_at_start == "on":
+            e0 = time.perf_counter()
             self._evaluate(step=0, train_s=0.0)
+            self.eval_s += time.perf_counter() - e0  # an evaluation's cost, not setup's
         status, diverged = "completed", None
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
@@ -475,7 +496,8 @@ class _Loop:
                 continue
             # A read: the losses of every step since the last one, and rank 0's requests.
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
-            want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every)
+            want_eval = bool(cfg.eval_every and self.lead and train_s - self.last_eval_s >= cfg.eval_every) \
+                or self._auto_wants_eval(done, train_s)
             want_ckpt = bool(self.ckpt_every and self.ckpt_every[1] == "seconds" and self.lead
                              and train_s - self.last_ckpt_s >= self.ckpt_every[0])
             want_stop = bool(self.prune and self.step_losses and self.prune.should_stop(self.area, train_s))
@@ -629,11 +651,20 @@ class _Loop:
         task, smoothing = self.task, self.cfg.label_smoothing
         return lambda out, y: loss_fn(task, out, y, label_smoothing=smoothing)
 
+    def _auto_wants_eval(self, done: int, train_s: float) -> bool:
+        """Rank 0, with the default schedule: whether to evaluate now (evaluation.py)."""
+        if not (self.auto_eval and self.lead):
+            return False
+        return evaluation.due(steps=self.steps, done=done, train_s=train_s, cost_s=self.eval_cost_s,
+                              test_per_rank=self.data.n_test / self.env.world_size,
+                              batch_size=self.cfg.batch_size, eval_steps=[e["step"] for e in self.evals])
+
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
         all-reduced, so no sample is skipped or counted twice."""
         model, w, r = self.strategy.model, self.env.world_size, self.env.rank
+        t0 = time.perf_counter()
         with self.timer.phase("eval"), self.strategy.eval_weights():
             model.eval()
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
@@ -652,6 +683,7 @@ class _Loop:
                 dist.all_reduce(sums)
             model.train()
         loss_sum, n_correct, n = sums.tolist()
+        self.eval_cost_s = time.perf_counter() - t0
         row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
                "test_loss": loss_sum / n,
                "test_accuracy": None if self.task == "regression" else n_correct / n}
@@ -709,11 +741,18 @@ class _Loop:
             "status": status, "strategy": cfg.strategy, "workers": self.strategy.compute_ranks,
             "processes": env.world_size, "launcher": env.launcher, "model": cfg.model,
             "dataset": cfg.dataset, "data_path": "stream" if isinstance(self.data, StreamedData) else "resident",
-            "optimizer": cfg.optimizer, "batch_size": cfg.batch_size,
+            "optimizer": cfg.optimizer, "optimizer_args": cfg.optimizer_args,
+            "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
+            "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
+            "lr_schedule": (cfg.lr_schedule if recipe.is_builtin_optimizer(cfg) else "none") if not cfg.scheduler
+            else "scheduler", "loss": cfg.loss or "task", "start_lrs": getattr(self, "start_lrs", None),
+            "batch_size": cfg.batch_size,
             "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
             "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
             "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
             "checkpoint_time_s": self.checkpoint_s, "setup_time_s": self.setup_s,
+            "evaluations": len(self.evals), "eval_at_start": cfg.eval_at_start,
+            "eval_schedule": "auto" if self.auto_eval else ("points" if cfg.eval_points else "every"),
             "resumed_from_step": self.start_step or None,
             "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
             "min_loss": min(finite) if finite else None,
@@ -736,6 +775,9 @@ class _Loop:
         if diverged is not None:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)
+        summary["weights"] = None
+        if self.lead and cfg.save_model and status in ("completed", "pruned"):
+            summary["weights"] = weights.save(cfg.out, self.strategy.model, self.data.spec)
         if self.lead:
             # The summary first: it is the result; the trace is a view of the timings.
             self.rundir.write_summary(summary)

@@ -10,11 +10,12 @@ from typing import Callable, Dict, Optional
 from ..errors import BadInput
 from . import builtin
 from .base import Dataset, DataSpec, check_usable, normalizer
-from .cifar import load_cifar10
-from .idx import load_mnist_like
-from .tiny_imagenet import load_tiny_imagenet
+from .cifar import _find_batches, load_cifar10
+from .common import require_dir
+from .idx import FILES as IDX_FILES, find_idx, load_mnist_like, mnist_folder
+from .tiny_imagenet import _find_root, load_tiny_imagenet
 
-__all__ = ["DATASETS", "Dataset", "DataSpec", "load_dataset", "normalizer"]
+__all__ = ["DATASETS", "Dataset", "DataSpec", "check_present", "load_dataset", "normalizer"]
 
 # name -> loader(data_dir, seed)
 _LOADERS: Dict[str, Callable[[Optional[str], int], Dataset]] = {
@@ -49,3 +50,21 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0) ->
     # otherwise surface later as a ZeroDivisionError in evaluation or NaN "divergence".
     check_usable(ds, f"--data-dir {data_dir}" if data_dir is not None else f"--dataset {name}")
     return ds
+
+
+def check_present(name: str, data_dir: Optional[str]) -> None:
+    """The cheap half of `load_dataset`'s checks, for before any worker starts: the folder and
+    the files it needs are there (reading them is each worker's). BadInput with the same line
+    load_dataset would give."""
+    if name in ("fashion-mnist", "mnist"):
+        folder = mnist_folder(name, data_dir)
+        for stem in IDX_FILES:
+            find_idx(name, folder, stem.removesuffix(".gz"))
+    elif name == "cifar10":
+        if data_dir is None:
+            load_cifar10(None)  # raises its line
+        _find_batches(require_dir(data_dir))
+    elif name == "tiny-imagenet":
+        if data_dir is None:
+            load_tiny_imagenet(None)  # raises its line
+        _find_root(require_dir(data_dir))

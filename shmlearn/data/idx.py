@@ -94,6 +94,14 @@ def load_idx_pair(name: str, folder: Path, split: str, *, shape=(28, 28), num_cl
 def load_mnist_like(name: str, data_dir: Optional[str]) -> Dataset:
     """MNIST or Fashion-MNIST from the four IDX files in `data_dir` (gzipped or not). The mean
     and std come from the train set (for MNIST 33.3/78.6, Fashion-MNIST 72.9/90.0 in 0..255)."""
+    folder = mnist_folder(name, data_dir)
+    train_x, train_y = load_idx_pair(name, folder, "train")
+    test_x, test_y = load_idx_pair(name, folder, "t10k")
+    return image_dataset(name, 10, train_x, train_y, test_x, test_y)
+
+
+def mnist_folder(name: str, data_dir: Optional[str]) -> Path:
+    """The folder holding `name`'s IDX files; BadInput with one line if there is none."""
     if data_dir is not None:
         folder = require_dir(data_dir)
     elif name == "fashion-mnist":
@@ -105,6 +113,4 @@ def load_mnist_like(name: str, data_dir: Optional[str]) -> Dataset:
     else:
         raise BadInput(f"--data-dir: {name} needs a --data-dir holding the four IDX files"
                        f" {', '.join(FILES)} (each optionally gzipped)")
-    train_x, train_y = load_idx_pair(name, folder, "train")
-    test_x, test_y = load_idx_pair(name, folder, "t10k")
-    return image_dataset(name, 10, train_x, train_y, test_x, test_y)
+    return folder

@@ -1,0 +1,46 @@
+"""When a run evaluates by default: often enough to draw its accuracy curve, rarely enough that
+evaluation stays under EVAL_SHARE of the run's time (issue 41: a 1-epoch Fashion-MNIST run spent
+87 of 229 s in its fixed 10 + 1 full test passes).
+
+n evaluations of c seconds each stay under a share s of a run of T training seconds while
+n * c <= s * (T + n * c), i.e. n <= T * s / ((1 - s) * c). n counts the evaluation at the end
+(always made: it is the run's result) and the one before training (if made), and is at most
+EVAL_MAX; the others are spread evenly over the projected training time. Rank 0 decides (its
+request rides in the loop's control all-reduce), so every rank evaluates at the same steps.
+"""
+from __future__ import annotations
+
+from typing import Optional, Sequence
+
+EVAL_SHARE = 0.1
+"""The default schedule keeps evaluation under this share of a run's time."""
+EVAL_MAX = 10
+"""... with at most this many evaluations (the fixed default before issue 41)."""
+FORWARD_SHARE = 1 / 3
+"""A forward pass's share of a training step's time per sample, for the estimate of an
+evaluation's cost before one has been measured (--eval-at-start off)."""
+
+
+def estimated_cost(step_s: float, test_per_rank: float, batch_size: int) -> float:
+    """Seconds of one evaluation: this rank's test slice at a forward pass's cost per sample."""
+    return step_s * FORWARD_SHARE * test_per_rank / batch_size
+
+
+def count(total_s: float, cost_s: float) -> int:
+    """Evaluations a run of total_s training seconds affords at cost_s each (1 to EVAL_MAX)."""
+    return min(EVAL_MAX, max(1, int(total_s * EVAL_SHARE / ((1 - EVAL_SHARE) * max(cost_s, 1e-9)))))
+
+
+def due(*, steps: int, done: int, train_s: float, cost_s: Optional[float], test_per_rank: float,
+        batch_size: int, eval_steps: Sequence[int]) -> bool:
+    """Whether to evaluate after `done` of `steps` steps, `train_s` seconds of training in (the
+    evaluation at the last step is made anyway). cost_s: the last evaluation's measured seconds,
+    or None (estimated); eval_steps: the steps evaluated so far (0: before training)."""
+    if done >= steps or done <= 0 or train_s <= 0:
+        return False
+    step_s = train_s / done
+    total = step_s * steps
+    cost = cost_s if cost_s is not None else estimated_cost(step_s, test_per_rank, batch_size)
+    middle = count(total, cost) - 1 - int(0 in eval_steps)
+    made = sum(1 for s in eval_steps if 0 < s < steps)
+    return made < middle and train_s >= total * (made + 1) / (middle + 1)

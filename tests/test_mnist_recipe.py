@@ -1,0 +1,122 @@
+"""pytorch/examples' mnist recipe, small (issue 41): its Net (two convs, max-pool, dropout, two
+linear layers, log_softmax), Adadelta at lr 1.0, StepLR gamma 0.7 stepped per epoch, nll_loss;
+here on the 8x8 digits so it runs in seconds, 2 Gloo workers. Through the CLI and the Python
+API with the same weights; a rerun from the run's config.yaml gives the same weights bit for
+bit; shmlearn.load_model(run) scores the run's own test accuracy."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+import shmlearn
+from shmlearn import TrainConfig
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+RECIPE_PY = """
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Net(nn.Module):  # pytorch/examples mnist/main.py, narrowed for 8x8 images
+        def __init__(self):
+            super().__init__()
+            self.conv1 = nn.Conv2d(1, 8, 3, 1)
+            self.conv2 = nn.Conv2d(8, 16, 3, 1)
+            self.dropout1 = nn.Dropout(0.25)
+            self.dropout2 = nn.Dropout(0.5)
+            self.fc1 = nn.Linear(64, 32)
+            self.fc2 = nn.Linear(32, 10)
+
+        def forward(self, x):
+            x = F.relu(self.conv1(x))
+            x = F.relu(self.conv2(x))
+            x = F.max_pool2d(x, 2)
+            x = self.dropout1(x)
+            x = torch.flatten(x, 1)
+            x = F.relu(self.fc1(x))
+            x = self.dropout2(x)
+            return F.log_softmax(self.fc2(x), dim=1)
+
+
+    def nll(output, target):
+        return F.nll_loss(output, target)
+"""
+RECIPE = ["--optimizer", "Adadelta", "--optimizer-args", "lr=1.0", "--scheduler", "StepLR",
+          "--scheduler-args", "step_size=1,gamma=0.7"]
+
+
+def _cli(cwd, *args):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p))
+    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
+        env.pop(k, None)
+    r = subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
+                       timeout=300, env=env, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return r
+
+
+def _flat(model):
+    return torch.cat([t.reshape(-1) for t in model.state_dict().values()])
+
+
+def _accuracy(model):
+    from shmlearn.data import load_dataset, normalizer
+    d = load_dataset("digits")
+    with torch.no_grad():
+        out = model(normalizer(d, torch.device("cpu"))(d.test_x))
+    return (out.argmax(1) == d.test_y).float().mean().item()
+
+
+@pytest.fixture
+def recipe(tmp_path):
+    (tmp_path / "mnist_recipe.py").write_text(textwrap.dedent(RECIPE_PY))
+    return tmp_path
+
+
+def test_the_mnist_recipe_through_cli_and_api_and_again_from_config_yaml(recipe):
+    common = ["--model", "mnist_recipe.py:Net", "--loss", "mnist_recipe.py:nll", "--workers", "2",
+              "--epochs", "2", "--batch-size", "32", "--device", "cpu", "--no-progress", *RECIPE]
+    _cli(recipe, "train", *common, "--out", "cli")
+    _cli(recipe, "train", "--config", "cli/config.yaml", "--out", "again")
+    with open(recipe / "cli" / "summary.json") as f:
+        s = json.load(f)
+    assert (s["status"], s["optimizer"], s["scheduler"], s["loss"]) == \
+        ("completed", "Adadelta", "StepLR", "mnist_recipe.py:nll")
+    assert s["scheduler_interval"] == "epoch" and s["start_lrs"] == [1.0]
+    assert s["step_mode"] == "classic" and s["weights"] in ("model.safetensors", "model.pt")
+    cwd = os.getcwd()
+    os.chdir(recipe)  # the references are relative to where the run was started, as on the CLI
+    try:
+        api = shmlearn.train(TrainConfig(model="mnist_recipe.py:Net", loss="mnist_recipe.py:nll", workers=2,
+                                         epochs=2, batch_size=32, device="cpu", progress=False, out="api",
+                                         optimizer="Adadelta", optimizer_args="lr=1.0", scheduler="StepLR",
+                                         scheduler_args="step_size=1,gamma=0.7"))
+        cli, again = shmlearn.load_model("cli"), shmlearn.load_model("again")
+    finally:
+        os.chdir(cwd)
+    assert torch.equal(_flat(cli), _flat(again)), "a rerun from config.yaml is not the same run"
+    assert torch.equal(_flat(cli), _flat(api.model.eval())), "the API and the CLI trained differently"
+    assert _accuracy(cli) == pytest.approx(s["test_accuracy"], abs=1.5 / 360)
+    assert s["test_accuracy"] > 0.5  # 44 steps of a small conv net; chance is 0.1
+
+
+def test_load_model_of_a_built_in_model_scores_its_runs_accuracy(tmp_path):
+    r = shmlearn.train(TrainConfig(workers=1, samples=32 * 60, progress=False, out=str(tmp_path / "run")))
+    model = shmlearn.load_model(r.run_dir)
+    assert not model.training
+    assert _accuracy(model) == pytest.approx(r.summary["test_accuracy"], abs=1.5 / 360)
+    assert torch.equal(_flat(model), _flat(r.model))
+
+
+def test_no_weights_is_one_line(tmp_path):
+    r = shmlearn.train(TrainConfig(workers=1, samples=32 * 2, save_model=False, progress=False,
+                                   out=str(tmp_path / "run")))
+    assert r.summary["weights"] is None
+    with pytest.raises(shmlearn.BadInput, match="no model.safetensors or model.pt"):
+        shmlearn.load_model(r.run_dir)
