@@ -118,6 +118,32 @@ CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:co
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
 
 
+def _cli_defaults(folder: str) -> str:
+    """Issue 36, acceptance 1: `shmlearn train --device cuda --model M --dataset D` with default
+    flags for every built-in model (fp32, and bf16), each a fresh process as a user starts it, four
+    at a time alternating GPUs; then a default `sweep --device cuda` over alexnet-small on
+    Fashion-MNIST. Each run's exit code and last lines go to folder/cli.tsv and the log."""
+    sys.path.insert(0, HERE)
+    from gpu_matrix import NATURAL
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    jobs = []
+    for k, (m, prec) in enumerate((m, p) for m in NATURAL for p in ("fp32", "bf16")):
+        d = NATURAL[m]
+        cmd = shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--model", m, "--dataset", d,
+                             *(["--data-dir", data] if d == "fashion-mnist" else []),
+                             *(["--precision", prec] if prec != "fp32" else []), "--no-progress",
+                             "--out", os.path.join(folder, f"{m}-{prec}")))
+        log = os.path.join(folder, f"{m}-{prec}.log")
+        jobs.append(f"(CUDA_VISIBLE_DEVICES={k % 2} {cmd} > {log} 2>&1; echo \"{m}\t{prec}\t$?\" >> {folder}/cli.tsv)")
+    waves = [" & ".join(jobs[i:i + 4]) + " & wait" for i in range(0, len(jobs), 4)]
+    sweep = shlex.join(_py("-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small",
+                           "--dataset", "fashion-mnist", "--data-dir", data, "--workers", "1,2",
+                           "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples", "60000",
+                           "--out", os.path.join(folder, "sweep")))
+    return "; ".join(waves + [f"cat {folder}/cli.tsv", f"tail -n 3 {folder}/*.log", sweep,
+                              f"echo sweep rc=$?; wc -l {folder}/sweep/results.jsonl"])
+
+
 def part_commands(p: str, workers: str) -> dict:
     """name -> (command, time limit in s). p(name) is the part's output folder."""
     sh = "-m", "shmlearn"
@@ -544,6 +570,21 @@ def part_commands(p: str, workers: str) -> dict:
             + [f"{sys.executable} -m shmlearn bench comm --backend nccl --workers 2 --ops all_reduce "
                f"--sizes 512K,1M --budget-s 0.5 --compute-ms {ms} --no-plot "
                f"--out {p('x2-probe')}/comm-compute{ms}ms.json" for ms in (0, 1)])], 400),
+        # Issue 36: every default GPU path. The CLI as a user runs it (every built-in model with
+        # default flags, fp32 and bf16, four at a time over the GPUs; a default GPU sweep), then
+        # the GPU matrix at 1 worker (two shards, one per GPU) and at 2, then the speed check.
+        "cli-36": (["bash", "-c", _cli_defaults(p("cli-36"))], 420),
+        "matrix-w1": (["bash", "-c", " & ".join(
+            f"CUDA_VISIBLE_DEVICES={i} {sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --workers 1 "
+            f"--shard {i}/2 --out {p('matrix-w1')}/shard{i}.json > {p('matrix-w1')}/shard{i}.log 2>&1"
+            for i in range(2)) + f" & wait; {sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --merge "
+            f"{p('matrix-w1')}/shard0.json {p('matrix-w1')}/shard1.json --out {p('matrix-w1')}/gpu-matrix-w1.json"],
+            600),
+        "matrix-w2": (_py(os.path.join(HERE, "gpu_matrix.py"), "--workers", "2",
+                          "--out", os.path.join(p("matrix-w2"), "gpu-matrix-w2.json")), 600),
+        "tput-36": (_gpu_bench(p("tput-36"), [
+            (m, "3x32x32", b, "graph", "allreduce:compile") for b in (128, 1024) for m in ("alexnet-small", "resnet18")]),
+            600),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
