@@ -24,9 +24,24 @@ from shmlearn.errors import BadInput
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
 
 
-def default_run_dir(cfg: TrainConfig, workers: int) -> str:
+def default_run_dir(cfg: TrainConfig, workers: int, claim: bool = False) -> str:
+    """runs/STAMP-MODEL-DATASET-STRATEGY-wN. claim: create it now, taking the first of NAME,
+    NAME-2, NAME-3, ... that no one has (two runs started in the same second each get their
+    own); without claim (the ranks of a launcher's job, which must agree) the plain name."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    return os.path.join("runs", f"{stamp}-{_dir_word(cfg.model)}-{_dir_word(cfg.dataset)}-{cfg.strategy}-w{workers}")
+    base = os.path.join("runs", f"{stamp}-{_dir_word(cfg.model)}-{_dir_word(cfg.dataset)}-{cfg.strategy}-w{workers}")
+    if not claim:
+        return base
+    k = 1
+    while True:
+        path = base if k == 1 else f"{base}-{k}"
+        try:
+            os.makedirs(path)
+            return path
+        except FileExistsError:
+            k += 1
+        except OSError as e:
+            raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
 
 
 def _dir_word(name: str) -> str:

@@ -100,16 +100,16 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
         cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, spec.servers))
     world = spec.processes(cfg.workers)
     noise.check(cfg, spec, cfg.workers)
-    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers))
-    if not cfg.resume:
-        check_out_dir(cfg.out)
     backend = _backend(cfg, cuda)
     if cuda and world > torch.cuda.device_count() and backend == "nccl":
         extra = f" + {count(spec.servers, 'server')}" if spec.servers else ""
         raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
                        f"{world} GPUs, {torch.cuda.device_count()} present (--backend gloo shares GPUs)")
+    if not cfg.resume and cfg.out:
+        check_out_dir(cfg.out)
     if not cuda:
         check_capacity(world, cfg.threads, cfg.oversubscribe)
+    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers, claim=True))
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
         if world == 1 and current_pool() is None:
             try:

@@ -1,4 +1,6 @@
 """train.py: its process-wide settings, and what summary.json says of the run."""
+import os
+
 import torch
 
 from shmlearn.train import _set_determinism
@@ -41,3 +43,18 @@ def test_a_dedicated_servers_summary_tells_how_its_workers_stepped(tmp_path):
     assert s["compile_s"] is not None and s["compile_s"] > 0
     assert s["compile_read"] is True
     assert s["step_mode"] == "fast-eager"
+
+
+def test_two_runs_started_in_the_same_second_get_their_own_run_directories(tmp_path, monkeypatch):
+    """The default run directory is claimed when it is named: a second run in the same second
+    (two shards of a script, a loop) takes NAME-2 instead of being refused as 'already holds a run'."""
+    import time as _time
+    from shmlearn.config import TrainConfig
+    from shmlearn.runs import default_run_dir
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(_time, "strftime", lambda fmt, *a: "20261126-212327")
+    cfg = TrainConfig(model="mlp", dataset="digits")
+    first, second = default_run_dir(cfg, 2, claim=True), default_run_dir(cfg, 2, claim=True)
+    assert first == "runs/20261126-212327-mlp-digits-allreduce-w2" and second == first + "-2"
+    assert os.path.isdir(first) and os.path.isdir(second)
+    assert default_run_dir(cfg, 2) == first  # unclaimed (a launcher's ranks): the plain name
