@@ -359,7 +359,7 @@ class StudySweep(Sweep):
         what = (f"grid of {count(len(self.grid_ids), 'trial')}" if self.grid_ids is not None
                 else f"{self.sc.search} search, {count(self.sc.trials, 'trial')}")
         print(f"sweep: study {self.sc.study} on {redact(self.sc.storage)}: {what} ({done} done), "
-              f"{self.sc.parallel} at a time here on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'}"
+              f"{self.parallel} at a time here on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'}"
               + (f", pruner {self.pruner_name}" if self.pruner_name else "") + f" | {self.dir}", flush=True)
         self.total, self.finished = (len(self.grid_ids) if self.grid_ids is not None else self.sc.trials), done
         widest = max(self._procs(c) for c in trials)
@@ -391,7 +391,7 @@ class StudySweep(Sweep):
         width = max(self.nslots, widest)
         datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in trials}, key=repr)[:2]
         self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)))
-        self.pool.warm(range(min(width, max(self.nslots if self.sc.parallel > 1 else 0, widest))))
+        self.pool.warm(range(min(width, max(self.nslots if self.parallel > 1 else 0, widest))))
         self.pool.wait_ready()
         free = list(range(self.nslots))
         running: Dict[int, _Owned] = {}  # ready: claimed (or to retry), waiting for slots
@@ -407,7 +407,7 @@ class StudySweep(Sweep):
                         self._tell_failed(o, self.failures[-1][1])
                 self._beat()
                 self._progress(running.values())
-                while len(running) < self.sc.parallel:
+                while len(running) < self.parallel:
                     if not ready:
                         nxt = self._next(busy=bool(running))
                         if nxt == "done" and not running:

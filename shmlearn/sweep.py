@@ -46,6 +46,12 @@ NOT_SWEPT = ("out", "progress", "resume")
 MAX_TRIALS = 100_000
 
 
+def trials_at_once(parallel: Optional[int], cuda: bool, slots: int) -> int:
+    """SweepConfig.parallel for this machine: as asked, else every GPU (each its own device) or
+    one trial at a time on CPU cores (which share memory bandwidth)."""
+    return parallel or (slots if cuda else 1)
+
+
 @dataclass(kw_only=True)
 class SweepConfig:
     fixed: Dict[str, Any] = field(default_factory=dict)
@@ -56,9 +62,11 @@ class SweepConfig:
     """Winners: drop runs whose minimum training loss is above this (the paper's 1.8)."""
     target_accuracy: Optional[float] = None
     """Winners also by the least training seconds to reach this test accuracy."""
-    parallel: int = 1
-    """Trials at once. Trials that run together share memory bandwidth and caches, which shows
-    in their wall-clock areas: 1 gives the cleanest timings."""
+    parallel: Optional[int] = None
+    """Trials at once. Default: on GPUs, as many as there are free GPUs (1-worker trials fill
+    every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, 1
+    (trials that run together share memory bandwidth and caches, which shows in their
+    wall-clock areas)."""
     slots: Optional[int] = None
     """CPU cores (or GPUs) the sweep may use. Default: all this process may run on."""
     out: str = ""
@@ -488,13 +496,15 @@ class Sweep:
         from shmlearn.launch import detect_env
         if detect_env() is not None:
             raise BadInput("sweep: started under torchrun/mpirun/srun; run it directly, it starts its own trials")
-        if self.sc.parallel < 1:
+        if self.sc.parallel is not None and self.sc.parallel < 1:
             raise BadInput(f"--parallel {self.sc.parallel}: expected a whole number > 0")
         if self.sc.slots is not None and self.sc.slots < 1:
             raise BadInput(f"--slots {self.sc.slots}: expected a whole number > 0")
         if os.path.exists(self.dir) and not os.path.isdir(self.dir):
             raise BadInput(f"--out {self.dir}: exists and is not a directory")
         self.cuda, self.nslots = self._device()
+        self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
+        """Trials at once (SweepConfig.parallel, resolved for this machine)."""
         trials = expand_grid(self.sc.fixed, self.sc.axes, cuda=self.cuda)
         if self.cuda:
             import torch
@@ -527,7 +537,7 @@ class Sweep:
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
-            "target_accuracy": self.sc.target_accuracy, "parallel": self.sc.parallel, "prune": self.sc.prune,
+            "target_accuracy": self.sc.target_accuracy, "parallel": self.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials], **(extra or {})})
 
@@ -553,7 +563,7 @@ class Sweep:
             pending.append(cfg)
         self.finished = self.total - len(pending)
         print(f"sweep: {count(len(trials), 'trial')} ({self.finished} done, {len(pending)} to run), "
-              f"{self.sc.parallel} at a time on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'} | {self.dir}",
+              f"{self.parallel} at a time on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'} | {self.dir}",
               flush=True)
         too_big = {self._need(c) for c in pending if self._need(c) > self.nslots}
         if too_big:
@@ -589,7 +599,7 @@ class Sweep:
         datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in pending}, key=repr)[:2]
         self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)))
         # Start every worker the grid can use now: they import in parallel with the first trial.
-        self.pool.warm(range(min(width, max(self.nslots if self.sc.parallel > 1 else 0,
+        self.pool.warm(range(min(width, max(self.nslots if self.parallel > 1 else 0,
                                              max(self._procs(c) for c in pending)))))
         # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
         # and matplotlib loads for the report (~0.5 s on a slow core), before the first trial.
@@ -604,7 +614,7 @@ class Sweep:
         try:
             self._post_bounds()
             while queue or running:
-                while queue and len(running) < self.sc.parallel:
+                while queue and len(running) < self.parallel:
                     cfg, attempt = queue[0]
                     need = min(self._need(cfg), self.nslots)
                     if need > len(free) or (self._need(cfg) > self.nslots and running):
@@ -705,9 +715,12 @@ class Sweep:
         return best_bounds(self.store.load(repair=False), self.sc.threshold, self.sc.target_accuracy)
 
     def _write_timing(self, wall_s: float) -> None:
-        """DIR/timing.json: where this invocation's seconds went. Efficiency = training seconds /
-        sweep wall time (parallel trials can push it above 1); overhead of a trial = its elapsed
-        time minus its training, evaluation and checkpoint seconds (start-up, setup, writing)."""
+        """DIR/timing.json: where this invocation's seconds went. Efficiency = the slot-seconds
+        trials spent training (each trial's training seconds times the GPUs or cores it held) over
+        the slot-seconds the sweep had (its wall time times its slots): at most 1, also when trials
+        run side by side; a 1-worker trial at a time on 2 GPUs is at most 0.5. Overhead of a
+        trial = its elapsed time minus its training, evaluation and checkpoint seconds (start-up,
+        setup, writing)."""
         from shmlearn.runs import write_json_atomic
         rows = self.ran_rows
         train_s = sum(r["summary"].get("wall_time_s") or 0.0 for r in rows)
@@ -715,8 +728,10 @@ class Sweep:
                      for r in rows)
         over = [r["elapsed_s"] - (r["summary"].get("wall_time_s") or 0.0) - (r["summary"].get("eval_time_s") or 0.0)
                 - (r["summary"].get("checkpoint_time_s") or 0.0) for r in rows]
+        used = sum((r["summary"].get("wall_time_s") or 0.0) * r.get("slots", 1) for r in rows)
         info = {"wall_s": wall_s, "trials_run": len(rows), "training_s": train_s, "eval_s": eval_s,
-                "efficiency": train_s / wall_s if wall_s > 0 else None, "parallel": self.sc.parallel,
+                "efficiency": used / (wall_s * self.nslots) if wall_s > 0 else None, "slots": self.nslots,
+                "parallel": self.parallel,
                 "prune": self.sc.prune, "pruned": sum(r["status"] == "pruned" for r in rows),
                 "workers_started": self.pool.started_workers if self.pool else None,
                 "startup": self.pool.startup if self.pool else None,
@@ -752,7 +767,7 @@ class Sweep:
                "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
                # The trial's wall time in the sweep (start to recorded); minus the summary's
                # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
-               "elapsed_s": elapsed, "group_s": group_s}
+               "elapsed_s": elapsed, "group_s": group_s, "slots": min(self._need(cfg), self.nslots)}
         if summary["status"] == "pruned":
             bound = self._bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),

@@ -314,3 +314,20 @@ def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
     assert sorted((x["config"]["batch_size"], x["config"]["lr"]) for x in rows) == [
         (b, lr) for b in (16, 32) for lr in (0.1, 0.3, 0.5)]
     assert all(x["status"] == "completed" for x in rows)
+
+
+def test_trials_fill_every_gpu_by_default_and_one_at_a_time_on_cpu_cores():
+    from shmlearn.sweep import trials_at_once
+    assert trials_at_once(None, True, 2) == 2 and trials_at_once(None, True, 4) == 4  # 1-worker trials side by side
+    assert trials_at_once(None, False, 2) == 1 and trials_at_once(3, False, 2) == 3 and trials_at_once(1, True, 2) == 1
+
+
+def test_efficiency_counts_slot_seconds_and_stays_at_most_one_side_by_side(small_sweep):
+    """Two trials at once on 2 cores: efficiency = training slot-seconds over the sweep's
+    slot-seconds (it printed 1.06 when it was training seconds over wall seconds)."""
+    out, r, _ = small_sweep
+    t = json.loads((out / "timing.json").read_text())
+    rows = results(out)
+    used = sum(x["summary"]["wall_time_s"] * x["slots"] for x in rows)
+    assert t["slots"] >= 2 and t["parallel"] == 2 and {x["slots"] for x in rows} == {1, 2}
+    assert t["efficiency"] == pytest.approx(used / (t["wall_s"] * t["slots"])) and 0 < t["efficiency"] <= 1
