@@ -20,6 +20,9 @@ same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input s
   compile-max  the same with mode="max-autotune". On the CPU both run mode default (the
                modes' CUDA graphs do not apply there) and their rows say so.
   ddp          torch DistributedDataParallel around the plain loop (W > 1).
+  ddp-compile  the same DDP model under torch.compile (mode default: Dynamo splits the graph at
+               DDP's buckets so each bucket's all-reduce overlaps the backward), fused SGD: what
+               a skilled user picks at W > 1 (W > 1).
   local        shmlearn's step with no communication (each rank its own world; W > 1): the
                ceiling for any strategy.
   <strategy>   shmlearn's step (fast.py) exactly as `shmlearn train` runs it: device loader,
@@ -30,7 +33,7 @@ same optimizer (SGD, momentum 0.9) on random uint8 images of the model's input s
                `noise1` at every step (--noise-every 1); `compile` is --compile default and `compile-max` --compile
                max-autotune (Inductor's kernels inside the step's one CUDA graph), e.g.
                `allreduce:compile`, `allreduce:eager+compile`; not both compile and compile-max.
-With W > 1 the baselines other than ddp run on every rank alone (no communication).
+With W > 1 the baselines other than ddp and ddp-compile run on every rank alone (no communication).
 
 Method: each variant is built, warmed up (its CUDA graph captured, cuDNN autotuned), then timed
 `repeats` times. A repeat: synchronize the device, barrier, perf_counter, `steps` steps,
@@ -67,7 +70,9 @@ from shmlearn.errors import BadInput, WorkerFailed
 from shmlearn.launch import run_local
 from shmlearn.sync import registry
 
-BASELINES = ("plain", "plain-fp32", "ddp", "local", "graph", "compile", "compile-max")
+BASELINES = ("plain", "plain-fp32", "ddp", "ddp-compile", "local", "graph", "compile", "compile-max")
+DDP = ("ddp", "ddp-compile")
+"""The baselines that average gradients (W > 1 only); `vs_best_ddp` is against the better one."""
 BEST_OF = ("plain", "graph", "compile", "compile-max")
 """What a user could write instead: ratio_to_best_baseline is against the best of these."""
 COMPILE_MODES = {"compile": "reduce-overhead", "compile-max": "max-autotune"}
@@ -375,7 +380,7 @@ def _parse(v: str):
 def _variants(c: ThroughputConfig, world: int) -> List[str]:
     out = []
     for b in c.baselines:
-        if b not in ("ddp", "local") or world > 1:
+        if b not in DDP + ("local",) or world > 1:
             out.append(b)
     for s in c.strategies:
         name = _parse(s)[0]
@@ -393,9 +398,10 @@ def _skipped(v: str, device) -> Optional[str]:
 
 
 def _build(c, v: str, device, batch, rank, world):
-    if v in ("plain", "plain-fp32", "ddp", "compile", "compile-max"):
-        return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v == "ddp",
-                      compile_mode=COMPILE_MODES.get(v))
+    if v in ("plain", "plain-fp32", "compile", "compile-max") + DDP:
+        return _Plain(c, device, batch, rank, world, fp32=v == "plain-fp32", ddp=v in DDP,
+                      compile_mode="default" if v == "ddp-compile" else COMPILE_MODES.get(v),
+                      fused=v == "ddp-compile" and device.type == "cuda")
     if v == "graph":
         return _Graph(c, device, batch, rank, world)
     if v == "local":
@@ -654,10 +660,13 @@ def _ratios(rows: List[dict]) -> None:
         for key, ref in (("vs_plain", med(r["workers"], r["batch"], "plain")),
                          ("vs_ddp", med(r["workers"], r["batch"], "ddp")),
                          ("vs_local", med(r["workers"], r["batch"], "local")),
-                         ("scaling", med(1, r["batch"], r["variant"] if r["variant"] not in ("local", "ddp")
+                         ("scaling", med(1, r["batch"], r["variant"] if r["variant"] not in DDP + ("local",)
                                          else registry.DEFAULT))):
             if ref and not (key == "scaling" and r["workers"] == 1):
                 r[key] = x / ref
+        best_ddp = max((m for m in (med(r["workers"], r["batch"], v) for v in DDP) if m), default=None)
+        if best_ddp and r["variant"] not in DDP:
+            r["vs_best_ddp"] = x / best_ddp
 
 
 def table(doc: Dict[str, Any]) -> str:

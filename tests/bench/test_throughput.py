@@ -146,3 +146,30 @@ def test_modifiers_set_their_fields_and_inductor_options_add_up():
     plain = step_options(c, set())
     assert (plain.inductor, plain.defer_wgrad, plain.side_streams, plain.compile) == ((), True, 1, "off")
     assert plain.combo_kernels == "auto"
+
+
+def test_vs_best_ddp_is_against_the_better_of_ddp_and_ddp_compile():
+    def row(w, v, sps):
+        return {"workers": w, "batch": 16, "variant": v, "samples_per_s": {"median": sps}}
+    rows = [row(1, "allreduce", 100.0), row(2, "ddp", 100.0), row(2, "ddp-compile", 160.0), row(2, "allreduce", 200.0)]
+    _ratios(rows)
+    by = {(r["workers"], r["variant"]): r for r in rows}
+    assert by[2, "allreduce"]["vs_best_ddp"] == 1.25 and by[2, "allreduce"]["vs_ddp"] == 2.0
+    assert by[2, "ddp-compile"]["scaling"] == 1.6  # against the default strategy at one worker, as ddp
+    assert "vs_best_ddp" not in by[2, "ddp"] and "vs_best_ddp" not in by[1, "allreduce"]
+
+
+def test_ddp_compile_runs_at_two_gloo_processes(tmp_path):
+    """The DDP model under torch.compile (Dynamo's DDPOptimizer splits it at the buckets) trains
+    at W=2 on the CPU; at W=1 there is no such row."""
+    out = tmp_path / "tp.json"
+    rc = main(["bench", "throughput", "--device", "cpu", "--model", "mlp", "--input", "1x8x8", "--workers", "1,2",
+               "--batch-sizes", "16", "--strategies", "allreduce", "--baselines", "ddp-compile",
+               "--repeats", "5", "--seconds", "0.02", "--warmup-steps", "2", "--samples", "512", "--threads", "1",
+               "--out", str(out)])
+    assert rc == 0
+    doc = json.loads(out.read_text())
+    got = {(r["workers"], r["variant"]): r for r in doc["results"]}
+    assert set(got) == {(1, "allreduce"), (2, "ddp-compile"), (2, "allreduce")}
+    assert "error" not in got[2, "ddp-compile"] and got[2, "ddp-compile"]["mode"] == "compiled"
+    assert got[2, "allreduce"]["vs_best_ddp"] > 0
