@@ -50,8 +50,10 @@ from typing import Any, Dict, List, Optional, Tuple
 import optuna
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.exceptions import UpdateFinishedTrialError
+from optuna.storages.journal import JournalFileBackend, JournalFileSymlinkLock
 from optuna.trial import FrozenTrial, TrialState
 
+from shmlearn import jsonl
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, cannot_win, post_bound
@@ -93,6 +95,45 @@ def _why(e: BaseException) -> str:
     return why
 
 
+class _Journal(JournalFileBackend):
+    """Optuna's journal file, whose torn last line (a kill or a full disk mid-write) is mended
+    before every append and at open, under the journal's own lock (jsonl.py), and whose append
+    that fails on a full disk leaves the file as it was and says so in one line (BadInput).
+    Optuna's own backend appends after the torn bytes: one bad line for good, every study in the
+    file unreadable."""
+
+    def __init__(self, path: str, url: str):
+        self._url = url
+        self._file_lock = JournalFileSymlinkLock(path)
+        super().__init__(path, lock_obj=self._file_lock)
+        self.notes: List[str] = []
+        self._locked(self._mend)
+
+    def _locked(self, fn) -> None:
+        self._file_lock.acquire()
+        try:
+            fn()
+        except OSError as e:
+            raise BadInput(self._full(e)) from None
+        finally:
+            self._file_lock.release()
+
+    def _full(self, e: OSError) -> str:
+        why = "the disk is full" if e.errno in jsonl.FULL else "cannot write it"
+        return (f"--storage {self._url}: {why} ({e.strerror}); the study file is as it was before this write, "
+                f"free space and run the same command again")
+
+    def _mend(self) -> None:
+        note = jsonl.mend(self._file_path)
+        if note:
+            self.notes.append(note)
+            print(f"sweep: {note}", file=sys.stderr, flush=True)
+
+    def append_logs(self, logs: List[Dict[str, Any]]) -> None:
+        data = ("\n".join(json.dumps(log, separators=(",", ":")) for log in logs) + "\n").encode()
+        self._locked(lambda: (self._mend(), jsonl.append_or_cut_back(self._file_path, data)))
+
+
 def open_storage(url: str):
     """An RDB URL (sqlite:///PATH, postgresql://USER@HOST/DB, mysql://...) or journal:PATH."""
     if url.startswith("journal:"):
@@ -101,9 +142,11 @@ def open_storage(url: str):
         d = os.path.dirname(os.path.abspath(path)) if path else ""
         if not path or os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
             raise BadInput(f"--storage {url}: cannot open it (expected journal:FILE in a writable directory)")
-        from optuna.storages.journal import JournalFileBackend
         try:
-            return optuna.storages.JournalStorage(JournalFileBackend(path))
+            backend = _Journal(path, url)
+            return optuna.storages.JournalStorage(backend)
+        except BadInput:
+            raise
         except Exception as e:  # noqa: BLE001 - any failure to open is the user's URL or file
             raise BadInput(f"--storage {url}: cannot open it ({_why(e)})") from None
     engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}  # writers wait, not fail

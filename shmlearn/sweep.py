@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from shmlearn import jsonl
 from shmlearn.config import TrainConfig, load_yaml, validate
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
@@ -248,21 +249,14 @@ class ResultStore:
         if tail.strip():
             try:
                 rows.append(self._parse(tail, len(lines) + 1))
-                if repair:  # complete but unterminated: end it so the next append starts a line
-                    with open(self.path, "ab") as f:
-                        f.write(b"\n")
-                        f.flush()
-                        os.fsync(f.fileno())
+                whole = True  # complete but unterminated: ended so the next append starts a line
             except BadInput:
+                whole = False
                 self.notes.append(f"{self.path}: the last line ({len(tail)} bytes) was cut off by an "
                                   f"interrupted write; " + ("moved it to results.jsonl.torn, its trial "
                                                             "runs again" if repair else "ignored"))
-                if repair:
-                    with open(self.path + ".torn", "ab") as f:
-                        f.write(tail + b"\n")
-                    with open(self.path, "r+b") as f:
-                        f.truncate(len(data) - len(tail))
-                        os.fsync(f.fileno())
+            if repair:
+                jsonl.mend_tail(self.path, len(data) - len(tail), tail, whole)
         unique = []
         for r in rows:
             if r["id"] in ids:
@@ -283,11 +277,9 @@ class ResultStore:
         return row
 
     def append(self, row: Dict[str, Any]) -> None:
-        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off.
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off; a
+        # full disk leaves the file as it was.
+        jsonl.append_or_cut_back(self.path, (json.dumps(row) + "\n").encode())
 
 
 # --- winners --------------------------------------------------------------------------------

@@ -583,3 +583,59 @@ def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     assert "stopped by Optuna&#x27;s median pruner" in html and all(p["id"] in html for p in spec["pruned"])
     w = json.load(open(os.path.join(out, "winners.json")))
     assert w["overall"] is not None and w["by_workers"]["1"]["pruned"] == len(pruned)
+
+
+# --- torn files and full disks (issue 38) -------------------------------------------------------
+
+# Two 64-sample-batch trials of softmax on digits: a study of a few seconds, whose journal holds ~9 KB.
+TINY = ["--dataset", "digits", "--model", "softmax", "--samples", "2048", "--eval-points", "2", "--workers", "1",
+        "--device", "cpu", "--batch-size", "64", "--lr", "0.1,0.3", "--no-report"]
+
+
+def _file_limit(limit):
+    """preexec_fn: RLIMIT_FSIZE as a full disk (Python ignores SIGXFSZ: a write past it fails, EFBIG)."""
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _sweep_limited(limit, *args):
+    return subprocess.run([sys.executable, "-m", "shmlearn", "sweep", *args], capture_output=True, text=True,
+                          timeout=900, env=env(), preexec_fn=_file_limit(limit))
+
+
+def _json_lines(path):
+    data = open(path, "rb").read()
+    assert data.endswith(b"\n"), data[-80:]
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(tmp_path):
+    """Issue 38, 1: study b on a journal that holds study a hits a full disk: one line naming the
+    journal, exit 2, and the file as it was (no torn line). The file then cut 40 bytes short (a
+    kill mid-write): the next run sets the torn line aside in study.log.torn and appends after
+    whole lines; both studies then finish, and study a's finished trials are still there."""
+    log = tmp_path / "study.log"
+    url = f"journal:{log}"
+    a = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    assert a.returncode == 0, a.stderr
+    size = log.stat().st_size
+    trace = max(p.stat().st_size for p in (tmp_path / "a" / "trials").glob("*/trace.json"))
+    limit = size + 4000  # the journal outgrows it in study b; a trial's files do not
+    assert trace < limit
+    b = _sweep_limited(limit, *TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert b.returncode == 2, b.stdout + b.stderr
+    lines = b.stderr.strip().splitlines()
+    assert "Traceback" not in b.stderr and len(lines) == 1, b.stderr
+    assert f"--storage {url}: the disk is full" in lines[0], lines[0]
+    before = _json_lines(log)  # whole lines only: the failed write was cut back
+    with open(log, "r+b") as f:  # a kill mid-write: the last line cut short
+        f.truncate(log.stat().st_size - 40)
+    b = sweep(*TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert b.returncode == 0 and "study.log.torn" in b.stderr, b.stdout + b.stderr
+    assert (tmp_path / "study.log.torn").exists()
+    assert len(_json_lines(log)) > len(before) - 1
+    again = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    assert again.returncode == 0 and "(2 done)" in again.stdout, again.stdout + again.stderr
+    assert len(finished_by_id(load(url, "a"))) == 2 and len(finished_by_id(load(url, "b"))) == 2
