@@ -227,6 +227,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
+    strategy.run_steps = steps
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
     shard = spec.shard(env.rank) or 0
     augment = Augment.parse(cfg.augment)
