@@ -200,6 +200,19 @@ def distributions(sc: SweepConfig) -> Dict[str, Any]:
     return out
 
 
+def space_size(space: Dict[str, Any]) -> Optional[int]:
+    """How many distinct points the search space holds, or None where a float range makes it endless."""
+    n = 1
+    for d in space.values():
+        if isinstance(d, CategoricalDistribution):
+            n *= len(d.choices)
+        elif isinstance(d, IntDistribution):
+            n *= (d.high - d.low) // (d.step or 1) + 1
+        else:
+            return None
+    return n
+
+
 def _constraints(t: FrozenTrial) -> Tuple[float]:
     """TPE's constraint: <= 0 when the run's minimum loss reached the paper's threshold."""
     c = t.user_attrs.get("shmlearn_constraint")
@@ -355,6 +368,8 @@ class StudySweep(Sweep):
         self.beat_at = 0.0
         self.beats = 0
         self.owner = {"host": HOST, "pid": os.getpid(), "start": _proc_start(os.getpid())}
+        self.points: Optional[int] = None
+        """How many distinct points a tpe/random search space holds, where that is finite."""
 
     def _lock(self):
         class _Shared:  # every process of the study shares --out; results go through the study
@@ -405,6 +420,11 @@ class StudySweep(Sweep):
               f"{self.sc.parallel} at a time here on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'}"
               + (f", pruner {self.pruner_name}" if self.pruner_name else "") + f" | {self.dir}", flush=True)
         self.total, self.finished = (len(self.grid_ids) if self.grid_ids is not None else self.sc.trials), done
+        self.points = space_size(self.space) if self.grid_ids is None else None
+        if self.points is not None and self.points < (self.sc.trials or 0):
+            print(f"sweep: the search space holds {count(self.points, 'distinct point')}, fewer than --trials "
+                  f"{self.sc.trials}: the search ends once each has been asked for", flush=True)
+            self.total = self.points
         widest = max(self._procs(c) for c in trials)
         t0 = time.monotonic()
         # From the first trial claimed on, Ctrl-C or SIGTERM (scancel, a preemption) gives this
@@ -510,6 +530,9 @@ class StudySweep(Sweep):
         else:
             failed_all = sum(1 for t in trials if "shmlearn_failed" in t.user_attrs)
             want = len(done) + len({i for i in live if i}) + failed_all < (self.sc.trials or 0)
+            if want and self.points is not None:  # every point asked for once (repeats too): the search is over
+                seen = {tuple(sorted(t.params.items())) for t in trials if set(t.params) >= set(self.space)}
+                want = len(seen) < self.points
         if want or waiting:
             return "ask"
         return "wait" if (busy or others_running) else "done"

@@ -639,3 +639,15 @@ def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(
     again = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
     assert again.returncode == 0 and "(2 done)" in again.stdout, again.stdout + again.stderr
     assert len(finished_by_id(load(url, "a"))) == 2 and len(finished_by_id(load(url, "b"))) == 2
+
+
+def test_a_random_search_over_fewer_points_than_trials_ends_when_each_was_asked_for(tmp_path):
+    """Issue 38, 3: --search random --trials 5 over two optimizers (the only axis: 2 points) printed
+    'repeats ...; dropped' forever. It says the space holds 2 points and ends after both."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    args = [*TINY[:-5], "--batch-size", "64", "--lr", "0.1", "--optimizer", "sgd,momentum", "--no-report",
+            "--search", "random", "--trials", "5", "--storage", url, "--study", "r", "--out", str(tmp_path / "out")]
+    r = sweep(*args, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the search space holds 2 distinct points, fewer than --trials 5" in r.stdout, r.stdout
+    assert sorted(row["config"]["optimizer"] for row in results(tmp_path / "out")) == ["momentum", "sgd"]
