@@ -372,10 +372,41 @@ class StudySweep(Sweep):
         """How many distinct points a tpe/random search space holds, where that is finite."""
 
     def _lock(self):
-        class _Shared:  # every process of the study shares --out; results go through the study
-            def close(self):
-                pass
-        return _Shared()
+        """A shared lock on --out/.lock: every process of the study shares --out (results go
+        through the study), a pooled sweep's exclusive lock keeps it out and it keeps that sweep
+        out; an --out whose results.jsonl is another sweep's (a pooled one, another study) is
+        refused, since the study's end rewrites results.jsonl whole."""
+        import fcntl
+        f = open(os.path.join(self.dir, ".lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise BadInput(f"--out {self.dir}: a sweep without --storage is running in this directory") from None
+        try:
+            self._check_theirs()
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def _check_theirs(self) -> None:
+        spec_path = os.path.join(self.dir, "sweep.json")
+        if not os.path.exists(self.store.path) or not os.path.exists(spec_path):
+            return
+        try:
+            with open(spec_path) as f:
+                spec = json.load(f)
+        except (OSError, ValueError):
+            return
+        n = sum(1 for line in open(self.store.path, "rb") if line.strip())
+        if "storage" not in spec:
+            raise BadInput(f"--out {self.dir}: holds a sweep without --storage ({count(n, 'result')} in "
+                           f"results.jsonl), which this study would replace; give the study another --out")
+        if (spec.get("storage"), spec.get("study")) != (redact(self.sc.storage or ""), self.sc.study):
+            raise BadInput(f"--out {self.dir}: holds study {spec.get('study')} on {spec.get('storage')} "
+                           f"({count(n, 'result')} in results.jsonl), which this study would replace; give it "
+                           f"another --out")
 
     # -- study reads ---------------------------------------------------------------------------
     def _trials(self, fresh: bool = False) -> List[FrozenTrial]:

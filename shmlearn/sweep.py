@@ -511,7 +511,7 @@ class Sweep:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
-            raise BadInput(f"--out {self.dir}: another sweep is running in this directory") from None
+            raise BadInput(f"--out {self.dir}: another sweep (or study) is running in this directory") from None
         return f
 
     def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:

@@ -651,3 +651,29 @@ def test_a_random_search_over_fewer_points_than_trials_ends_when_each_was_asked_
     assert r.returncode == 0, r.stdout + r.stderr
     assert "the search space holds 2 distinct points, fewer than --trials 5" in r.stdout, r.stdout
     assert sorted(row["config"]["optimizer"] for row in results(tmp_path / "out")) == ["momentum", "sgd"]
+
+
+def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path):
+    """Issue 38, 4: a study on a pooled grid sweep's --out rewrote its results.jsonl (8 lines -> 2)
+    and took no lock. Now it is refused in one line and the file is kept; a study shares --out's
+    lock with its own processes only: a pooled sweep running there keeps it out, and it keeps a
+    pooled sweep out."""
+    import fcntl
+    out = tmp_path / "out"
+    grid = sweep(*TINY, "--out", str(out))
+    assert grid.returncode == 0, grid.stderr
+    before = (out / "results.jsonl").read_bytes()
+    url = f"sqlite:///{tmp_path}/study.db"
+    study_args = [*TINY, "--storage", url, "--study", "s", "--out", str(out)]
+    with open(out / ".lock", "a+") as held:  # a pooled sweep running there
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = sweep(*study_args)
+        fcntl.flock(held, fcntl.LOCK_UN)
+        fcntl.flock(held, fcntl.LOCK_SH)  # a study running there
+        pooled = sweep(*TINY, "--out", str(out))
+    assert busy.returncode == 2 and "a sweep without --storage is running in this directory" in busy.stderr, busy.stderr
+    assert pooled.returncode == 2 and "another sweep (or study) is running" in pooled.stderr, pooled.stderr
+    r = sweep(*study_args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--out {out}: holds a sweep without --storage (2 results in results.jsonl)" in r.stderr, r.stderr
+    assert (out / "results.jsonl").read_bytes() == before
