@@ -89,11 +89,11 @@ def append_or_cut_back(path: str, data: bytes) -> None:
             while view:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
-        except OSError:
+        except OSError as e:
             try:
                 os.ftruncate(fd, size)
             except OSError:
                 pass  # the next mend cuts it back
-            raise
+            raise OSError(e.errno, e.strerror, path) from None  # a write error carries no path
     finally:
         os.close(fd)

@@ -69,11 +69,18 @@ def lock_out_dir(path: str) -> Iterator[None]:
 
 def write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: named (a write error carries no path), no temp file left
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
 
 
 class RunDir:

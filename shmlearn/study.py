@@ -886,4 +886,30 @@ def run_study(sc: SweepConfig) -> int:
     variables are dropped here (the pooled sweep refuses a launcher instead)."""
     for k in LAUNCHER_RANK:
         os.environ.pop(k, None)
-    return StudySweep(sc).run()
+    try:
+        return StudySweep(sc).run()
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - only a storage that cannot be written becomes one line
+        why = _unwritable(e)
+        if why is None:
+            raise
+        raise BadInput(f"--storage {redact(sc.storage or '')}: {why}; free space and run the same command "
+                       f"again (the study keeps what was committed)") from None
+
+
+def _unwritable(e: BaseException) -> Optional[str]:
+    """Why a storage write failed, where it was the disk (SQLite's 'database or disk is full', its
+    'disk I/O error' past a file size limit, a full disk's OSError) anywhere in e's chain; else None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        text = str(e)
+        for sign, why in (("database or disk is full", "the disk is full"),
+                          ("disk I/O error", "cannot write it")):
+            if sign in text:
+                return f"{why} (SQLite: {sign})"
+        if isinstance(e, OSError) and e.errno in jsonl.FULL:
+            return f"the disk is full ({e.strerror})"
+        e = e.__cause__ or e.__context__
+    return None

@@ -501,6 +501,12 @@ class Sweep:
         lock = self._lock()
         try:
             return self._run(trials)
+        except OSError as e:
+            if e.errno not in jsonl.FULL:
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            raise BadInput(f"--out {self.dir}: the disk is full ({e.strerror}{where}); the results so far are in "
+                           f"results.jsonl: free space and run the same command again") from None
         finally:
             lock.close()
 
@@ -637,9 +643,12 @@ class Sweep:
             cores = None if self.cuda else [self._cores(slots[r * per:(r + 1) * per]) for r in range(procs)]
         else:
             workers, cores = list(range(procs)), None
-        with open(tmp + ".log", "a") as f:
-            f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
-                    f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
+        try:
+            with open(tmp + ".log", "a") as f:
+                f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
+                        f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
+        except OSError as e:  # a full disk: a write error carries no path
+            raise OSError(e.errno, e.strerror, tmp + ".log") from None
         prune_key = self._prune_key(cfg, tid)
         job = self.pool.start(rank_main, (cfg.to_dict(), prune_key), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,

@@ -677,3 +677,18 @@ def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path):
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"--out {out}: holds a sweep without --storage (2 results in results.jsonl)" in r.stderr, r.stderr
     assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_sqlite_storage_on_a_full_disk_says_so_in_one_line(tmp_path):
+    """Issue 38, 6: SQLite storage on a full disk gave three tracebacks ending in optuna's 'invalid
+    data in the commit'. The database made by a first study, then no room to grow (RLIMIT_FSIZE
+    at its size: SQLite says 'disk I/O error' for EFBIG, 'database or disk is full' for ENOSPC):
+    one line naming --storage, exit 2."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    s = optuna.create_study(storage=open_storage(url), study_name="first")
+    s.enqueue_trial({"x": 1})
+    size = (tmp_path / "study.db").stat().st_size
+    r = _sweep_limited(size, *TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--storage {url}: cannot write it (SQLite: disk I/O error)" in lines[0], r.stderr

@@ -314,3 +314,21 @@ def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
     assert sorted((x["config"]["batch_size"], x["config"]["lr"]) for x in rows) == [
         (b, lr) for b in (16, 32) for lr in (0.1, 0.3, 0.5)]
     assert all(x["status"] == "completed" for x in rows)
+
+
+def test_a_sweep_on_a_full_disk_says_so_in_one_line_naming_the_file(tmp_path):
+    """Issue 38, 6: a pooled sweep on a full disk printed a 33-line traceback. RLIMIT_FSIZE stands
+    in for the full disk (Python ignores SIGXFSZ: the write fails with EFBIG): 500 bytes, less
+    than sweep.json; one line naming --out and the file, exit 2, no temporary file left."""
+    import resource
+
+    def full():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (500, 500))
+    out = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", "--dataset", "digits", "--model", "softmax",
+                        "--samples", "2048", "--device", "cpu", "--batch-size", "64", "--lr", "0.1,0.3",
+                        "--no-report", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=full)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--out {out}: the disk is full (File too large: {out}/sweep.json)" in r.stderr, r.stderr
+    assert not list(out.glob("sweep.json*"))
