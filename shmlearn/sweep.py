@@ -139,6 +139,10 @@ def parse_values(name: str, raw: Any) -> List[Any]:
     items = raw if isinstance(raw, list) else [raw]
     values: List[Any] = []
     for item in items:
+        if isinstance(item, (list, dict, tuple, set)):  # every field is one scalar: a value may not nest
+            what = "a mapping" if isinstance(item, dict) else "a list"
+            raise BadInput(f"--{name.replace('_', '-')}: {raw!r} holds {what} ({item!r}); expected one value "
+                           f"or a list of values")
         if not isinstance(item, str):
             values.append(item)
             continue
