@@ -12,6 +12,7 @@ summary.json is written last, atomically (temp file + rename): a reader never se
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -67,6 +68,18 @@ def lock_out_dir(path: str) -> Iterator[None]:
         f.close()
 
 
+def finite_json(obj: Any) -> Any:
+    """obj with every NaN or infinite float as None: JSON has no NaN (Python's bare `NaN` token
+    is invalid JSON to every other reader), and these files say 'no value' with null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
     try:
@@ -106,7 +119,7 @@ class RunDir:
 
     def log_eval(self, row: Dict[str, Any]) -> None:
         with _naming(self._eval.name):
-            self._eval.write(json.dumps(row) + "\n")
+            self._eval.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
 
     def write_trace(self, trace: dict) -> None:
         path = os.path.join(self.path, "trace.json")
@@ -123,7 +136,7 @@ class RunDir:
     def write_summary(self, summary: Dict[str, Any]) -> None:
         path = os.path.join(self.path, "summary.json")
         with _naming(path):
-            write_json_atomic(path, summary)
+            write_json_atomic(path, finite_json(summary))
 
     def close(self) -> None:
         self._metrics.close()
