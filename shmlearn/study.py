@@ -408,6 +408,11 @@ class StudySweep(Sweep):
                            f"({count(n, 'result')} in results.jsonl), which this study would replace; give it "
                            f"another --out")
 
+    def _attempt_dir(self, tid: str, attempt: int) -> str:
+        """Each process's own: one that took a trial over as lost must not delete the folder
+        where the process it took it from (stopped, not dead) may still finish it."""
+        return os.path.join(self.tmp_dir, f"{tid}-{HOST}-{os.getpid()}-{attempt}")
+
     # -- study reads ---------------------------------------------------------------------------
     def _trials(self, fresh: bool = False) -> List[FrozenTrial]:
         if fresh or self.cached is None or time.monotonic() - self.cached_at > LOOK_S:
@@ -515,7 +520,7 @@ class StudySweep(Sweep):
                         break
                     ready.pop(0)
                     slots, free = free[:need], free[need:]
-                    shutil.rmtree(os.path.join(self.tmp_dir, f"{o.tid}-{attempt}"), ignore_errors=True)
+                    shutil.rmtree(self._attempt_dir(o.tid, attempt), ignore_errors=True)
                     self._post_bounds([o])
                     o.run = self._start(o.cfg, slots, attempt)
                     o.evals_seen = 0

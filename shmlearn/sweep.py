@@ -638,7 +638,7 @@ class Sweep:
         cores. A trial larger than the machine runs alone on workers 0..P-1, unpinned."""
         from shmlearn.train import rank_main
         tid = trial_id(cfg)
-        tmp = os.path.join(self.tmp_dir, f"{tid}-{attempt}")
+        tmp = self._attempt_dir(tid, attempt)
         cfg = dataclasses.replace(cfg, out=tmp)
         procs = self._procs(cfg)
         per = 1 if self.cuda else (cfg.threads or 1)
@@ -658,6 +658,10 @@ class Sweep:
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
         return _Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)
+
+    def _attempt_dir(self, tid: str, attempt: int) -> str:
+        """Where attempt `attempt` of trial `tid` runs before it is published under trials/."""
+        return os.path.join(self.tmp_dir, f"{tid}-{attempt}")
 
     def _prune_key(self, cfg: TrainConfig, tid: str) -> Optional[str]:
         """Where the trial's rank 0 reads its pruning bound: one per worker count."""
@@ -684,7 +688,14 @@ class Sweep:
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
-            os.rename(r.tmp, final)  # the run directory appears whole, or not at all
+            try:
+                os.rename(r.tmp, final)  # the run directory appears whole, or not at all
+            except OSError:
+                if not os.path.isfile(os.path.join(final, "summary.json")):
+                    raise
+                # A study's other process published the same trial first (it took this one as
+                # lost, or this one took its): that run directory counts, this one goes.
+                shutil.rmtree(r.tmp, ignore_errors=True)
             self._record(r.cfg, r.tid, final, time.monotonic() - r.t0, group_s=job.group_s())
             return False
         text = text or "no summary.json written"

@@ -692,3 +692,32 @@ def test_sqlite_storage_on_a_full_disk_says_so_in_one_line(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"--storage {url}: cannot write it (SQLite: disk I/O error)" in lines[0], r.stderr
+
+
+def test_a_stopped_process_whose_trial_was_taken_over_exits_0_with_its_finished_trial(tmp_path):
+    """Issue 38, 7: process A is stopped (SIGSTOP) with its trial training; B, --stale-after 3,
+    takes the trial as lost and runs it. B deleted the shared .tmp/<id>-1 folder, where A's worker
+    had finished the trial, so A, continued, exited 1 for a completed trial. Each process now runs
+    attempts in its own folder: A says its trial finished after being taken over, and exits 0."""
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = ["--dataset", "digits", "--model", "mlp", "--samples", "60000", "--eval-points", "2", "--workers", "1",
+            "--device", "cpu", "--batch-size", "32", "--lr", "0.1", "--no-report", "--storage", storage,
+            "--study", "p", "--out", out, "--stale-after", "3"]
+    a = start(*args, log=tmp_path / "a.log")
+    try:
+        number, tid = _wait_running(storage, "p", a.pid, a)
+        os.kill(a.pid, signal.SIGSTOP)  # the launcher only: its pool worker trains on
+        b = sweep(*args)
+        assert b.returncode == 0 and f"trial #{number} ({tid}) lost: no heartbeat" in b.stdout, b.stdout + b.stderr
+        os.kill(a.pid, signal.SIGCONT)
+        a.wait(timeout=300)
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+            a.kill()
+            a.wait()
+    log = (tmp_path / "a.log").read_text()
+    assert a.returncode == 0, log
+    assert f"trial #{number} ({tid}) finished here after another process took it as lost" in log, log
+    assert {i: len(n) for i, n in finished_by_id(load(storage, "p")).items()} == {tid: 1}
+    assert [r["id"] for r in results(out)] == [tid]
