@@ -627,7 +627,7 @@ class _Loop:
         with self.timer.phase("eval"), self.strategy.eval_weights():
             model.eval()
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-            for xb, yb in test_batches(self.data, r, w, self.device):
+            for xb, yb in test_batches(self.data, r, w, self.device, timeout_s=self.cfg.timeout):
                 with self.stepper.autocast():
                     out = model(self.normalize(xb)).float()
                 if self.loss is None:
