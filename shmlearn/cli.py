@@ -180,8 +180,9 @@ def cmd_train(ns: argparse.Namespace) -> int:
     if _is_lead():
         s = result.summary
         acc = s.get("test_accuracy")
+        loss = s.get("test_loss")
         print(f"test accuracy {acc:.4f} (best {s['best_test_accuracy']:.4f})" if acc is not None
-              else f"test loss {s['test_loss']:.6f}", end="")
+              else f"test loss {loss:.6f}" if loss is not None else "test loss none (not finite)", end="")
         print(f" | final loss {s['final_loss']:.4f} | {s['steps']} steps x {count(s['workers'], 'worker')}, "
               f"{s['samples_seen']} samples in {s['wall_time_s']:.2f} s "
               f"({s['samples_per_s']:.0f} samples/s) | {result.run_dir}")

@@ -21,6 +21,7 @@ Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them s
 """
 from __future__ import annotations
 
+import atexit
 import ctypes
 import datetime
 import itertools
@@ -90,6 +91,11 @@ def _die_with_parent(parent_pid: int) -> None:
 
 
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
+    # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
+    # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
+    # unblocked (Pool._spawn started this process with it blocked: one pending is dropped).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     _die_with_parent(parent_pid)
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
@@ -313,6 +319,10 @@ class Pool:
         self.started_workers = 0
         """Processes started, replacements included (a benchmark and the tests read it)."""
         self._closed = False
+        # Closed at the latest at exit, before multiprocessing's own exit joins its children:
+        # workers ignore Ctrl-C, so a pool left open by an interrupt (in wait_ready, say) would
+        # make that join wait for them forever.
+        atexit.register(self.close)
 
     # -- workers --------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> _Worker:
@@ -320,7 +330,14 @@ class Pool:
         p = self.ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
                              args=(slot, child, os.getpid(), self.store.port, self.init),
                              daemon=False)
-        p.start()
+        # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
+        # interpreter's start and imports stays pending until _worker_main ignores it, instead of
+        # a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        try:
+            p.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
         w = _Worker(slot, p, parent)
         self.workers[slot] = w
@@ -521,6 +538,7 @@ class Pool:
         if self._closed:
             return
         self._closed = True
+        atexit.unregister(self.close)
         for w in self.workers.values():
             if w.job is None and w.ready:
                 try:

@@ -12,6 +12,7 @@ summary.json is written last, atomically (temp file + rename): a reader never se
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import time
@@ -82,13 +83,32 @@ def lock_out_dir(path: str) -> Iterator[None]:
         f.close()
 
 
+def finite_json(obj: Any) -> Any:
+    """obj with every NaN or infinite float as None: JSON has no NaN (Python's bare `NaN` token
+    is invalid JSON to every other reader), and these files say 'no value' with null."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_json(v) for v in obj]
+    return obj
+
+
 def write_json_atomic(path: str, obj: Any) -> None:
     tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:  # a full disk: named (a write error carries no path), no temp file left
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, path) from None
+        raise
 
 
 class RunDir:
@@ -114,7 +134,7 @@ class RunDir:
 
     def log_eval(self, row: Dict[str, Any]) -> None:
         with _naming(self._eval.name):
-            self._eval.write(json.dumps(row) + "\n")
+            self._eval.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
 
     def write_trace(self, trace: dict) -> None:
         path = os.path.join(self.path, "trace.json")
@@ -131,7 +151,7 @@ class RunDir:
     def write_summary(self, summary: Dict[str, Any]) -> None:
         path = os.path.join(self.path, "summary.json")
         with _naming(path):
-            write_json_atomic(path, summary)
+            write_json_atomic(path, finite_json(summary))
 
     def close(self) -> None:
         self._metrics.close()

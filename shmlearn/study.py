@@ -55,6 +55,7 @@ from optuna.trial import FrozenTrial, TrialState
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, cannot_win, post_bound
+from shmlearn.study_storage import _unwritable, _why, open_storage, redact
 from shmlearn.sweep import (Sweep, SweepConfig, _Running, _kind, _raise_interrupt, best_bounds, expand_grid,
                             ordered_axes, trial_id)
 
@@ -73,54 +74,6 @@ HOST = socket.gethostname()
 
 
 # --- storage and study ----------------------------------------------------------------------
-
-def redact(url: str) -> str:
-    """The URL with its password hidden (it goes into messages and sweep.json)."""
-    if url.startswith("journal:"):
-        return url
-    try:
-        from sqlalchemy.engine import make_url
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # noqa: BLE001 - not a URL at all: the open fails and says so
-        return url
-
-
-def _why(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    why = f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
-    if isinstance(e, ImportError) and e.__cause__ is not None:  # optuna's says which module only here
-        why += f": {e.__cause__}"
-    return why
-
-
-def open_storage(url: str):
-    """An RDB URL (sqlite:///PATH, postgresql://USER@HOST/DB, mysql://...) or journal:PATH."""
-    if url.startswith("journal:"):
-        path = url[len("journal:"):]
-        path = path[2:] if path.startswith("//") else path  # journal:///abs/path
-        d = os.path.dirname(os.path.abspath(path)) if path else ""
-        if not path or os.path.isdir(path) or not os.path.isdir(d) or not os.access(d, os.W_OK):
-            raise BadInput(f"--storage {url}: cannot open it (expected journal:FILE in a writable directory)")
-        from optuna.storages.journal import JournalFileBackend
-        try:
-            return optuna.storages.JournalStorage(JournalFileBackend(path))
-        except Exception as e:  # noqa: BLE001 - any failure to open is the user's URL or file
-            raise BadInput(f"--storage {url}: cannot open it ({_why(e)})") from None
-    engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}  # writers wait, not fail
-    last: Optional[BaseException] = None
-    for attempt in range(3):  # processes started together race to create the tables
-        try:
-            return optuna.storages.RDBStorage(url, engine_kwargs=engine)
-        except (ImportError, ValueError) as e:  # no driver, or not a URL: no point retrying
-            last = e
-            break
-        except Exception as e:  # noqa: BLE001
-            last = e
-            if "ArgumentError" in type(e).__name__ or "NoSuchModule" in type(e).__name__:
-                break
-            time.sleep(0.5 + attempt)
-    raise BadInput(f"--storage {redact(url)}: cannot open it ({_why(last)})")
-
 
 def study_spec(sc: SweepConfig) -> Dict[str, Any]:
     return json.loads(json.dumps({"search": sc.search, "fixed": sc.fixed, "axes": sc.axes}))
@@ -155,6 +108,19 @@ def distributions(sc: SweepConfig) -> Dict[str, Any]:
         log = lo > 0 and hi / lo >= 10
         out[a] = IntDistribution(int(lo), int(hi), log=log) if kind is int else FloatDistribution(lo, hi, log=log)
     return out
+
+
+def space_size(space: Dict[str, Any]) -> Optional[int]:
+    """How many distinct points the search space holds, or None where a float range makes it endless."""
+    n = 1
+    for d in space.values():
+        if isinstance(d, CategoricalDistribution):
+            n *= len(d.choices)
+        elif isinstance(d, IntDistribution):
+            n *= (d.high - d.low) // (d.step or 1) + 1
+        else:
+            return None
+    return n
 
 
 def _constraints(t: FrozenTrial) -> Tuple[float]:
@@ -312,12 +278,50 @@ class StudySweep(Sweep):
         self.beat_at = 0.0
         self.beats = 0
         self.owner = {"host": HOST, "pid": os.getpid(), "start": _proc_start(os.getpid())}
+        self.points: Optional[int] = None
+        """How many distinct points a tpe/random search space holds, where that is finite."""
 
     def _lock(self):
-        class _Shared:  # every process of the study shares --out; results go through the study
-            def close(self):
-                pass
-        return _Shared()
+        """A shared lock on --out/.lock: every process of the study shares --out (results go
+        through the study), a pooled sweep's exclusive lock keeps it out and it keeps that sweep
+        out; an --out whose results.jsonl is another sweep's (a pooled one, another study) is
+        refused, since the study's end rewrites results.jsonl whole."""
+        import fcntl
+        f = open(os.path.join(self.dir, ".lock"), "a+")
+        try:
+            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            f.close()
+            raise BadInput(f"--out {self.dir}: a sweep without --storage is running in this directory") from None
+        try:
+            self._check_theirs()
+        except BaseException:
+            f.close()
+            raise
+        return f
+
+    def _check_theirs(self) -> None:
+        spec_path = os.path.join(self.dir, "sweep.json")
+        if not os.path.exists(self.store.path) or not os.path.exists(spec_path):
+            return
+        try:
+            with open(spec_path) as f:
+                spec = json.load(f)
+        except (OSError, ValueError):
+            return
+        n = sum(1 for line in open(self.store.path, "rb") if line.strip())
+        if "storage" not in spec:
+            raise BadInput(f"--out {self.dir}: holds a sweep without --storage ({count(n, 'result')} in "
+                           f"results.jsonl), which this study would replace; give the study another --out")
+        if (spec.get("storage"), spec.get("study")) != (redact(self.sc.storage or ""), self.sc.study):
+            raise BadInput(f"--out {self.dir}: holds study {spec.get('study')} on {spec.get('storage')} "
+                           f"({count(n, 'result')} in results.jsonl), which this study would replace; give it "
+                           f"another --out")
+
+    def _attempt_dir(self, tid: str, attempt: int) -> str:
+        """Each process's own: one that took a trial over as lost must not delete the folder
+        where the process it took it from (stopped, not dead) may still finish it."""
+        return os.path.join(self.tmp_dir, f"{tid}-{HOST}-{os.getpid()}-{attempt}")
 
     # -- study reads ---------------------------------------------------------------------------
     def _trials(self, fresh: bool = False) -> List[FrozenTrial]:
@@ -362,6 +366,11 @@ class StudySweep(Sweep):
               f"{self.parallel} at a time here on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'}"
               + (f", pruner {self.pruner_name}" if self.pruner_name else "") + f" | {self.dir}", flush=True)
         self.total, self.finished = (len(self.grid_ids) if self.grid_ids is not None else self.sc.trials), done
+        self.points = space_size(self.space) if self.grid_ids is None else None
+        if self.points is not None and self.points < (self.sc.trials or 0):
+            print(f"sweep: the search space holds {count(self.points, 'distinct point')}, fewer than --trials "
+                  f"{self.sc.trials}: the search ends once each has been asked for", flush=True)
+            self.total = self.points
         widest = max(self._procs(c) for c in trials)
         t0 = time.monotonic()
         # From the first trial claimed on, Ctrl-C or SIGTERM (scancel, a preemption) gives this
@@ -421,7 +430,7 @@ class StudySweep(Sweep):
                         break
                     ready.pop(0)
                     slots, free = free[:need], free[need:]
-                    shutil.rmtree(os.path.join(self.tmp_dir, f"{o.tid}-{attempt}"), ignore_errors=True)
+                    shutil.rmtree(self._attempt_dir(o.tid, attempt), ignore_errors=True)
                     self._post_bounds([o])
                     o.run = self._start(o.cfg, slots, attempt)
                     o.evals_seen = 0
@@ -467,6 +476,9 @@ class StudySweep(Sweep):
         else:
             failed_all = sum(1 for t in trials if "shmlearn_failed" in t.user_attrs)
             want = len(done) + len({i for i in live if i}) + failed_all < (self.sc.trials or 0)
+            if want and self.points is not None:  # every point asked for once (repeats too): the search is over
+                seen = {tuple(sorted(t.params.items())) for t in trials if set(t.params) >= set(self.space)}
+                want = len(seen) < self.points
         if want or waiting:
             return "ask"
         return "wait" if (busy or others_running) else "done"
@@ -789,4 +801,13 @@ def run_study(sc: SweepConfig) -> int:
     variables are dropped here (the pooled sweep refuses a launcher instead)."""
     for k in LAUNCHER_RANK:
         os.environ.pop(k, None)
-    return StudySweep(sc).run()
+    try:
+        return StudySweep(sc).run()
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - only a storage that cannot be written becomes one line
+        why = _unwritable(e)
+        if why is None:
+            raise
+        raise BadInput(f"--storage {redact(sc.storage or '')}: {why}; free space and run the same command "
+                       f"again (the study keeps what was committed)") from None

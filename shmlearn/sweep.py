@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from shmlearn import jsonl
 from shmlearn.config import TrainConfig, load_yaml, validate
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
@@ -146,6 +147,10 @@ def parse_values(name: str, raw: Any) -> List[Any]:
     items = raw if isinstance(raw, list) else [raw]
     values: List[Any] = []
     for item in items:
+        if isinstance(item, (list, dict, tuple, set)):  # every field is one scalar: a value may not nest
+            what = "a mapping" if isinstance(item, dict) else "a list"
+            raise BadInput(f"--{name.replace('_', '-')}: {raw!r} holds {what} ({item!r}); expected one value "
+                           f"or a list of values")
         if not isinstance(item, str):
             values.append(item)
             continue
@@ -256,21 +261,14 @@ class ResultStore:
         if tail.strip():
             try:
                 rows.append(self._parse(tail, len(lines) + 1))
-                if repair:  # complete but unterminated: end it so the next append starts a line
-                    with open(self.path, "ab") as f:
-                        f.write(b"\n")
-                        f.flush()
-                        os.fsync(f.fileno())
+                whole = True  # complete but unterminated: ended so the next append starts a line
             except BadInput:
+                whole = False
                 self.notes.append(f"{self.path}: the last line ({len(tail)} bytes) was cut off by an "
                                   f"interrupted write; " + ("moved it to results.jsonl.torn, its trial "
                                                             "runs again" if repair else "ignored"))
-                if repair:
-                    with open(self.path + ".torn", "ab") as f:
-                        f.write(tail + b"\n")
-                    with open(self.path, "r+b") as f:
-                        f.truncate(len(data) - len(tail))
-                        os.fsync(f.fileno())
+            if repair:
+                jsonl.mend_tail(self.path, len(data) - len(tail), tail, whole)
         unique = []
         for r in rows:
             if r["id"] in ids:
@@ -291,11 +289,9 @@ class ResultStore:
         return row
 
     def append(self, row: Dict[str, Any]) -> None:
-        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off.
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off; a
+        # full disk leaves the file as it was.
+        jsonl.append_or_cut_back(self.path, (json.dumps(row) + "\n").encode())
 
 
 # --- winners --------------------------------------------------------------------------------
@@ -519,6 +515,12 @@ class Sweep:
         lock = self._lock()
         try:
             return self._run(trials)
+        except OSError as e:
+            if e.errno not in jsonl.FULL:
+                raise
+            where = f": {e.filename}" if e.filename else ""
+            raise BadInput(f"--out {self.dir}: the disk is full ({e.strerror}{where}); the results so far are in "
+                           f"results.jsonl: free space and run the same command again") from None
         finally:
             lock.close()
 
@@ -529,7 +531,7 @@ class Sweep:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             f.close()
-            raise BadInput(f"--out {self.dir}: another sweep is running in this directory") from None
+            raise BadInput(f"--out {self.dir}: another sweep (or study) is running in this directory") from None
         return f
 
     def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:
@@ -646,7 +648,7 @@ class Sweep:
         cores. A trial larger than the machine runs alone on workers 0..P-1, unpinned."""
         from shmlearn.train import rank_main
         tid = trial_id(cfg)
-        tmp = os.path.join(self.tmp_dir, f"{tid}-{attempt}")
+        tmp = self._attempt_dir(tid, attempt)
         cfg = dataclasses.replace(cfg, out=tmp)
         procs = self._procs(cfg)
         per = 1 if self.cuda else (cfg.threads or 1)
@@ -655,14 +657,21 @@ class Sweep:
             cores = None if self.cuda else [self._cores(slots[r * per:(r + 1) * per]) for r in range(procs)]
         else:
             workers, cores = list(range(procs)), None
-        with open(tmp + ".log", "a") as f:
-            f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
-                    f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
+        try:
+            with open(tmp + ".log", "a") as f:
+                f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
+                        f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
+        except OSError as e:  # a full disk: a write error carries no path
+            raise OSError(e.errno, e.strerror, tmp + ".log") from None
         prune_key = self._prune_key(cfg, tid)
         job = self.pool.start(rank_main, (cfg.to_dict(), prune_key), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
         return _Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)
+
+    def _attempt_dir(self, tid: str, attempt: int) -> str:
+        """Where attempt `attempt` of trial `tid` runs before it is published under trials/."""
+        return os.path.join(self.tmp_dir, f"{tid}-{attempt}")
 
     def _prune_key(self, cfg: TrainConfig, tid: str) -> Optional[str]:
         """Where the trial's rank 0 reads its pruning bound: one per worker count."""
@@ -689,7 +698,14 @@ class Sweep:
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
-            os.rename(r.tmp, final)  # the run directory appears whole, or not at all
+            try:
+                os.rename(r.tmp, final)  # the run directory appears whole, or not at all
+            except OSError:
+                if not os.path.isfile(os.path.join(final, "summary.json")):
+                    raise
+                # A study's other process published the same trial first (it took this one as
+                # lost, or this one took its): that run directory counts, this one goes.
+                shutil.rmtree(r.tmp, ignore_errors=True)
             self._record(r.cfg, r.tid, final, time.monotonic() - r.t0, group_s=job.group_s())
             return False
         text = text or "no summary.json written"

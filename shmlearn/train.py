@@ -238,6 +238,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
+    strategy.run_steps = steps
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
     shard = spec.shard(env.rank) or 0
     augment = Augment.parse(cfg.augment)
@@ -668,7 +669,7 @@ class _Loop:
         with self.timer.phase("eval"), self.strategy.eval_weights():
             model.eval()
             sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-            for xb, yb in test_batches(self.data, r, w, self.device):
+            for xb, yb in test_batches(self.data, r, w, self.device, timeout_s=self.cfg.timeout):
                 with self.stepper.autocast():
                     out = model(self.normalize(xb)).float()
                 if self.loss is None:

@@ -167,7 +167,7 @@ def _fast_run_is_the_torch_sgd_run(tmp_path, monkeypatch):
 def test_early_parameters_taken_one_by_one_and_the_rest_give_the_whole_update():
     """bind(early=...): take(i, grad) for early parameters (from a bf16 gradient laid out as the
     parameter, or from an fp32 one in another layout: copied in first), then update() for the
-    rest, is the one flat update over the same gradients, bit for bit; take writes its gradient
+    rest, is the one flat update over the same gradients (bit for bit here, `_same_update`); take writes its gradient
     into the buffer, and update() leaves the early ones alone (their slots start as NaN here)."""
     _early_then_rest_is_the_whole_update()
 
@@ -178,7 +178,7 @@ def test_early_parameters_and_the_rest_give_the_whole_update_on_the_cpu():
 
 
 def _early_then_rest_is_the_whole_update():
-    for early in ([0], [0, 1], [1, 2]):
+    for early in ([0], [0, 1], [1, 2], [1], [3], [0, 2], [2]):
         model, s, _, full, _, _ = _pair(0.9, True, 1e-3)
         twin, s2, _, _, _, _ = _pair(0.9, True, 1e-3)
         part, why = flat_sgd.bind(s2.optimizer, s2._trainable, s2.params_flat, s2.grads_flat, torch.zeros(()),
@@ -198,7 +198,18 @@ def _early_then_rest_is_the_whole_update():
             part()
             full()
             assert torch.equal(s2.grads_flat, s.grads_flat)
-            assert torch.equal(s2.params_flat, s.params_flat), early
+            _same_update(s2.params_flat, s.params_flat, early)
+
+
+def _same_update(a, b, what=None):
+    """Two updates of the same weights by different calls: bit for bit in Triton's interpreter (one
+    kernel, numpy's exactly rounded arithmetic); to a few ulps with torch's fused SGD, whose
+    vectorised body (FMA under avx2/avx512) and scalar tail fall on different elements when the
+    buffer is cut into other ranges (equal only under ATEN_CPU_CAPABILITY=default)."""
+    if flat_sgd._backend(a.device) == "triton":
+        assert torch.equal(a, b), what
+    else:
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=lambda m: f"{what}: {m}")
 
 
 def _positions(s, indices):
@@ -240,7 +251,7 @@ def _update_writes_the_weight_copy():
         plain()
         upd.take(0, s2._grad_views[0].clone())
         upd()
-        assert torch.equal(s2.params_flat, s.params_flat)
+        _same_update(s2.params_flat, s.params_flat)
         assert torch.equal(copy_buf, s2.params_flat.bfloat16()), i
         conv = twin.conv.weight  # a 4-D view, laid out as its parameter (channels_last)
         view = flat_sgd.copy_view(copy_buf, conv, s2.params_flat)

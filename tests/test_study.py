@@ -583,3 +583,141 @@ def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     assert "stopped by Optuna&#x27;s median pruner" in html and all(p["id"] in html for p in spec["pruned"])
     w = json.load(open(os.path.join(out, "winners.json")))
     assert w["overall"] is not None and w["by_workers"]["1"]["pruned"] == len(pruned)
+
+
+# --- torn files and full disks (issue 38) -------------------------------------------------------
+
+# Two 64-sample-batch trials of softmax on digits: a study of a few seconds, whose journal holds ~9 KB.
+TINY = ["--dataset", "digits", "--model", "softmax", "--samples", "2048", "--eval-points", "2", "--workers", "1",
+        "--device", "cpu", "--batch-size", "64", "--lr", "0.1,0.3", "--no-report"]
+
+
+def _file_limit(limit):
+    """preexec_fn: RLIMIT_FSIZE as a full disk (Python ignores SIGXFSZ: a write past it fails, EFBIG)."""
+    def apply():
+        import resource
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return apply
+
+
+def _sweep_limited(limit, *args):
+    return subprocess.run([sys.executable, "-m", "shmlearn", "sweep", *args], capture_output=True, text=True,
+                          timeout=900, env=env(), preexec_fn=_file_limit(limit))
+
+
+def _json_lines(path):
+    data = open(path, "rb").read()
+    assert data.endswith(b"\n"), data[-80:]
+    return [json.loads(line) for line in data.splitlines()]
+
+
+def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(tmp_path):
+    """Issue 38, 1: study b on a journal that holds study a hits a full disk: one line naming the
+    journal, exit 2, and the file as it was (no torn line). The file then cut 40 bytes short (a
+    kill mid-write): the next run sets the torn line aside in study.log.torn and appends after
+    whole lines; both studies then finish, and study a's finished trials are still there."""
+    log = tmp_path / "study.log"
+    url = f"journal:{log}"
+    a = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    assert a.returncode == 0, a.stderr
+    size = log.stat().st_size
+    trace = max(p.stat().st_size for p in (tmp_path / "a" / "trials").glob("*/trace.json"))
+    limit = size + 4000  # the journal outgrows it in study b; a trial's files do not
+    assert trace < limit
+    b = _sweep_limited(limit, *TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert b.returncode == 2, b.stdout + b.stderr
+    lines = b.stderr.strip().splitlines()
+    assert "Traceback" not in b.stderr and len(lines) == 1, b.stderr
+    assert f"--storage {url}: the disk is full" in lines[0], lines[0]
+    before = _json_lines(log)  # whole lines only: the failed write was cut back
+    with open(log, "r+b") as f:  # a kill mid-write: the last line cut short
+        f.truncate(log.stat().st_size - 40)
+    b = sweep(*TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert b.returncode == 0 and "study.log.torn" in b.stderr, b.stdout + b.stderr
+    assert (tmp_path / "study.log.torn").exists()
+    assert len(_json_lines(log)) > len(before) - 1
+    again = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    assert again.returncode == 0 and "(2 done)" in again.stdout, again.stdout + again.stderr
+    assert len(finished_by_id(load(url, "a"))) == 2 and len(finished_by_id(load(url, "b"))) == 2
+
+
+def test_a_random_search_over_fewer_points_than_trials_ends_when_each_was_asked_for(tmp_path):
+    """Issue 38, 3: --search random --trials 5 over two optimizers (the only axis: 2 points) printed
+    'repeats ...; dropped' forever. It says the space holds 2 points and ends after both."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    args = [*TINY[:-5], "--batch-size", "64", "--lr", "0.1", "--optimizer", "sgd,momentum", "--no-report",
+            "--search", "random", "--trials", "5", "--storage", url, "--study", "r", "--out", str(tmp_path / "out")]
+    r = sweep(*args, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "the search space holds 2 distinct points, fewer than --trials 5" in r.stdout, r.stdout
+    assert sorted(row["config"]["optimizer"] for row in results(tmp_path / "out")) == ["momentum", "sgd"]
+
+
+def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path):
+    """Issue 38, 4: a study on a pooled grid sweep's --out rewrote its results.jsonl (8 lines -> 2)
+    and took no lock. Now it is refused in one line and the file is kept; a study shares --out's
+    lock with its own processes only: a pooled sweep running there keeps it out, and it keeps a
+    pooled sweep out."""
+    import fcntl
+    out = tmp_path / "out"
+    grid = sweep(*TINY, "--out", str(out))
+    assert grid.returncode == 0, grid.stderr
+    before = (out / "results.jsonl").read_bytes()
+    url = f"sqlite:///{tmp_path}/study.db"
+    study_args = [*TINY, "--storage", url, "--study", "s", "--out", str(out)]
+    with open(out / ".lock", "a+") as held:  # a pooled sweep running there
+        fcntl.flock(held, fcntl.LOCK_EX)
+        busy = sweep(*study_args)
+        fcntl.flock(held, fcntl.LOCK_UN)
+        fcntl.flock(held, fcntl.LOCK_SH)  # a study running there
+        pooled = sweep(*TINY, "--out", str(out))
+    assert busy.returncode == 2 and "a sweep without --storage is running in this directory" in busy.stderr, busy.stderr
+    assert pooled.returncode == 2 and "another sweep (or study) is running" in pooled.stderr, pooled.stderr
+    r = sweep(*study_args)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--out {out}: holds a sweep without --storage (2 results in results.jsonl)" in r.stderr, r.stderr
+    assert (out / "results.jsonl").read_bytes() == before
+
+
+def test_sqlite_storage_on_a_full_disk_says_so_in_one_line(tmp_path):
+    """Issue 38, 6: SQLite storage on a full disk gave three tracebacks ending in optuna's 'invalid
+    data in the commit'. The database made by a first study, then no room to grow (RLIMIT_FSIZE
+    at its size: SQLite says 'disk I/O error' for EFBIG, 'database or disk is full' for ENOSPC):
+    one line naming --storage, exit 2."""
+    url = f"sqlite:///{tmp_path}/study.db"
+    s = optuna.create_study(storage=open_storage(url), study_name="first")
+    s.enqueue_trial({"x": 1})
+    size = (tmp_path / "study.db").stat().st_size
+    r = _sweep_limited(size, *TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and f"--storage {url}: cannot write it (SQLite: disk I/O error)" in lines[0], r.stderr
+
+
+def test_a_stopped_process_whose_trial_was_taken_over_exits_0_with_its_finished_trial(tmp_path):
+    """Issue 38, 7: process A is stopped (SIGSTOP) with its trial training; B, --stale-after 3,
+    takes the trial as lost and runs it. B deleted the shared .tmp/<id>-1 folder, where A's worker
+    had finished the trial, so A, continued, exited 1 for a completed trial. Each process now runs
+    attempts in its own folder: A says its trial finished after being taken over, and exits 0."""
+    storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
+    args = ["--dataset", "digits", "--model", "mlp", "--samples", "60000", "--eval-points", "2", "--workers", "1",
+            "--device", "cpu", "--batch-size", "32", "--lr", "0.1", "--no-report", "--storage", storage,
+            "--study", "p", "--out", out, "--stale-after", "3"]
+    a = start(*args, log=tmp_path / "a.log")
+    try:
+        number, tid = _wait_running(storage, "p", a.pid, a)
+        os.kill(a.pid, signal.SIGSTOP)  # the launcher only: its pool worker trains on
+        b = sweep(*args)
+        assert b.returncode == 0 and f"trial #{number} ({tid}) lost: no heartbeat" in b.stdout, b.stdout + b.stderr
+        os.kill(a.pid, signal.SIGCONT)
+        a.wait(timeout=300)
+    finally:
+        if a.poll() is None:
+            os.kill(a.pid, signal.SIGCONT)
+            a.kill()
+            a.wait()
+    log = (tmp_path / "a.log").read_text()
+    assert a.returncode == 0, log
+    assert f"trial #{number} ({tid}) finished here after another process took it as lost" in log, log
+    assert {i: len(n) for i, n in finished_by_id(load(storage, "p")).items()} == {tid: 1}
+    assert [r["id"] for r in results(out)] == [tid]

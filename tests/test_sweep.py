@@ -331,3 +331,68 @@ def test_efficiency_counts_slot_seconds_and_stays_at_most_one_side_by_side(small
     used = sum(x["summary"]["wall_time_s"] * x["slots"] for x in rows)
     assert t["slots"] >= 2 and t["parallel"] == 2 and {x["slots"] for x in rows} == {1, 2}
     assert t["efficiency"] == pytest.approx(used / (t["wall_s"] * t["slots"])) and 0 < t["efficiency"] <= 1
+
+
+def test_a_sweep_on_a_full_disk_says_so_in_one_line_naming_the_file(tmp_path):
+    """Issue 38, 6: a pooled sweep on a full disk printed a 33-line traceback. RLIMIT_FSIZE stands
+    in for the full disk (Python ignores SIGXFSZ: the write fails with EFBIG): 500 bytes, less
+    than sweep.json; one line naming --out and the file, exit 2, no temporary file left."""
+    import resource
+
+    def full():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (500, 500))
+    out = tmp_path / "s"
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", "--dataset", "digits", "--model", "softmax",
+                        "--samples", "2048", "--device", "cpu", "--batch-size", "64", "--lr", "0.1,0.3",
+                        "--no-report", "--out", str(out)], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONUNBUFFERED="1"), preexec_fn=full)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--out {out}: the disk is full (File too large: {out}/sweep.json)" in r.stderr, r.stderr
+    assert not list(out.glob("sweep.json*"))
+
+
+def test_ctrl_c_during_a_sweep_is_one_line_without_worker_tracebacks(tmp_path):
+    """Issue 38, 8: SIGINT to the sweep's whole process group (Ctrl-C in a terminal) printed the
+    workers' KeyboardInterrupt tracebacks (from conn.recv(), or from the import a starting worker
+    was in). Here it comes while the two workers start: the sweep says it was interrupted, exit
+    130, no worker says anything, and no process of the sweep is left."""
+    out = tmp_path / "s"
+    p = subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", "--dataset", "digits", "--model", "mlp",
+                          "--samples", "600000", "--device", "cpu", "--batch-size", "32", "--lr", "0.1,0.2",
+                          "--parallel", "2", "--no-report", "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"),
+                         start_new_session=True)
+    try:
+        first = p.stdout.readline()  # "sweep: 2 trials ...": the pool starts next
+        assert first.startswith("sweep: 2 trials"), first
+        time.sleep(1.5)  # the workers are importing torch
+        os.killpg(p.pid, signal.SIGINT)
+        _, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+    assert p.returncode == 130, err
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err
+    assert err.strip().splitlines()[-1] == "shmlearn: interrupted", err
+    deadline = time.monotonic() + 15  # the resource tracker leaves a moment after its owner
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(p.pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        raise AssertionError("a process of the sweep's group is left")
+
+
+@pytest.mark.parametrize("text,says", [("lr: [[0.1, 0.2], 0.3]\n", "--lr: [[0.1, 0.2], 0.3] holds a list ([0.1, 0.2])"),
+                                       ("lr: {a: 1}\n", "--lr: {'a': 1} holds a mapping ({'a': 1})")])
+def test_a_nested_value_in_a_sweep_config_is_one_line_and_exit_2(tmp_path, monkeypatch, capfd, text, says):
+    """Issue 38, 8: a list or mapping inside a flag's values was a TypeError traceback (unhashable)."""
+    cfg = tmp_path / "sweep.yaml"
+    cfg.write_text(text)
+    r = run_main(["sweep", "--config", str(cfg), "--dataset", "digits", "--model", "softmax", "--samples", "2048",
+                  "--out", str(tmp_path / "s")], monkeypatch, capfd)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert says in r.stderr and "expected one value or a list of values" in r.stderr, r.stderr

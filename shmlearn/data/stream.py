@@ -225,9 +225,11 @@ def _check_labels(y: torch.Tensor, spec: DataSpec, what: str) -> None:
 
 
 def test_batches(data, rank: int, world: int, device: torch.device, size: int = 1024,
-                 num_workers: Optional[int] = None):
+                 num_workers: Optional[int] = None, timeout_s: Optional[float] = None):
     """Rank r's contiguous r-th of W slices of the test set, `size` samples at a time: the same
-    slices for resident and streamed data, so evaluation sums match."""
+    slices for resident and streamed data, so evaluation sums match. timeout_s (--timeout): a
+    streamed read that takes longer is BadInput naming the test Dataset, as in training (the
+    rank's heartbeat beats on while it waits, so nothing else would end the wait)."""
     if isinstance(data, StreamedData):
         n = data.n_test
         bounds = torch.arange(n).tensor_split(world)[rank]
@@ -235,8 +237,23 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
             return
         part = Subset(data.test, range(int(bounds[0]), int(bounds[-1]) + 1))
         nw = _workers(num_workers)
-        for x, y in DataLoader(part, batch_size=size, collate_fn=_collate, num_workers=nw,
-                               pin_memory=device.type == "cuda", multiprocessing_context=_context(part) if nw else None):
+        loader = iter(DataLoader(part, batch_size=size, collate_fn=_collate, num_workers=nw,
+                                 pin_memory=device.type == "cuda",
+                                 multiprocessing_context=_context(part) if nw else None,
+                                 timeout=timeout_s if nw and timeout_s else 0))
+        while True:
+            try:
+                x, y = next(loader)
+            except StopIteration:
+                break
+            except BadInput:
+                raise
+            except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed or hung in a loader worker
+                if hasattr(loader, "_shutdown_workers"):
+                    loader._shutdown_workers()
+                first = str(e).strip().splitlines()
+                raise BadInput(f"{data.what}: reading the test Dataset on rank {rank} raised "
+                               f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None
             x, y = convert_batch(x, y, data.spec.task)
             _check_labels(y, data.spec, data.what)
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)

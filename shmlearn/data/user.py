@@ -74,6 +74,8 @@ def _from_arrays(parts, what: str, task: Optional[str], name: str) -> Dataset:
                        f"{tuple(tex.shape[1:])}")
     if trx.dtype != tex.dtype:
         raise BadInput(f"{what}: train_x is {_dt(trx)} but test_x is {_dt(tex)}; give both the same dtype")
+    for x, label in ((trx, "train_x"), (tex, "test_x")):
+        _check_finite(x, label, what)
     if tr_y.dtype.is_floating_point != te_y.dtype.is_floating_point:
         raise BadInput(f"{what}: train_y is {_dt(tr_y)} but test_y is {_dt(te_y)}; give labels of one kind "
                        f"(integers: classes, floats: targets)")
@@ -83,6 +85,33 @@ def _from_arrays(parts, what: str, task: Optional[str], name: str) -> Dataset:
     ds = Dataset(spec, _inputs(trx), tr_y, _inputs(tex), te_y)
     check_usable(ds, what)
     return ds
+
+
+MAX_CLASSES = 1 << 20
+"""The most classes (largest label + 1) a classification head is built for: a stray huge label
+would size the model's output layer (10^9 labels asked for 512 GB), so it is named instead."""
+
+
+def _where(t: torch.Tensor, bad: torch.Tensor) -> Tuple[str, str]:
+    """(value, 'row R' or 'row R, column C') of the first True in `bad` (C an index tuple past 2-D)."""
+    idx = [int(i) for i in bad.nonzero()[0]]
+    v = t[tuple(idx)].item()
+    value = str(int(v)) if isinstance(v, float) and v.is_integer() and abs(v) < 2 ** 63 else str(v)
+    col = "" if len(idx) == 1 else f", column {idx[1] if len(idx) == 2 else tuple(idx[1:])}"
+    return value, f"row {idx[0]}{col}"
+
+
+def _check_finite(x: torch.Tensor, label: str, what: str) -> None:
+    """Inputs that are NaN or infinite, named once before training (they surfaced as a divergence
+    'at step 12 on rank 1', or as a NaN test loss in summary.json)."""
+    if not x.dtype.is_floating_point:
+        return
+    bad = ~torch.isfinite(x)
+    if bool(bad.any()):
+        n = int(bad.sum())
+        value, at = _where(x, bad)
+        raise BadInput(f"{what}: {label} holds {value} at {at}" + (f" ({n} such values)" if n > 1 else "")
+                       + "; every input must be a finite number (drop or fill those samples)")
 
 
 def _dt(t: torch.Tensor) -> str:
@@ -108,11 +137,15 @@ def labels_for(task: str, train_y: torch.Tensor, test_y: torch.Tensor, what: str
                 raise BadInput(f"{what}: {split} has shape {tuple(y.shape)}; class labels are one "
                                f"integer per sample")
             if y.dtype.is_floating_point and (y.isnan().any() or (y != y.round()).any()):
-                raise BadInput(f"{what}: {split} holds non-integer labels; classification needs "
-                               f"classes 0..K-1 (or state the task: regression)")
+                value, at = _where(y, (y != y.round()) | y.isnan())
+                raise BadInput(f"{what}: {split} holds non-integer labels ({value} at {at}); classification "
+                               f"needs classes 0..K-1 (or state the task: regression)")
+            if len(y) and (float(y.max()) >= MAX_CLASSES or float(y.min()) < 0):
+                value, at = _where(y, (y >= MAX_CLASSES) | (y < 0))
+                raise BadInput(f"{what}: {split} holds label {value} at {at}; class labels must be 0..K-1"
+                               + (f" with K at most {MAX_CLASSES} (the model has one output per class)"
+                                  if float(value) >= 0 else ""))
             y = y.long()
-            if len(y) and int(y.min()) < 0:
-                raise BadInput(f"{what}: {split} holds label {int(y.min())}; class labels must be 0..K-1")
             ys.append(y)
         outputs = int(max(ys[0].max(), ys[1].max())) + 1 if len(ys[0]) and len(ys[1]) else 1
         if outputs < 2:
@@ -126,7 +159,8 @@ def labels_for(task: str, train_y: torch.Tensor, test_y: torch.Tensor, what: str
         if y.dim() != 2:
             raise BadInput(f"{what}: {split} has shape {tuple(y.shape)}; expected (N,) or (N, outputs)")
         if not torch.isfinite(y).all():
-            raise BadInput(f"{what}: {split} holds NaN or infinite targets")
+            value, at = _where(y, ~torch.isfinite(y))
+            raise BadInput(f"{what}: {split} holds NaN or infinite targets ({value} at {at})")
         if task == "binary" and not ((y == 0) | (y == 1)).all():
             raise BadInput(f"{what}: {split} holds values other than 0 and 1; binary targets are 0 or 1")
         ys.append(y)

@@ -23,11 +23,16 @@ EXPERIMENTS: Dict[str, Tuple[str, str]] = {
 }
 
 
+def default_out(name: str, quick: bool) -> str:
+    """experiments/STAMP-NAME[-quick]: where an experiment writes without --out."""
+    return os.path.join("experiments", f"{time.strftime('%Y%m%d-%H%M%S')}-{name}{'-quick' if quick else ''}")
+
+
 def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out: str = None,
                    axes: Dict[str, list] = None) -> str:
     if name not in EXPERIMENTS:
         raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
-    out = out or os.path.join("experiments", f"{time.strftime('%Y%m%d-%H%M%S')}-{name}{'-quick' if quick else ''}")
+    out = out or default_out(name, quick)
     module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
     if axes and not getattr(module, "SWEEPS", False):
         raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")

@@ -28,8 +28,10 @@ def _list(ns) -> int:
 
 
 def _run(ns) -> int:
-    from shmlearn.experiments import run_experiment
-    print(run_experiment(ns.name, quick=ns.quick, device=ns.device, out=ns.out, axes=_axes(ns.axis)))
+    from shmlearn.experiments import EXPERIMENTS, default_out, run_experiment
+    out = ns.out or (default_out(ns.name, ns.quick) if ns.name in EXPERIMENTS else None)
+    print(run_experiment(ns.name, quick=ns.quick, device=ns.device, out=out, axes=_axes(ns.axis)))
+    print(f"experiment {ns.name}: tables, figures and runs in {out}", flush=True)
     return 0
 
 

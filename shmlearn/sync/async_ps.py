@@ -95,7 +95,23 @@ class AsyncPS(SyncStrategy):
     def compute_ranks(self) -> int:
         return self.world_size - 1
 
+    def _inbox_size(self, model) -> int:
+        """The server's planned gradient buffers, (S + 2) x W + 1, where S is the staleness bounded
+        by the run's steps (no gradient can lag more updates than the run has): BadInput, on every
+        rank before any collective, where they would not fit in the memory available."""
+        s = self.staleness if self.run_steps is None else min(self.staleness, self.run_steps)
+        cap = (s + 2) * self.workers + 1
+        each = (sum(p.numel() for p in model.parameters() if p.requires_grad) + self.control_slots + 1) * 4
+        avail = _mem_available()
+        if avail is not None and cap * each > avail:
+            fits = max(0, (avail // each - 1) // self.workers - 2)
+            raise BadInput(f"--staleness {self.staleness}: the server would hold up to {cap} gradients of "
+                           f"{each / 2**20:.1f} MB ({cap * each / 2**30:.1f} GB) for {self.workers} workers, more "
+                           f"than the {avail / 2**30:.1f} GB available; use --staleness {fits} or less")
+        return cap
+
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
+        cap = self._inbox_size(model)
         super().setup(model, optimizer, group, channels_last=channels_last)  # everyone at version 0
         timeout = timedelta(seconds=self.timeout_s) if self.timeout_s else None
         self._p2p = dist.new_group(backend="gloo", timeout=timeout)
@@ -106,7 +122,6 @@ class AsyncPS(SyncStrategy):
             # Rows 1..W: the gradients of one update, laid out as the synchronous server's gather.
             self._rows = torch.empty((self.world_size, m), dtype=self.grads_flat.dtype,
                                      device=self.grads_flat.device)
-            cap = (self.staleness + 2) * self.workers + 1
             self._inbox = [host(m + 1) for _ in range(cap)]  # gradient, control slots, its version
             self._free = list(range(cap))
             self._pending: List[Tuple[int, int, int, int]] = []  # (version, rank, arrival, slot)
@@ -291,6 +306,18 @@ class AsyncPS(SyncStrategy):
         return {"staleness_histogram": self.histogram(), "dropped_gradients": self.dropped,
                 "gradients_per_worker": {str(r): sum(c.values()) for r, c in self.lags.items()},
                 "applied_gradients": applied}
+
+
+def _mem_available():
+    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
 
 
 def check(cfg) -> None:

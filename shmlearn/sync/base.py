@@ -89,6 +89,8 @@ class SyncStrategy(ABC):
 
     timeout_s = None
     """The run's --timeout, for groups a strategy makes itself (set by train.py before setup)."""
+    run_steps = None
+    """The run's loop steps, for buffers a strategy sizes by them (set by train.py before setup)."""
 
     measures_noise: bool = False
     """Whether the strategy measures the gradient noise scale at 2+ workers (noise.py): it adds

@@ -163,6 +163,19 @@ def test_a_stuck_dataset_fails_the_run_after_the_timeout_instead_of_hanging_it()
     assert "timed out after 3 seconds" in msg
 
 
+def test_a_stuck_test_dataset_fails_the_evaluation_after_the_timeout_instead_of_hanging_it():
+    """Issue 38, 5: evaluation read the streamed test set with no timeout, so a 1-worker run
+    ignored --timeout and hung. test_batches takes --timeout as training's loader does."""
+    trx, tr_y, tex, te_y = _features()
+    streamed = user_data((Stuck(trx, tr_y), Stuck(tex, te_y)), "data=", loader="stream")  # classes: no label scan
+    with pytest.raises(BadInput) as e:
+        for _ in stream.test_batches(streamed, 0, 1, CPU, size=5, num_workers=1, timeout_s=3):
+            pass
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("data=: reading the test Dataset on rank 0 raised ")
+    assert "timed out after 3 seconds" in msg
+
+
 def test_a_streamed_label_past_the_classes_is_one_line():
     trx, tr_y, tex, te_y = _features()
 

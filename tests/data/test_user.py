@@ -179,7 +179,7 @@ def test_mismatched_sample_shapes():
 def test_negative_labels():
     trx, tex = _arrays()
     assert _bad((trx, np.arange(40) % 3 - 1, tex, np.arange(12) % 2)).endswith(
-        "train_y holds label -1; class labels must be 0..K-1")
+        "train_y holds label -1 at row 0; class labels must be 0..K-1")
     assert "test_y holds label -2" in _bad((trx, np.arange(40) % 3, tex, -2 * (np.arange(12) % 2)))
 
 
@@ -249,3 +249,30 @@ def test_stream_needs_datasets_and_task_and_loader_values_are_checked():
     with pytest.raises(BadInput) as e:
         user_data(arrays, "data=", task="ranking")
     assert _one_line(e).startswith("--task ranking: choose one of classification, binary, regression")
+
+
+@pytest.mark.parametrize("where,value,says", [
+    ("train_x", np.nan, "train_x holds nan at row 7, column 2; every input must be a finite number"),
+    ("train_x", np.inf, "train_x holds inf at row 7, column 2"),
+    ("test_x", np.nan, "test_x holds nan at row 7, column 2"),
+])
+def test_a_non_finite_input_is_named_by_array_row_and_column(where, value, says):
+    """Issue 38, 10: one NaN feature was reported as a divergence 'at step 12 on rank 1', an inf
+    column at step 0, all-NaN features as 'standard deviation 0', a NaN in the test set as rc 0
+    with test_loss NaN. Each is named before training."""
+    trx, tex = _arrays()
+    arrays = {"train_x": trx.copy(), "test_x": tex.copy()}
+    arrays[where][7, 2] = value
+    msg = _bad((arrays["train_x"], np.arange(40) % 2, arrays["test_x"], np.arange(12) % 2))
+    assert says in msg, msg
+    trx = np.full_like(trx, np.nan)
+    assert "train_x holds nan at row 0, column 0 (" in _bad((trx, np.arange(40) % 2, tex, np.arange(12) % 2))
+
+
+def test_a_huge_label_is_named_before_the_model_is_sized_by_it():
+    """Issue 38, 10: a label of 10^9 made a 10^9-wide output layer (512 GB, 21 s, then a crash)."""
+    trx, tex = _arrays()
+    y = np.arange(40) % 2
+    y[5] = 10 ** 9
+    msg = _bad((trx, y, tex, np.arange(12) % 2))
+    assert "train_y holds label 1000000000 at row 5; class labels must be 0..K-1 with K at most 1048576" in msg, msg

@@ -92,3 +92,16 @@ def test_a_finished_run_is_found_after_its_folder_moved_and_new_fields_appeared(
     (run / "summary.json").write_text(json.dumps({"status": "completed"}))
     assert finished(str(run), cfg) is not None
     assert finished(str(run), TrainConfig(workers=1, lr=0.2, out=str(run))) is None
+
+
+def test_experiment_run_says_where_it_wrote(tmp_path, monkeypatch, capfd):
+    """Issue 38, 12: `experiment run` printed its table and never where its files went (without
+    --out, a stamped folder under experiments/)."""
+    from cli_inproc import run_main
+    monkeypatch.chdir(tmp_path)
+    r = run_main(["experiment", "run", "linreg-gd", "--quick", "--device", "cpu"], monkeypatch, capfd)
+    assert r.returncode == 0, r.stderr
+    last = r.stdout.strip().splitlines()[-1]
+    assert last.startswith("experiment linreg-gd: tables, figures and runs in experiments/"), last
+    where = last.rsplit(" in ", 1)[1]
+    assert where.endswith("-linreg-gd-quick") and os.path.isfile(tmp_path / where / "linreg_gd.md")

@@ -99,6 +99,39 @@ def test_staleness_2_on_three_workers_learns_digits(pool, tmp_path):
     assert max(_lags(res.summary)) <= 2
 
 
+def _address_space(limit):
+    def apply():  # what a run may map: a blow-up fails fast here instead of swapping a shared machine
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    return apply
+
+
+def test_a_huge_staleness_is_bounded_by_the_runs_steps_or_refused_in_one_line(tmp_path):
+    """Issue 38, 2: --staleness 1000000000 planned (S + 2) x W + 1 gradient buffers on the server
+    (12 GB in 30 s, then a timeout naming the wrong rank). No gradient can lag more updates than
+    the run has: a run of 64 steps plans for S = 64 and completes (its processes limited to 6 GB
+    of address space); a run whose steps cannot fit either (a million epochs) is refused on
+    every rank before any collective, in one line naming --staleness and what fits."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    base = [sys.executable, "-m", "shmlearn", "train", "--device", "cpu", "--no-progress", "--dataset", "digits",
+            "--model", "mlp", "--strategy", "async-ps", "--workers", "2", "--staleness", "1000000000",
+            "--eval-points", "1"]
+    runs = [subprocess.Popen(base + ["--out", str(tmp_path / name), *extra], stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, preexec_fn=_address_space(6 << 30))
+            for name, extra in (("short", ["--samples", "4096"]), ("endless", ["--epochs", "1000000"]))]
+    try:
+        (out, err), (_, refused) = (p.communicate(timeout=300) for p in runs)
+    finally:
+        for p in runs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert runs[0].returncode == 0 and "64 steps x 2 workers" in out, err
+    assert runs[1].returncode == 2 and len(refused.strip().splitlines()) == 1, refused
+    assert "--staleness 1000000000: the server would hold up to" in refused and "use --staleness" in refused
+    assert not os.path.exists(tmp_path / "endless" / "summary.json")
+
+
 def test_what_async_ps_cannot_run_with_is_refused_in_one_line():
     with pytest.raises(BadInput, match="--checkpoint-every: not supported with --strategy async-ps"):
         validate(TrainConfig(strategy="async-ps", checkpoint_every="10"))
