@@ -23,7 +23,9 @@ import sys
 import typing
 from typing import Dict, List, Optional
 
-from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml
+# shmlearn.config imports torch (through the strategy registry): this module imports it in the
+# functions that build the parser, after `precheck` has refused what it can without torch.
+from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 
 
@@ -59,9 +61,11 @@ def field_docs(cls) -> Dict[str, str]:
     return docs
 
 
-def flag_docs(cls=TrainConfig) -> Dict[str, str]:
-    """--help per field: its docstring, and for --model and --dataset the names registered now
-    (the registries, not a copy of them in a docstring)."""
+def flag_docs(cls=None) -> Dict[str, str]:
+    """--help per field of `cls` (default TrainConfig): its docstring, and for --model and
+    --dataset the names registered now (the registries, not a copy of them in a docstring)."""
+    from shmlearn.config import TrainConfig  # torch: see the imports
+    cls = cls or TrainConfig
     docs = field_docs(cls)
     if cls is TrainConfig:
         from shmlearn.data import DATASETS
@@ -84,6 +88,7 @@ def _scalar_type(hint) -> type:
 def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._ArgumentGroup]:
     """config field -> the --help group of the strategies that take it (ps: --ps-dedicated, ...),
     from the registry: a strategy's parameters show under it."""
+    from shmlearn.config import TrainConfig  # torch: see the imports
     if cls is not TrainConfig:
         return {}
     from shmlearn.sync import registry
@@ -101,9 +106,12 @@ def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._Arg
     return groups
 
 
-def _add_config_flags(p: argparse.ArgumentParser, cls=TrainConfig) -> None:
-    """One flag per field of the typed config: the type from its annotation, the help from its
-    docstring, a strategy's own parameters grouped under that strategy."""
+def _add_config_flags(p: argparse.ArgumentParser, cls=None) -> None:
+    """One flag per field of the typed config (default TrainConfig): the type from its
+    annotation, the help from its docstring, a strategy's own parameters grouped under that
+    strategy."""
+    from shmlearn.config import TrainConfig  # torch: see the imports
+    cls = cls or TrainConfig
     docs = flag_docs(cls)
     hints = typing.get_type_hints(cls)
     groups = _strategy_groups(p, cls)
@@ -156,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def config_from_args(ns: argparse.Namespace) -> TrainConfig:
+def config_from_args(ns: argparse.Namespace) -> "TrainConfig":
+    from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml  # torch: see the imports
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
     values = {k.replace("-", "_"): v for k, v in values.items()}
     flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "func")}
@@ -189,7 +198,51 @@ def cmd_train(ns: argparse.Namespace) -> int:
     return 0
 
 
+def _flag_values(args: List[str], flags: tuple) -> Dict[str, str]:
+    """The last value of each of `flags` in `args`, spelled in full (--data-dir X or
+    --data-dir=X), as argparse would take them; abbreviations are left to argparse."""
+    found: Dict[str, str] = {}
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name in flags:
+            if eq:
+                found[name] = value
+            elif i + 1 < len(args):
+                found[name] = args[i + 1]
+    return found
+
+
+def precheck(argv: List[str]) -> None:
+    """What `train` and `sweep` can refuse before torch is imported (~2-6 s): a file dataset's
+    --data-dir that does not exist or lacks its files, with the line train() would give
+    (data.files.check_present). Anything it cannot judge from the command line alone (a
+    --config that may set them, a flag abbreviated) is left to the full checks."""
+    if not argv or argv[0] not in ("train", "sweep") or "-h" in argv or "--help" in argv:
+        return
+    given = _flag_values(argv[1:], ("--dataset", "--data-dir", "--config"))
+    if "--dataset" not in given or ("--config" in given and "--data-dir" not in given):
+        return  # the default dataset reads no files; a --config may set either
+
+    def values(flag: str) -> List[Optional[str]]:
+        raw = given.get(flag)
+        if raw is None:
+            return [None]
+        # sweep: A,B is an axis (sweep.parse_values); none/null is the default
+        parts = [p.strip() for p in raw.split(",")] if argv[0] == "sweep" else [raw]
+        return [None if p.lower() in ("none", "null") else p for p in parts]
+    for name in values("--dataset"):
+        if name in FILE_DATASETS:
+            for data_dir in values("--data-dir"):
+                if data_dir != "":  # "" is left to the config's own check
+                    check_present(name, data_dir)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
+    try:
+        precheck(sys.argv[1:] if argv is None else argv)
+    except BadInput as e:
+        print(f"shmlearn: error: {e}", file=sys.stderr)
+        return e.exit_code
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)

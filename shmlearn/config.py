@@ -15,6 +15,7 @@ import yaml
 
 from shmlearn.errors import BadInput, count
 from shmlearn.sync import registry
+from shmlearn import tblog
 
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
                   "synthetic": 10, "step": 1, "line": 20, "line-exact": 20}
@@ -245,6 +246,10 @@ class TrainConfig:
     package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
     progress: bool = True
     """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
+    tensorboard: bool = False
+    """Also write TensorBoard event files in RUN/tensorboard/ (rank 0): loss, lr, samples/s, phase
+    seconds, test loss and accuracy; a sweep's trials are runs of one log dir (tensorboard
+    --logdir SWEEP_DIR). Needs pip install 'shmlearn[tensorboard]'."""
 
     def budget_samples(self, train_size: int) -> int:
         """Total sample budget implied by --samples or --epochs (default: the dataset's epochs).
@@ -400,6 +405,8 @@ def validate(cfg: TrainConfig) -> None:
     recipe.validate(cfg)
     if cfg.checkpoint_every is not None:
         checkpoint_period(cfg.checkpoint_every)
+    if cfg.tensorboard:
+        tblog.require()
     if cfg.resume and not cfg.out:
         raise BadInput("--resume: needs --out DIR, the run directory to continue")
     from shmlearn.optim import SCHEDULES

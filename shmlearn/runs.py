@@ -5,6 +5,7 @@
     eval.jsonl     one line per evaluation: step, time_s, samples, test_loss, test_accuracy
     summary.json   the run's result (see `summarize`)
     trace.json     Chrome trace of every rank's phases (opens in Perfetto)
+    tensorboard/   with --tensorboard: the same curves as TensorBoard event files (tblog.py)
 
 Only rank 0 writes. JSONL lines are flushed as they are written, so a killed run keeps its curve.
 summary.json is written last, atomically (temp file + rename): a reader never sees half of one.
@@ -21,6 +22,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from shmlearn.config import TrainConfig, save_yaml
 from shmlearn.errors import BadInput
+from shmlearn.tblog import TensorBoardLog
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
 
@@ -127,14 +129,20 @@ class RunDir:
         mode = "a" if keep_until is not None else "w"
         self._metrics = open(os.path.join(path, "metrics.jsonl"), mode, buffering=1)
         self._eval = open(os.path.join(path, "eval.jsonl"), mode, buffering=1)
+        self.tensorboard = TensorBoardLog(path, resumed_after=keep_until) if cfg.tensorboard else None
 
-    def log_metrics(self, row: Dict[str, Any]) -> None:
+    def log_metrics(self, row: Dict[str, Any], lr: Any = None) -> None:
+        """lr: for TensorBoard only (metrics.jsonl has no lr column)."""
         with _naming(self._metrics.name):
             self._metrics.write(json.dumps(row) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.metrics(row, lr)
 
     def log_eval(self, row: Dict[str, Any]) -> None:
         with _naming(self._eval.name):
             self._eval.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
+        if self.tensorboard is not None:
+            self.tensorboard.eval(row)
 
     def write_trace(self, trace: dict) -> None:
         path = os.path.join(self.path, "trace.json")
@@ -156,6 +164,8 @@ class RunDir:
     def close(self) -> None:
         self._metrics.close()
         self._eval.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
 
 
 def loss_area(times: List[float], losses: List[float]) -> Optional[float]:

@@ -553,7 +553,8 @@ class _Loop:
                        "time_s": round(t, 6), "loss": loss, "phase_s": phases}
                 if self.noise is not None:
                     row["noise_scale"] = self.noise.log_point(step_done)
-                self.rundir.log_metrics(row)
+                lr = self.optimizer.param_groups[0]["lr"] if self.cfg.tensorboard else None
+                self.rundir.log_metrics(row, lr=lr)
         if bar is not None and win.losses:
             bar.update(len(win.losses))
             acc = self.evals[-1]["test_accuracy"] if self.evals else None

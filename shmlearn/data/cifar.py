@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import BadInput
 from .base import Dataset
-from .common import check_labels, image_dataset, read_bytes, require_dir
+from .common import check_labels, image_dataset, read_bytes
+from .files import cifar_dir, find_batches as _find_batches
 
 NUM_CLASSES = 10
 IMAGE_BYTES = 3 * 32 * 32
@@ -86,21 +87,8 @@ def read_bin_batch(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return records[:, 1:].reshape(-1, 3, 32, 32), labels
 
 
-def _find_batches(root: Path) -> tuple[Path, str]:
-    """The folder holding the batches and the suffix of their files ("" python, ".bin" binary)."""
-    for folder in (root, root / "cifar-10-batches-py", root / "cifar-10-batches-bin"):
-        for suffix in ("", ".bin"):
-            if (folder / f"data_batch_1{suffix}").is_file():
-                return folder, suffix
-    raise BadInput(f"cifar10: no data_batch_1 or data_batch_1.bin in {root} or in its"
-                   f" cifar-10-batches-py/ or cifar-10-batches-bin/ subfolders")
-
-
 def load_cifar10(data_dir: Optional[str]) -> Dataset:
-    if data_dir is None:
-        raise BadInput("--data-dir: cifar10 needs a --data-dir holding cifar-10-batches-py/"
-                       " or cifar-10-batches-bin/ (or the batch files themselves)")
-    folder, suffix = _find_batches(require_dir(data_dir))
+    folder, suffix = _find_batches(cifar_dir(data_dir))
     read = read_bin_batch if suffix == ".bin" else read_pickle_batch
 
     def batch(stem: str) -> tuple[np.ndarray, np.ndarray]:

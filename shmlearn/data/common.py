@@ -13,13 +13,6 @@ from ..errors import BadInput
 from .base import Dataset, DataSpec
 
 
-def require_dir(data_dir: str | Path) -> Path:
-    path = Path(data_dir).expanduser()
-    if not path.is_dir():
-        raise BadInput(f"--data-dir {data_dir}: no such directory")
-    return path
-
-
 def read_bytes(path: Path) -> bytes:
     """The whole file, gunzipped when its name ends in .gz. Any I/O or gzip error becomes a
     BadInput naming the file, so no raw OSError/EOFError reaches the user."""

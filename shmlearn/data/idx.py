@@ -15,7 +15,8 @@ import numpy as np
 
 from ..errors import BadInput
 from .base import Dataset
-from .common import check_labels, image_dataset, read_bytes, require_dir
+from .common import check_labels, image_dataset, read_bytes
+from .files import FASHION_MNIST_DIR, IDX_FILES as FILES, find_idx, mnist_folder  # noqa: F401 - re-exported
 
 IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
@@ -23,13 +24,6 @@ LABELS_MAGIC = 0x00000801
 # IDX dtype codes; multi-byte values are big-endian in the file.
 _DTYPES = {0x08: np.dtype("u1"), 0x09: np.dtype("i1"), 0x0B: np.dtype(">i2"),
            0x0C: np.dtype(">i4"), 0x0D: np.dtype(">f4"), 0x0E: np.dtype(">f8")}
-
-FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-         "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
-
-# Debian's dataset-fashion-mnist package puts the four gzipped files here.
-FASHION_MNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
-
 
 def parse_idx(raw: bytes, name: str, *, magic: Optional[int] = None) -> np.ndarray:
     """Decode IDX bytes into a native-endian array. `magic`, when given, must match exactly
@@ -67,14 +61,6 @@ def read_idx(path: Path, *, magic: Optional[int] = None) -> np.ndarray:
     return parse_idx(read_bytes(path), str(path), magic=magic)
 
 
-def find_idx(name: str, folder: Path, stem: str) -> Path:
-    for candidate in (folder / stem, folder / f"{stem}.gz"):
-        if candidate.is_file():
-            return candidate
-    raise BadInput(f"{name}: no {stem}[.gz] in {folder} (expected the four IDX files"
-                   f" {', '.join(FILES)}, each optionally gzipped)")
-
-
 def load_idx_pair(name: str, folder: Path, split: str, *, shape=(28, 28), num_classes=10):
     """Images (N, 1, rows, cols) uint8 and labels (N,) of one split ("train" or "t10k")."""
     images_path = find_idx(name, folder, f"{split}-images-idx3-ubyte")
@@ -98,19 +84,3 @@ def load_mnist_like(name: str, data_dir: Optional[str]) -> Dataset:
     train_x, train_y = load_idx_pair(name, folder, "train")
     test_x, test_y = load_idx_pair(name, folder, "t10k")
     return image_dataset(name, 10, train_x, train_y, test_x, test_y)
-
-
-def mnist_folder(name: str, data_dir: Optional[str]) -> Path:
-    """The folder holding `name`'s IDX files; BadInput with one line if there is none."""
-    if data_dir is not None:
-        folder = require_dir(data_dir)
-    elif name == "fashion-mnist":
-        folder = FASHION_MNIST_DIR
-        if not folder.is_dir():
-            raise BadInput(f"fashion-mnist: no --data-dir given and {folder} does not exist;"
-                           f" install Debian's dataset-fashion-mnist or pass --data-dir with"
-                           f" the four IDX files")
-    else:
-        raise BadInput(f"--data-dir: {name} needs a --data-dir holding the four IDX files"
-                       f" {', '.join(FILES)} (each optionally gzipped)")
-    return folder

@@ -15,7 +15,8 @@ from PIL import Image
 
 from ..errors import BadInput
 from .base import Dataset
-from .common import image_dataset, require_dir
+from .common import image_dataset
+from .files import find_tiny_root as _find_root, tiny_imagenet_dir
 
 SIZE = 64
 _IMAGE_SUFFIXES = (".jpeg", ".jpg", ".png")
@@ -54,18 +55,8 @@ def _images_in(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
 
 
-def _find_root(data_dir: Path) -> Path:
-    for root in (data_dir, data_dir / "tiny-imagenet-200"):
-        if (root / "wnids.txt").is_file():
-            return root
-    raise BadInput(f"tiny-imagenet: no wnids.txt in {data_dir} or {data_dir / 'tiny-imagenet-200'}"
-                   f" (expected the tiny-imagenet-200 folder: wnids.txt, train/, val/)")
-
-
 def load_tiny_imagenet(data_dir: Optional[str]) -> Dataset:
-    if data_dir is None:
-        raise BadInput("--data-dir: tiny-imagenet needs a --data-dir holding tiny-imagenet-200/")
-    root = _find_root(require_dir(data_dir))
+    root = _find_root(tiny_imagenet_dir(data_dir))
     wnids = [w.strip() for w in _read_text(root / "wnids.txt") if w.strip()]
     if not wnids:
         raise BadInput(f"{root / 'wnids.txt'}: empty, expected one wnid per line")
