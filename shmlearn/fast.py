@@ -270,13 +270,11 @@ class Stepper:
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
         self.kernels = choice.choose(model, conv_pool_mode=self.conv_pool, mlp_head_mode=self.mlp_head,
-                                     dtype=self._kernel_dtype(), device=device)
+                                     dtype=torch.bfloat16 if opts.precision == "bf16" else torch.float32, device=device)
         """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
-        self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
-        self.kernels += choice.image_conv_choices(model, self.image_conv, self._kernel_dtype(), device)
-        choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton",
-                                           "image-conv": opts.image_conv == "triton"},
+        choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
                             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+        self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
         self._probe_kernels()
@@ -364,10 +362,6 @@ class Stepper:
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
                 self.note = "fault injection runs eagerly (no CUDA graph)"
-
-    def _kernel_dtype(self) -> torch.dtype:
-        """What the custom kernels read and write: bf16 under --precision bf16, else fp32."""
-        return torch.bfloat16 if self.opts.precision == "bf16" else torch.float32
 
     def _probe_kernels(self) -> None:
         """On CUDA, where a layer runs a custom kernel: one forward and backward on the first

@@ -125,19 +125,3 @@ def weight_grad(x_nhwc: torch.Tensor, dy_nhwc: torch.Tensor, weight_shape, strid
                                      PROGRAMS=programs, BLOCK=BLOCK_P, BLOCK_K=bk, BLOCK_N=bn,
                                      num_warps=4)
     return dw.sum(0)[:geo["K"], :geo["N"]], db.sum(0)[:geo["N"]]
-
-
-def layer_why_not(cin: int, cout: int, kh: int, kw: int, stride, padding, has_bias: bool, dtype: torch.dtype,
-                  lim) -> "str | None":
-    """None if both kernels of a conv with this shape compile and fit on a device with limits
-    lim (fit.py) for inputs of dtype, else why not."""
-    from shmlearn.nn import fit
-    common = dict(CIN=cin, KW=kw, SH=stride[0], SW=stride[1], PH=padding[0], PW=padding[1], BLOCK=BLOCK_P,
-                  BLOCK_K=_pow2(kh * kw * cin), BLOCK_N=_pow2(cout))
-    why = fit.why_not(_forward_kernel, {"x_ptr": dtype, "w_ptr": dtype, "b_ptr": dtype, "y_ptr": dtype},
-                      dict(common, HAS_BIAS=has_bias), fit.Candidate.of(4), lim)
-    if why:
-        return f"forward: {why}"
-    why = fit.why_not(_weight_grad_kernel, {"x_ptr": dtype, "dy_ptr": dtype, "dw_ptr": torch.float32,
-                                            "db_ptr": torch.float32}, dict(common, PROGRAMS=1), fit.Candidate.of(4), lim)
-    return f"weight gradient: {why}" if why else None

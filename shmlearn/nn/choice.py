@@ -166,22 +166,3 @@ def _one_pass(model, batch, loss, autocast, device) -> None:
             bufs = dict(model.named_buffers())
             for n, b in saved.items():
                 bufs[n].copy_(b)
-
-
-def image_conv_choices(model: nn.Module, mode: str, dtype: torch.dtype, device: torch.device) -> List[Choice]:
-    """--image-conv triton (never chosen by auto): whether each qualifying convolution's kernels
-    compile and fit on device for dtype; `check_forced` refuses the run where one does not."""
-    from shmlearn.nn import fit
-    if mode != "triton" or fit.interpreted() or device.type != "cuda":
-        return []
-    from shmlearn.nn import _image_conv_triton as kernels
-    lim = fit.limits(device)
-    out = []
-    for name, m in model.named_modules():
-        if isinstance(m, nn.Conv2d) and image_conv.qualifies(m):
-            kh, kw = m.kernel_size
-            why = kernels.layer_why_not(m.in_channels, m.out_channels, kh, kw, m.stride, m.padding,
-                                        m.bias is not None, dtype, lim)
-            out.append(Choice(f"{name} (conv {m.in_channels}->{m.out_channels} {kh}x{kw})", "image-conv",
-                              "torch" if why else "triton", why))
-    return out

@@ -190,16 +190,3 @@ def test_an_error_that_is_no_kernels_is_raised():
         choice.probe(net, lambda: (torch.randn(2, 3, 8, 8), torch.zeros(2, dtype=torch.long)), bad_loss,
                      contextlib.nullcontext, torch.device("cpu"))
     assert choice.running(net) == ["conv-pool"]
-
-
-def test_a_forced_image_conv_that_cannot_run_is_refused(fake_needs):
-    model = _alexnet()
-    with fit.override(TINY):
-        made = choice.image_conv_choices(model, "triton", torch.float32, CUDA)
-    assert [c.layer for c in made] == ["0 (conv 3->32 5x5)"] and made[0].path == "torch"
-    with pytest.raises(BadInput, match=r"^--image-conv triton: 0 \(conv 3->32 5x5\) cannot run shmlearn's kernel on "
-                                       r"Tiny GPU \(forward: needs 20480 bytes"):
-        choice.check_forced(made, {"image-conv": True}, "Tiny GPU")
-    with fit.override(fit.KNOWN["h100"]):
-        assert [c.path for c in choice.image_conv_choices(model, "triton", torch.float32, CUDA)] == ["triton"]
-    assert choice.image_conv_choices(model, "im2col", torch.float32, CUDA) == []
