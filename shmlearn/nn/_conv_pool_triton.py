@@ -39,7 +39,7 @@ import triton
 import triton.language as tl
 
 from shmlearn.nn import fit
-from shmlearn.nn.conv_pool import unfolds
+from shmlearn.nn._geometry import unfolds
 
 DEAD = 255
 """The code of a pooled value whose window max was <= 0: ReLU passed no gradient."""

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shmlearn.nn._geometry import unfolds
 from shmlearn.nn._lazy import OnFirstUse
 from shmlearn.nn.conv_overlap import convolution_backward
 from shmlearn.nn.image_conv import ImageConv2d, triton_usable
@@ -254,13 +255,6 @@ class FusedMaxPool2d(nn.MaxPool2d):
 
 _CONVS = (nn.Conv2d, ImageConv2d, ConvReluPool2d)
 _POOLS = (nn.MaxPool2d, ReduceMaxPool2d, FusedMaxPool2d)
-
-
-def unfolds(cin: int) -> bool:
-    """Whether a block with cin input channels reads a row-unfolded copy of its input
-    (_conv_pool_triton.prepare): when a pixel's channels are not whole 16-value chunks (the
-    image's 1 or 3); else the kernels read x itself."""
-    return cin % 16 != 0
 
 
 def supported(cin: int, kh: int, kw: int) -> bool:
