@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="tta-fashion.json")
     a = p.parse_args(argv)
     from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list
-    from shmlearn.launch import run_local
+    from shmlearn.pool import run_local
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     args = {"device": a.device, "data_dir": a.data_dir, "recipes": [r for r in a.recipes.split(",") if r],
             "seeds": a.seeds, "epochs": a.epochs, "subset": a.subset, "precision": a.precision,

@@ -1,7 +1,7 @@
 """Issue 20, acceptance 2: `sweep --search tpe --trials 20` against the 3x3 grid, on Fashion-MNIST
 with lenet, both through an Optuna study (sweep --storage), on this machine.
 
-"As good" is the paper's rule (sweep.pick_winners): the least loss area (training loss x
+"As good" is the paper's rule (results.pick_winners): the least loss area (training loss x
 training seconds) among runs whose minimum loss is <= 1.8. Loss areas are wall-clock, so the
 script also re-trains the grid's winner and TPE's best config, interleaved, `--confirm` times
 each, and gives their median areas; and it gives each run's loss integrated over samples (no

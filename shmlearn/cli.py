@@ -8,15 +8,13 @@ from the dataclass): one flag per field, its type from the resolved annotations
 in a group of their own from the strategy registry. Why not tyro: it would bring a dependency to
 do what ~100 lines do here, and our flags keep their own conventions (negative numbers in sweep
 lists, one-line errors with exit 2, flags a strategy owns grouped under it). The help texts come
-from attribute docstrings read from the class's source (`field_docs`), which is how tyro finds
+from attribute docstrings read from the class's source (`flags.field_docs`), which is how tyro finds
 them too; moving them into field metadata would let them be read without the source.
 """
 from __future__ import annotations
 
 import argparse
-import ast
 import dataclasses
-import inspect
 import os
 import re
 import sys
@@ -27,6 +25,7 @@ from typing import Dict, List, Optional
 # functions that build the parser, after `precheck` has refused what it can without torch.
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+from shmlearn.flags import field_docs, flag_docs, scalar_type as _scalar_type  # noqa: F401 - field_docs: cli's API
 
 
 class _LiteralHelp(argparse.HelpFormatter):
@@ -48,41 +47,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str):  # one line, exit 2, no usage dump
         self.exit(2, f"shmlearn: error: {message} (see `{self.prog} --help`)\n")
-
-
-def field_docs(cls) -> Dict[str, str]:
-    """The docstring under each dataclass field: one source for the code and for --help."""
-    tree = ast.parse(inspect.getsource(cls))
-    body = tree.body[0].body
-    docs = {}
-    for node, nxt in zip(body, body[1:]):
-        if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
-            docs[node.target.id] = " ".join(str(nxt.value.value).split())
-    return docs
-
-
-def flag_docs(cls=None) -> Dict[str, str]:
-    """--help per field of `cls` (default TrainConfig): its docstring, and for --model and
-    --dataset the names registered now (the registries, not a copy of them in a docstring)."""
-    from shmlearn.config import TrainConfig  # torch: see the imports
-    cls = cls or TrainConfig
-    docs = field_docs(cls)
-    if cls is TrainConfig:
-        from shmlearn.data import DATASETS
-        from shmlearn.models import MODELS
-        docs["model"] += f" Built in: {', '.join(MODELS)}."
-        docs["dataset"] += f" Built in: {', '.join(DATASETS)}."
-        from shmlearn.sync import registry
-        docs["strategy"] += " " + "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items()) + "."
-    return docs
-
-
-def _scalar_type(hint) -> type:
-    """bool, int, float or str from a field's type (Optional[X] is X): from the typing objects
-    themselves, not from their spelling."""
-    args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
-    return base if base in (bool, int, float) else str
 
 
 def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._ArgumentGroup]:
@@ -151,7 +115,7 @@ def _registrars():
     from shmlearn.experiments.cli import register as register_experiment
     from shmlearn.advise import register as register_advise
     from shmlearn.simulate import register as register_simulate
-    from shmlearn.sweep import register as register_sweep
+    from shmlearn.sweep_cli import register as register_sweep
     return [_register_train, register_bench, register_sweep, register_report, register_experiment,
             register_simulate, register_advise]
 

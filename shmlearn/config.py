@@ -14,6 +14,7 @@ from typing import Any, Dict, Optional
 import yaml
 
 from shmlearn.errors import BadInput, count
+from shmlearn.limits import MAX_STEPS, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
 from shmlearn.sync import registry
 from shmlearn import tblog
 
@@ -332,8 +333,6 @@ F32_MAX = 3.4028234663852886e38
 MAX_SAMPLES = 10**12
 """--samples, or --epochs x the training set: ~3 years at 10,000 samples/s (ImageNet x 90 epochs is
 1.2e8), and float64 sample counts, rates and epoch fractions stay exact (2**53 is 9e15)."""
-MAX_STEPS = 10**9
-"""Steps of a run: the loss history is a float32 tensor of steps + 1 on the device (4 GB here)."""
 MAX_THREADS = 4096
 """Intra-op threads per worker: more than any machine's cores; 100,000 segfaults a rank."""
 MAX_EVAL_POINTS = 10**6
@@ -361,14 +360,6 @@ def _number(name: str, value, lo: float, hi: Optional[float] = None, *, lo_open:
         low = f"{'>' if lo_open else '>='} {lo:g}"
         high = "" if hi is None else f" and {'<' if hi_open else '<='} {hi:g}"
         raise BadInput(f"--{name} {value}: expected a finite number {low}{high}{unit}")
-
-
-def _whole(name: str, value, lo: int, hi: Optional[int] = None) -> None:
-    """A whole number from lo to hi (None: no upper bound); None passes (the field's default)."""
-    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < lo
-                              or (hi is not None and value > hi)):
-        raise BadInput(f"--{name} {value}: expected a whole number "
-                       + (f">= {lo:,}" if hi is None else f"from {lo:,} to {hi:,}"))
 
 
 def validate(cfg: TrainConfig) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
@@ -142,6 +143,21 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
 _groups_joined = 0
 
 
+def destroy_group(rank: int, limit_s: float = 30.0) -> None:
+    """NCCL: tear the process group down, but never hang in it: the run's files are written by now,
+    and a communicator that will not close must not keep the run from ending."""
+    import threading
+
+    import torch.distributed as dist
+
+    t = threading.Thread(target=dist.destroy_process_group, name="shmlearn-destroy-group", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        print(f"shmlearn: rank {rank}: the process group did not shut down within {limit_s:.0f} s; "
+              f"leaving it to the process's exit", file=sys.stderr, flush=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,23 +197,3 @@ def _mem_available() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
-
-
-def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None) -> list:
-    """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
-    or on a pool of `world` workers made for this call. Returns every rank's result; raises
-    BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
-    (Gloo on GPUs: ranks may share one)."""
-    from shmlearn.pool import Pool, current
-    backend = backend or ("nccl" if cuda else "gloo")
-    pool = current()
-    if pool is not None:
-        if len(pool.free_slots()) < world and not cuda:  # CPU slots are processes: grow
-            pool.grow(world - len(pool.free_slots()))
-        free = pool.free_slots()
-        if len(free) < world:
-            raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
-                           f"of {len(pool.slots)}")
-        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
-    with Pool(world, cuda=cuda) as pool:
-        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)

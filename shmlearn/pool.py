@@ -37,7 +37,8 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from shmlearn import listen
-from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+from shmlearn.launch import DistEnv, destroy_group
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
@@ -134,7 +135,6 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
 
 
 def _run_task(task: Task, slot: int, store, current, conn):
-    from shmlearn.launch import DistEnv
     saved = _redirect(task.log)
     env_before = {k: os.environ.get(k) for k in task.env}
     os.environ.update(task.env)
@@ -205,8 +205,7 @@ def _leave_group(backend: Optional[str]) -> None:
     if not dist.is_initialized():
         return
     if backend == "nccl":
-        from shmlearn.train import _destroy_group
-        _destroy_group(dist.get_rank())
+        destroy_group(dist.get_rank())
     else:
         dist.destroy_process_group()
 
@@ -581,3 +580,22 @@ def using(pool: Pool) -> Iterator[Pool]:
 
 def current() -> Optional[Pool]:
     return _current[-1] if _current else None
+
+
+def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None) -> list:
+    """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
+    or on a pool of `world` workers made for this call. Returns every rank's result; raises
+    BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
+    (Gloo on GPUs: ranks may share one)."""
+    backend = backend or ("nccl" if cuda else "gloo")
+    pool = current()
+    if pool is not None:
+        if len(pool.free_slots()) < world and not cuda:  # CPU slots are processes: grow
+            pool.grow(world - len(pool.free_slots()))
+        free = pool.free_slots()
+        if len(free) < world:
+            raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
+                           f"of {len(pool.slots)}")
+        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
+    with Pool(world, cuda=cuda) as pool:
+        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)

@@ -55,8 +55,9 @@ from optuna.trial import FrozenTrial, TrialState
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, cannot_win, post_bound
+from shmlearn.results import best_bounds
 from shmlearn.study_storage import _unwritable, _why, open_storage, redact
-from shmlearn.sweep import (Sweep, SweepConfig, _Running, _kind, _raise_interrupt, best_bounds, expand_grid,
+from shmlearn.sweep import (Sweep, SweepConfig, _Running, _kind, _raise_interrupt, expand_grid,
                             ordered_axes, trial_id)
 
 optuna.logging.set_verbosity(optuna.logging.ERROR)  # the sweep prints its own lines

@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import itertools
@@ -35,13 +34,14 @@ from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from shmlearn import jsonl
-from shmlearn.config import TrainConfig, load_yaml, validate
+from shmlearn.config import TrainConfig, validate
 from shmlearn.errors import BadInput, count
+from shmlearn.flags import scalar_type
 from shmlearn.pruning import bound_key, post_bound
+from shmlearn.results import AXIS_ORDER, ResultStore, best_bounds, pick_winners, winners_table
+from shmlearn.results import fmt as _fmt
 from shmlearn.sync import registry
 
-AXIS_ORDER = ("workers", "batch_size", "lr")
-"""Grid order, outermost first: trials of one worker count run together and pack the slots."""
 NOT_SWEPT = ("out", "progress", "resume")
 """Set by the sweep: each trial writes its own run directory, fresh, with no progress bar."""
 MAX_TRIALS = 100_000
@@ -105,9 +105,8 @@ class SweepConfig:
 # --- grid ----------------------------------------------------------------------------------
 
 def _kind(name: str) -> type:
-    """bool, int, float or str: the field's annotation, resolved (cli._scalar_type)."""
-    from shmlearn.cli import _scalar_type
-    return _scalar_type(typing.get_type_hints(TrainConfig)[name])
+    """bool, int, float or str: the field's annotation, resolved (flags.scalar_type)."""
+    return scalar_type(typing.get_type_hints(TrainConfig)[name])
 
 
 def _number(name: str, text: str, kind: type):
@@ -229,218 +228,10 @@ def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool
         cfg = TrainConfig(**values)
         validate(cfg)
         if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size:
-            raise BadInput(f"--samples {cfg.samples}: smaller than one step of {_workers(cfg.workers)} "
+            raise BadInput(f"--samples {cfg.samples}: smaller than one step of {count(cfg.workers, 'worker')} "
                            f"x {cfg.batch_size} samples")
         trials.append(cfg)
     return trials
-
-
-# --- results.jsonl --------------------------------------------------------------------------
-
-class ResultStore:
-    """DIR/results.jsonl: one JSON object per finished trial, only ever appended.
-
-    A line cut off by a kill (no newline, not valid JSON) is moved to results.jsonl.torn and its
-    trial runs again; a bad line anywhere else is the user's to fix: BadInput, file untouched."""
-
-    def __init__(self, path: str):
-        self.path = path
-        self.notes: List[str] = []
-
-    def load(self, *, repair: bool = True) -> List[Dict[str, Any]]:
-        if not os.path.exists(self.path):
-            return []
-        with open(self.path, "rb") as f:
-            data = f.read()
-        lines = data.split(b"\n")
-        tail = lines.pop()  # b"" when the file ends with a newline
-        rows, ids = [], set()
-        for i, line in enumerate(lines, 1):
-            if line.strip():
-                rows.append(self._parse(line, i))
-        if tail.strip():
-            try:
-                rows.append(self._parse(tail, len(lines) + 1))
-                whole = True  # complete but unterminated: ended so the next append starts a line
-            except BadInput:
-                whole = False
-                self.notes.append(f"{self.path}: the last line ({len(tail)} bytes) was cut off by an "
-                                  f"interrupted write; " + ("moved it to results.jsonl.torn, its trial "
-                                                            "runs again" if repair else "ignored"))
-            if repair:
-                jsonl.mend_tail(self.path, len(data) - len(tail), tail, whole)
-        unique = []
-        for r in rows:
-            if r["id"] in ids:
-                self.notes.append(f"{self.path}: trial {r['id']} appears twice; the first line counts")
-                continue
-            ids.add(r["id"])
-            unique.append(r)
-        return unique
-
-    def _parse(self, line: bytes, lineno: int) -> Dict[str, Any]:
-        try:
-            row = json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise BadInput(f"{self.path} line {lineno}: not valid JSON ({e}); fix or remove that line") from None
-        if not isinstance(row, dict) or not {"id", "status", "config", "summary"} <= row.keys():
-            raise BadInput(f"{self.path} line {lineno}: not a sweep result (needs id, status, config, "
-                           f"summary); fix or remove that line")
-        return row
-
-    def append(self, row: Dict[str, Any]) -> None:
-        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off; a
-        # full disk leaves the file as it was.
-        jsonl.append_or_cut_back(self.path, (json.dumps(row) + "\n").encode())
-
-
-# --- winners --------------------------------------------------------------------------------
-
-def _area_key(row: Dict[str, Any], index: int):
-    s = row["summary"]
-    return (s["loss_area"], s["min_loss"], s.get("wall_time_s") or math.inf, index)
-
-
-def time_to_accuracy(row: Dict[str, Any], target: float) -> Optional[float]:
-    """Training seconds at the first evaluation whose test accuracy reached `target`."""
-    for t, acc in row.get("eval_curve") or []:
-        if acc is not None and acc >= target:
-            return t
-    return None
-
-
-def _entry(row: Dict[str, Any], swept: Sequence[str], target: Optional[float]) -> Dict[str, Any]:
-    s, c = row["summary"], row["config"]
-    e = {"id": row["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
-         "loss_area": s.get("loss_area"), "min_loss": s.get("min_loss"), "final_loss": s.get("final_loss"),
-         "test_accuracy": s.get("test_accuracy"), "wall_time_s": s.get("wall_time_s"),
-         "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
-         "axes": {a: c.get(a) for a in swept if a not in AXIS_ORDER}}
-    if target is not None:
-        e["time_to_target_s"] = time_to_accuracy(row, target)
-    return e
-
-
-def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
-                 target_accuracy: Optional[float] = None, swept: Sequence[str] = ()) -> Dict[str, Any]:
-    """Per worker count: the paper's rule (min loss <= threshold, then least loss area) and,
-    with a target, the least time to reach it; and the overall best of each across worker
-    counts. Diverged runs are results but never winners. See the module docstring for ties."""
-    by_w: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}
-    for i, r in enumerate(rows):
-        by_w.setdefault(int(r["config"]["workers"]), []).append((i, r))
-    out: Dict[str, Any] = {"threshold": threshold, "target_accuracy": target_accuracy,
-                           "by_workers": {}, "overall": None, "by_target": None, "overall_by_target": None}
-    best_area, best_time = [], []
-    targets: Dict[str, Any] = {}
-    for w in sorted(by_w):
-        group = by_w[w]
-        done = [(i, r) for i, r in group if r["status"] == "completed" and r["summary"].get("loss_area") is not None]
-        diverged = sum(r["status"] == "diverged" for _, r in group)
-        pruned = sum(r["status"] == "pruned" for _, r in group)
-        survivors = [(i, r) for i, r in done if r["summary"].get("min_loss") is not None
-                     and r["summary"]["min_loss"] <= threshold]
-        info: Dict[str, Any] = {"trials": len(group), "completed": len(done), "diverged": diverged, "pruned": pruned,
-                                "survivors": len(survivors), "winner": None, "reason": None}
-        if survivors:
-            i, r = min(survivors, key=lambda ir: _area_key(ir[1], ir[0]))
-            info["winner"] = _entry(r, swept, target_accuracy)
-            best_area.append((_area_key(r, i), info["winner"]))
-        elif not done:
-            info["reason"] = f"all {len(group)} diverged" if diverged == len(group) else "no completed run"
-            # (pruning never leaves a worker count without a completed run: the bound comes from one)
-        else:
-            best = min(r["summary"]["min_loss"] for _, r in done)
-            info["reason"] = f"no run reached min loss <= {threshold:g} (best {best:.4g})"
-        out["by_workers"][str(w)] = info
-        if target_accuracy is not None:
-            reached = [(time_to_accuracy(r, target_accuracy), i, r) for i, r in group
-                       if r["status"] == "completed"]
-            reached = [(t, i, r) for t, i, r in reached if t is not None]
-            if reached:
-                t, i, r = min(reached, key=lambda x: (x[0], -(x[2]["summary"].get("test_accuracy") or 0),
-                                                      _area_key(x[2], x[1])))
-                targets[str(w)] = {"winner": _entry(r, swept, target_accuracy), "reason": None}
-                best_time.append(((t, i), targets[str(w)]["winner"]))
-            else:
-                targets[str(w)] = {"winner": None, "reason": f"no completed run reached test accuracy "
-                                                             f"{target_accuracy:g}"}
-    if best_area:
-        out["overall"] = min(best_area, key=lambda kv: kv[0][:3])[1]
-    if target_accuracy is not None:
-        out["by_target"] = targets
-        out["overall_by_target"] = min(best_time, key=lambda kv: kv[0])[1] if best_time else None
-    return out
-
-
-def _workers(n: int) -> str:
-    return f"{n} worker{'s' if n != 1 else ''}"
-
-
-def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
-
-
-def winners_table(w: Dict[str, Any]) -> str:
-    """The winners as the paper's Table 5.1 (#Workers, Batch Size, Learn Rate), with the
-    numbers that chose them."""
-    lines = [f"Winners: least loss area among runs with min loss <= {w['threshold']:g} (paper Table 5.1)",
-             f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Loss area':>10}  {'Min loss':>8}  "
-             f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  {'Pruned':>6}  Other"]
-    for k, info in w["by_workers"].items():
-        e = info["winner"]
-        surv = f"{info['survivors']}/{info['trials']}"
-        surv = f"{surv:>9}  {info.get('pruned', 0):>6}"
-        if e is None:
-            lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv}  "
-                         f"{info['reason']}")
-            continue
-        other = " ".join(f"{a}={v}" for a, v in e["axes"].items())
-        lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {_fmt(e['loss_area'], '.4g'):>10}  "
-                     f"{_fmt(e['min_loss'], '.4f'):>8}  {_fmt(e['test_accuracy'], '.4f'):>8}  "
-                     f"{_fmt(e['wall_time_s'], '.2f'):>8}  {surv}  {other}")
-    o = w["overall"]
-    lines.append("Overall best: " + ("none" if o is None else
-                 f"{_workers(o['workers'])}, batch {o['batch_size']}, lr {o['lr']:g} "
-                 f"(loss area {o['loss_area']:.4g}, test accuracy {_fmt(o['test_accuracy'], '.4f')})"))
-    if w.get("by_target") is not None:
-        a = w["target_accuracy"]
-        lines += ["", f"Winners: least training time to test accuracy {a:g}",
-                  f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Time to ' + format(a, 'g') + ' (s)':>16}  "
-                  f"{'Final acc':>9}"]
-        for k, info in w["by_target"].items():
-            e = info["winner"]
-            if e is None:
-                lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>16}  {'-':>9}  {info['reason']}")
-            else:
-                lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {e['time_to_target_s']:>16.3f}  "
-                             f"{_fmt(e['test_accuracy'], '.4f'):>9}")
-        o = w["overall_by_target"]
-        lines.append("Overall fastest to target: " + ("none" if o is None else
-                     f"{_workers(o['workers'])}, batch {o['batch_size']}, lr {o['lr']:g} "
-                     f"({o['time_to_target_s']:.3f} s)"))
-    return "\n".join(lines)
-
-
-def best_bounds(rows: List[Dict[str, Any]], threshold: float,
-                target: Optional[float]) -> Dict[int, Tuple[float, Optional[float]]]:
-    """The pruning bounds (pruning.py) per worker count: the least area of a finished survivor
-    (min loss <= threshold) and, with a target accuracy, the least time to reach it."""
-    best: Dict[int, Tuple[float, Optional[float]]] = {}
-    for row in rows:
-        s = row["summary"]
-        if row["status"] != "completed" or s.get("loss_area") is None:
-            continue
-        w = int(row["config"]["workers"])
-        area, t = best.get(w, (math.inf, None))
-        if s.get("min_loss") is not None and s["min_loss"] <= threshold:
-            area = min(area, s["loss_area"])
-        if target is not None:
-            tt = time_to_accuracy(row, target)
-            if tt is not None and (t is None or tt < t):
-                t = tt
-        best[w] = (area, t)
-    return {w: v for w, v in best.items() if math.isfinite(v[0])}
 
 
 # --- running trials -------------------------------------------------------------------------
@@ -875,21 +666,6 @@ def _fix_out(run_dir: str) -> None:
         os.replace(tmp, path)
 
 
-def run_sweep(sc: SweepConfig) -> int:
-    """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed)."""
-    check_search(sc)
-    if sc.storage is not None:
-        try:
-            from shmlearn.study import run_study  # optuna, imported only here
-        except ImportError as e:
-            if (e.name or "").split(".")[0] not in ("optuna", "sqlalchemy"):
-                raise
-            raise BadInput(f"--storage: optuna is not installed ({e.name}); "
-                           f"pip install 'shmlearn[optuna]'") from None
-        return run_study(sc)
-    return Sweep(sc).run()
-
-
 SEARCHES = ("grid", "tpe", "random")
 PRUNERS = ("area", "median", "halving")
 
@@ -922,77 +698,3 @@ def check_search(sc: SweepConfig) -> None:
                            f"(its smallest and largest bound the range)")
     if not sc.stale_after > 0:
         raise BadInput(f"--stale-after {sc.stale_after}: expected seconds > 0")
-
-
-# --- CLI ------------------------------------------------------------------------------------
-
-def register(sub) -> None:
-    from shmlearn.cli import field_docs, flag_docs
-    p = sub.add_parser("sweep", help="sweep any train flags; pick the best per worker count",
-                       description="Run every combination of the given flag values as a training run "
-                                   "(each flag takes A,B,C or START:STOP:STEP), P at a time without "
-                                   "oversubscribing; pick winners by the paper's rule; write a report. "
-                                   "The same command again continues where the last one stopped.")
-    p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
-    docs = flag_docs(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in NOT_SWEPT:
-            continue
-        flag = "--" + f.name.replace("_", "-")
-        if _kind(f.name) is bool:
-            p.add_argument(flag, dest=f.name, nargs="?", const="true", default=argparse.SUPPRESS,
-                           metavar="true,false", help=docs.get(f.name, ""))
-        else:
-            p.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar="V[,V...]|A:B:S",
-                           help=docs.get(f.name, ""))
-    g = p.add_argument_group("sweep")
-    for name in ("threshold", "target_accuracy", "parallel", "slots", "out"):
-        fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)
-        typ = float if name in ("threshold", "target_accuracy") else int if name in ("parallel", "slots") else str
-        g.add_argument("--" + name.replace("_", "-"), dest=f"sweep_{name}", type=typ,
-                       default=fd.default if fd.default != "" else None,
-                       help=field_docs(SweepConfig).get(name, "") +
-                       (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
-    g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
-    g.add_argument("--no-progress", dest="sweep_no_progress", action="store_true",
-                   help="accepted for symmetry with train; trials never draw a progress bar")
-    g.add_argument("--prune", dest="sweep_prune", action="store_true",
-                   help=field_docs(SweepConfig).get("prune", ""))
-    o = p.add_argument_group("study (Optuna; pip install 'shmlearn[optuna]')")
-    sd = field_docs(SweepConfig)
-    o.add_argument("--storage", dest="sweep_storage", metavar="URL", help=sd.get("storage", ""))
-    o.add_argument("--study", dest="sweep_study", metavar="NAME", help=sd.get("study", ""))
-    o.add_argument("--search", dest="sweep_search", default="grid", metavar="|".join(SEARCHES),
-                   help=sd.get("search", ""))
-    o.add_argument("--trials", dest="sweep_trials", type=int, metavar="N", help=sd.get("trials", ""))
-    o.add_argument("--pruner", dest="sweep_pruner", metavar="|".join(PRUNERS), help=sd.get("pruner", ""))
-    o.add_argument("--search-seed", dest="sweep_search_seed", type=int, metavar="N", help=sd.get("search_seed", ""))
-    o.add_argument("--stale-after", dest="sweep_stale_after", type=float, default=60.0, metavar="S",
-                   help=sd.get("stale_after", ""))
-    p.set_defaults(func=cmd_sweep)
-
-
-def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
-    values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
-    values = {k.replace("-", "_"): v for k, v in values.items()}
-    for k in NOT_SWEPT:
-        if k in values:
-            raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
-    values.update({k: v for k, v in vars(ns).items()
-                   if k not in ("command", "config", "func") and not k.startswith("sweep_")})
-    fixed, axes = split_axes(values)
-    if ns.sweep_target_accuracy is not None and not 0 < ns.sweep_target_accuracy <= 1:
-        raise BadInput(f"--target-accuracy {ns.sweep_target_accuracy}: expected a fraction in (0, 1]")
-    def name(k, default):
-        return str(fixed.get(k, default)) if k not in axes else "+".join(map(str, axes[k]))
-    out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
-    return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
-                       target_accuracy=ns.sweep_target_accuracy, parallel=ns.sweep_parallel,
-                       slots=ns.sweep_slots, out=out, report=ns.sweep_report,
-                       prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
-                       search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,
-                       search_seed=ns.sweep_search_seed, stale_after=ns.sweep_stale_after)
-
-
-def cmd_sweep(ns: argparse.Namespace) -> int:
-    return run_sweep(sweep_config_from_args(ns))

@@ -33,7 +33,8 @@ from shmlearn import noise
 from shmlearn.config import checkpoint_period
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count, one_line
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
-from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group, run_local
+from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group
+from shmlearn.launch import destroy_group as _destroy_group
 from shmlearn.models import apply_init, build_model
 from shmlearn.models.user import check_outputs, user_model
 from shmlearn.data.stream import StreamLoader, StreamedData, test_batches
@@ -43,7 +44,7 @@ from shmlearn.refs import is_ref
 from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn import evaluation, recipe, weights
-from shmlearn.pool import current as current_pool, describe
+from shmlearn.pool import current as current_pool, describe, run_local
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.tasks import correct, loss_fn
@@ -356,17 +357,6 @@ def preload_data(slot: int, datasets: list, cuda: bool) -> None:
     device = torch.device("cuda", slot % torch.cuda.device_count()) if cuda else torch.device("cpu")
     for name, data_dir, seed in datasets:
         _cached_dataset(name, data_dir, seed, device)
-
-
-def _destroy_group(rank: int, limit_s: float = 30.0) -> None:
-    """NCCL: tear the process group down, but never hang in it: the run's files are written by now,
-    and a communicator that will not close must not keep the run from ending."""
-    t = threading.Thread(target=dist.destroy_process_group, name="shmlearn-destroy-group", daemon=True)
-    t.start()
-    t.join(limit_s)
-    if t.is_alive():
-        print(f"shmlearn: rank {rank}: the process group did not shut down within {limit_s:.0f} s; "
-              f"leaving it to the process's exit", file=sys.stderr, flush=True)
 
 
 # Fields that may differ between the original run and its resumption, or between ranks.

@@ -218,7 +218,8 @@ def test_capacity_messages_count_one_core_and_one_slot(monkeypatch):
     """'1 cores', '1 free slots': a count of one reads as one."""
     import shmlearn.pool
     from shmlearn.errors import BadInput
-    from shmlearn.launch import check_capacity, run_local
+    from shmlearn.launch import check_capacity
+    from shmlearn.pool import run_local
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})
     with pytest.raises(BadInput, match=r"17 processes on 1 core \(at most 16\)"):
         check_capacity(17, None, False)

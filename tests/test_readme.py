@@ -14,9 +14,12 @@ DEFAULT_OUT = {("bench", "comm"): "comm.json", ("bench", "ps-sim"): "ps-sim.json
 
 
 def written_by_readme_commands():
-    """Every path a shmlearn command in the README's bash blocks writes, relative to the clone."""
-    with open(os.path.join(ROOT, "README.md")) as f:
-        blocks = re.findall(r"```bash\n(.*?)```", f.read(), re.S)
+    """Every path a shmlearn command in the README's bash blocks writes, relative to the clone (and
+    in docs/performance.md's: the performance log that moved out of the README)."""
+    blocks = []
+    for name in ("README.md", os.path.join("docs", "performance.md")):
+        with open(os.path.join(ROOT, name)) as f:
+            blocks += re.findall(r"```bash\n(.*?)```", f.read(), re.S)
     paths = []
     for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
         words = shlex.split(line, comments=True)

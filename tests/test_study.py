@@ -90,7 +90,8 @@ def finished_by_id(study):
 
 def expected_ids(args):
     from shmlearn.cli import build_parser
-    from shmlearn.sweep import expand_grid, sweep_config_from_args, trial_id
+    from shmlearn.sweep import expand_grid, trial_id
+    from shmlearn.sweep_cli import sweep_config_from_args
     sc = sweep_config_from_args(build_parser().parse_args(["sweep", *args]))
     return [trial_id(c) for c in expand_grid(sc.fixed, sc.axes)], sc
 

@@ -37,7 +37,7 @@ import torch
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, format_size, parse_int_list,
                                    parse_size, rank_device, stats, sync, try_pyplot)
 from shmlearn.errors import BadInput
-from shmlearn.launch import run_local
+from shmlearn.pool import run_local
 
 OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
 

@@ -30,7 +30,7 @@ import torch
 
 from shmlearn.bench.common import RANK_TIMEOUT_S, rank_device, stats
 from shmlearn.bench.throughput import ThroughputConfig, _Shmlearn
-from shmlearn.launch import run_local
+from shmlearn.pool import run_local
 from shmlearn.noise import default_every
 
 

@@ -37,7 +37,7 @@ import torch
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
 from shmlearn.errors import BadInput, count
-from shmlearn.launch import run_local
+from shmlearn.pool import run_local
 
 PHASES = ("fetch_s", "avg_s", "update_s", "time_spent_s", "dist_s")
 

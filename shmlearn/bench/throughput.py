@@ -67,7 +67,7 @@ import torch
 
 from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list, rank_device, stats, sync
 from shmlearn.errors import BadInput, WorkerFailed
-from shmlearn.launch import run_local
+from shmlearn.pool import run_local
 from shmlearn.sync import registry
 
 BASELINES = ("plain", "plain-fp32", "ddp", "ddp-compile", "local", "graph", "compile", "compile-max")

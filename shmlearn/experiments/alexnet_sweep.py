@@ -10,7 +10,9 @@ import os
 import torch
 
 from shmlearn.experiments.common import Context, fashion_or
-from shmlearn.sweep import SweepConfig, run_sweep, winners_table
+from shmlearn.results import winners_table
+from shmlearn.sweep import SweepConfig
+from shmlearn.sweep_cli import run_sweep
 
 SWEEPS = True
 """`--axis` may replace axes of the grid (e.g. a coarser lr grid where device time is short)."""

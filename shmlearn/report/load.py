@@ -12,6 +12,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from shmlearn.errors import BadInput
+from shmlearn.results import ResultStore, pick_winners
 
 from .html import worker_count
 
@@ -95,7 +96,6 @@ def row_label(row: Dict[str, Any]) -> str:
 
 
 def load_sweep(path: str) -> SweepData:
-    from shmlearn.sweep import ResultStore, pick_winners
     if not is_sweep(path):
         raise BadInput(f"{path}: not a sweep directory (no results.jsonl)")
     spec: Dict[str, Any] = {}

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.errors import BadInput
+from shmlearn.limits import MAX_STEPS, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.timing import PhaseTimer
@@ -60,8 +61,7 @@ class Params:
     servers = 1
 
     def __post_init__(self):
-        from shmlearn.config import MAX_STEPS, _whole
-        _whole("staleness", self.staleness, 0, MAX_STEPS)
+        whole("staleness", self.staleness, 0, MAX_STEPS)
 
 
 class AsyncPS(SyncStrategy):

@@ -176,8 +176,9 @@ def register(entry: Entry) -> Entry:
 
 
 def entries() -> Dict[str, Entry]:
-    """Every registered strategy, by name, in registration order."""
-    import shmlearn.sync  # noqa: F401 - the strategies register themselves on import
+    """Every registered strategy, by name, in registration order. Complete once this module is
+    imported: importing shmlearn.sync.registry first runs shmlearn/sync/__init__.py, whose imports
+    register every strategy."""
     return _ENTRIES
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
+from shmlearn.limits import MAX_STEPS, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.timing import PhaseTimer
@@ -40,8 +41,7 @@ class Params:
     servers = 0
 
     def __post_init__(self):
-        from shmlearn.config import MAX_STEPS, _whole
-        _whole("avg-period", self.period, 1, MAX_STEPS)
+        whole("avg-period", self.period, 1, MAX_STEPS)
 
 
 class WeightAveraging(SyncStrategy):

@@ -1,10 +1,10 @@
-"""Benchmark ranks run on the pool (launch.run_local): group ready, results by rank, a failing rank named."""
+"""Benchmark ranks run on the pool (pool.run_local): group ready, results by rank, a failing rank named."""
 import pytest
 import torch
 
 from shmlearn.bench.common import rank_device
 from shmlearn.errors import WorkerFailed
-from shmlearn.launch import run_local
+from shmlearn.pool import run_local
 from shmlearn.pool import Pool, using
 
 

@@ -1,0 +1,220 @@
+"""A sweep's results: DIR/results.jsonl (one line per finished trial), the winners by the paper's
+rule and their table, and the pruning bounds. Read by the sweep and the study that write it
+(sweep.py, study.py) and by the report (report/load.py)."""
+from __future__ import annotations
+
+import json
+import math
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from shmlearn import jsonl
+from shmlearn.errors import BadInput, count
+
+AXIS_ORDER = ("workers", "batch_size", "lr")
+"""Grid order, outermost first: trials of one worker count run together and pack the slots."""
+
+
+# --- results.jsonl --------------------------------------------------------------------------
+
+class ResultStore:
+    """DIR/results.jsonl: one JSON object per finished trial, only ever appended.
+
+    A line cut off by a kill (no newline, not valid JSON) is moved to results.jsonl.torn and its
+    trial runs again; a bad line anywhere else is the user's to fix: BadInput, file untouched."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self.notes: List[str] = []
+
+    def load(self, *, repair: bool = True) -> List[Dict[str, Any]]:
+        if not os.path.exists(self.path):
+            return []
+        with open(self.path, "rb") as f:
+            data = f.read()
+        lines = data.split(b"\n")
+        tail = lines.pop()  # b"" when the file ends with a newline
+        rows, ids = [], set()
+        for i, line in enumerate(lines, 1):
+            if line.strip():
+                rows.append(self._parse(line, i))
+        if tail.strip():
+            try:
+                rows.append(self._parse(tail, len(lines) + 1))
+                whole = True  # complete but unterminated: ended so the next append starts a line
+            except BadInput:
+                whole = False
+                self.notes.append(f"{self.path}: the last line ({len(tail)} bytes) was cut off by an "
+                                  f"interrupted write; " + ("moved it to results.jsonl.torn, its trial "
+                                                            "runs again" if repair else "ignored"))
+            if repair:
+                jsonl.mend_tail(self.path, len(data) - len(tail), tail, whole)
+        unique = []
+        for r in rows:
+            if r["id"] in ids:
+                self.notes.append(f"{self.path}: trial {r['id']} appears twice; the first line counts")
+                continue
+            ids.add(r["id"])
+            unique.append(r)
+        return unique
+
+    def _parse(self, line: bytes, lineno: int) -> Dict[str, Any]:
+        try:
+            row = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise BadInput(f"{self.path} line {lineno}: not valid JSON ({e}); fix or remove that line") from None
+        if not isinstance(row, dict) or not {"id", "status", "config", "summary"} <= row.keys():
+            raise BadInput(f"{self.path} line {lineno}: not a sweep result (needs id, status, config, "
+                           f"summary); fix or remove that line")
+        return row
+
+    def append(self, row: Dict[str, Any]) -> None:
+        # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off; a
+        # full disk leaves the file as it was.
+        jsonl.append_or_cut_back(self.path, (json.dumps(row) + "\n").encode())
+
+
+# --- winners --------------------------------------------------------------------------------
+
+def _area_key(row: Dict[str, Any], index: int):
+    s = row["summary"]
+    return (s["loss_area"], s["min_loss"], s.get("wall_time_s") or math.inf, index)
+
+
+def time_to_accuracy(row: Dict[str, Any], target: float) -> Optional[float]:
+    """Training seconds at the first evaluation whose test accuracy reached `target`."""
+    for t, acc in row.get("eval_curve") or []:
+        if acc is not None and acc >= target:
+            return t
+    return None
+
+
+def _entry(row: Dict[str, Any], swept: Sequence[str], target: Optional[float]) -> Dict[str, Any]:
+    s, c = row["summary"], row["config"]
+    e = {"id": row["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
+         "loss_area": s.get("loss_area"), "min_loss": s.get("min_loss"), "final_loss": s.get("final_loss"),
+         "test_accuracy": s.get("test_accuracy"), "wall_time_s": s.get("wall_time_s"),
+         "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
+         "axes": {a: c.get(a) for a in swept if a not in AXIS_ORDER}}
+    if target is not None:
+        e["time_to_target_s"] = time_to_accuracy(row, target)
+    return e
+
+
+def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
+                 target_accuracy: Optional[float] = None, swept: Sequence[str] = ()) -> Dict[str, Any]:
+    """Per worker count: the paper's rule (min loss <= threshold, then least loss area) and,
+    with a target, the least time to reach it; and the overall best of each across worker
+    counts. Diverged runs are results but never winners. Ties: see sweep.py's module docstring."""
+    by_w: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}
+    for i, r in enumerate(rows):
+        by_w.setdefault(int(r["config"]["workers"]), []).append((i, r))
+    out: Dict[str, Any] = {"threshold": threshold, "target_accuracy": target_accuracy,
+                           "by_workers": {}, "overall": None, "by_target": None, "overall_by_target": None}
+    best_area, best_time = [], []
+    targets: Dict[str, Any] = {}
+    for w in sorted(by_w):
+        group = by_w[w]
+        done = [(i, r) for i, r in group if r["status"] == "completed" and r["summary"].get("loss_area") is not None]
+        diverged = sum(r["status"] == "diverged" for _, r in group)
+        pruned = sum(r["status"] == "pruned" for _, r in group)
+        survivors = [(i, r) for i, r in done if r["summary"].get("min_loss") is not None
+                     and r["summary"]["min_loss"] <= threshold]
+        info: Dict[str, Any] = {"trials": len(group), "completed": len(done), "diverged": diverged, "pruned": pruned,
+                                "survivors": len(survivors), "winner": None, "reason": None}
+        if survivors:
+            i, r = min(survivors, key=lambda ir: _area_key(ir[1], ir[0]))
+            info["winner"] = _entry(r, swept, target_accuracy)
+            best_area.append((_area_key(r, i), info["winner"]))
+        elif not done:
+            info["reason"] = f"all {len(group)} diverged" if diverged == len(group) else "no completed run"
+            # (pruning never leaves a worker count without a completed run: the bound comes from one)
+        else:
+            best = min(r["summary"]["min_loss"] for _, r in done)
+            info["reason"] = f"no run reached min loss <= {threshold:g} (best {best:.4g})"
+        out["by_workers"][str(w)] = info
+        if target_accuracy is not None:
+            reached = [(time_to_accuracy(r, target_accuracy), i, r) for i, r in group
+                       if r["status"] == "completed"]
+            reached = [(t, i, r) for t, i, r in reached if t is not None]
+            if reached:
+                t, i, r = min(reached, key=lambda x: (x[0], -(x[2]["summary"].get("test_accuracy") or 0),
+                                                      _area_key(x[2], x[1])))
+                targets[str(w)] = {"winner": _entry(r, swept, target_accuracy), "reason": None}
+                best_time.append(((t, i), targets[str(w)]["winner"]))
+            else:
+                targets[str(w)] = {"winner": None, "reason": f"no completed run reached test accuracy "
+                                                             f"{target_accuracy:g}"}
+    if best_area:
+        out["overall"] = min(best_area, key=lambda kv: kv[0][:3])[1]
+    if target_accuracy is not None:
+        out["by_target"] = targets
+        out["overall_by_target"] = min(best_time, key=lambda kv: kv[0])[1] if best_time else None
+    return out
+
+
+def fmt(v, spec: str) -> str:
+    """v formatted by spec, or '-' for None (a number a run did not report)."""
+    return "-" if v is None else format(v, spec)
+
+
+def winners_table(w: Dict[str, Any]) -> str:
+    """The winners as the paper's Table 5.1 (#Workers, Batch Size, Learn Rate), with the
+    numbers that chose them."""
+    lines = [f"Winners: least loss area among runs with min loss <= {w['threshold']:g} (paper Table 5.1)",
+             f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Loss area':>10}  {'Min loss':>8}  "
+             f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  {'Pruned':>6}  Other"]
+    for k, info in w["by_workers"].items():
+        e = info["winner"]
+        surv = f"{info['survivors']}/{info['trials']}"
+        surv = f"{surv:>9}  {info.get('pruned', 0):>6}"
+        if e is None:
+            lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv}  "
+                         f"{info['reason']}")
+            continue
+        other = " ".join(f"{a}={v}" for a, v in e["axes"].items())
+        lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {fmt(e['loss_area'], '.4g'):>10}  "
+                     f"{fmt(e['min_loss'], '.4f'):>8}  {fmt(e['test_accuracy'], '.4f'):>8}  "
+                     f"{fmt(e['wall_time_s'], '.2f'):>8}  {surv}  {other}")
+    o = w["overall"]
+    lines.append("Overall best: " + ("none" if o is None else
+                 f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
+                 f"(loss area {o['loss_area']:.4g}, test accuracy {fmt(o['test_accuracy'], '.4f')})"))
+    if w.get("by_target") is not None:
+        a = w["target_accuracy"]
+        lines += ["", f"Winners: least training time to test accuracy {a:g}",
+                  f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Time to ' + format(a, 'g') + ' (s)':>16}  "
+                  f"{'Final acc':>9}"]
+        for k, info in w["by_target"].items():
+            e = info["winner"]
+            if e is None:
+                lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>16}  {'-':>9}  {info['reason']}")
+            else:
+                lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {e['time_to_target_s']:>16.3f}  "
+                             f"{fmt(e['test_accuracy'], '.4f'):>9}")
+        o = w["overall_by_target"]
+        lines.append("Overall fastest to target: " + ("none" if o is None else
+                     f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
+                     f"({o['time_to_target_s']:.3f} s)"))
+    return "\n".join(lines)
+
+
+def best_bounds(rows: List[Dict[str, Any]], threshold: float,
+                target: Optional[float]) -> Dict[int, Tuple[float, Optional[float]]]:
+    """The pruning bounds (pruning.py) per worker count: the least area of a finished survivor
+    (min loss <= threshold) and, with a target accuracy, the least time to reach it."""
+    best: Dict[int, Tuple[float, Optional[float]]] = {}
+    for row in rows:
+        s = row["summary"]
+        if row["status"] != "completed" or s.get("loss_area") is None:
+            continue
+        w = int(row["config"]["workers"])
+        area, t = best.get(w, (math.inf, None))
+        if s.get("min_loss") is not None and s["min_loss"] <= threshold:
+            area = min(area, s["loss_area"])
+        if target is not None:
+            tt = time_to_accuracy(row, target)
+            if tt is not None and (t is None or tt < t):
+                t = tt
+        best[w] = (area, t)
+    return {w: v for w, v in best.items() if math.isfinite(v[0])}

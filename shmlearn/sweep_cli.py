@@ -1,0 +1,100 @@
+"""The `shmlearn sweep` command, above the two ways it runs: a grid in this process's pool
+(sweep.Sweep) or, with --storage, an Optuna study (study.run_study, which builds on sweep.py)."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import typing
+
+from shmlearn.config import TrainConfig, load_yaml
+from shmlearn.errors import BadInput
+from shmlearn.flags import field_docs, flag_docs, scalar_type
+from shmlearn.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
+
+
+def run_sweep(sc: SweepConfig) -> int:
+    """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed)."""
+    check_search(sc)
+    if sc.storage is not None:
+        try:
+            from shmlearn.study import run_study  # deferred: study.py imports optuna (optional)
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in ("optuna", "sqlalchemy"):
+                raise
+            raise BadInput(f"--storage: optuna is not installed ({e.name}); "
+                           f"pip install 'shmlearn[optuna]'") from None
+        return run_study(sc)
+    return Sweep(sc).run()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="sweep any train flags; pick the best per worker count",
+                       description="Run every combination of the given flag values as a training run "
+                                   "(each flag takes A,B,C or START:STOP:STEP), P at a time without "
+                                   "oversubscribing; pick winners by the paper's rule; write a report. "
+                                   "The same command again continues where the last one stopped.")
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
+    docs = flag_docs(TrainConfig)
+    hints = typing.get_type_hints(TrainConfig)
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in NOT_SWEPT:
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        if scalar_type(hints[f.name]) is bool:
+            p.add_argument(flag, dest=f.name, nargs="?", const="true", default=argparse.SUPPRESS,
+                           metavar="true,false", help=docs.get(f.name, ""))
+        else:
+            p.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar="V[,V...]|A:B:S",
+                           help=docs.get(f.name, ""))
+    g = p.add_argument_group("sweep")
+    for name in ("threshold", "target_accuracy", "parallel", "slots", "out"):
+        fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)
+        typ = float if name in ("threshold", "target_accuracy") else int if name in ("parallel", "slots") else str
+        g.add_argument("--" + name.replace("_", "-"), dest=f"sweep_{name}", type=typ,
+                       default=fd.default if fd.default != "" else None,
+                       help=field_docs(SweepConfig).get(name, "") +
+                       (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
+    g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
+    g.add_argument("--no-progress", dest="sweep_no_progress", action="store_true",
+                   help="accepted for symmetry with train; trials never draw a progress bar")
+    g.add_argument("--prune", dest="sweep_prune", action="store_true",
+                   help=field_docs(SweepConfig).get("prune", ""))
+    o = p.add_argument_group("study (Optuna; pip install 'shmlearn[optuna]')")
+    sd = field_docs(SweepConfig)
+    o.add_argument("--storage", dest="sweep_storage", metavar="URL", help=sd.get("storage", ""))
+    o.add_argument("--study", dest="sweep_study", metavar="NAME", help=sd.get("study", ""))
+    o.add_argument("--search", dest="sweep_search", default="grid", metavar="|".join(SEARCHES),
+                   help=sd.get("search", ""))
+    o.add_argument("--trials", dest="sweep_trials", type=int, metavar="N", help=sd.get("trials", ""))
+    o.add_argument("--pruner", dest="sweep_pruner", metavar="|".join(PRUNERS), help=sd.get("pruner", ""))
+    o.add_argument("--search-seed", dest="sweep_search_seed", type=int, metavar="N", help=sd.get("search_seed", ""))
+    o.add_argument("--stale-after", dest="sweep_stale_after", type=float, default=60.0, metavar="S",
+                   help=sd.get("stale_after", ""))
+    p.set_defaults(func=cmd_sweep)
+
+
+def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
+    values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
+    values = {k.replace("-", "_"): v for k, v in values.items()}
+    for k in NOT_SWEPT:
+        if k in values:
+            raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
+    values.update({k: v for k, v in vars(ns).items()
+                   if k not in ("command", "config", "func") and not k.startswith("sweep_")})
+    fixed, axes = split_axes(values)
+    if ns.sweep_target_accuracy is not None and not 0 < ns.sweep_target_accuracy <= 1:
+        raise BadInput(f"--target-accuracy {ns.sweep_target_accuracy}: expected a fraction in (0, 1]")
+    def name(k, default):
+        return str(fixed.get(k, default)) if k not in axes else "+".join(map(str, axes[k]))
+    out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
+    return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
+                       target_accuracy=ns.sweep_target_accuracy, parallel=ns.sweep_parallel,
+                       slots=ns.sweep_slots, out=out, report=ns.sweep_report,
+                       prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
+                       search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,
+                       search_seed=ns.sweep_search_seed, stale_after=ns.sweep_stale_after)
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    return run_sweep(sweep_config_from_args(ns))
