@@ -17,6 +17,7 @@ from typing import Mapping, Optional
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, count
+from shmlearn.limits import mem_available
 
 
 @dataclass(frozen=True)
@@ -179,7 +180,7 @@ def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) 
                        f"use fewer, or --oversubscribe")
     if threads is not None and threads > 4 * cores:
         raise BadInput(f"--threads {threads}: more than 4 per core ({count(cores, 'core')}); use fewer, or --oversubscribe")
-    avail = _mem_available()
+    avail = mem_available()
     if avail is not None and processes * PROCESS_MB * 2**20 > avail:
         raise BadInput(f"--workers: {processes} processes need about {processes * PROCESS_MB} MB, "
                        f"{avail // 2**20} MB available; use fewer, or --oversubscribe")
@@ -187,13 +188,3 @@ def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) 
 
 PROCESS_MB = 150
 
-
-def _mem_available() -> Optional[int]:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None

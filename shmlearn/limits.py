@@ -1,5 +1,6 @@
 """Whole-number checks shared by config.validate and the strategies' own parameters (sync/), so
-that the strategies need not import config (config imports the strategy registry)."""
+that the strategies need not import config (config imports the strategy registry); and the
+machine's available memory, which the launcher and async-ps's server plan by."""
 from __future__ import annotations
 
 from typing import Optional
@@ -16,3 +17,15 @@ def whole(name: str, value, lo: int, hi: Optional[int] = None) -> None:
                               or (hi is not None and value > hi)):
         raise BadInput(f"--{name} {value}: expected a whole number "
                        + (f">= {lo:,}" if hi is None else f"from {lo:,} to {hi:,}"))
+
+
+def mem_available() -> Optional[int]:
+    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None

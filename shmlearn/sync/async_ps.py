@@ -46,7 +46,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.errors import BadInput
-from shmlearn.limits import MAX_STEPS, whole
+from shmlearn.limits import MAX_STEPS, mem_available, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.timing import PhaseTimer
@@ -102,7 +102,7 @@ class AsyncPS(SyncStrategy):
         s = self.staleness if self.run_steps is None else min(self.staleness, self.run_steps)
         cap = (s + 2) * self.workers + 1
         each = (sum(p.numel() for p in model.parameters() if p.requires_grad) + self.control_slots + 1) * 4
-        avail = _mem_available()
+        avail = mem_available()
         if avail is not None and cap * each > avail:
             fits = max(0, (avail // each - 1) // self.workers - 2)
             raise BadInput(f"--staleness {self.staleness}: the server would hold up to {cap} gradients of "
@@ -307,17 +307,6 @@ class AsyncPS(SyncStrategy):
                 "gradients_per_worker": {str(r): sum(c.values()) for r, c in self.lags.items()},
                 "applied_gradients": applied}
 
-
-def _mem_available():
-    """MemAvailable from /proc/meminfo in bytes, or None where there is none."""
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def check(cfg) -> None:
