@@ -768,12 +768,15 @@ class _Loop:
             step, rank, _ = diverged
             summary.update(diverged_step=step, diverged_rank=rank)
         summary["weights"] = None
-        if self.lead and cfg.save_model and status in ("completed", "pruned"):
-            summary["weights"] = weights.save(cfg.out, self.strategy.model, self.data.spec)
         if self.lead:
-            # The summary first: it is the result; the trace is a view of the timings.
+            # The summary first: it is the result; the trace is a view of the timings; the
+            # weights last (the largest file: on a full disk the summary is already there),
+            # then the summary again, naming them.
             self.rundir.write_summary(summary)
             self.rundir.write_trace(chrome_trace(gathered))
+            if cfg.save_model and status in ("completed", "pruned"):
+                summary["weights"] = weights.save(cfg.out, self.strategy.model, self.data.spec)
+                self.rundir.write_summary(summary)
             self.rundir.close()
         if diverged is not None:
             step, rank, _ = diverged

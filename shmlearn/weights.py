@@ -12,6 +12,7 @@ beside the weights (so no dataset is read), loads the weights and returns it in 
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 from typing import Any, Dict, Optional
@@ -42,15 +43,21 @@ def save(run_dir: str, model: torch.nn.Module, spec: DataSpec) -> str:
     """Write the model's weights into run_dir; returns the file's name."""
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     meta = json.dumps(dataclasses.asdict(spec))
-    if _has_safetensors():
-        from safetensors.torch import save_file  # deferred: an optional package
-        name = SAFETENSORS
-        tmp = os.path.join(run_dir, name + ".tmp")
-        save_file(state, tmp, metadata={"data_spec": meta})
-    else:
-        name = TORCH
-        tmp = os.path.join(run_dir, name + ".tmp")
-        torch.save({"state_dict": state, "data_spec": json.loads(meta)}, tmp)
+    name = SAFETENSORS if _has_safetensors() else TORCH
+    tmp = os.path.join(run_dir, name + ".tmp")
+    try:
+        if name == SAFETENSORS:
+            from safetensors.torch import save_file  # deferred: an optional package
+            save_file(state, tmp, metadata={"data_spec": meta})
+        else:
+            torch.save({"state_dict": state, "data_spec": json.loads(meta)}, tmp)
+    except (OSError, RuntimeError) as e:  # a full disk: torch's zip writer raises RuntimeError
+        if os.path.exists(tmp):
+            os.remove(tmp)
+        if isinstance(e, OSError) and e.filename:
+            raise
+        raise OSError(getattr(e, "errno", None) or errno.EIO,
+                      f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]} (writing {os.path.join(run_dir, name)})") from e
     os.replace(tmp, os.path.join(run_dir, name))  # whole or absent
     return name
 

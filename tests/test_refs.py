@@ -162,7 +162,8 @@ def test_labelled_config_records_the_parts_and_drops_data_dir():
     from shmlearn.config import TrainConfig
     cfg = Parts(model=TopLevelNet, data=top_level_builder).labelled(TrainConfig(data_dir="/data"))
     assert (cfg.model, cfg.dataset, cfg.data_dir) == ("test_refs:TopLevelNet", "test_refs:top_level_builder", None)
-    assert Parts(loss=nn.functional.mse_loss).labelled(TrainConfig()) == TrainConfig()  # loss has no field
+    # the loss is recorded too (--loss), by the reference that imports it again
+    assert Parts(loss=nn.functional.mse_loss).labelled(TrainConfig()) == TrainConfig(loss="torch.nn.functional:mse_loss")
 
 
 def test_a_python_label_cannot_be_loaded_again_and_says_so():
