@@ -118,6 +118,72 @@ CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:co
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
 
 
+def _probe_42(folder: str, gpus: str) -> str:
+    n = int(gpus)
+    probe = [sys.executable, os.path.join(HERE, "multi_gpu_probe.py"), "--steps", "100", "--repeats", "3"]
+    ws = ",".join(str(w) for w in (1, 2, 4) if w <= n)
+    j = lambda label, *extra: shlex.join(probe + ["--label", label, "--out", os.path.join(folder, f"{label}.json"),
+                                                  *extra])  # noqa: E731
+    cmds = [f"(nvidia-smi dmon -s pucv -d 1 > {folder}/dmon.txt 2>&1 &)",
+            j("base", "--workers", ws), j("thr4", "--workers", str(n), "--threads", "4"),
+            j("pin", "--workers", str(n), "--threads", str(max(1, (os.cpu_count() or 4) // max(n, 1))), "--pin"),
+            " & ".join(f"CUDA_VISIBLE_DEVICES={i} " + j(f"indep{i}", "--workers", "1", "--variants", "graph,local")
+                       for i in range(n)) + " & wait",
+            j("trace", "--workers", "2", "--variants", "local,allreduce", "--repeats", "1",
+              "--trace", os.path.join(folder, "traces")),
+            "pkill -x nvidia-smi || true"]
+    return "; ".join(cmds)
+
+
+def _r18_diag(folder: str, gpus: str) -> str:
+    n = int(gpus)
+    base = ["-m", "shmlearn", "train", "--device", "cuda", "--model", "resnet18", "--dataset", "synthetic-32",
+            "--precision", "fp32", "--strategy", "ps", "--workers", "1", "--batch-size", "64", "--samples", "6400",
+            "--lr", "0.02", "--eval-points", "1", "--seed", "0", "--no-progress"]
+    ref = ["--compile", "off", "--cuda-graph", "off", "--conv-pool", "off", "--mlp-head", "off",
+           "--image-conv", "cudnn", "--max-pool", "aten", "--conv-overlap", "off", "--update-in-backward", "off",
+           "--weight-copy", "off", "--check-every", "1"]
+    runs = {"ref": ref, "ref-again": ref, "cell": ["--compile", "default"],
+            "cell-again": ["--compile", "default"], "no-compile": [],
+            "compile-allreduce": ["--compile", "default", "--strategy", "allreduce"],
+            "compile-no-graph": ["--compile", "default", "--cuda-graph", "off"],
+            "compile-overlap-off": ["--compile", "default", "--conv-overlap", "off"],
+            "compile-early-off": ["--compile", "default", "--update-in-backward", "off"],
+            "compile-copy-off": ["--compile", "default", "--weight-copy", "off"],
+            "compile-cudnn-aten": ["--compile", "default", "--image-conv", "cudnn", "--max-pool", "aten"],
+            "compile-check1": ["--compile", "default", "--check-every", "1"],
+            "compile-all-off": ["--compile", "default"] + ref[4:],
+            "ref-compile-only": ["--compile", "default"] + ref[2:]}
+    jobs = []
+    for k, (name, extra) in enumerate(runs.items()):
+        out = os.path.join(folder, name)
+        jobs.append(f"(CUDA_VISIBLE_DEVICES={k % n} {shlex.join(_py(*base, *extra, '--out', out))} "
+                    f"> {out}.log 2>&1; echo {name} rc=$? $(python3 -c \"import json; s=json.load(open('{out}/summary.json')); "
+                    f"print(s.get('final_loss'), s.get('step_mode'), s.get('compile'))\" 2>&1 | tail -1)) &")
+    return " ".join(jobs) + " wait"
+
+
+def _matrix_all(folder: str, gpus: str) -> str:
+    n = int(gpus)
+    gm = os.path.join(HERE, "gpu_matrix.py")
+    jobs, outs = [], {1: [], 2: []}
+    for i in range(2 * n):  # W=1: two shards a GPU
+        out = os.path.join(folder, f"w1-shard{i}.json")
+        outs[1].append(out)
+        jobs.append(f"CUDA_VISIBLE_DEVICES={i % n} {sys.executable} {gm} --workers 1 --shard {i}/{2 * n} "
+                    f"--out {out} > {folder}/w1-shard{i}.log 2>&1")
+    pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
+    for i in range(2 * len(pairs)):  # W=2: two shards a pair
+        a, b = pairs[i % len(pairs)]
+        out = os.path.join(folder, f"w2-shard{i}.json")
+        outs[2].append(out)
+        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{2 * len(pairs)} "
+                    f"--out {out} > {folder}/w2-shard{i}.log 2>&1")
+    merge = [f"{sys.executable} {gm} --merge {' '.join(outs[w])} --out {folder}/gpu-matrix-w{w}.json | tail -3"
+             for w in (1, 2) if outs[w]]
+    return " & ".join(jobs) + " & wait; " + "; ".join(merge)
+
+
 def _cli_defaults(folder: str) -> str:
     """Issue 36, acceptance 1: `shmlearn train --device cuda --model M --dataset D` with default
     flags for every built-in model (fp32, and bf16), each a fresh process as a user starts it, four
@@ -585,6 +651,16 @@ def part_commands(p: str, workers: str) -> dict:
         "tput-36": (_gpu_bench(p("tput-36"), [
             (m, "3x32x32", b, "graph", "allreduce:compile") for b in (128, 1024) for m in ("alexnet-small", "resnet18")]),
             600),
+        # Issues 37/42: each rank's step split into host issue time and GPU time at 1, 2 and 4 GPUs
+        # (benchmarks/multi_gpu_probe.py), then with fewer intra-op threads, with each rank pinned
+        # to its own cores, as independent processes with no process group, and a trace at 2.
+        "probe-42": (["bash", "-c", _probe_42(p("probe-42"), big)], 560),
+        # Issue 36: the one W=1 matrix cell that missed (resnet18 fp32 ps --compile default), with
+        # each of the step's defaults undone alone, several at once over the GPUs.
+        "r18-diag": (["bash", "-c", _r18_diag(p("r18-diag"), big)], 400),
+        # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
+        # W=2: two shards a pair of GPUs), then merged.
+        "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
