@@ -14,9 +14,10 @@ must finish and agree with the plain eager torch reference of the same configura
 dataset, precision, strategy, workers; custom kernels off, no compile, no CUDA graph, the classic
 step): the final loss (mean of the last 10 steps) within the precision's tolerance (fp32 5% + 0.02,
 bf16 10% + 0.04, twice that for async-ps, whose order of updates is the machine's). Where a cell
-misses it, the reference runs again: cuDNN's autotuned convolutions are not deterministic, and a
-BatchNorm net's 100-step loss moves between two runs of the same code; a cell within 3x that
-measured spread passes, and the JSON keeps the spread. async-ps runs over Gloo (its server shares
+misses it, the cell and the reference each run twice more: cuDNN's autotuned convolutions are not
+deterministic, and a BatchNorm net's 100-step loss moves between two runs of the same code; the
+cell passes if the two means agree within the tolerance plus three standard errors
+(`again_vs_spread`), and the JSON keeps every run's loss. async-ps runs over Gloo (its server shares
 a GPU with a worker). The table
 prints failing cells first; the JSON has device, driver, torch, commit, and each cell's status,
 losses, steps/s, step mode and the kernels each layer took (summary.json `kernels`).
@@ -55,6 +56,13 @@ KERNELS = {"conv-pool=triton": {"conv_pool": "triton"}, "conv-pool=off": {"conv_
 KERNEL_MODELS = ("alexnet-small", "fashion-net")
 TOL = {"fp32": (0.05, 0.02), "bf16": (0.10, 0.04)}
 """(relative, absolute) tolerance on the final loss against the reference."""
+EXTRA = (("resnet18", "fp32", "allreduce", "compile"), ("resnet18", "fp32", "weight-avg", "compile"),
+         ("resnet18", "fp32", "ps", "compile"))
+"""Cells outside the all-pairs design, kept because they failed once: the update in the backward
+under --compile in fp32 (a default path that failed on an H200, 2026-11-27) and the compiled fp32
+resnet18 whose loss moved more than the eager reference's (2026-11-26)."""
+AGAIN = 2
+"""A cell that misses: the cell and its reference each run this many times more."""
 REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
                  max_pool="aten", conv_overlap="off", update_in_backward="off", weight_copy="off", check_every=1)
 
@@ -84,6 +92,10 @@ def cells(workers: int) -> list:
     for r in all_pairs({"model": list(NATURAL), "precision": list(PRECISIONS), "strategy": list(STRATEGIES),
                         "step": list(STEPS)}):
         out.append(dict(r, variant=r["step"], over=dict(STEPS[r["step"]])))
+    have = {(c["model"], c["precision"], c["strategy"], c["step"]) for c in out}
+    for m, p, s, st in EXTRA:
+        if (m, p, s, st) not in have:
+            out.append(dict(model=m, precision=p, strategy=s, step=st, variant=st, over=dict(STEPS[st])))
     for m, p, (k, over) in itertools.product(KERNEL_MODELS, PRECISIONS, KERNELS.items()):
         out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
     for c in out:
@@ -137,6 +149,30 @@ def agree(cell: dict, res: dict, ref: dict) -> str:
     if a is None or a != a or abs(a - b) > ab + rel * abs(b):
         return "mismatch"
     return "ok"
+
+
+def again_vs_spread(c: dict, a, row: dict, res: dict, ref: dict) -> None:
+    """A cell that missed: cuDNN's autotuned convolutions are not deterministic, and a BatchNorm
+    net's 100-step loss on random labels moves between two runs of the same code (resnet18 fp32:
+    0.68 to 0.74 eager and compiled alike, 2026-11-27). Both run AGAIN more times; the cell passes
+    if the means of its runs and of the reference's differ by no more than the tolerance plus
+    three standard errors of that difference (both runs' spreads measured here)."""
+    import statistics
+    refs = [ref["final_loss"]] + [r.get("final_loss") for r in (run_cell(config(c, a, REFERENCE)) for _ in range(AGAIN))]
+    mine = [res["final_loss"]] + [r.get("final_loss") for r in (run_cell(config(c, a, c["over"])) for _ in range(AGAIN))]
+    row["reference_losses"], row["cell_losses"] = refs, mine
+    if any(v is None or v != v for v in refs + mine):
+        return
+    se = (statistics.variance(refs) / len(refs) + statistics.variance(mine) / len(mine)) ** 0.5
+    rel, ab = TOL[c["precision"]]
+    if c["strategy"] == "async-ps":
+        rel, ab = 2 * rel, 2 * ab
+    diff, bound = abs(statistics.mean(mine) - statistics.mean(refs)), ab + rel * abs(statistics.mean(refs)) + 3 * se
+    row["mean_difference"], row["bound"] = diff, bound
+    if diff <= bound:
+        row["verdict"] = "ok"
+        row["note"] = (f"{len(mine)} runs each: means {statistics.mean(mine):.4f} vs {statistics.mean(refs):.4f}, "
+                       f"within the tolerance + 3 standard errors ({bound:.4f})")
 
 
 def env_info() -> dict:
@@ -223,13 +259,8 @@ def main(argv=None) -> int:
             row = dict(name=c["name"], cell={k2: v for k2, v in c.items() if k2 != "name"}, result=res,
                        reference=refs[key])
             row["verdict"] = "refused" if res["status"] == "refused" else agree(c, res, refs[key])
-            if row["verdict"] == "mismatch":  # how far the reference itself moves from run to run
-                again = run_cell(config(c, a, REFERENCE))
-                spread = abs((again.get("final_loss") or 0) - refs[key]["final_loss"])
-                row["reference_again"], row["reference_spread"] = again, spread
-                if abs(res["final_loss"] - refs[key]["final_loss"]) <= 3 * spread + 1e-12:
-                    row["verdict"] = "ok"
-                    row["note"] = f"within 3x the reference's own run-to-run spread ({spread:.4f})"
+            if row["verdict"] == "mismatch":
+                again_vs_spread(c, a, row, res, refs[key])
             doc["cells"].append(row)
             print(f"[{k + 1}/{len(todo)}] {c['name']}: {row['verdict']} {res.get('final_loss')} "
                   f"ref {refs[key].get('final_loss')} {res.get('error') or ''} ({res['wall_s']} s)", flush=True)

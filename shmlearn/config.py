@@ -51,7 +51,9 @@ class TrainConfig:
     lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
     two workers on one GPU."""
     threads: Optional[int] = None
-    """Intra-op threads per CPU worker. Default: the cores divided among the processes, at least 1."""
+    """Intra-op CPU threads per worker. Default on the CPU: the cores divided among the processes,
+    at least 1; on GPUs at most 4 (limits.GPU_RANK_THREADS: a GPU's rank needs few, and more made
+    the ranks of one host slow each other's steps)."""
     strategy: str = registry.DEFAULT
     """How the workers synchronize: a strategy registered in shmlearn.sync, by name."""
     avg_period: int = 1

@@ -403,6 +403,11 @@ class Stepper:
             return "fault injection changes the loss after the backward"
         if not self.conv_overlaps or self.conv_overlap == "off":
             return "no convolution runs shmlearn's backward op (--conv-overlap off, or none in the model)"
+        if self.opts.compile != "off" and self.opts.precision == "fp32":
+            # Seen on an H200 (torch 2.11, resnet18 fp32 --compile default, 1 worker): the compiled
+            # backward hands the weights' gradients to .grad itself, so _check_placeholders failed
+            # the warm-up, the capture and then the eager step.
+            return "--compile in fp32: the compiled backward hands the weights' gradients on itself"
         return self._flat_why_not()
 
     def _flat_why_not(self) -> Optional[str]:

@@ -3,6 +3,7 @@ that the strategies need not import config (config imports the strategy registry
 machine's available memory, which the launcher and async-ps's server plan by."""
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 from shmlearn.errors import BadInput
@@ -29,3 +30,20 @@ def mem_available() -> Optional[int]:
     except (OSError, ValueError, IndexError):
         pass
     return None
+
+
+GPU_RANK_THREADS = 4
+"""Intra-op CPU threads of a process that drives a GPU, unless --threads says otherwise. Such a
+process does little CPU work, but torch's default pool (every core) wakes on each small CPU op
+and spins after it: on a 64-core host each rank of a 4-GPU run burned 27-100 CPU-ms per 1-7 ms
+step and the ranks slowed each other's steps 2-7x (docs/performance.md, issue 42). torchrun sets
+OMP_NUM_THREADS=1 for the same reason."""
+
+
+def rank_threads(device_type: str, local_world_size: int, threads: Optional[int] = None) -> int:
+    """Intra-op threads for one rank: `threads` if given; on the CPU the cores divided among the
+    host's ranks; on a GPU at most GPU_RANK_THREADS of that share. At least 1."""
+    if threads:
+        return threads
+    share = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    return share if device_type == "cpu" else min(GPU_RANK_THREADS, share)

@@ -35,6 +35,7 @@ from shmlearn.errors import BadInput, Diverged, WorkerFailed, count, one_line
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group
 from shmlearn.launch import destroy_group as _destroy_group
+from shmlearn.limits import rank_threads
 from shmlearn.models import apply_init, build_model
 from shmlearn.models.user import check_outputs, user_model
 from shmlearn.data.stream import StreamLoader, StreamedData, test_batches
@@ -211,8 +212,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if device.type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    else:
-        torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // env.local_world_size))
+    torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
     if parts.data is not None:

@@ -37,6 +37,7 @@ import torch
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, format_size, parse_int_list,
                                    parse_size, rank_device, stats, sync, try_pyplot)
 from shmlearn.errors import BadInput
+from shmlearn.limits import rank_threads
 from shmlearn.pool import run_local
 
 OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
@@ -138,8 +139,7 @@ def _worker(env, cfg: dict) -> Optional[List[dict]]:
     # torch >= 2.12 renames the *_tensor collectives; the old names still work back to 2.4.
     warnings.filterwarnings("ignore", message=".*is deprecated. Please use `torch.distributed")
     device = rank_device(env, c.backend)
-    if device.type == "cpu":
-        torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
+    torch.set_num_threads(rank_threads(device.type, env.local_world_size, c.threads))
     dtype = DTYPES[c.dtype]
     flag = torch.zeros(1, device=device)
     mat = torch.randn(256, 256, device=device)  # random, never zeros (see the module docstring)

@@ -67,6 +67,7 @@ import torch
 
 from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list, rank_device, stats, sync
 from shmlearn.errors import BadInput, WorkerFailed
+from shmlearn.limits import rank_threads
 from shmlearn.pool import run_local
 from shmlearn.sync import registry
 
@@ -418,9 +419,10 @@ def _worker(env, cfg: dict):
     # ps workers and `local` never call optimizer.step() in Python (graph replays, or rank 0 steps)
     warnings.filterwarnings("ignore", message=re.escape("Detected call of `lr_scheduler.step()` before"))
     device = rank_device(env, "nccl" if c.device == "cuda" else "gloo")
-    if device.type == "cpu":
-        torch.set_num_threads(c.threads or max(1, (os.cpu_count() or 1) // world))
-    else:
+    # Every variant, baselines included, with the threads a rank of `shmlearn train` gets (a GPU
+    # rank few: limits.rank_threads), as torchrun gives DDP's ranks one.
+    torch.set_num_threads(rank_threads(device.type, env.local_world_size, c.threads))
+    if device.type == "cuda":
         torch.backends.cudnn.benchmark = True  # fixed shapes: every variant gets autotuned convs
     # Every compiled variant and batch is a new model compiled from the same forward code: past
     # Dynamo's default of 8 entries per code object it would silently run eagerly.

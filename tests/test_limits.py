@@ -1,0 +1,26 @@
+"""limits.rank_threads: how many intra-op threads each rank of a host gets."""
+import os
+
+from shmlearn import limits
+
+
+def test_a_cpu_rank_gets_its_share_of_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert limits.rank_threads("cpu", 1) == 64
+    assert limits.rank_threads("cpu", 4) == 16
+    assert limits.rank_threads("cpu", 100) == 1  # at least one
+
+
+def test_a_gpu_rank_gets_few_threads_however_many_cores(monkeypatch):
+    # 4 ranks x 64 threads on a 64-core host slowed each GPU's step 2-7x (issue 42, H200 x4).
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert limits.rank_threads("cuda", 4) == limits.GPU_RANK_THREADS == 4
+    assert limits.rank_threads("cuda", 1) == 4
+    monkeypatch.setattr(os, "cpu_count", lambda: 6)
+    assert limits.rank_threads("cuda", 4) == 1  # never more than the rank's share of the cores
+
+
+def test_threads_given_win(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 64)
+    assert limits.rank_threads("cuda", 4, 12) == 12
+    assert limits.rank_threads("cpu", 4, 3) == 3
