@@ -118,6 +118,18 @@ CONV_POOL_VARIANTS = "allreduce,allreduce:unfused,allreduce:compile,allreduce:co
 CUDA) and with the blocks unfused (--conv-pool off: the third round's defaults)."""
 
 
+def _scale_bench(folder: str, workers: str, runs) -> list:
+    """`bench throughput` at every GPU count in `workers`, shmlearn's compiled step against local,
+    DDP and DDP + compile, one process tree and one JSON per (model, batch), in order."""
+    return ["bash", "-c", "; ".join(
+        shlex.join(_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", workers,
+                       "--model", model, "--batch-sizes", str(batch), "--baselines", "local,ddp,ddp-compile",
+                       "--strategies", "allreduce:compile" if compiled else "allreduce", "--precision", "bf16",
+                       "--channels-last", "--repeats", "5", "--seconds", "0.2",
+                       "--out", os.path.join(folder, f"scale-{model}-b{batch}.json")))
+        for model, batch, compiled in runs)]
+
+
 def _probe_42(folder: str, gpus: str) -> str:
     n = int(gpus)
     probe = [sys.executable, os.path.join(HERE, "multi_gpu_probe.py"), "--steps", "100", "--repeats", "3"]
@@ -173,11 +185,11 @@ def _matrix_all(folder: str, gpus: str) -> str:
         jobs.append(f"CUDA_VISIBLE_DEVICES={i % n} {sys.executable} {gm} --workers 1 --shard {i}/{2 * n} "
                     f"--out {out} > {folder}/w1-shard{i}.log 2>&1")
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
-    for i in range(2 * len(pairs)):  # W=2: two shards a pair
+    for i in range(3 * len(pairs)):  # W=2: three shards a pair (its cells are the slower)
         a, b = pairs[i % len(pairs)]
         out = os.path.join(folder, f"w2-shard{i}.json")
         outs[2].append(out)
-        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{2 * len(pairs)} "
+        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{3 * len(pairs)} "
                     f"--out {out} > {folder}/w2-shard{i}.log 2>&1")
     merge = [f"{sys.executable} {gm} --merge {' '.join(outs[w])} --out {folder}/gpu-matrix-w{w}.json | tail -3"
              for w in (1, 2) if outs[w]]
@@ -661,6 +673,16 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
         # W=2: two shards a pair of GPUs), then merged.
         "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
+        # Issue 37: a default GPU sweep at workers 1,2 over every GPU (1-worker trials side by side).
+        "sweep-37": (["bash", "-c", shlex.join(_py(
+            "-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset", "fashion-mnist",
+            "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1,2", "--batch-size", "64,256",
+            "--lr", "0.05,0.1", "--samples", "60000", "--out", os.path.join(p("sweep-37"), "sweep")))
+            + f"; echo sweep rc=$?; wc -l {p('sweep-37')}/sweep/results.jsonl"], 240),
+        # Issues 37/42: scaling at 1, 2 and 4 GPUs against DDP and DDP + compile, one bench run a model.
+        "scale-42": (_scale_bench(p("scale-42"), workers, [
+            ("alexnet-small", 1024, True), ("resnet18", 512, True), ("alexnet-small", 128, True),
+            ("resnet34", 256, True)]), 590),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }
@@ -735,7 +757,7 @@ def start(a) -> int:
 
 def _skip(info: tarfile.TarInfo):
     base = os.path.basename(info.name)
-    if base == "trace.json" or "checkpoint" in info.name or base.endswith(".pt"):
+    if base == "trace.json" or "checkpoint" in info.name or base.endswith((".pt", ".safetensors")):
         return None
     return info
 
