@@ -1,5 +1,5 @@
 """Bias-folded fully connected layer and the in-place ShiftRight / ShiftLeft realignment
-(paper 002, section 4; S9 in DESIGN.md).
+(paper 002, section 4; docs/folded_linear.md).
 
 The paper keeps a layer's bias as column 0 of its weight matrix, Wf = [b | W] (out x in+1), and
 its input as [1 | X] (n x in+1), so the forward pass is one product [1 | X] Wf^T and the bias

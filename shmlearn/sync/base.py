@@ -1,4 +1,5 @@
-"""The one interface every synchronization strategy implements (DESIGN.md, "The strategy interface").
+"""The one interface every synchronization strategy implements (docs/architecture.md, "How to
+add a strategy").
 
 A strategy owns everything between `loss.backward()` and the next forward pass: making replicas
 identical at the start, communicating, and applying the optimizer. The training loop never calls
@@ -201,7 +202,8 @@ class SyncStrategy(ABC):
 
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:
-        """Synchronize and update after backward; time each phase under DESIGN.md's names."""
+        """Synchronize and update after backward; time each phase under the shared phase names
+        (docs/architecture.md, "The output contract")."""
 
     # -- the fast step (fast.py): device work only, no host sync, capturable in a CUDA graph ---
     def gated_step(self, timer, loss: torch.Tensor, found_inf: torch.Tensor, round_: bool) -> None:
