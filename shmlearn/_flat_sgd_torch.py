@@ -1,12 +1,12 @@
 """flat_sgd.py's update without Triton (the CPU): torch's fused SGD called on the flat buffers.
 
-Why: the fast step on the CPU updated through optimizer.step(), whose Python (param groups,
-state lookups, grouping tensors by device and dtype) costs about 0.13 ms a step on the 2-core
-machine around a 0.04 ms kernel: a seventh of a small model's step (the mlp on digits at batch
-32). Here the update is one call of the same fused kernel, torch._fused_sgd_, over one flat
-tensor per buffer (or its few ranges), with the same arithmetic, the learning rate read from its
-tensor and the step skipped while the skip flag is 1, as the Triton kernel does
-(_flat_sgd_triton.py has the same interface: `sgd_` and `block_table`).
+Why: the fast step on the CPU updated through optimizer.step(), whose Python (param groups, state
+lookups, grouping tensors by device and dtype) costs several times the fused kernel it wraps, a
+noticeable share of a small model's step (docs/performance.md, "Behind the code"). Here the update
+is one call of the same fused kernel, torch._fused_sgd_, over one flat tensor per buffer (or its
+few ranges), with the same arithmetic, the learning rate read from its tensor and the step skipped
+while the skip flag is 1, as the Triton kernel does (_flat_sgd_triton.py has the same interface:
+`sgd_` and `block_table`).
 """
 from __future__ import annotations
 

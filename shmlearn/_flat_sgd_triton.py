@@ -1,10 +1,10 @@
 """The Triton kernel of flat_sgd.py: SGD (momentum, Nesterov, weight decay) over one flat buffer.
 
 Why a kernel of its own: torch's fused SGD is a multi-tensor kernel that gives each block one
-65,536-value chunk of one tensor, so a model of 150k parameters in 10 tensors updates in about
-10 blocks, each walking its chunk serially: 15.6 us on an H100 for alexnet-small, where
-reading and writing its 3 MB takes 1 us. Over the flat buffers the update is elementwise over
-every value at once: one program per BLOCK values, as many programs as the buffer needs.
+65,536-value chunk of one tensor, so a model of 150k parameters in 10 tensors updates in about 10
+blocks, each walking its chunk serially: many times what reading and writing alexnet-small's 3 MB
+takes (docs/performance.md, "Behind the code"). Over the flat buffers the update is elementwise
+over every value at once: one program per BLOCK values, as many programs as the buffer needs.
 
 Same arithmetic as torch's SGD (fp32, in this order): g += weight_decay * p;
 m = momentum * m + (1 - dampening) * g; g = g + momentum * m (Nesterov) or m; p -= lr * g.
@@ -22,10 +22,9 @@ import triton.language as tl
 
 BLOCK = 512
 NUM_WARPS = 4
-"""The launch's shape: 4 values a thread. One H100, one step over ResNet-34's 21M parameters
-(benchmarks/kernels.py --cases flat-sgd-copy; benchmarks/results/copy-h100/run4): 144.6 us, 99% of
-the copy bandwidth's floor, and 164.8 us with the weight copy; BLOCK 1024 at 4 warps (8 values a
-thread, before) took 157.6 and 199.0 us, and larger blocks made the copy's stores slower still."""
+"""The launch's shape: 4 values a thread. Over ResNet-34's 21M parameters it runs at the copy
+bandwidth's floor, where 8 values a thread (BLOCK 1024, before) and larger blocks were slower
+(docs/performance.md, "Behind the code")."""
 
 
 @triton.jit

@@ -1,6 +1,7 @@
 """Command line: each subcommand only builds a config and calls the library.
 
-Exit codes (DESIGN.md): 0 completed, 1 a worker failed, 2 bad input, 3 diverged.
+Exit codes (docs/architecture.md, "The output contract"): 0 completed, 1 a worker failed,
+2 bad input, 3 diverged.
 
 The train flags are generated from TrainConfig with argparse (issue 17 asked: tyro, or argparse
 from the dataclass): one flag per field, its type from the resolved annotations

@@ -181,10 +181,9 @@ class TrainConfig:
     otherwise, before any process starts."""
     cudnn_benchmark: str = "on"
     """CUDA: on times every cuDNN convolution algorithm at each new input shape and keeps the
-    fastest; off takes cuDNN's heuristic choice. Timing costs about 1 s per new batch shape and
-    6 s the first time, and pays back even in 1-3 s sweep trials: the seed's 54-trial alexnet grid
-    on an H100 took 119 s on, 136 s off (91 vs 120 s of training; benchmarks/results/
-    sweep_overhead/h100-autotune.json). --deterministic turns it off."""
+    fastest; off takes cuDNN's heuristic choice. Timing costs seconds at each new batch shape and
+    pays back even in short sweep trials (measured: docs/performance.md, "Behind the code").
+    --deterministic turns it off."""
     task: Optional[str] = None
     """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
     Default: from the labels (integers: classification, floats: regression)."""
@@ -210,9 +209,9 @@ class TrainConfig:
     noise_every: Optional[int] = None
     """With --noise-scale: measure every this many steps (steps 0, K, 2K, ...); the others run
     as without it. Default 50 at 1 worker, 10 at 2+ (noise.default_every): what keeps the cost
-    under 2% of the step time. A measured step costs up to +73% at 1 worker (two half batches;
-    digits mlp on a CPU; +20-55% on one H100) and up to +7% at 2+ (two norms and one float in
-    the collective); 1 gives every step's estimate (and that cost), fewer measurements give a
+    under 2% of the step time. A measured step costs most at 1 worker (two half batches) and
+    little at 2+ (two norms and one float in the collective; docs/performance.md, "Behind the
+    code"); 1 gives every step's estimate (and that cost), fewer measurements give a
     noisier estimate (docs/noise-scale.md)."""
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""

@@ -1,5 +1,5 @@
-"""The three ways a run ends badly, each with its own CLI exit code (DESIGN.md, output contract),
-and how their messages say a count."""
+"""The three ways a run ends badly, each with its own CLI exit code (docs/architecture.md,
+"The output contract"), and how their messages say a count."""
 
 
 class BadInput(Exception):

@@ -1,6 +1,7 @@
 """When a run evaluates by default: often enough to draw its accuracy curve, rarely enough that
 evaluation stays under EVAL_SHARE of the run's time (issue 41: a 1-epoch Fashion-MNIST run spent
-87 of 229 s in its fixed 10 + 1 full test passes).
+more than a third of its time in its fixed 10 + 1 full test passes; docs/performance.md, "Behind
+the code").
 
 n evaluations of c seconds each stay under a share s of a run of T training seconds while
 n * c <= s * (T + n * c), i.e. n <= T * s / ((1 - s) * c). n counts the evaluation at the end

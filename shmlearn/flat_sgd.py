@@ -2,21 +2,22 @@
 
 Parameters and gradients already live in one flat buffer each (sync/base.py); `bind` puts the
 momentum buffers in a third, laid out the same way, each parameter's `momentum_buffer` in the
-optimizer's state a view of it. The update is then elementwise over three flat tensors: one
-Triton kernel (_flat_sgd_triton.py) with as many programs as the buffer needs, where torch's
-fused SGD gives each tensor's 65,536-value chunk to one block (10 blocks for alexnet-small's
-150k parameters: 15.6 us on an H100, for 3 MB of traffic). The optimizer stays torch's SGD: its
-state_dict, checkpoints and schedule are unchanged, and every other path still calls its step().
-On the CPU the same contract is one call of torch's fused SGD over the flat buffers
-(_flat_sgd_torch.py), which spares the optimizer's step() its Python around the kernel.
+optimizer's state a view of it. The update is then elementwise over three flat tensors: one Triton
+kernel (_flat_sgd_triton.py) with as many programs as the buffer needs, where torch's fused SGD
+gives each tensor's 65,536-value chunk to one block (10 blocks for alexnet-small's 150k
+parameters, far slower than its 3 MB of traffic needs; docs/performance.md, "Behind the code").
+The optimizer stays torch's SGD: its state_dict, checkpoints and schedule are unchanged, and every
+other path still calls its step(). On the CPU the same contract is one call of torch's fused SGD
+over the flat buffers (_flat_sgd_torch.py), which spares the optimizer's step() its Python around
+the kernel.
 
 With a weight copy (`bind(copy=...)`, fast.py's --weight-copy), the kernel also stores each new
 weight cast to bf16 into a second flat buffer laid out as the parameters: the convolutions'
 forward reads its weights there (conv_overlap.weight_copies) instead of casting every weight at
-the start of every forward under autocast, a pass of 6 bytes a parameter on the forward's
-critical path (ResNet-34: four kernels, 56 us of a 3.8 ms step at batch 128 on an H100). The
-cast then costs 2 bytes a parameter inside the update, which the update in the backward runs on
-a side stream. Whatever else writes the parameters (weight averaging, a parameter server's
+the start of every forward under autocast, a pass of 6 bytes a parameter on the forward's critical
+path (ResNet-34: four kernels; their share of the step: docs/performance.md, "Behind the code").
+The cast then costs 2 bytes a parameter inside the update, which the update in the backward runs
+on a side stream. Whatever else writes the parameters (weight averaging, a parameter server's
 broadcast, putting weights back) must call `refresh` after.
 """
 from __future__ import annotations

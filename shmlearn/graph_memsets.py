@@ -2,9 +2,9 @@
 
 Some of cuDNN's convolution engines zero a small workspace with cudaMemsetAsync before their
 kernel; captured, that is a memset node. Replayed, a memset node between two kernels costs far
-more than its own 1-2 us: a profile of ResNet-34's step at batch 128 on an H100 (issue 18,
-ninth round) shows 4-6 us of idle GPU before each memset and as much after it, where two kernels
-in a row leave 0.5 us, for 23 memsets per step, about 150 us of them on the critical path. A
+more than its own work: the GPU idles before and after each one, many times the gap between two
+kernels in a row, and ResNet-34's step at batch 128 has 23 of them on its critical path (the
+profile, issue 18's ninth round: docs/performance.md, "Behind the code"). A
 kernel node doing the same fill runs in the graph's kernel stream like its neighbours.
 
 `memsets_to_kernels(graph)` replaces each small memset node (up to MAX_BYTES) of a cudaGraph_t
@@ -100,8 +100,8 @@ MAX_BLOCKS = 1024
 MAX_BYTES = 64 << 10
 """Memsets larger than this stay memset nodes: theirs is bandwidth work, which the driver's
 memset does at least as well, and a fill kernel of that size takes SMs from kernels running
-beside it. On an H100, ResNet-34's 23 memsets per step (4 bytes at most) made kernels gained
-3%; alexnet-small's one of 2.7 MB made a kernel lost 2-3% (issue 18, ninth round)."""
+beside it. Made kernels, ResNet-34's 23 small memsets per step (4 bytes at most) gained and
+alexnet-small's one of 2.7 MB lost (docs/performance.md, "Behind the code")."""
 
 
 class MemsetParams(ctypes.Structure):

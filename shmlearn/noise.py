@@ -48,11 +48,11 @@ noisy as it is large (docs/noise-scale.md), so a few measurements must not be fo
 the average then spans ~10 K steps instead (500 at K = 50)."""
 EVERY_ONE_WORKER = 50
 """Default --noise-every at 1 worker: a measured step computes its batch as two halves, which
-cost +73% of the step on the CPU's digits mlp and +20-55% on one H100 in its CUDA graph
-(benchmarks/results/noise-scale/NOTES.md); 1/50 of that is <= 1.5%."""
+cost up to three quarters of a step more (benchmarks/results/noise-scale/NOTES.md;
+docs/performance.md, "Behind the code"); 1/50 of that is <= 1.5%."""
 EVERY_WORKERS = 10
 """Default --noise-every at 2+ workers: a measured step adds two squared norms of the gradient
-and a scalar in the collective, +4-7% on the CPU's 2 ms mlp step, < 0.3% on alexnet-small;
+and a scalar in the collective, at most a few percent of a small step (docs/performance.md);
 1/10 of that is <= 0.7%, and 10x the measurements of the 1-worker default."""
 TRAJECTORY_POINTS = 200
 """summary.json keeps at most this many (step, B_simple) points, evenly thinned."""
@@ -71,9 +71,9 @@ def estimate(small: float, big: float, b_small: float, b_big: float,
 
 def sq_norm(x: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
     """|x|^2 as a 0-dim tensor (into `out` if given). A norm, squared, not a dot product: on a
-    CPU torch.dot goes to a BLAS that threads even a 10k-element product (measured on the 2-core
-    machine under load: 483 us with 2 threads, 4 us with 1), the norm is a plain reduction
-    (3 us either way)."""
+    CPU torch.dot goes to a BLAS that threads even a 10k-element product (on the 2-core machine
+    under load, two orders of magnitude slower with 2 threads than with 1; docs/performance.md),
+    the norm is a plain reduction (as fast either way)."""
     n = torch.linalg.vector_norm(x) if out is None else torch.linalg.vector_norm(x, out=out)
     return n.square_()
 

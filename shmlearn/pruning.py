@@ -41,7 +41,7 @@ def cannot_win(area_so_far: float, train_s: float, bound: Tuple[float, float]) -
 
 class Watch:
     """Rank 0's view of its bound, read from the store at most every `every_s` seconds (a read is
-    one round trip to the sweep's process, ~0.1 ms)."""
+    one round trip to the sweep's process; docs/performance.md, "Behind the code")."""
 
     def __init__(self, store, key: str, *, every_s: float = 0.2):
         self.store, self.key, self.every_s = store, key, every_s

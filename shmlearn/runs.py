@@ -1,4 +1,5 @@
-"""The run directory: the output contract that tests, sweeps and reports read (DESIGN.md).
+"""The run directory: the output contract that tests, sweeps and reports read
+(docs/architecture.md, "The output contract").
 
     config.yaml    the resolved TrainConfig
     metrics.jsonl  one line per logged step: step, samples, time_s, loss, phase_s

@@ -51,9 +51,9 @@ barrier), against which the back-to-back --comm JSON is compared point by point.
 the median over the sizes measured at W of (after-compute - back-to-back); between and
 beyond the measured W, a least-squares line in W - 1 through them (wake(1) = 0). It is not a
 property of the links: on a CPU whose cores the ranks share, a collective right after compute
-waits for the ranks' communication threads to be scheduled again (2 Gloo ranks on 2 cores: a
-256 KB-1 MB all-reduce takes 0.5-1 ms back to back and ~5 ms after 18 ms of compute), and a
-back-to-back fit alone under-predicts a CPU run's step by 14-17% (docs/scaling.md). Without
+waits for the ranks' communication threads to be scheduled again (2 Gloo ranks on 2 cores: several
+times slower after compute than back to back), and a back-to-back fit alone under-predicts a
+CPU run's step (the numbers: docs/scaling.md). Without
 the file wake is 0, as for GPUs, where no such cost was seen.
 all_reduce is the fitted ring unless --allreduce-algo tree (same alpha and bw, log-depth latency:
 a what-if for W far beyond the measured, where NCCL leaves the ring).
@@ -369,8 +369,9 @@ def load_compute(path: str, batch: Optional[int] = None) -> Compute:
 
     def slowest(e: Dict[str, Any]) -> Dict[str, float]:
         # A synchronous step ends when the slowest worker arrives: P processes on fewer cores do
-        # not share them evenly (3 on 2 cores: 56, 57 and 68 ms), so the kept try's slowest
-        # process sets the compute, its phases scaled from the median process's.
+        # not share them evenly (3 on 2 cores: one clearly slower than the other two;
+        # docs/performance.md), so the kept try's slowest process sets the compute, its phases
+        # scaled from the median process's.
         parts = split(e.get("phase_s") or {}, e["step_s"])
         per = next((t.get("per_process_step_s") for t in e.get("tries", [])
                     if abs(t.get("step_s", -1) - e["step_s"]) < 1e-12), None)

@@ -14,10 +14,11 @@ DEFAULT_OUT = {("bench", "comm"): "comm.json", ("bench", "ps-sim"): "ps-sim.json
 
 
 def written_by_readme_commands():
-    """Every path a shmlearn command in the README's bash blocks writes, relative to the clone (and
-    in docs/performance.md's: the performance log that moved out of the README)."""
+    """Every path a shmlearn command in the bash blocks of the README and of docs/*.md writes (the
+    README's reference sections and performance log moved there), relative to the clone."""
     blocks = []
-    for name in ("README.md", os.path.join("docs", "performance.md")):
+    docs = sorted(os.path.join("docs", n) for n in os.listdir(os.path.join(ROOT, "docs")) if n.endswith(".md"))
+    for name in ["README.md", *docs]:
         with open(os.path.join(ROOT, name)) as f:
             blocks += re.findall(r"```bash\n(.*?)```", f.read(), re.S)
     paths = []
@@ -39,7 +40,7 @@ def written_by_readme_commands():
     return paths
 
 
-@pytest.mark.skipif(not os.path.isdir(os.path.join(ROOT, ".git")), reason="needs the git checkout")
+@pytest.mark.skipif(not os.path.exists(os.path.join(ROOT, ".git")), reason="needs the git checkout")  # a file in a worktree
 def test_what_the_readme_commands_write_is_ignored():
     paths = written_by_readme_commands()
     assert {"ps-sim.json", "sim-resnet34-nvlink/simulate.json", "comm.json"} <= set(paths), paths

@@ -16,11 +16,10 @@ events on GPU. A call's time is the slowest rank's (the collective is done when 
 the JSON keeps the median and the spread over calls.
 
 `--compute-ms T` puts T ms of computation (matrix products on the rank's device, one thread on
-CPU) before each call's barrier: the collective as a training step meets it, after its forward
-and backward, rather than back to back. On a CPU box whose cores the ranks share, the two differ
-several-fold (Gloo all-reduce of 256 KB-1 MB on 2 processes, 2 cores: 0.5-1 ms back to back,
-~5 ms after 18 ms of compute; docs/scaling.md), and `shmlearn simulate` fitted to the back-to-back
-numbers under-predicts a CPU run's step.
+CPU) before each call's barrier: the collective as a training step meets it, after its forward and
+backward, rather than back to back. On a CPU box whose cores the ranks share, the two differ
+several-fold (Gloo on 2 processes sharing 2 cores; the numbers: docs/scaling.md), and `shmlearn
+simulate` fitted to the back-to-back numbers under-predicts a CPU run's step.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What every benchmark shares: its ranks' device, recording the machine, sizes and statistics.
 
-DESIGN.md Style 7: a benchmark records evidence (device, driver, torch version, date, n runs,
+docs/architecture.md, Style 7: a benchmark records evidence (device, driver, torch version, date, n runs,
 median and spread), so every JSON written under bench/ starts with `environment()`.
 """
 from __future__ import annotations

@@ -1,20 +1,20 @@
 """The cost of --noise-scale, measured by alternating it block by block in one run: over a cycle
 of --noise-every K steps (default noise.default_every(W)), and per measured step.
 
-On a CPU that other processes share, whole runs (or even round-robin repeats of ~0.5 s) one
-after another swing by far more than the few percent to be measured: a load average of 5-7 on 2
-cores made one variant's repeats range from 27 to 1107 steps/s. Here the steps of one run
-(`Stepper.run`, shmlearn's fast step as `train` runs it on a CPU: eager, no host sync) are timed
-one by one in blocks of K, the noise meter attached in one block of each adjacent pair and
-detached in the other, on every rank alike; which block comes first alternates (in an A/A test
-even and odd steps differed by ~0.6% on the 0.3 ms mlp step). A block starts at a step that is a
-multiple of K, so with the meter it is one K-step cycle as training runs it: its first step
-measures, the others run nothing of the meter. A burst of other load lasts many steps, so it
-lands on both blocks of a pair. Medians over the pairs: `overhead` of (sum with) / (sum
-without) - 1, the cost at K; `per_measured_step` of the first steps' ratio (the cost of one
-measurement, as at --noise-every 1); `per_unmeasured_step` of the other steps' (~0: within
-the noise); `per_measured_step_over_k` the cost at K if those cost nothing. The loop's
-reads of the losses (every 10 steps, as --check-every 10) are done outside the timed steps.
+On a CPU that other processes share, whole runs (or even round-robin repeats of ~0.5 s) one after
+another swing by far more than the few percent to be measured: a load average of 5-7 on 2 cores
+made one variant's repeats differ 40-fold (docs/performance.md, "Behind the code"). Here the steps
+of one run (`Stepper.run`, shmlearn's fast step as `train` runs it on a CPU: eager, no host sync)
+are timed one by one in blocks of K, the noise meter attached in one block of each adjacent pair
+and detached in the other, on every rank alike; which block comes first alternates (in an A/A test
+even and odd steps differed by well under 1%; docs/performance.md, "Behind the code"). A block
+starts at a step that is a multiple of K, so with the meter it is one K-step cycle as training
+runs it: its first step measures, the others run nothing of the meter. A burst of other load lasts
+many steps, so it lands on both blocks of a pair. Medians over the pairs: `overhead` of (sum with)
+/ (sum without) - 1, the cost at K; `per_measured_step` of the first steps' ratio (the cost of one
+measurement, as at --noise-every 1); `per_unmeasured_step` of the other steps' (~0: within the
+noise); `per_measured_step_over_k` the cost at K if those cost nothing. The loop's reads of the
+losses (every 10 steps, as --check-every 10) are done outside the timed steps.
 
 Eager only: a CUDA graph captures one step as it was (benchmarks/noise_scale_overhead.py times
 GPUs with whole variants round-robin instead; GPUs are not shared).

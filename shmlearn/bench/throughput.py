@@ -1,5 +1,5 @@
 """`shmlearn bench throughput`: training steps per second of shmlearn's step against what a user
-would write instead, in the same run, on the same device (DESIGN.md Style 7; seed 004).
+would write instead, in the same run, on the same device (docs/architecture.md, Style 7; seed 004).
 
 For each worker count W (one fresh process group: Gloo on CPU processes, NCCL with one process
 per GPU) and each per-worker batch B, every variant trains the same model (same seed) with the

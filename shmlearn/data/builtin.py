@@ -63,7 +63,7 @@ def synthetic(seed: int = 0, *, n_train: int = 10000, n_test: int = 2000,
     basis = rng.standard_normal((code, c * 16)).astype(np.float32) / np.sqrt(code)
     rule = rng.standard_normal((code, num_classes)).astype(np.float32)
     # Block values have std 40 (in 0..255 units), the uniform pixel noise +-48 (std 28).
-    # Integer arithmetic: float noise for 12000 CIFAR-sized images took 1.5 s, int16 ~0.5 s.
+    # Integer arithmetic: a third of float noise's time (docs/performance.md, "Behind the code").
     blocks = np.rint(128 + 40 * (z @ basis)).astype(np.int16).reshape(n, c, 4, 1, 4, 1)
     noise = rng.integers(-48, 49, size=(n, c, 4, h // 4, 4, w // 4), dtype=np.int16)
     x = np.clip(blocks + noise, 0, 255).astype(np.uint8).reshape(n, c, h, w)

@@ -82,8 +82,8 @@ class ShardedLoader:
         if self.augment is not None:
             return self.augment.gather(self.xp, idx, table, self.height, self.width)
         # index_select, not x[idx]: the same gather, but advanced indexing's general kernel is
-        # about 15x slower on the CPU (118.7 against 7.5 us for 128 CIFAR-sized uint8 images, 2
-        # cores) and no faster on a GPU (benchmarks/results/gather/).
+        # an order of magnitude slower on the CPU and no faster on a GPU (benchmarks/results/
+        # gather/; docs/performance.md, "Behind the code").
         if self._nhwc is not None:
             return self._nhwc.index_select(0, idx).permute(0, 3, 1, 2)
         return self.x.index_select(0, idx)

@@ -34,8 +34,9 @@ def _decode(path: Path) -> np.ndarray:
 
 
 def decode_images(paths: Sequence[Path]) -> np.ndarray:
-    """(N, 3, 64, 64) uint8. Slow for the full set: about 0.2 ms per image on one core, so
-    ~25 s for the 110k images; it is done once per load and the result stays in memory."""
+    """(N, 3, 64, 64) uint8. Slow for the full set (the 110k images on one core:
+    docs/performance.md, "Behind the code"); it is done once per load and the result stays in
+    memory."""
     out = np.empty((len(paths), SIZE, SIZE, 3), dtype=np.uint8)
     for i, path in enumerate(paths):
         out[i] = _decode(path)

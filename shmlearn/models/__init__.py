@@ -1,4 +1,4 @@
-"""Model builders, looked up by name (DESIGN.md, Style 6).
+"""Model builders, looked up by name (docs/architecture.md: Style 6, "How to add a model").
 
 Models know nothing about distribution, losses or devices: they take a float batch shaped
 (N, *spec.input_shape) and return raw scores, (N, num_outputs) logits for classification and an

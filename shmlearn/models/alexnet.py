@@ -1,6 +1,6 @@
 """AlexNet-style CNNs for small images.
 
-alexnet-small is seed 001's CIFAR-10 model exactly as written there (S6 in DESIGN.md);
+alexnet-small is seed 001's CIFAR-10 model exactly as written there;
 alexnet is the usual CIFAR adaptation of AlexNet (3x3 convs at stride 1, no dropout), used by
 the CPU-vs-GPU throughput comparison of seed 004.
 """

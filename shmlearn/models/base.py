@@ -1,7 +1,7 @@
 """Shape checks shared by the model builders.
 
 Each builder validates the data shape once, before it allocates anything, so a mismatch is one
-BadInput line naming --model and --dataset (DESIGN.md, Style 4) instead of a shape error deep
+BadInput line naming --model and --dataset (docs/architecture.md, Style 4) instead of a shape error deep
 inside the first forward pass.
 """
 from __future__ import annotations

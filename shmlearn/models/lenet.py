@@ -1,11 +1,11 @@
 """The small "2 conv + max-pool" CNN of seed 003 §4-5.
 
 Sized for the CPU target: >= 0.88 Fashion-MNIST test accuracy after 2 epochs with 2 worker
-processes of 1 thread each, in under 2 minutes. Forward+backward of a 128-batch of 28x28 on
-one thread (torch 2.13 CPU, shared 2-core box, min of 36 runs): 16/32 maps 54 ms, 32/32 maps
-99 ms, 32/64 maps (the usual) 149 ms. 16/32 missed the target at batch 256 (0.874-0.877 with
-SGD lr 0.05 momentum 0.9) and only just made it at 128 (0.885-0.890); 32/32 gave 0.886-0.896
-in the same runs, at ~50 s of compute per worker for 2 epochs, so it is the default.
+processes of 1 thread each, in under 2 minutes. Of the widths timed on one CPU thread (16/32,
+32/32 and the usual 32/64 maps; docs/performance.md, "Behind the code"), 16/32 missed the target at
+batch 256 (0.874-0.877 with SGD lr 0.05 momentum 0.9) and only just made it at 128
+(0.885-0.890); 32/32 gave 0.886-0.896 in the same runs at two thirds of 32/64's time, so it is
+the default.
 """
 from __future__ import annotations
 

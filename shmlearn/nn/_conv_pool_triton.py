@@ -400,8 +400,8 @@ tests run both)."""
 def _autotune_options() -> dict:
     """cache_results where this Triton has it (>= 3.2): the autotuners keep their choice in
     Triton's disk cache, keyed by the kernel's source, the configs, the GPU and the shape, so a
-    later run or process skips timing every config of a shape it has seen (9.2 -> 6.4 s of
-    alexnet-small's warm setup on an H100, benchmarks/results/flat-step-h100/autotune-cache/).
+    later run or process skips timing every config of a shape it has seen (seconds of a warm
+    setup; docs/performance.md, "Behind the code").
     SHMLEARN_AUTOTUNE_CACHE=0 turns it off (to measure what it saves)."""
     import inspect
     if ("cache_results" in inspect.signature(triton.autotune).parameters
@@ -562,7 +562,8 @@ def weight_grad(xr: torch.Tensor, dy_nhwc: torch.Tensor, code_nhwc: torch.Tensor
                      memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     db = torch.empty(cout, device=xr.device, dtype=torch.float32)
     cols = (kt + 1) * bn
-    block = 128 if _interpreted() else 64  # 65 programs for alexnet-small's 3 -> 32 5x5 block (256: 17 took 13 us)
+    # 65 programs for alexnet-small's 3 -> 32 5x5 block (256: 17, slower; docs/performance.md)
+    block = 128 if _interpreted() else 64
     s_co, s_ci, s_ky, s_kx = dw.stride()
     _sum_partials_kernel[(triton.cdiv(cols, block),)](parts, dw, db, programs, s_co, s_ci, s_ky, s_kx, CIN=cin, N=cout,
                                                       KH=kh, KW=kw, XROW=xrow, KT=kt, BLOCK_N=bn, BLOCK_P=32,

@@ -1,12 +1,12 @@
 """Triton kernels for a convolution of few input values per output (the image's first conv),
 forward and weight/bias gradients, as implicit GEMMs that never write the gathered inputs.
 
-Why (shmlearn/nn/image_conv.py has the measurements): cuDNN ran alexnet-small's 3-channel 5x5 conv
-at 13x (forward) and 8x (weight gradient) its memory floor on an H100; an explicit im2col buffer
-(168 MB at batch 1024) halves that but is itself most of the remaining traffic. Here each program
-gathers its pixels' K = kh*kw*cin inputs straight from the NHWC image into registers (the image
-is 6 MB at batch 1024: it stays in L2), so the only large traffic is what the floor counts: the
-output written once (forward), the output gradient read once (weight gradient).
+Why (shmlearn/nn/image_conv.py; the measurements: docs/performance.md, "Behind the code"): cuDNN
+ran alexnet-small's 3-channel 5x5 conv far above its memory floor on an H100; an explicit im2col
+buffer (168 MB at batch 1024) halves that but is itself most of the remaining traffic. Here each
+program gathers its pixels' K = kh*kw*cin inputs straight from the NHWC image into registers (the
+image is 6 MB at batch 1024: it stays in L2), so the only large traffic is what the floor counts:
+the output written once (forward), the output gradient read once (weight gradient).
 
 Forward: one program per BLOCK_P output pixels x all output channels:
     acc[P, N] = gather(x)[P, K] @ w[K, N]      (tl.dot, fp32 accumulation), + bias, stored NHWC.

@@ -14,15 +14,12 @@ batches) while the side stream works through the weight GEMMs; the step joins th
 when the backward ends, before it reads the gradients. Inside the step's CUDA graph the forks
 and the join are edges of the graph, not launches.
 
-Measured on one H100 (bf16, channels_last, the compiled fast step; benchmarks/results/
-conv-overlap-h100/ and defer-h100/), ms per step:
-* joined in each op (sixth round): a 4x4/512-channel convolution alone at batch 128 went 80.5
-  -> 68.2 us, but the whole step gained at most 0.4% with small GEMMs overlapped, and lost with
-  all of them at batch 1024 (resnet34 22.021 -> 22.699, alexnet-small's fused blocks 0.810 ->
-  0.929);
-* deferred (seventh round, run 1, same run per row): every convolution, resnet18 at batch 128
-  2.579 -> 2.434 (off -> all), resnet34 4.595 -> 4.291; at 1024 12.179 -> 12.011 and 22.021 ->
-  21.876. Deferred, `all` beat `small` everywhere (2.514 and 4.413 at batch 128).
+Measured on one H100 (bf16, channels_last, the compiled fast step; docs/performance.md, "Behind
+the code"):
+* joined in each op (sixth round): one large convolution alone gained, but the whole step gained
+  little with small GEMMs overlapped, and lost with all of them at batch 1024;
+* deferred (seventh round): every convolution, resnet18 and resnet34 gained at batch 128 and
+  1024, and `all` beat `small` everywhere.
 Hence the modes:
 * auto (the default): on CUDA every plain nn.Conv2d where the step defers (fast.py: a strategy
   that adopts its gradients whole), small where it cannot; off on the CPU;

@@ -3,8 +3,8 @@
 Why: a CIFAR-style block, Conv2d (stride 1) -> ReLU -> MaxPool2d(2), run as three ops writes the
 conv's full output, reads it back for ReLU and the pool, and writes it again as a gradient in the
 backward. For alexnet-small's first conv at batch 1024 (bf16) that output is 67 MB, four times
-the pooled one; on one H100 the conv, ReLU and pool kernels of that one block took more than a
-third of the compiled step (benchmarks/results/roofline-triton-h100/). Here one Triton kernel
+the pooled one; on one H100 the conv, ReLU and pool kernels of that one block were a large share
+of the compiled step (docs/performance.md, "Behind the code"). Here one Triton kernel
 (_conv_pool_triton.py) computes the conv output in registers, 2x2 window by 2x2 window, and
 writes only the pooled output and a uint8 code per value (where the max was, or that ReLU cut it).
 The backward:
@@ -194,8 +194,7 @@ BACKWARD = "cudnn"
 the codes, one pointwise kernel, then cuDNN's convolution_backward) or triton (shmlearn's
 kernels straight from the pooled gradient and the codes, no full-size gradient; in_channels a
 multiple of 16). On one H100 shmlearn's were slower for every alexnet-small block measured
-(block 2: 129 against 88 us at batch 128, 847 against 398 at 1024; benchmarks/kernels.py,
-benchmarks/results/conv-pool-h100/), so cudnn is the default; triton stays for the tests and
+(docs/performance.md, "Behind the code"), so cudnn is the default; triton stays for the tests and
 for other GPUs and shapes."""
 
 

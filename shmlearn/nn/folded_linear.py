@@ -1,5 +1,5 @@
 """Bias-folded fully connected layer and the in-place ShiftRight / ShiftLeft realignment
-(paper 002, section 4; S9 in DESIGN.md).
+(paper 002, section 4; docs/folded_linear.md).
 
 The paper keeps a layer's bias as column 0 of its weight matrix, Wf = [b | W] (out x in+1), and
 its input as [1 | X] (n x in+1), so the forward pass is one product [1 | X] Wf^T and the bias
@@ -30,10 +30,10 @@ And ShiftLeft of Wf before dX = dY W is unnecessary: W = Wf[:, 1:] is a strided 
 leading dimension in+1, which cuBLAS takes as it is.
 
 Measured on an H100 (docs/folded_linear.md): folding removes the bias-gradient reduction
-kernel, so in fp32 the GPU work of a step is up to 40% less than nn.Linear's (7-40% at the
-small layers, equal at 4096x4096 with batch 1024); but in bf16 the odd leading dimension
-in+1 breaks the 16-byte alignment that Hopper's tensor-core GEMMs need, cuBLAS falls back to
-sm75 'align1' kernels, and a step is up to 5x slower. In eager mode at these layer
+kernel, so in fp32 the GPU work of a small layer's step is less than nn.Linear's, and equal at
+large ones; but in bf16 the odd leading dimension in+1 breaks the 16-byte alignment that
+Hopper's tensor-core GEMMs need, cuBLAS falls back to sm75 'align1' kernels, and a step is
+several times slower. In eager mode at these layer
 sizes every variant is bound by host launch overhead and nn.Linear (fewest Python ops) wins.
 """
 from __future__ import annotations
@@ -204,8 +204,8 @@ def folded_matmul(x: torch.Tensor, folded: torch.Tensor, impl: str = "autograd")
     impl: 'autograd' (autograd differentiates the cat and the product: backward is two
     products, dX sliced out of an n x (in+1) one as a strided view) or 'function' (a custom
     autograd.Function: dX from the strided view W = folded[:, 1:]). Both launch the same
-    kernels; 'autograd' is the default because it measured as fast on the GPU and 20-40 us a
-    step faster in eager mode (less Python per call): docs/folded_linear.md.
+    kernels; 'autograd' is the default because it measured as fast on the GPU and faster in
+    eager mode (less Python per call): docs/folded_linear.md, docs/performance.md.
     """
     flat = x.dim() != 2  # (*, in) -> (n, in); the 2-D case skips two view ops (host time)
     x2 = x.reshape(-1, x.shape[-1]) if flat else x

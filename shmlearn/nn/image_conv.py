@@ -1,12 +1,11 @@
 """How the convolutions of the input image run: few input values per output, so far from the
 limits on cuDNN (--image-conv cudnn|im2col|triton).
 
-Why: the first convolution of an image model has 1 or 3 input channels. Its GEMM's inner
-dimension (in_channels x kernel area: 75 for alexnet-small's 5x5 on RGB, 27 for a 3x3 stem) is
-far below what cuDNN's implicit-GEMM kernels are built for, and on one H100 (torch 2.11, cuDNN 9,
-bf16, channels_last) cuDNN ran alexnet-small's first conv forward in 292 us and its weight
-gradient in 175 us at batch 1024: 13x and 8x their memory floors, a third of the whole compiled
-step (benchmarks/results/kernels-h100/, benchmarks/results/roofline-h100/).
+Why: the first convolution of an image model has 1 or 3 input channels. Its GEMM's inner dimension
+(in_channels x kernel area: 75 for alexnet-small's 5x5 on RGB, 27 for a 3x3 stem) is far below
+what cuDNN's implicit-GEMM kernels are built for, and on one H100 cuDNN ran alexnet-small's first
+conv forward and weight gradient far above their memory floors, a large share of the whole
+compiled step (docs/performance.md, "Behind the code").
 
 * im2col: the same conv written out,
 
@@ -17,10 +16,10 @@ step (benchmarks/results/kernels-h100/, benchmarks/results/roofline-h100/).
   with K padded with zero columns to a multiple of 8 (16-byte rows: cuBLAS's aligned kernels).
   Both GEMMs stream their operands once; the price is the cols buffer (K/cin times the input:
   168 MB at batch 1024 for alexnet-small, kept for the backward). Measured in the whole step
-  (one H100, benchmarks/results/throughput-im2col-h100/): with --compile (Inductor fuses the
-  gather and the zero padding) alexnet-small's step at batch 1024 went from 1.382 to 1.322 ms
-  and resnet18's from 12.45 to 12.31 ms; at batch 128 it is even; run eagerly the gather and the
-  padding are separate kernels and the step is slower (2.20 -> 2.46 ms).
+  (one H100; docs/performance.md, "Behind the code"): with --compile (Inductor fuses the
+  gather and the zero padding) alexnet-small's and resnet18's steps at batch 1024 gained; at
+  batch 128 it is even; run eagerly the gather and the padding are separate kernels and the
+  step is slower.
 * triton: shmlearn's own kernels (_image_conv_triton.py), implicit GEMMs that gather each tile's
   inputs into registers and never write cols: forward and weight/bias gradient, CUDA only. Not
   yet measured on a GPU (tested against F.conv2d in Triton's interpreter).
@@ -192,9 +191,8 @@ class ImageConv2d(nn.Conv2d):
 
 def resolve(mode: str, compiled: bool, device_type: str) -> str:
     """The mode that runs. auto: im2col in a compiled step on CUDA (Inductor fuses the gather; one
-    H100, compiled: alexnet-small 1.352 -> 1.303 ms at batch 1024, even at 128, fashion-net
-    1.74 -> 1.64 ms at 512, resnet18 +1-2%), cudnn otherwise (eagerly the gather is its own
-    kernels and the step is slower: 2.20 -> 2.46 ms)."""
+    H100, compiled: faster or even on every model measured, docs/performance.md), cudnn otherwise
+    (eagerly the gather is its own kernels and the step is slower)."""
     if mode != "auto":
         return mode
     return "im2col" if compiled and device_type == "cuda" else "cudnn"

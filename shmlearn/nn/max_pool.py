@@ -2,11 +2,10 @@
 
 Why: a non-overlapping max-pool (kernel == stride, the 2x2/2 of alexnet-small, fashion-net and
 most CIFAR-style nets) and a global max-pool are a max over windows that a view exposes:
-x.view(N, C, H/kh, kh, W/kw, kw), or x.flatten(2). torch's max_pool2d stores int64 argmax
-indices and its backward scatters through them: on one H100 (torch 2.11, bf16, channels_last,
-fashion-net at batch 512, compiled) the global pool's backward (atomicAdd) took 82 us for 6 MB
-(2% of its memory floor) and Inductor's 2x2 pool backward kernels ran at 30% of the memory
-bandwidth (benchmarks/results/roofline-fashion-h100/).
+x.view(N, C, H/kh, kh, W/kw, kw), or x.flatten(2). torch's max_pool2d stores int64 argmax indices
+and its backward scatters through them: on one H100 the global pool's backward (atomicAdd) and
+Inductor's 2x2 pool backward kernels ran far below the memory bandwidth (docs/performance.md,
+"Behind the code").
 
 Here the forward is a max over the window's last dimension (values and the position within
 the window, kept as uint8 for a 2x2 window), which Inductor fuses into the kernel that produces
@@ -20,16 +19,15 @@ and the gradient 0/0 = NaN (fashion-net diverged at step 1 on an H100 and on the
 positions saved here do not depend on recomputing anything.
 
 Same outputs and the same gradients as max_pool2d and adaptive_max_pool2d, ties included (the
-first maximum in row-major window order gets the gradient, as torch's kernels give it).
-Measured in the compiled step on one H100 (benchmarks/results/throughput-step-h100/,
-fashion-net at batch 512): the global pool as a reduction took the step from 1.639 to 1.555 ms,
-but the 2x2 pools as reductions too made it 1.882 ms (Inductor's reduction over the permuted
-window is slower than its own max_pool2d lowering; alexnet-small gained 1%). Eagerly the window
-view + max is slower than max_pool2d's one kernel (97 vs 66 us at alexnet-small batch 128,
-benchmarks/results/kernels-h100/). So `auto` is `global` when the step is compiled, else aten;
-`reduce` converts every qualifying pool. `convert` switches qualifying modules in place (their class only: pools have
-no parameters or buffers; state_dicts are unchanged). Functional calls (F.max_pool2d inside a
-user's forward) are not seen and keep torch's kernel.
+first maximum in row-major window order gets the gradient, as torch's kernels give it). Measured
+in the compiled step on one H100 (docs/performance.md, "Behind the code"): the global pool as a
+reduction made fashion-net's step faster, but the 2x2 pools as reductions too made it slower
+(Inductor's reduction over the permuted window is slower than its own max_pool2d lowering).
+Eagerly the window view + max is slower than max_pool2d's one kernel. So `auto` is `global` when
+the step is compiled, else aten; `reduce` converts every qualifying pool. `convert` switches
+qualifying modules in place (their class only: pools have no parameters or buffers; state_dicts
+are unchanged). Functional calls (F.max_pool2d inside a user's forward) are not seen and keep
+torch's kernel.
 """
 from __future__ import annotations
 

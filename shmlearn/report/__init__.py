@@ -40,9 +40,10 @@ def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
             raise BadInput(f"{p}: neither a run directory (metrics.jsonl) nor a sweep (results.jsonl)")
     # Drawing makes enough long-lived objects (matplotlib figures are cyclic) to set off a full
     # collection, which walks every object of the process: at the end of a sweep (torch loaded,
-    # ~220k objects) a 90 ms pause, 15% of the report. The objects from before the report are
-    # frozen out of the walk meanwhile (unless the caller froze some: a freeze does not nest),
-    # and unfrozen after; the figures' garbage goes with the next full collection, as it would.
+    # ~220k objects) a pause of a sixth of the report (docs/performance.md, "Behind the code").
+    # The objects from before the report are frozen out of the walk meanwhile (unless the caller
+    # froze some: a freeze does not nest), and unfrozen after; the figures' garbage goes with the
+    # next full collection, as it would.
     freeze = gc.get_freeze_count() == 0
     if freeze:
         gc.freeze()

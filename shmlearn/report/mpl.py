@@ -3,10 +3,11 @@
 Figures are plain `matplotlib.figure.Figure`s on their own Agg canvas, never pyplot's: nothing
 is registered globally (nothing to close), and a user's pyplot backend and style are left alone.
 
-What a figure costs (CPU, matplotlib 3.11): 30-90 ms, mostly making tick objects and drawing
-text; a sweep draws its report's figures after its last trial, in its wall time, so what follows
-is chosen for speed where it changes nothing visible: one draw per figure, a layout measured from
-the few texts outside the axes instead of `tight_layout`, unhinted text, a faster zlib level."""
+What a figure costs (docs/performance.md, "Behind the code") goes mostly to making tick objects
+and drawing text; a sweep draws its report's figures after its last trial, in its wall time, so
+what follows is chosen for speed where it changes nothing visible: one draw per figure, a layout
+measured from the few texts outside the axes instead of `tight_layout`, unhinted text, a faster
+zlib level."""
 from __future__ import annotations
 
 import io

@@ -1,5 +1,5 @@
 """Asynchronous parameter server with bounded staleness (Downpour SGD, Dean et al. 2012, the
-paper's reference [1]; DESIGN.md X3).
+paper's reference [1]; docs/strategies.md).
 
 Rank 0 only serves; ranks 1..W compute, each on its own clock. A worker computes a gradient on
 the weights it holds, pushes it (phase `push`), waits for the server's answer (`wait`): the

@@ -1,4 +1,5 @@
-"""The one interface every synchronization strategy implements (DESIGN.md, "The strategy interface").
+"""The one interface every synchronization strategy implements (docs/architecture.md, "How to
+add a strategy").
 
 A strategy owns everything between `loss.backward()` and the next forward pass: making replicas
 identical at the start, communicating, and applying the optimizer. The training loop never calls
@@ -157,17 +158,18 @@ class SyncStrategy(ABC):
         """Before a backward whose gradients the step takes whole (no accumulation over several
         backwards): unset .grad, so that autograd's AccumulateGrad keeps the gradient tensor it
         made (no kernel) instead of adding it into the zeroed flat buffer (one memset, then one
-        add kernel per parameter: 62 of 403 kernels in resnet18's compiled step at batch 128 on
-        an H100, 135 us). `adopt_grads` must follow the backward."""
+        add kernel per parameter: 62 of 403 kernels in resnet18's compiled step at batch 128; their
+        time: docs/performance.md, "Behind the code"). `adopt_grads` must follow the backward."""
         for p in self._trainable:
             p.grad = None
 
     CAT_MAX = 1 << 22
     """Models with at most this many parameters adopt their gradients with one cat, larger ones
     with one multi-tensor copy. torch's multi-tensor kernels give each tensor's 65,536-value chunk
-    to one block, so a small model's copy runs in a dozen blocks (alexnet-small, 150k values: 8.6
-    us on an H100, against 2.0 us for cat); cat's grid does not grow with large inputs (resnet18,
-    11M values: 165 us, where the multi-tensor copy runs at the copy bandwidth, about 30 us)."""
+    to one block, so a small model's copy runs in a dozen blocks and is slower than cat; cat's
+    grid does not grow with large inputs, where the multi-tensor copy runs at the copy bandwidth
+    and cat falls far behind (alexnet-small and resnet18: docs/performance.md, "Behind the
+    code")."""
 
     updates_locally: bool = False
     """Whether this step's update reads this rank's own gradient alone (no collective before it),
@@ -201,7 +203,8 @@ class SyncStrategy(ABC):
 
     @abstractmethod
     def step(self, timer: PhaseTimer) -> None:
-        """Synchronize and update after backward; time each phase under DESIGN.md's names."""
+        """Synchronize and update after backward; time each phase under the shared phase names
+        (docs/architecture.md, "The output contract")."""
 
     # -- the fast step (fast.py): device work only, no host sync, capturable in a CUDA graph ---
     def gated_step(self, timer, loss: torch.Tensor, found_inf: torch.Tensor, round_: bool) -> None:

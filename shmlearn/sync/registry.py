@@ -1,5 +1,5 @@
-"""The strategy registry: each strategy's file registers one Entry that describes it (DESIGN.md,
-"The strategy interface and registry"). Config validation, train, fast, sweep, bench and simulate
+"""The strategy registry: each strategy's file registers one Entry that describes it (docs/architecture.md,
+"How to add a strategy"). Config validation, train, fast, sweep, bench and simulate
 ask an Entry (or a Spec: an Entry with its parameters) instead of naming strategies.
 
 An Entry holds:

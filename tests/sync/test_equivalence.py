@@ -1,4 +1,4 @@
-"""Every strategy against single-process training (DESIGN.md quality bar).
+"""Every strategy against single-process training (docs/architecture.md, Style 8).
 
 W real Gloo processes train 20 steps of B samples each; one process trains 20 steps of W*B
 samples (the loader makes the W batches of a step exactly the single process's batch). The final
