@@ -300,13 +300,18 @@ def _bench_strategies() -> List[str]:
     return registry.names(fast_step=True, servers=0)
 
 
+def _variant_strategy(variant: str) -> str:
+    """A bench variant's strategy: 'allreduce:compile' (a strategy with bench modifiers) -> 'allreduce'."""
+    return variant.split(":")[0]
+
+
 def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
     """A `bench throughput` result row in the shape of a measured run / compute source."""
     c = doc["config"]
-    entry = registry.get(r["variant"], "--measured: variant")
+    entry = registry.get(_variant_strategy(r["variant"]), "--measured: variant")
     spec = entry.spec(entry.params_from(c))  # the bench's settings, named as TrainConfig names them
     return {"name": f"{c['model']} {r['variant']} W={r['workers']} B={r['batch']} ({r['mode']})",
-            "status": "completed", "steps": 1, "strategy": r["variant"], "workers": r["workers"],
+            "status": "completed", "steps": 1, "strategy": _variant_strategy(r["variant"]), "workers": r["workers"],
             "batch_size": r["batch"], "model": c["model"], "device": doc["env"].get("device", "?"),
             "input_shape": c.get("input_shape"), "classes": c.get("classes"),
             "strategy_params": spec.as_dict(), "avg_period": spec.period(),
@@ -317,7 +322,7 @@ def _bench_row(r: Dict[str, Any], doc: Dict[str, Any]) -> Dict[str, Any]:
 def throughput_compute(doc: Dict[str, Any], batch: Optional[int], source: str) -> Dict[str, Any]:
     """The one-worker shmlearn step of a `bench throughput` JSON at `batch` (default: the
     smallest batch): the compute source, with no communication in it."""
-    rows = [r for r in doc["results"] if r["workers"] == 1 and r["variant"] in _bench_strategies()]
+    rows = [r for r in doc["results"] if r["workers"] == 1 and _variant_strategy(r["variant"]) in _bench_strategies()]
     batches = sorted({r["batch"] for r in rows})
     if not rows:
         raise BadInput(f"--compute {source}: no one-worker shmlearn row (run bench throughput with --workers 1,...)")
@@ -540,7 +545,7 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
         d = _read_json("--measured", p)
         if d.get("benchmark") == "throughput" and "results" in d:  # bench throughput: its shmlearn rows
             runs = [_bench_row(r, d) for r in d["results"]
-                    if r["workers"] > 1 and r["variant"] in _bench_strategies()]
+                    if r["workers"] > 1 and _variant_strategy(r["variant"]) in _bench_strategies()]
         else:
             runs = d["runs"] if "runs" in d else [d]
         for s in runs:
