@@ -332,6 +332,11 @@ class Pool:
         # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
         # interpreter's start and imports stays pending until _worker_main ignores it, instead of
         # a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
+        # multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT
+        # blocked and then UNBLOCKS it, which would undo our block for that first worker: start
+        # the tracker first, so that p.start finds it running.
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             p.start()

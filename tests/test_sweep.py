@@ -351,8 +351,6 @@ def test_a_sweep_on_a_full_disk_says_so_in_one_line_naming_the_file(tmp_path):
     assert not list(out.glob("sweep.json*"))
 
 
-@pytest.mark.xfail(strict=False, reason="issue 38 item 8 not closed: a worker still in multiprocessing's "
-                   "spawn_main when Ctrl-C arrives can print a traceback (seen in CI, 2026-11-26)")
 def test_ctrl_c_during_a_sweep_is_one_line_without_worker_tracebacks(tmp_path):
     """Issue 38, 8: SIGINT to the sweep's whole process group (Ctrl-C in a terminal) printed the
     workers' KeyboardInterrupt tracebacks (from conn.recv(), or from the import a starting worker
