@@ -40,6 +40,7 @@ from shmlearn.flags import scalar_type
 from shmlearn.pruning import bound_key, post_bound
 from shmlearn.results import AXIS_ORDER, ResultStore, best_bounds, pick_winners, winners_table
 from shmlearn.results import fmt as _fmt
+from shmlearn.runs import lock_dir
 from shmlearn.sync import registry
 
 NOT_SWEPT = ("out", "progress", "resume")
@@ -316,14 +317,7 @@ class Sweep:
             lock.close()
 
     def _lock(self):
-        import fcntl
-        f = open(os.path.join(self.dir, ".lock"), "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            raise BadInput(f"--out {self.dir}: another sweep (or study) is running in this directory") from None
-        return f
+        return lock_dir(self.dir, f"--out {self.dir}: another sweep (or study) is running in this directory")
 
     def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:
         from shmlearn.runs import write_json_atomic
