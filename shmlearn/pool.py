@@ -22,7 +22,6 @@ Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them s
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
 import itertools
 import multiprocessing as mp
@@ -38,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.launch import DistEnv, destroy_group
+from shmlearn.launch import DistEnv, destroy_group, die_with_parent
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
@@ -79,25 +78,13 @@ def worker_store():
     return _store
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the pool's process dies (Linux), and leave at once if it died
-    before we got here: PR_SET_PDEATHSIG only covers a death after the call, and a spawned
-    child gets here only after its interpreter has started (1-2 s on a slow machine)."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
     # unblocked (Pool._spawn started this process with it blocked: one pending is dropped).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()
@@ -279,7 +266,10 @@ class Job:
 
     def results(self) -> List[Any]:
         """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
-        order = {"died": 0, "hung": 0, "failed": 1, "bad_input": 2, "diverged": 3}
+        # Causes before consequences: a dead or stopped rank, then a rank's own bad input (a
+        # stuck Dataset read, a bad label: its peers only see their collective time out), then
+        # failures (often the peers' timeouts), then a divergence (every rank sees it).
+        order = {"died": 0, "hung": 0, "bad_input": 1, "failed": 2, "diverged": 3}
         bad = sorted((o for o in self.outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
         if bad:
             kind, rank, payload = bad[0]
