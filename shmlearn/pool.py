@@ -454,6 +454,14 @@ class Pool:
             if job.done:
                 continue
             bad = [o for o in job.outcomes.values() if o[0] != "ok"]
+            if bad and job.deadline is None:
+                # A peer's collective or rendezvous timed out: a rank whose process is stopped
+                # (SIGSTOP, a debugger) is the cause, whether or not it ever beat (rank 0
+                # stopped during the rendezvous: its peer's DistStoreError named rank 1).
+                for r in self._stopped_procs(job):
+                    job.outcomes[r] = ("hung", r, f"stopped responding: its process is stopped (SIGSTOP or a "
+                                                  f"debugger; --timeout {job.timeout_s:g} s)")
+                bad = [o for o in job.outcomes.values() if o[0] != "ok"]
             if job.deadline is None:
                 if bad:
                     # A dead or failed rank leaves its peers blocked in a collective: give them a
@@ -472,6 +480,22 @@ class Pool:
                         job.deadline = now + self.grace[0]
             if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
                 job.done = True
+
+    def _stopped_procs(self, job: Job) -> List[int]:
+        """The job's ranks, without an outcome, whose worker process is stopped (state T)."""
+        found = []
+        for r, s in enumerate(job.slots):
+            w = self.workers.get(s)
+            if r in job.outcomes or w is None or w.proc.pid is None:
+                continue
+            try:
+                with open(f"/proc/{w.proc.pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in ("T", "t"):
+                found.append(r)
+        return found
 
     def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, float]]:
         """A rank whose heartbeat thread has been silent longer than the job's timeout: its

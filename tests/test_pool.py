@@ -140,6 +140,21 @@ def test_a_stopped_rank_0_is_named_within_the_timeout(stopped):
     assert elapsed < 8 + 30
 
 
+def test_rank_0_stopped_during_the_rendezvous_is_named_not_its_peer(tmp_path):
+    """Issue 38, 9: SIGSTOP of rank 0 as the job starts, before it joins the group. Its peer's
+    rendezvous times out (DistStoreError: wait timeout) and the job named that peer, rank 1:
+    rank 0 had no heartbeat yet for the watchdog to miss. The pool sees rank 0's process stopped."""
+    cfg = TrainConfig(**SMALL, workers=2, timeout=8)
+    with Pool(2) as p:
+        p.warm()
+        p.wait_ready()
+        job = p.start(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "run")},), slots=[0, 1], timeout_s=8)
+        os.kill(p.workers[0].proc.pid, signal.SIGSTOP)
+        with pytest.raises(WorkerFailed) as e:
+            _wait(p, job, limit=300)
+    assert str(e.value).startswith("rank 0: stopped responding: its process is stopped"), str(e.value)
+
+
 def _children(pid):
     kids = []
     for p in filter(str.isdigit, os.listdir("/proc")):
