@@ -248,6 +248,10 @@ class _Running:
     attempt: int
 
 
+TRIAL_TIMES = "sweep_times.json"
+"""In a trial's run directory: {elapsed_s, group_s}, as the sweep that ran it measured them."""
+
+
 class Sweep:
     """One sweep directory and the trials of one grid."""
 
@@ -481,8 +485,13 @@ class Sweep:
         except WorkerFailed as e:
             status, text = "failed", str(e)
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
+            from shmlearn.runs import write_json_atomic
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
+            # What only this process measured goes with the run directory: a sweep that dies
+            # between publishing and recording it is adopted by the next with its times.
+            elapsed, group_s = time.monotonic() - r.t0, job.group_s()
+            write_json_atomic(os.path.join(r.tmp, TRIAL_TIMES), {"elapsed_s": elapsed, "group_s": group_s})
             try:
                 os.rename(r.tmp, final)  # the run directory appears whole, or not at all
             except OSError:
@@ -491,7 +500,7 @@ class Sweep:
                 # A study's other process published the same trial first (it took this one as
                 # lost, or this one took its): that run directory counts, this one goes.
                 shutil.rmtree(r.tmp, ignore_errors=True)
-            self._record(r.cfg, r.tid, final, time.monotonic() - r.t0, group_s=job.group_s())
+            self._record(r.cfg, r.tid, final, elapsed, group_s=group_s)
             return False
         text = text or "no summary.json written"
         if status == "failed" and r.attempt < 2:
@@ -561,6 +570,13 @@ class Sweep:
             evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
         except (OSError, json.JSONDecodeError):
             evals = []
+        if adopted:  # the times its own sweep measured (none from before they were kept)
+            try:
+                with open(os.path.join(run_dir, TRIAL_TIMES)) as f:
+                    times = json.load(f)
+                elapsed, group_s = times.get("elapsed_s"), times.get("group_s")
+            except (OSError, ValueError, AttributeError):
+                pass
         row = {"id": tid, "status": summary["status"],
                "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
                "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
