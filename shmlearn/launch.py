@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from shmlearn import listen
-from shmlearn.errors import BadInput, count
+from shmlearn.errors import BadInput, WorkerFailed, count, one_line
 from shmlearn.limits import mem_available
 
 
@@ -143,10 +144,56 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     rank, world = env.rank, env.world_size
     if env.launcher == "local" and world == 1:  # a 1-worker run in this process: all on loopback
         store = listen.bound_store(listen.LOOPBACK, 0, timeout=timeout, world_size=1)
-    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store: no listener of ours
-        store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
-    else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
-        store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
+        _join(backend, store, rank, world, timeout, env)
+        return
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    held = _HeldStderr()
+    try:
+        with held:
+            if agent:  # torchrun's store: no listener of ours
+                store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+            else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
+                store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
+            _join(backend, store, rank, world, timeout, env)
+    except dist.DistError as e:
+        # A rank the others wait for is stopped, gone or never started. Under a launcher the
+        # store is rank 0's (or torchrun's agent's): a rank other than 0 cannot tell which of
+        # them does not answer (issue 38, 9: SIGSTOP of rank 0 gave rank 1's traceback).
+        host = "torchrun's agent" if agent else f"rank 0 at {env.master_addr}:{env.master_port}"
+        who = ("another rank did not join (stopped, gone or never started)" if rank == 0 and not agent
+               else f"rank 0 or the launcher does not answer (the store is {host})")
+        raise WorkerFailed(f"rank {rank}: the rendezvous timed out after {timeout_s:g} s (--timeout): {who} "
+                           f"({one_line(e)})") from None
+
+
+class _HeldStderr:
+    """Holds this process's fd 2 in a temporary file during the rendezvous: torch's C++ store
+    logs each failed connect with a 30-frame C++ stack trace before the error it ends with. On
+    success what was held is written out; on a failure it is dropped for the one line that
+    replaces it."""
+
+    def __enter__(self):
+        import tempfile
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        import torch.distributed as dist
+        if not isinstance(value, dist.DistError):
+            self.file.seek(0)
+            with os.fdopen(os.dup(2), "wb") as err:
+                shutil.copyfileobj(self.file, err)
+        self.file.close()
+
+
+def _join(backend: str, store, rank: int, world: int, timeout, env: DistEnv) -> None:
+    import torch.distributed as dist
     global _groups_joined
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
     # And every group of this process its own prefix too: a script that calls shmlearn.train twice
