@@ -93,10 +93,34 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
                     color="red" if c.over else "black" if light else "white")
         if c.row["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
-    ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs])
+    labels, style = lr_ticks(lrs)
+    ax.set_xticks(range(len(lrs)), labels, **style)
     ax.set_yticks(range(len(batches)), [str(b) for b in batches])
     ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
     return png(fig)
+
+
+def lr_ticks(lrs: List[float]):
+    """The heat map's learning-rate labels and their rotation: a grid's few values as given; a
+    search's (random, tpe: every trial its own lr, '0.0399544') at 3 digits, upright once there
+    are more than 6, so that they do not run together (issue 38, 12)."""
+    if len(lrs) <= 6:
+        return [f"{v:g}" for v in lrs], {}
+    return [f"{v:.3g}" for v in lrs], {"rotation": 90}
+
+
+def heat_note(rows: List[Row]) -> str:
+    """The heat maps' caption. A diverged run's cell is blank and reads 'diverged'; a cell with
+    no label had no trial, which only a search (random, tpe) leaves."""
+    grids = {}
+    for r in rows:
+        grids.setdefault(r["config"]["workers"], set()).add((r["config"]["batch_size"], r["config"]["lr"]))
+    sparse = any(len(cells) < len({b for b, _ in cells}) * len({lr for _, lr in cells}) for cells in grids.values())
+    return ("Blank cells reading 'diverged' diverged" + ("; blank cells without a label had no trial (the search "
+                                                           "did not pick that batch size and learning rate together)"
+                                                           if sparse else "")
+            + ". Grey hatched cells were pruned: '>area' is the loss area so far, a lower bound, not on the color "
+              "scale. Red outline: the winner. '>thr': minimum loss above the threshold.")
 
 
 def _under(r: Row, threshold: float) -> bool:

@@ -96,3 +96,31 @@ def test_layout_leaves_no_more_margin_than_tight_layout_would_much(fake_sweep, d
         fig.tight_layout()
         tight = [ax.get_position().width * ax.get_position().height for ax in axes]
         assert all(o >= 0.85 * t for o, t in zip(ours, tight)), (fig.axes[0].get_title(), ours, tight)
+
+
+def _tpe_rows():
+    """Ten trials of a TPE study: each its own batch size and learning rate (the issue's report)."""
+    lrs = [0.0399544, 0.0102236, 0.248451, 0.0086207, 0.000497649, 0.186384, 0.000315446, 0.0287455,
+           0.00221532, 0.0192537]
+    return [{"id": f"t{k}", "status": "completed", "config": {"workers": 1, "batch_size": 16 + 11 * k, "lr": lr},
+             "summary": {"loss_area": 1.0 + k, "min_loss": 0.5}} for k, lr in enumerate(lrs)]
+
+
+def test_a_searchs_learning_rate_labels_do_not_run_together(drawn):
+    """Issue 38, 12: a TPE study's heat map has a column per trial; its lr labels ('0.0399544')
+    were drawn level and ran into each other."""
+    sweep_figures.heatmap(_tpe_rows(), threshold=1.8, winner_id="t0", title="Loss area, 1 worker")
+    fig, texts = drawn[-1]
+    assert texts_outside(fig, texts) == []
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(boxes) == 10
+    assert not [(a.bounds, b.bounds) for a, b in zip(boxes, boxes[1:]) if a.x1 > b.x0], "labels overlap"
+
+
+def test_the_heat_maps_caption_says_what_blank_cells_are():
+    """Issue 38, 12: 'Empty cells diverged' was said of a search's cells that had no trial."""
+    assert "without a label had no trial" in sweep_figures.heat_note(_tpe_rows())
+    grid = [{"config": {"workers": 1, "batch_size": b, "lr": lr}} for b in (16, 32) for lr in (0.1, 0.5)]
+    note = sweep_figures.heat_note(grid)
+    assert note.startswith("Blank cells reading 'diverged' diverged.") and "no trial" not in note
