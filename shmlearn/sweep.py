@@ -40,7 +40,7 @@ from shmlearn.flags import scalar_type
 from shmlearn.pruning import bound_key, post_bound
 from shmlearn.results import AXIS_ORDER, ResultStore, best_bounds, pick_winners, winners_table
 from shmlearn.results import fmt as _fmt
-from shmlearn.runs import lock_dir
+from shmlearn.runs import lock_dir, write_json_atomic
 from shmlearn.sync import registry
 
 NOT_SWEPT = ("out", "progress", "resume")
@@ -324,7 +324,6 @@ class Sweep:
         return lock_dir(self.dir, f"--out {self.dir}: another sweep (or study) is running in this directory")
 
     def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:
-        from shmlearn.runs import write_json_atomic
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
@@ -485,7 +484,6 @@ class Sweep:
         except WorkerFailed as e:
             status, text = "failed", str(e)
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
-            from shmlearn.runs import write_json_atomic
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
             # What only this process measured goes with the run directory: a sweep that dies
@@ -531,7 +529,6 @@ class Sweep:
         run side by side; a 1-worker trial at a time on 2 GPUs is at most 0.5. Overhead of a
         trial = its elapsed time minus its training, evaluation and checkpoint seconds (start-up,
         setup, writing)."""
-        from shmlearn.runs import write_json_atomic
         rows = self.ran_rows
         train_s = sum(r["summary"].get("wall_time_s") or 0.0 for r in rows)
         eval_s = sum((r["summary"].get("eval_time_s") or 0.0) + (r["summary"].get("checkpoint_time_s") or 0.0)
@@ -617,7 +614,6 @@ class Sweep:
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, trials: List[TrainConfig]) -> None:
-        from shmlearn.runs import write_json_atomic
         ids = [trial_id(c) for c in trials]
         by_id = {r["id"]: r for r in self.store.load(repair=False)}
         rows = [by_id[i] for i in ids if i in by_id]

@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Subset
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import epoch_permutation, too_few
 from shmlearn.errors import BadInput
+from shmlearn.launch import die_with_parent
 
 
 @dataclass
@@ -106,7 +107,6 @@ def _worker_init(_worker_id: int) -> None:
     """In each DataLoader worker: die with the process it reads for. A rank killed while its
     worker sat in a stuck __getitem__ left that worker, and multiprocessing's resource tracker
     (whose pipe the worker holds), with parent 1 (issue 38, 5)."""
-    from shmlearn.launch import die_with_parent
     die_with_parent()
 
 
