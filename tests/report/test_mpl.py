@@ -1,6 +1,8 @@
 """mpl.layout: the fixed layout that replaced tight_layout must still fit every figure's texts."""
 import json
 
+import numpy as np
+
 import pytest
 from matplotlib.backends.backend_agg import RendererAgg
 
@@ -124,3 +126,18 @@ def test_the_heat_maps_caption_says_what_blank_cells_are():
     grid = [{"config": {"workers": 1, "batch_size": b, "lr": lr}} for b in (16, 32) for lr in (0.1, 0.5)]
     note = sweep_figures.heat_note(grid)
     assert note.startswith("Blank cells reading 'diverged' diverged.") and "no trial" not in note
+
+
+def test_a_run_that_blew_up_does_not_set_the_heat_maps_colour_scale(drawn):
+    """Issue 38, 12: a completed trial whose loss blew up (area 2e15) stretched the colour scale to
+    1e15 and left every other cell one shade. It is drawn darkest and labelled off scale."""
+    rows = _tpe_rows()[:4]
+    rows[3]["summary"]["loss_area"] = 2e15
+    sweep_figures.heatmap(rows, threshold=1.8, winner_id="t0", title="Loss area, 1 worker")
+    fig, texts = drawn[-1]
+    im = fig.axes[0].images[0]
+    assert im.norm.vmax == 3.0 and im.norm.vmin == 1.0  # the others' areas: 1, 2, 3
+    cells = [t.get_text() for t in fig.axes[0].texts]  # multi-line texts are drawn without their Text
+    assert "2e+15\noff scale" in cells and "3" in cells, cells
+    assert texts_outside(fig, texts) == []
+    assert sweep_figures.color_top(np.array([1.0, 2.0, 3.0])) is None
