@@ -147,7 +147,7 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
         _join(backend, store, rank, world, timeout, env)
         return
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
-    held = _HeldStderr()
+    held = HeldStderr()
     try:
         with held:
             if agent:  # torchrun's store: no listener of ours
@@ -166,11 +166,11 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
                            f"({one_line(e)})") from None
 
 
-class _HeldStderr:
+class HeldStderr:
     """Holds this process's fd 2 in a temporary file during the rendezvous: torch's C++ store
     logs each failed connect with a 30-frame C++ stack trace before the error it ends with. On
     success what was held is written out; on a failure it is dropped for the one line that
-    replaces it."""
+    replaces it. Pool workers hold theirs around their group's rendezvous too (pool.py)."""
 
     def __enter__(self):
         import tempfile

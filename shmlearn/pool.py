@@ -37,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.launch import DistEnv, destroy_group, die_with_parent
+from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_parent
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
@@ -178,8 +178,9 @@ def _join_group(task: Task, store) -> None:
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
-    dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
-                            timeout=timeout, **kwargs)
+    with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
+        dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
+                                timeout=timeout, **kwargs)
 
 
 def _gpu_of(task: Task) -> int:
