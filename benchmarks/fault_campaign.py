@@ -972,6 +972,79 @@ def _(t):
                  "--out", out_of(t)], 2, says=["train_x holds nan at row 17, column 3"])]
 
 
+STUCK_DATA = """import time
+import numpy as np
+import torch
+
+
+class Pairs(torch.utils.data.Dataset):
+    classes = ("a", "b", "c", "d")
+
+    def __init__(self, x, y, stuck=None):
+        self.x, self.y, self.stuck = x, y, stuck
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.stuck:
+            time.sleep(600)  # a read that never returns (a dead network mount)
+        return self.x[i], self.y[i]
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(512, 5)).astype(np.float32), rng.integers(0, 4, 512),
+            rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 4, 64))
+
+
+def train_stuck():  # sample 115: rank 0's first batch (seed 0, batch 16, 2 workers)
+    a, b, c, d = _arrays()
+    return Pairs(a, b, stuck=115), Pairs(c, d)
+
+
+def test_stuck():  # rank 0 evaluates test samples 0..31, at step 0
+    a, b, c, d = _arrays()
+    return Pairs(a, b), Pairs(c, d, stuck=3)
+"""
+
+
+def _stuck(t: str, name: str, what: str) -> List[Cmd]:
+    path = out_of(t, "stuck_data.py")
+    with open(path, "w") as f:
+        f.write(STUCK_DATA)
+    return [Cmd(["train", "--dataset", f"{path}:{name}", "--model", "mlp", "--loader", "stream", "--workers", "2",
+                 "--batch-size", "16", "--samples", "4096", "--eval-points", "2", "--no-progress", "--timeout", "20",
+                 "--out", out_of(t)], 2, says=[f"reading {what}", "timed out after 20"], limit=180)]
+
+
+@case("i38-stuck-train-dataset-w2", "38.5", "a streamed Dataset whose __getitem__ never returns, on rank 0 of 2, "
+      "in training (--timeout 20)")
+def _(t):
+    return _stuck(t, "train_stuck", "the train Dataset at step 0 on rank 0")
+
+
+@case("i38-stuck-test-dataset-w2", "38.5", "a streamed test Dataset whose __getitem__ never returns, on rank 0 of "
+      "2, in the evaluation at step 0 (--timeout 20)")
+def _(t):
+    return _stuck(t, "test_stuck", "the test Dataset on rank 0")
+
+
+def _stop_rank0_at_start(r: Running, el: float) -> None:
+    """SIGSTOP of rank 0 as soon as both pool workers exist: it never joins the group."""
+    if r.fault_t is None and len(workers(r)) >= 2:
+        pid = workers(r)[0]
+        os.kill(pid, signal.SIGSTOP)
+        r.fault(f"SIGSTOP of rank 0 (pid {pid}) as the workers start, before the rendezvous")
+
+
+@case("i38-stop-rank0-rendezvous", "38.9", "kill -STOP of rank 0 as the workers start, before it joins the group "
+      "(--timeout 10)")
+def _(t):
+    return [Cmd(BASE + ["--workers", "2", "--timeout", "10", "--out", out_of(t)], 1,
+                last_says=["rank 0: stopped responding"], during=_stop_rank0_at_start, poll_s=0.05, limit=180)]
+
+
 # --- running ----------------------------------------------------------------------------------
 
 def run_case(c: Case, tmp: str, logdir: str, limit: float) -> Dict[str, Any]:

@@ -186,10 +186,14 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
     by_global: Dict[int, List[Dict[str, Any]]] = {}
     for r in runs:
         by_global.setdefault(r["global"], []).append(r)
+    target_from = "--target-loss"
     if target_loss is None and not sweep:
         target_loss = runs[0]["smooth"][-1]
+        target_from = f"the run's final training loss, smoothed (the mean of its last {SMOOTH} logged steps)"
     if target_loss is None:
         target_loss = max(min(min(r["smooth"]) for r in rs) for rs in by_global.values())
+        target_from = (f"the lowest smoothed training loss (mean of {SMOOTH} logged steps) that every global batch's "
+                       "best run reaches")
     measured = []
     for r in runs:
         hit = reach(r, target_loss)
@@ -224,6 +228,8 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
                           "step_s": st, "time_s": steps * st if st is not None else None})
     timed = [p for p in preds if p["time_s"] is not None]
     rec = min(timed, key=lambda p: p["time_s"]) if timed else None
+    if rec is not None:  # a prediction; say whether a measured run had that setup
+        rec = {**rec, "measured": any((m["workers"], m["batch"]) == (rec["workers"], rec["batch"]) for m in best_rows)}
     for m in best_rows:
         m["predicted_steps"] = float(steps_curve(s_min, b_simple, m["global"]))
         st = step_time(m["workers"], m["batch"])
@@ -238,6 +244,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
                            "predicted_time_s": pred["predicted_time_s"] if pred else None}
     err = [abs(m["predicted_steps"] / m["steps"] - 1) for m in best_rows]
     return {"schema": 1, "source": path, "kind": "sweep" if sweep else "run", "target_loss": target_loss,
+            "target_from": target_from,
             "b_simple": b_simple, "b_crit_fit": b_fit, "s_min": s_min, "runs_used": len(runs),
             "step_time": step_time.source, "comm": _short(comm) if comm else None, "measured": best_rows, "winners": winners,
             "steps_error": {"median": float(np.median(err)), "max": float(np.max(err))},
@@ -312,7 +319,7 @@ def cmd_advise(ns) -> int:
     with open(os.path.join(out, "advise.json"), "w") as f:
         json.dump(doc, f, indent=1)
     fit = f"; a free fit to the measured steps gives {doc['b_crit_fit']:.0f}" if doc["b_crit_fit"] else ""
-    print(f"target loss {doc['target_loss']:.4g}; B_simple at the target {doc['b_simple']:.1f} "
+    print(f"target loss {doc['target_loss']:.4g} ({doc['target_from']}); B_simple at the target {doc['b_simple']:.1f} "
           f"(= predicted critical batch){fit}; S_min {doc['s_min']:.0f} steps")
     print(f"step time: {doc['step_time']}")
     print(f"{'W':>3} {'B':>5} {'W*B':>6} {'steps':>7} {'pred':>7} {'time s':>8} {'pred s':>8}")
@@ -328,7 +335,9 @@ def cmd_advise(ns) -> int:
     r = doc["recommendation"]
     if r:
         print(f"recommendation: {r['workers']} worker{'s' if r['workers'] > 1 else ''} x batch {r['batch']} "
-              f"(global {r['global']}): {r['steps']:.0f} steps, {r['time_s']:.2f} s predicted to the target")
+              f"(global {r['global']}): {r['steps']:.0f} steps, {r['time_s']:.2f} s predicted to the target"
+              + ("" if r["measured"] else " (predicted from the noise scale and step times; no run above "
+                                          "measured this setup: train it to check)"))
     print(f"wrote {os.path.join(out, 'advise.json')}")
     png = plot(doc, os.path.join(out, "advise.png"))
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")

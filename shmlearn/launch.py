@@ -10,14 +10,32 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import socket
 import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
 from shmlearn import listen
-from shmlearn.errors import BadInput, count
+from shmlearn.errors import BadInput, WorkerFailed, count, one_line
 from shmlearn.limits import mem_available
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """SIGKILL this process when its parent dies (Linux), and leave at once if it died before we
+    got here: PR_SET_PDEATHSIG only covers a death after the call, and a spawned child gets here
+    only after its interpreter has started (1-2 s on a slow machine). parent_pid None: the
+    parent is gone when this process was handed to init (pid 1). Pool workers call it, and the
+    DataLoader workers of a streamed Dataset (data/stream.py)."""
+    import ctypes
+    import signal
+    try:
+        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    gone = os.getppid() == 1 if parent_pid is None else os.getppid() != parent_pid
+    if gone:
+        os._exit(1)
 
 
 @dataclass(frozen=True)
@@ -126,10 +144,56 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
     rank, world = env.rank, env.world_size
     if env.launcher == "local" and world == 1:  # a 1-worker run in this process: all on loopback
         store = listen.bound_store(listen.LOOPBACK, 0, timeout=timeout, world_size=1)
-    elif os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":  # torchrun's store: no listener of ours
-        store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
-    else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
-        store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
+        _join(backend, store, rank, world, timeout, env)
+        return
+    agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    held = HeldStderr()
+    try:
+        with held:
+            if agent:  # torchrun's store: no listener of ours
+                store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
+            else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
+                store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
+            _join(backend, store, rank, world, timeout, env)
+    except dist.DistError as e:
+        # A rank the others wait for is stopped, gone or never started. Under a launcher the
+        # store is rank 0's (or torchrun's agent's): a rank other than 0 cannot tell which of
+        # them does not answer (issue 38, 9: SIGSTOP of rank 0 gave rank 1's traceback).
+        host = "torchrun's agent" if agent else f"rank 0 at {env.master_addr}:{env.master_port}"
+        who = ("another rank did not join (stopped, gone or never started)" if rank == 0 and not agent
+               else f"rank 0 or the launcher does not answer (the store is {host})")
+        raise WorkerFailed(f"rank {rank}: the rendezvous timed out after {timeout_s:g} s (--timeout): {who} "
+                           f"({one_line(e)})") from None
+
+
+class HeldStderr:
+    """Holds this process's fd 2 in a temporary file during the rendezvous: torch's C++ store
+    logs each failed connect with a 30-frame C++ stack trace before the error it ends with. On
+    success what was held is written out; on a failure it is dropped for the one line that
+    replaces it. Pool workers hold theirs around their group's rendezvous too (pool.py)."""
+
+    def __enter__(self):
+        import tempfile
+        sys.stderr.flush()
+        self.file = tempfile.TemporaryFile()
+        self.saved = os.dup(2)
+        os.dup2(self.file.fileno(), 2)
+        return self
+
+    def __exit__(self, kind, value, tb) -> None:
+        sys.stderr.flush()
+        os.dup2(self.saved, 2)
+        os.close(self.saved)
+        import torch.distributed as dist
+        if not isinstance(value, dist.DistError):
+            self.file.seek(0)
+            with os.fdopen(os.dup(2), "wb") as err:
+                shutil.copyfileobj(self.file, err)
+        self.file.close()
+
+
+def _join(backend: str, store, rank: int, world: int, timeout, env: DistEnv) -> None:
+    import torch.distributed as dist
     global _groups_joined
     attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
     # And every group of this process its own prefix too: a script that calls shmlearn.train twice

@@ -22,7 +22,6 @@ Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them s
 from __future__ import annotations
 
 import atexit
-import ctypes
 import datetime
 import itertools
 import multiprocessing as mp
@@ -38,7 +37,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.launch import DistEnv, destroy_group
+from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_parent
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
@@ -79,25 +78,13 @@ def worker_store():
     return _store
 
 
-def _die_with_parent(parent_pid: int) -> None:
-    """SIGKILL this process when the pool's process dies (Linux), and leave at once if it died
-    before we got here: PR_SET_PDEATHSIG only covers a death after the call, and a spawned
-    child gets here only after its interpreter has started (1-2 s on a slow machine)."""
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
     # unblocked (Pool._spawn started this process with it blocked: one pending is dropped).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    _die_with_parent(parent_pid)
+    die_with_parent(parent_pid)
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()
@@ -191,8 +178,9 @@ def _join_group(task: Task, store) -> None:
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
     prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
-    dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
-                            timeout=timeout, **kwargs)
+    with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
+        dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
+                                timeout=timeout, **kwargs)
 
 
 def _gpu_of(task: Task) -> int:
@@ -279,7 +267,10 @@ class Job:
 
     def results(self) -> List[Any]:
         """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
-        order = {"died": 0, "hung": 0, "failed": 1, "bad_input": 2, "diverged": 3}
+        # Causes before consequences: a dead or stopped rank, then a rank's own bad input (a
+        # stuck Dataset read, a bad label: its peers only see their collective time out), then
+        # failures (often the peers' timeouts), then a divergence (every rank sees it).
+        order = {"died": 0, "hung": 0, "bad_input": 1, "failed": 2, "diverged": 3}
         bad = sorted((o for o in self.outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
         if bad:
             kind, rank, payload = bad[0]
@@ -332,6 +323,11 @@ class Pool:
         # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
         # interpreter's start and imports stays pending until _worker_main ignores it, instead of
         # a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
+        # multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT
+        # blocked and then UNBLOCKS it, which would undo our block for that first worker: start
+        # the tracker first, so that p.start finds it running.
+        from multiprocessing import resource_tracker
+        resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         try:
             p.start()
@@ -459,6 +455,14 @@ class Pool:
             if job.done:
                 continue
             bad = [o for o in job.outcomes.values() if o[0] != "ok"]
+            if bad and job.deadline is None:
+                # A peer's collective or rendezvous timed out: a rank whose process is stopped
+                # (SIGSTOP, a debugger) is the cause, whether or not it ever beat (rank 0
+                # stopped during the rendezvous: its peer's DistStoreError named rank 1).
+                for r in self._stopped_procs(job):
+                    job.outcomes[r] = ("hung", r, f"stopped responding: its process is stopped (SIGSTOP or a "
+                                                  f"debugger; --timeout {job.timeout_s:g} s)")
+                bad = [o for o in job.outcomes.values() if o[0] != "ok"]
             if job.deadline is None:
                 if bad:
                     # A dead or failed rank leaves its peers blocked in a collective: give them a
@@ -477,6 +481,22 @@ class Pool:
                         job.deadline = now + self.grace[0]
             if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
                 job.done = True
+
+    def _stopped_procs(self, job: Job) -> List[int]:
+        """The job's ranks, without an outcome, whose worker process is stopped (state T)."""
+        found = []
+        for r, s in enumerate(job.slots):
+            w = self.workers.get(s)
+            if r in job.outcomes or w is None or w.proc.pid is None:
+                continue
+            try:
+                with open(f"/proc/{w.proc.pid}/stat") as f:
+                    state = f.read().rsplit(")", 1)[1].split()[0]
+            except (OSError, IndexError):
+                continue
+            if state in ("T", "t"):
+                found.append(r)
+        return found
 
     def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, float]]:
         """A rank whose heartbeat thread has been silent longer than the job's timeout: its

@@ -64,22 +64,34 @@ def check_out_dir(path: str) -> None:
         raise BadInput(f"--out {path}: already holds a run; choose another directory")
 
 
-@contextmanager
-def lock_out_dir(path: str) -> Iterator[None]:
-    """Hold --out for one run: create it (exit 2, one line, if it cannot be) and take an
-    exclusive lock on PATH/.lock, so a second run on the same --out is refused instead of
-    interleaving its lines with ours. The lock dies with the process, kill -9 included."""
+def lock_dir(path: str, busy: str, *, shared: bool = False):
+    """Take PATH/.lock with flock, exclusive (or shared), without waiting: the open file holds
+    the lock (closing it lets go; it dies with the process, kill -9 included). Held by another
+    process: BadInput(busy). PATH cannot be written: BadInput naming it. A run's --out, a
+    sweep's and a study's all lock through here."""
     import fcntl
     try:
-        os.makedirs(path, exist_ok=True)
         f = open(os.path.join(path, ".lock"), "a+")
     except OSError as e:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(f, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
     except OSError:
         f.close()
-        raise BadInput(f"--out {path}: another run is writing there; choose another directory") from None
+        raise BadInput(busy) from None
+    return f
+
+
+@contextmanager
+def lock_out_dir(path: str) -> Iterator[None]:
+    """Hold --out for one run: create it (exit 2, one line, if it cannot be) and take an
+    exclusive lock on PATH/.lock, so a second run on the same --out is refused instead of
+    interleaving its lines with ours."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
+    f = lock_dir(path, f"--out {path}: another run is writing there; choose another directory")
     try:
         yield
     finally:

@@ -56,6 +56,7 @@ from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, cannot_win, post_bound
 from shmlearn.results import best_bounds
+from shmlearn.runs import lock_dir
 from shmlearn.study_storage import _unwritable, _why, open_storage, redact
 from shmlearn.sweep import (Sweep, SweepConfig, _Running, _kind, _raise_interrupt, expand_grid,
                             ordered_axes, trial_id)
@@ -287,13 +288,8 @@ class StudySweep(Sweep):
         through the study), a pooled sweep's exclusive lock keeps it out and it keeps that sweep
         out; an --out whose results.jsonl is another sweep's (a pooled one, another study) is
         refused, since the study's end rewrites results.jsonl whole."""
-        import fcntl
-        f = open(os.path.join(self.dir, ".lock"), "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_SH | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            raise BadInput(f"--out {self.dir}: a sweep without --storage is running in this directory") from None
+        f = lock_dir(self.dir, f"--out {self.dir}: a sweep without --storage is running in this directory",
+                     shared=True)
         try:
             self._check_theirs()
         except BaseException:

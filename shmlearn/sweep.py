@@ -40,6 +40,7 @@ from shmlearn.flags import scalar_type
 from shmlearn.pruning import bound_key, post_bound
 from shmlearn.results import AXIS_ORDER, ResultStore, best_bounds, pick_winners, winners_table
 from shmlearn.results import fmt as _fmt
+from shmlearn.runs import lock_dir, write_json_atomic
 from shmlearn.sync import registry
 
 NOT_SWEPT = ("out", "progress", "resume")
@@ -247,6 +248,10 @@ class _Running:
     attempt: int
 
 
+TRIAL_TIMES = "sweep_times.json"
+"""In a trial's run directory: {elapsed_s, group_s}, as the sweep that ran it measured them."""
+
+
 class Sweep:
     """One sweep directory and the trials of one grid."""
 
@@ -316,17 +321,9 @@ class Sweep:
             lock.close()
 
     def _lock(self):
-        import fcntl
-        f = open(os.path.join(self.dir, ".lock"), "a+")
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            f.close()
-            raise BadInput(f"--out {self.dir}: another sweep (or study) is running in this directory") from None
-        return f
+        return lock_dir(self.dir, f"--out {self.dir}: another sweep (or study) is running in this directory")
 
     def _write_spec(self, trials: List[TrainConfig], extra: Optional[Dict[str, Any]] = None) -> None:
-        from shmlearn.runs import write_json_atomic
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
@@ -489,6 +486,10 @@ class Sweep:
         if status in ("completed", "diverged") and os.path.exists(os.path.join(r.tmp, "summary.json")):
             final = os.path.join(self.trials_dir, r.tid)
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
+            # What only this process measured goes with the run directory: a sweep that dies
+            # between publishing and recording it is adopted by the next with its times.
+            elapsed, group_s = time.monotonic() - r.t0, job.group_s()
+            write_json_atomic(os.path.join(r.tmp, TRIAL_TIMES), {"elapsed_s": elapsed, "group_s": group_s})
             try:
                 os.rename(r.tmp, final)  # the run directory appears whole, or not at all
             except OSError:
@@ -497,7 +498,7 @@ class Sweep:
                 # A study's other process published the same trial first (it took this one as
                 # lost, or this one took its): that run directory counts, this one goes.
                 shutil.rmtree(r.tmp, ignore_errors=True)
-            self._record(r.cfg, r.tid, final, time.monotonic() - r.t0, group_s=job.group_s())
+            self._record(r.cfg, r.tid, final, elapsed, group_s=group_s)
             return False
         text = text or "no summary.json written"
         if status == "failed" and r.attempt < 2:
@@ -528,7 +529,6 @@ class Sweep:
         run side by side; a 1-worker trial at a time on 2 GPUs is at most 0.5. Overhead of a
         trial = its elapsed time minus its training, evaluation and checkpoint seconds (start-up,
         setup, writing)."""
-        from shmlearn.runs import write_json_atomic
         rows = self.ran_rows
         train_s = sum(r["summary"].get("wall_time_s") or 0.0 for r in rows)
         eval_s = sum((r["summary"].get("eval_time_s") or 0.0) + (r["summary"].get("checkpoint_time_s") or 0.0)
@@ -567,6 +567,13 @@ class Sweep:
             evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
         except (OSError, json.JSONDecodeError):
             evals = []
+        if adopted:  # the times its own sweep measured (none from before they were kept)
+            try:
+                with open(os.path.join(run_dir, TRIAL_TIMES)) as f:
+                    times = json.load(f)
+                elapsed, group_s = times.get("elapsed_s"), times.get("group_s")
+            except (OSError, ValueError, AttributeError):
+                pass
         row = {"id": tid, "status": summary["status"],
                "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
                "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
@@ -607,7 +614,6 @@ class Sweep:
 
     # -- the end -------------------------------------------------------------------------------
     def _finish(self, trials: List[TrainConfig]) -> None:
-        from shmlearn.runs import write_json_atomic
         ids = [trial_id(c) for c in trials]
         by_id = {r["id"]: r for r in self.store.load(repair=False)}
         rows = [by_id[i] for i in ids if i in by_id]

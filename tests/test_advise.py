@@ -85,12 +85,19 @@ def test_cli_writes_json_and_figure(sweep, capsys):
     assert doc["kind"] == "sweep" and doc["b_simple"] == B_CRIT
     printed = capsys.readouterr().out
     assert "recommendation:" in printed and "B_simple at the target 64.0" in printed
+    # Issue 38, 12: where the target comes from, and a recommendation the table never measured is said to be one.
+    assert "target loss 0.9 (--target-loss)" in printed
+    r = doc["recommendation"]
+    listed = {(m["workers"], m["batch"]) for m in doc["measured"]}
+    assert r["measured"] == ((r["workers"], r["batch"]) in listed)
+    assert ("no run above measured this setup" in printed) == (not r["measured"])
 
 
 def test_a_run_is_advised_from_its_own_final_loss(tmp_path):
     _write_run(tmp_path / "run", 2, 32, 0.1, 300, 400, 0.004, b_simple=50.0)
     doc = advise(str(tmp_path / "run"), workers=(1, 2, 4), comm=None)
     assert doc["kind"] == "run" and doc["target_loss"] == pytest.approx(0.01)
+    assert doc["target_from"].startswith("the run's final training loss, smoothed")
     # the final loss's trailing 5-row mean is first reached when all 5 rows are past step 300
     assert doc["measured"][0]["steps"] == 320 and doc["b_simple"] == 50.0
     assert doc["s_min"] == pytest.approx(320 / (1 + 50 / 64))

@@ -233,3 +233,33 @@ def test_capacity_messages_count_one_core_and_one_slot(monkeypatch):
     monkeypatch.setattr(shmlearn.pool, "current", lambda: Pool())
     with pytest.raises(BadInput, match="the pool has 1 free slot of 4"):
         run_local(print, (), 2, cuda=True, timeout_s=1.0)
+
+
+def test_rank_0_stopped_during_a_launchers_rendezvous_is_one_line_naming_rank_0_or_the_launcher(tmp_path):
+    """Issue 38, 9: under a launcher rank 0 hosts the store. SIGSTOP of rank 0 as the ranks
+    start: rank 1 printed torch's C++ connect warnings (30-frame stack traces) and a Python
+    traceback (DistNetworkError). Now one line: which rank gave up, and that rank 0 or the
+    launcher does not answer."""
+    import signal
+    import time
+    port = free_port()
+    ranks = []
+    for r in range(2):
+        env = dict(os.environ, PYTHONUNBUFFERED="1", RANK=str(r), WORLD_SIZE="2", LOCAL_RANK=str(r),
+                   LOCAL_WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        ranks.append(subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--dataset", "digits", "--model",
+                                       "mlp", "--workers", "2", "--samples", "12800", "--timeout", "10",
+                                       "--no-progress", "--out", str(tmp_path / "run")], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        time.sleep(0.5)
+        os.kill(ranks[0].pid, signal.SIGSTOP)
+        _, err = ranks[1].communicate(timeout=300)
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert ranks[1].returncode == 1 and len(err.strip().splitlines()) == 1, err
+    assert err.startswith("shmlearn: failed: rank 1: the rendezvous timed out after 10 s (--timeout): rank 0 or "
+                          "the launcher does not answer"), err

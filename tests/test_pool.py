@@ -140,6 +140,23 @@ def test_a_stopped_rank_0_is_named_within_the_timeout(stopped):
     assert elapsed < 8 + 30
 
 
+def test_rank_0_stopped_during_the_rendezvous_is_named_not_its_peer(tmp_path, capfd):
+    """Issue 38, 9: SIGSTOP of rank 0 as the job starts, before it joins the group. Its peer's
+    rendezvous times out (DistStoreError: wait timeout) and the job named that peer, rank 1:
+    rank 0 had no heartbeat yet for the watchdog to miss. The pool sees rank 0's process stopped."""
+    cfg = TrainConfig(**SMALL, workers=2, timeout=8)
+    with Pool(2) as p:
+        p.warm()
+        p.wait_ready()
+        job = p.start(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "run")},), slots=[0, 1], timeout_s=8)
+        os.kill(p.workers[0].proc.pid, signal.SIGSTOP)
+        with pytest.raises(WorkerFailed) as e:
+            _wait(p, job, limit=300)
+    assert str(e.value).startswith("rank 0: stopped responding: its process is stopped"), str(e.value)
+    err = capfd.readouterr().err  # the workers' stderr is this process's
+    assert "socket.cpp" not in err and "TCPStore" not in err, err  # torch's C++ store warnings
+
+
 def _children(pid):
     kids = []
     for p in filter(str.isdigit, os.listdir("/proc")):
@@ -190,3 +207,34 @@ def test_a_stopped_lone_rank_is_named_by_the_pool(stopped):
     notice that it stopped (the campaign's sweep-trial-stopped-w1 hung before)."""
     _, elapsed = stopped["lone"].result()  # raised unless the job failed: "rank 0: stopped responding"
     assert elapsed < 120
+
+
+SPAWN_MASK = r"""
+import os, signal, sys
+import multiprocessing.util as util
+from shmlearn.pool import Pool
+seen = []
+spawn = util.spawnv_passfds
+def spy(path, args, passfds):  # what each spawned process inherits: the mask at fork
+    seen.append((any("spawn_main" in os.fsdecode(a) for a in args), signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, [])))
+    return spawn(path, args, passfds)
+util.spawnv_passfds = spy
+pool = Pool(2)
+pool.warm()
+pool.close()
+print(seen, signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))
+"""
+
+
+def test_every_worker_starts_with_ctrl_c_blocked_also_the_one_that_starts_the_resource_tracker():
+    """Issue 38, 8: a worker's interpreter starts with SIGINT blocked (Ctrl-C in its imports is no
+    traceback). multiprocessing starts its resource tracker on the first spawn, with SIGINT blocked
+    and then UNBLOCKED, which undid Pool._spawn's block: the first worker started with Ctrl-C live
+    (CI: one KeyboardInterrupt traceback from spawn_main). A fresh interpreter: no tracker yet."""
+    r = subprocess.run([sys.executable, "-c", SPAWN_MASK], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stderr
+    seen, after = eval(r.stdout.strip().rsplit("] ", 1)[0] + "]"), r.stdout.strip().endswith("False")
+    workers = [blocked for is_worker, blocked in seen if is_worker]
+    assert len(workers) == 2 and all(workers), r.stdout
+    assert after, r.stdout  # the caller's own mask is as it was

@@ -551,8 +551,6 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
     assert len(finished_by_id(study)) == 4 and all(len(v) == 1 for v in finished_by_id(study).values())
 
 
-@pytest.mark.xfail(strict=False, reason="open regression (2026-11-26): in the full suite a COMPLETE trial (#5) "
-                   "reaches the study with no intermediate values; passes alone; see the closing note")
 def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
     args = ["--dataset", "digits", "--model", "mlp", "--samples", "150000", "--workers", "1", "--device", "cpu",
@@ -567,8 +565,18 @@ def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     for t in counted:
         assert 16 <= t.params["batch_size"] <= 128 and 0.0003 <= t.params["lr"] <= 0.3
         steps = sorted(t.intermediate_values)  # the test loss at each eval point went to the study
-        assert steps == list(range(1, 9)) if t.state == TrialState.COMPLETE else steps[:2] == [1, 2], \
-            (t.number, t.state, t.intermediate_values, t.user_attrs.get("row", {}).get("pruned"), r.stdout)
+        row = t.user_attrs["row"]
+        why = (t.number, t.state, t.intermediate_values, row["status"], row.get("pruned"), r.stdout)
+        if t.state == TrialState.PRUNED:
+            assert steps[:2] == [1, 2], why
+        elif row["status"] == "diverged":
+            # TPE's picks follow the loss areas, which are seconds: on a loaded machine it may
+            # pick batch 16 at lr ~0.2, which diverges (NaN) before its first eval point. Such a
+            # trial is COMPLETE at +inf with the eval points it reached, none or a few.
+            reached = [e for e in _json_lines(os.path.join(out, row["run_dir"], "eval.jsonl")) if e["samples"]]
+            assert t.value == math.inf and steps == list(range(1, len(reached) + 1)) and len(reached) < 8, why
+        else:
+            assert row["status"] == "completed" and steps == list(range(1, 9)), why
     rows = results(out)
     assert len(rows) == 10 and len({r["id"] for r in rows}) == 10
     pruned = [t for t in study.trials if t.state == TrialState.PRUNED]

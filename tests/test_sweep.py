@@ -281,6 +281,11 @@ def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, 
     assert "[1/" not in again.stdout  # nothing trained again
     rows = results(out)
     assert len(rows) == 8 and len({x["id"] for x in rows}) == 8
+    # Issue 38, 4: the adopted trial keeps the times its sweep measured (they were null).
+    torn = results(src)[-1]  # the line cut in half
+    adopted = next(x for x in rows if x["id"] == torn["id"])
+    assert adopted["elapsed_s"] == torn["elapsed_s"] and adopted["elapsed_s"] > 0, adopted["elapsed_s"]
+    assert adopted["group_s"] == torn["group_s"] and adopted["group_s"] is not None, adopted["group_s"]
 
 
 def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
@@ -351,8 +356,6 @@ def test_a_sweep_on_a_full_disk_says_so_in_one_line_naming_the_file(tmp_path):
     assert not list(out.glob("sweep.json*"))
 
 
-@pytest.mark.xfail(strict=False, reason="issue 38 item 8 not closed: a worker still in multiprocessing's "
-                   "spawn_main when Ctrl-C arrives can print a traceback (seen in CI, 2026-11-26)")
 def test_ctrl_c_during_a_sweep_is_one_line_without_worker_tracebacks(tmp_path):
     """Issue 38, 8: SIGINT to the sweep's whole process group (Ctrl-C in a terminal) printed the
     workers' KeyboardInterrupt tracebacks (from conn.recv(), or from the import a starting worker

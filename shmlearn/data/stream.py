@@ -21,6 +21,7 @@ from torch.utils.data import DataLoader, Subset
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import epoch_permutation, too_few
 from shmlearn.errors import BadInput
+from shmlearn.launch import die_with_parent
 
 
 @dataclass
@@ -102,6 +103,36 @@ def _context(ds):
     return mp.get_context("fork") if "fork" in methods else None
 
 
+def _worker_init(_worker_id: int) -> None:
+    """In each DataLoader worker: die with the process it reads for. A rank killed while its
+    worker sat in a stuck __getitem__ left that worker, and multiprocessing's resource tracker
+    (whose pipe the worker holds), with parent 1 (issue 38, 5)."""
+    die_with_parent()
+
+
+def _stop(it, *, stuck: bool = False) -> None:
+    """Stop a DataLoader iterator's workers. stuck: kill them first (a read failed or timed out):
+    torch's shutdown waits 5 s for each worker to leave, and one stuck in __getitem__ never
+    does, which held this rank back past its peers' collective timeout, so the peers were
+    named instead of it."""
+    if it is None or not hasattr(it, "_shutdown_workers"):
+        return
+    if stuck:
+        if getattr(it, "_worker_pids_set", False):  # else torch's SIGCHLD handler raises for the kill
+            from torch.utils.data import _utils
+            _utils.signal_handling._remove_worker_pids(id(it))
+            it._worker_pids_set = False
+        for w in getattr(it, "_workers", []):
+            if w.is_alive():
+                w.kill()
+    it._shutdown_workers()
+
+
+def _rank() -> int:
+    import torch.distributed as dist
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
 def _workers(num_workers: Optional[int]) -> int:
     if num_workers is not None:
         return num_workers
@@ -176,14 +207,17 @@ class StreamLoader:
                                        num_workers=self.num_workers, pin_memory=cuda,
                                        prefetch_factor=4 if self.num_workers else None,
                                        multiprocessing_context=_context(self.data.train) if self.num_workers else None,
+                                       worker_init_fn=_worker_init if self.num_workers else None,
                                        timeout=self.timeout_s if self.num_workers else 0))
         try:
             x, y = next(self._it)
         except BadInput:
+            self._stop_stuck()
             raise
         except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed in a loader worker
+            self._stop_stuck()
             first = str(e).strip().splitlines()
-            raise BadInput(f"{self.data.what}: reading the train Dataset at step {step} raised "
+            raise BadInput(f"{self.data.what}: reading the train Dataset at step {step} on rank {_rank()} raised "
                            f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None
         self._next = step + 1
         x, y = convert_batch(x, y, self.data.spec.task)
@@ -212,8 +246,11 @@ class StreamLoader:
     def close(self) -> None:
         """Stop the DataLoader's worker processes (a pool worker runs many trials)."""
         it, self._it = self._it, None
-        if it is not None and hasattr(it, "_shutdown_workers"):
-            it._shutdown_workers()
+        _stop(it)
+
+    def _stop_stuck(self) -> None:
+        it, self._it = self._it, None
+        _stop(it, stuck=True)
 
 
 def _check_labels(y: torch.Tensor, spec: DataSpec, what: str) -> None:
@@ -240,6 +277,7 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
         loader = iter(DataLoader(part, batch_size=size, collate_fn=_collate, num_workers=nw,
                                  pin_memory=device.type == "cuda",
                                  multiprocessing_context=_context(part) if nw else None,
+                                 worker_init_fn=_worker_init if nw else None,
                                  timeout=timeout_s if nw and timeout_s else 0))
         while True:
             try:
@@ -249,8 +287,7 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
             except BadInput:
                 raise
             except Exception as e:  # noqa: BLE001 - the user's __getitem__ failed or hung in a loader worker
-                if hasattr(loader, "_shutdown_workers"):
-                    loader._shutdown_workers()
+                _stop(loader, stuck=True)
                 first = str(e).strip().splitlines()
                 raise BadInput(f"{data.what}: reading the test Dataset on rank {rank} raised "
                                f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None

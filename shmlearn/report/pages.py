@@ -135,8 +135,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     for r in sw.rows:
         by_w.setdefault(r["config"]["workers"], []).append(r)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
-    page.p("Empty cells diverged. Grey hatched cells were pruned: '>area' is the loss area so far, a lower bound, "
-           "not on the color scale. Red outline: the winner. '>thr': minimum loss above the threshold.", "note")
+    page.p(sf.heat_note(sw.rows), "note")
     items = []
     for wk in sorted(by_w):
         win = w["by_workers"][str(wk)]["winner"]

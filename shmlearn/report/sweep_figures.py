@@ -77,8 +77,15 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
         return None
     batches, lrs, area, cells = heat_cells(rows, threshold=threshold)
     fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
-    log = _wide(area[np.isfinite(area)])
-    im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm="log" if log else None)
+    finite = area[np.isfinite(area)]
+    log = _wide(finite)
+    top = color_top(finite)
+    norm = None
+    if log or top is not None:
+        from matplotlib.colors import LogNorm, Normalize
+        lo = float(finite[finite > 0].min()) if log else None
+        norm = (LogNorm if log else Normalize)(vmin=lo, vmax=top, clip=True)
+    im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm=norm)
     fig.colorbar(im, ax=ax, label="loss area (loss x s)" + (", log scale" if log else ""))
     for (i, j), c in cells.items():
         if c.kind == "pruned":
@@ -89,14 +96,55 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
             ax.text(j, i, c.text, ha="center", va="center", fontsize=7, color="0.4")
         else:
             light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
-            ax.text(j, i, c.text, ha="center", va="center", fontsize=7,
+            off = top is not None and area[i, j] > top
+            ax.text(j, i, c.text + ("\noff scale" if off else ""), ha="center", va="center", fontsize=7,
                     color="red" if c.over else "black" if light else "white")
         if c.row["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
-    ax.set_xticks(range(len(lrs)), [f"{v:g}" for v in lrs])
+    labels, style = lr_ticks(lrs)
+    ax.set_xticks(range(len(lrs)), labels, **style)
     ax.set_yticks(range(len(batches)), [str(b) for b in batches])
     ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
     return png(fig)
+
+
+OFF_SCALE = 1000.0
+"""The heat map's colours span at most this factor above the least area: a run that blew up
+(loss 1e13, area 2e15: issue 38, 12) is drawn in the darkest colour, labelled, not allowed to
+squeeze every other cell into one shade."""
+
+
+def color_top(areas: np.ndarray) -> Optional[float]:
+    """The colour scale's top: None (the largest area) unless some area exceeds OFF_SCALE times
+    the least; then the largest area within that factor."""
+    pos = areas[areas > 0]
+    if len(pos) < 2 or pos.max() <= OFF_SCALE * pos.min():
+        return None
+    return float(pos[pos <= OFF_SCALE * pos.min()].max())
+
+
+def lr_ticks(lrs: List[float]):
+    """The heat map's learning-rate labels and their rotation: a grid's few values as given; a
+    search's (random, tpe: every trial its own lr, '0.0399544') at 3 digits, upright once there
+    are more than 6, so that they do not run together (issue 38, 12)."""
+    if len(lrs) <= 6:
+        return [f"{v:g}" for v in lrs], {}
+    return [f"{v:.3g}" for v in lrs], {"rotation": 90}
+
+
+def heat_note(rows: List[Row]) -> str:
+    """The heat maps' caption. A diverged run's cell is blank and reads 'diverged'; a cell with
+    no label had no trial, which only a search (random, tpe) leaves."""
+    grids = {}
+    for r in rows:
+        grids.setdefault(r["config"]["workers"], set()).add((r["config"]["batch_size"], r["config"]["lr"]))
+    sparse = any(len(cells) < len({b for b, _ in cells}) * len({lr for _, lr in cells}) for cells in grids.values())
+    return ("Blank cells reading 'diverged' diverged" + ("; blank cells without a label had no trial (the search "
+                                                           "did not pick that batch size and learning rate together)"
+                                                           if sparse else "")
+            + ". Grey hatched cells were pruned: '>area' is the loss area so far, a lower bound, not on the color "
+              "scale. Red outline: the winner. '>thr': minimum loss above the threshold. 'off scale': an area over "
+              f"{OFF_SCALE:g} times the least (a run that blew up), drawn in the darkest colour.")
 
 
 def _under(r: Row, threshold: float) -> bool:

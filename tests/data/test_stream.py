@@ -234,3 +234,92 @@ def test_workers_start_from_a_clean_process_where_the_dataset_allows(tmp_path):
                  "    def __getitem__(self, i): return torch.zeros(1), 0\n")
     cls = load_ref(f"{f}:D", "--data")
     assert stream._context(cls()).get_start_method() == "fork"
+
+
+STUCK_DATA = '''
+import time
+import numpy as np
+import torch
+
+
+class Pairs(torch.utils.data.Dataset):
+    classes = ("a", "b", "c", "d")
+
+    def __init__(self, x, y, stuck=None):
+        self.x, self.y, self.stuck = x, y, stuck
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        if i == self.stuck:
+            time.sleep(600)  # a read that never returns (a dead network mount)
+        return self.x[i], self.y[i]
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    return (rng.normal(size=(512, 5)).astype(np.float32), rng.integers(0, 4, 512),
+            rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 4, 64))
+
+
+def train_stuck():  # sample 115 is in rank 0's first batch (seed 0, batch 16, 2 workers)
+    a, b, c, d = _arrays()
+    return Pairs(a, b, stuck=115), Pairs(c, d)
+
+
+def test_stuck():  # rank 0 evaluates test samples 0..31 (at step 0, before training)
+    a, b, c, d = _arrays()
+    return Pairs(a, b), Pairs(c, d, stuck=3)
+'''
+
+
+def _tagged(tag):
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
+                    found.append(pid)
+        except OSError:
+            pass
+    return found
+
+
+def test_a_stuck_dataset_at_2_workers_names_the_stuck_rank_and_leaves_no_process(tmp_path):
+    """Issue 38, 5: a streamed Dataset whose __getitem__ never returns, on rank 0 of 2, in
+    training and in evaluation. Before: the stuck rank waited 5 s for its loader worker to leave
+    after the loader's timeout, its peer's collective timed out first and the peer was named
+    (rank 1: 'Timed out waiting 20000ms'), the stuck rank was killed, and its loader worker (a
+    fork of the pool worker: 'spawn_main') and multiprocessing's resource tracker stayed behind
+    with parent 1. Now: exit 2, one line naming the Dataset and rank 0, nothing left."""
+    import subprocess
+    import sys
+    import time
+    import uuid
+    path = tmp_path / "stuck_data.py"
+    path.write_text(STUCK_DATA)
+    runs = {}
+    for name, what in (("train_stuck", "the train Dataset at step 0 on rank 0"),
+                       ("test_stuck", "the test Dataset on rank 0")):
+        tag = uuid.uuid4().hex
+        p = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--dataset", f"{path}:{name}",
+                              "--model", "mlp", "--loader", "stream", "--workers", "2", "--batch-size", "16",
+                              "--samples", "4096", "--eval-points", "2", "--no-progress", "--timeout", "20",
+                              "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", SHMLEARN_TEST_TAG=tag))
+        runs[name] = (p, tag, what)
+    for name, (p, tag, what) in runs.items():
+        try:
+            _, err = p.communicate(timeout=600)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err
+        assert f"reading {what} raised RuntimeError: DataLoader timed out after 20" in err, err
+        deadline = time.monotonic() + 30  # the resource tracker leaves a moment after its owner
+        while _tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        left = [open(f"/proc/{pid}/cmdline", "rb").read()[:120] for pid in _tagged(tag)]
+        assert not left, left

@@ -1,6 +1,8 @@
 """mpl.layout: the fixed layout that replaced tight_layout must still fit every figure's texts."""
 import json
 
+import numpy as np
+
 import pytest
 from matplotlib.backends.backend_agg import RendererAgg
 
@@ -96,3 +98,46 @@ def test_layout_leaves_no_more_margin_than_tight_layout_would_much(fake_sweep, d
         fig.tight_layout()
         tight = [ax.get_position().width * ax.get_position().height for ax in axes]
         assert all(o >= 0.85 * t for o, t in zip(ours, tight)), (fig.axes[0].get_title(), ours, tight)
+
+
+def _tpe_rows():
+    """Ten trials of a TPE study: each its own batch size and learning rate (the issue's report)."""
+    lrs = [0.0399544, 0.0102236, 0.248451, 0.0086207, 0.000497649, 0.186384, 0.000315446, 0.0287455,
+           0.00221532, 0.0192537]
+    return [{"id": f"t{k}", "status": "completed", "config": {"workers": 1, "batch_size": 16 + 11 * k, "lr": lr},
+             "summary": {"loss_area": 1.0 + k, "min_loss": 0.5}} for k, lr in enumerate(lrs)]
+
+
+def test_a_searchs_learning_rate_labels_do_not_run_together(drawn):
+    """Issue 38, 12: a TPE study's heat map has a column per trial; its lr labels ('0.0399544')
+    were drawn level and ran into each other."""
+    sweep_figures.heatmap(_tpe_rows(), threshold=1.8, winner_id="t0", title="Loss area, 1 worker")
+    fig, texts = drawn[-1]
+    assert texts_outside(fig, texts) == []
+    r = fig.canvas.get_renderer()
+    boxes = [t.get_window_extent(r) for t in fig.axes[0].get_xticklabels() if t.get_text()]
+    assert len(boxes) == 10
+    assert not [(a.bounds, b.bounds) for a, b in zip(boxes, boxes[1:]) if a.x1 > b.x0], "labels overlap"
+
+
+def test_the_heat_maps_caption_says_what_blank_cells_are():
+    """Issue 38, 12: 'Empty cells diverged' was said of a search's cells that had no trial."""
+    assert "without a label had no trial" in sweep_figures.heat_note(_tpe_rows())
+    grid = [{"config": {"workers": 1, "batch_size": b, "lr": lr}} for b in (16, 32) for lr in (0.1, 0.5)]
+    note = sweep_figures.heat_note(grid)
+    assert note.startswith("Blank cells reading 'diverged' diverged.") and "no trial" not in note
+
+
+def test_a_run_that_blew_up_does_not_set_the_heat_maps_colour_scale(drawn):
+    """Issue 38, 12: a completed trial whose loss blew up (area 2e15) stretched the colour scale to
+    1e15 and left every other cell one shade. It is drawn darkest and labelled off scale."""
+    rows = _tpe_rows()[:4]
+    rows[3]["summary"]["loss_area"] = 2e15
+    sweep_figures.heatmap(rows, threshold=1.8, winner_id="t0", title="Loss area, 1 worker")
+    fig, texts = drawn[-1]
+    im = fig.axes[0].images[0]
+    assert im.norm.vmax == 3.0 and im.norm.vmin == 1.0  # the others' areas: 1, 2, 3
+    cells = [t.get_text() for t in fig.axes[0].texts]  # multi-line texts are drawn without their Text
+    assert "2e+15\noff scale" in cells and "3" in cells, cells
+    assert texts_outside(fig, texts) == []
+    assert sweep_figures.color_top(np.array([1.0, 2.0, 3.0])) is None
