@@ -24,6 +24,10 @@ from shmlearn.noise import NoiseTracker, estimate
 from shmlearn.train import run_worker
 
 B = 32
+# Every run below sets threads=1: a 1-worker run's default is every core (2 here), and a second
+# intra-op thread on these tiny batches only waits on the first (the 4 x 2000 steps of `runs` at
+# W=1 took ~3 CPU minutes with 2 threads on the shared 2-core machine, ~10 s with 1). 2+ workers
+# get 1 thread each on 2 cores anyway.
 STEPS = {1: 2000, 2: 1000, 4: 400}
 MODELS = ("softmax", "mlp")
 # (strategy, extra config): the fast step (losses read every 10 steps) and the classic loop
@@ -31,7 +35,7 @@ CASES = [("allreduce", {}), ("ps", {"check_every": 1})]
 
 
 def _cfg(out, workers, model, strategy, **kw):
-    return TrainConfig(model=model, dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
+    return TrainConfig(threads=1, model=model, dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
                        lr_schedule="constant", batch_size=B, samples=STEPS[workers] * workers * B,
                        workers=workers, eval_points=1, progress=False, noise_scale=True, noise_every=1,
                        out=str(out), **kw)
@@ -156,7 +160,7 @@ def test_half_batches_train_as_the_whole_batch(tmp_path, check_every):
     """At one worker the batch is computed as two halves: the same gradient, so the same weights."""
     out = {}
     for on in (False, True):
-        cfg = TrainConfig(model="mlp", dataset="digits", optimizer="momentum", lr=0.1, batch_size=B,
+        cfg = TrainConfig(threads=1, model="mlp", dataset="digits", optimizer="momentum", lr=0.1, batch_size=B,
                           samples=60 * B, workers=1, eval_points=1, progress=False, noise_scale=on,
                           noise_every=1, check_every=check_every, out=str(tmp_path / f"ns-{on}"))
         env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
@@ -196,12 +200,12 @@ def _ddp_worker(rank, world, port, tmp):
     env = DistEnv(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
                   launcher="local", master_port=port)
     for strategy in ("allreduce", "ddp"):
-        cfg = TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="momentum", lr=0.05,
+        cfg = TrainConfig(threads=1, model="mlp", dataset="digits", strategy=strategy, optimizer="momentum", lr=0.05,
                           batch_size=B, samples=80 * world * B, workers=world, eval_points=1, progress=False,
                           noise_scale=True, noise_every=DDP_EVERY, check_every=1, out=os.path.join(tmp, strategy))
         run_worker(cfg, env)
     # a dedicated server and 1 worker: the worker's half batches ride in the gather to the server
-    cfg = TrainConfig(model="mlp", dataset="digits", strategy="ps", ps_dedicated=True, optimizer="momentum",
+    cfg = TrainConfig(threads=1, model="mlp", dataset="digits", strategy="ps", ps_dedicated=True, optimizer="momentum",
                       lr=0.05, batch_size=B, samples=80 * B, eval_points=1, progress=False, noise_scale=True,
                       noise_every=DDP_EVERY, out=os.path.join(tmp, "ps-dedicated-w1"))
     run_worker(cfg, env)
@@ -218,7 +222,7 @@ def ddp_runs(tmp_path_factory):
 
 
 def test_dedicated_server_measures_its_one_workers_half_batches(ddp_runs, tmp_path):
-    cfg = TrainConfig(model="mlp", dataset="digits", strategy="allreduce", optimizer="momentum", lr=0.05,
+    cfg = TrainConfig(threads=1, model="mlp", dataset="digits", strategy="allreduce", optimizer="momentum", lr=0.05,
                       batch_size=B, samples=80 * B, workers=1, eval_points=1, progress=False, noise_scale=True,
                       noise_every=DDP_EVERY, out=str(tmp_path / "allreduce-w1"))
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local", master_port=free_port())
@@ -249,7 +253,7 @@ EVERY_CASES = [("allreduce", {}), ("ps", {"check_every": 1})]  # the fast step a
 
 
 def _every_cfg(out, workers, strategy, every, **kw):
-    return TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
+    return TrainConfig(threads=1, model="mlp", dataset="digits", strategy=strategy, optimizer="sgd", lr=1e-12,
                        lr_schedule="constant", batch_size=B, samples=EVERY_STEPS * workers * B, workers=workers,
                        eval_points=1, log_every=1, progress=False, noise_scale=True, noise_every=every,
                        out=str(out), **kw)
@@ -335,7 +339,7 @@ def test_unmeasured_steps_compute_the_whole_batch(tmp_path, check_every):
     from shmlearn.train import train
     losses = {}
     for on in (False, True):
-        cfg = TrainConfig(model="mlp", dataset="digits", optimizer="sgd", lr=1e-12, lr_schedule="constant",
+        cfg = TrainConfig(threads=1, model="mlp", dataset="digits", optimizer="sgd", lr=1e-12, lr_schedule="constant",
                           batch_size=B, samples=20 * B, workers=1, eval_points=1, log_every=1, progress=False,
                           noise_scale=on, noise_every=4, check_every=check_every, out=str(tmp_path / f"ns-{on}"))
         train(cfg, model=_bn_mlp())
@@ -383,7 +387,7 @@ def test_graph_mode_replays_the_measuring_graph_on_measured_steps_only(tmp_path,
                 m.setattr(Stepper, "_graph_of", lambda self, fn: _FakeGraph(fn))
                 m.setattr(Stepper, "_setup_fast", setup_and_capture)
                 m.setattr(Stepper, "close", lambda self: None)  # a GPU's synchronize; keeps the graphs
-            cfg = TrainConfig(model="mlp", dataset="digits", optimizer="momentum", lr=0.05, batch_size=B,
+            cfg = TrainConfig(threads=1, model="mlp", dataset="digits", optimizer="momentum", lr=0.05, batch_size=B,
                               samples=40 * B, workers=1, eval_points=1, log_every=1, progress=False,
                               noise_scale=True, noise_every=EVERY, out=str(tmp_path / f"g-{graphed}"))
             env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",

@@ -93,3 +93,16 @@ def _run_interpreted(nodes):
                 outcomes[case.get("name")] = ((bad[0].tag, (bad[0].get("message") or "") + "\n" + (bad[0].text or ""))
                                               if bad else ("passed", ""))
     return outcomes
+
+
+# --- a run small enough for the interpreter --------------------------------------------------------
+def small_digits(test):
+    """digits as a user's own arrays (train()'s data=), standardized, with only the first `test`
+    test samples: in the interpreter a kernel call over a batch costs seconds on two cores, and
+    evaluating digits' 360 test samples before and after training was most of a short run's time.
+    Training samples from the whole training set."""
+    from shmlearn.data import load_dataset
+    d = load_dataset("digits")
+    mean, std = d.train_x.float().mean(), d.train_x.float().std()
+    return (((d.train_x.float() - mean) / std).numpy(), d.train_y.numpy(),
+            ((d.test_x[:test].float() - mean) / std).numpy(), d.test_y[:test].numpy())

@@ -133,11 +133,18 @@ def test_inductor_compiles_around_the_fused_kernels_and_agrees():
 def test_a_run_with_the_fused_blocks_is_the_same_run(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=128, workers=1,
+    from triton_interp import small_digits
+    # 2 steps of 16 (the second on weights the kernels' gradients moved) and one evaluation of 16
+    # test samples: each interpreted kernel call costs seconds on two cores (4 steps of 32 and two
+    # evaluations of digits' 360 test samples took ~2 minutes); the kernels are checked above
+    data = small_digits(16)
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=32, batch_size=16, workers=1,
                                        conv_pool=mode, image_conv="cudnn", device="cpu", progress=False, eval_points=1,
-                                       deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]
+                                       eval_at_start="off", deterministic=True, out=str(tmp_path / mode)), data=data)
+            for mode in ("off", "triton")]
     assert runs[1].summary["conv_pools"] == 3 and runs[1].summary["conv_pool"] == "triton"
     assert runs[0].summary["conv_pools"] == 0 and runs[0].summary["conv_pool"] == "off"
+    assert runs[1].summary["steps"] == 2
     for x, y in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-5)
 

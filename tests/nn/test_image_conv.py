@@ -95,7 +95,7 @@ def test_training_with_im2col_is_the_same_run(tmp_path):
     from shmlearn.config import TrainConfig
     runs = []
     for flag in (False, True):
-        res = shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=2048, workers=1,
+        res = shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=512, workers=1,
                                          image_conv="im2col" if flag else "cudnn", device="cpu", progress=False, deterministic=True,
                                          out=str(tmp_path / f"run{int(flag)}")))
         runs.append(res)
@@ -141,9 +141,15 @@ def test_triton_kernels_under_autocast_read_and_write_its_dtype():
 def test_a_run_with_the_triton_kernels_is_the_same_run(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=1024, workers=1,
+    from triton_interp import small_digits
+    # 4 steps of 16 and one evaluation of 32 test samples: each interpreted kernel call costs
+    # seconds on two cores (32 steps of 32 and two evaluations of digits' 360 test samples took ~2
+    # minutes); the kernels are checked above
+    data = small_digits(32)
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=64, batch_size=16, workers=1,
                                        image_conv=mode, device="cpu", progress=False, deterministic=True,
-                                       out=str(tmp_path / mode))) for mode in ("cudnn", "triton")]
+                                       eval_at_start="off", out=str(tmp_path / mode)), data=data) for mode in ("cudnn", "triton")]
+    assert runs[1].summary["steps"] == 4
     assert runs[1].summary["image_convs"] == 1 and runs[1].summary["image_conv"] == "triton"
     for x, y in zip(runs[0].model.parameters(), runs[1].model.parameters()):
         torch.testing.assert_close(x.detach(), y.detach(), rtol=1e-4, atol=1e-5)
