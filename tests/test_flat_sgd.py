@@ -155,7 +155,8 @@ def _fast_run_is_the_torch_sgd_run(tmp_path, monkeypatch):
             monkeypatch.setattr(flat_sgd, "why_not", lambda *a: "off for the test")
         runs[flat] = shmlearn.train(TrainConfig(
             model="lenet", dataset="digits", samples=512, batch_size=32, workers=1, device="cpu", progress=False,
-            eval_points=1, optimizer="nesterov", weight_decay=1e-3, check_every=4, out=str(tmp_path / str(flat))))
+            eval_points=1, optimizer="nesterov", weight_decay=1e-3, check_every=4, threads=1,
+            out=str(tmp_path / str(flat))))
     assert runs[True].summary["update_kernel"] == "flat"
     assert runs[False].summary["update_kernel"] == "torch-fused"
     assert runs[True].summary["step_mode"] == "fast-eager"

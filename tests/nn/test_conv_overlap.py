@@ -229,7 +229,7 @@ def test_a_run_with_every_convolution_split_is_the_same_run_and_says_so(tmp_path
     from shmlearn.config import TrainConfig
     monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
     runs = [shmlearn.train(TrainConfig(model="resnet18", dataset="digits", samples=64, batch_size=16, workers=1,
-                                       conv_overlap=mode, device="cpu", progress=False, eval_points=1,
+                                       conv_overlap=mode, device="cpu", progress=False, eval_points=1, eval_at_start="off",
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "all")]
     assert (runs[0].summary["conv_overlap"], runs[0].summary["conv_overlaps"]) == ("off", 0)
     assert (runs[1].summary["conv_overlap"], runs[1].summary["conv_overlaps"]) == ("all", 20)

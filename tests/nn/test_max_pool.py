@@ -170,7 +170,7 @@ def test_summary_says_how_the_pools_ran(tmp_path):
     losses = {}
     for mode in ("auto", "reduce"):
         res = shmlearn.train(TrainConfig(model="lenet", dataset="digits", workers=1, device="cpu", samples=640,
-                                         max_pool=mode, log_every=1, eval_points=1, progress=False,
+                                         max_pool=mode, log_every=1, eval_points=1, eval_at_start="off", progress=False,
                                          deterministic=True, out=str(tmp_path / mode)))
         s = res.summary
         assert (s["max_pool"], s["max_pools"]) == (("aten", 0) if mode == "auto" else ("reduce", 2))

@@ -127,7 +127,7 @@ def test_a_run_counts_its_fused_heads(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
     runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=128, workers=1,
-                                       mlp_head=mode, device="cpu", progress=False, eval_points=1,
+                                       mlp_head=mode, device="cpu", progress=False, eval_points=1, eval_at_start="off",
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]
     assert (runs[0].summary["mlp_heads"], runs[1].summary["mlp_heads"]) == (0, 0)
     assert runs[1].summary["mlp_head"] == "triton"
