@@ -35,7 +35,7 @@ def test_due_spreads_the_middle_evaluations_over_the_projected_time():
 
 
 def test_eval_at_start_off_and_eval_points_exact(tmp_path):
-    cfg = TrainConfig(workers=1, samples=32 * 40, eval_points=3, eval_at_start="off", progress=False,
+    cfg = TrainConfig(workers=1, threads=1, samples=32 * 40, eval_points=3, eval_at_start="off", progress=False,
                       out=str(tmp_path / "off"))
     res = shmlearn.train(cfg)
     assert [e["step"] for e in _evals(res.run_dir)] == [13, 27, 40]
@@ -43,7 +43,7 @@ def test_eval_at_start_off_and_eval_points_exact(tmp_path):
 
 
 def test_the_pass_before_training_counts_as_evaluation(tmp_path):
-    res = shmlearn.train(TrainConfig(workers=1, samples=32 * 20, progress=False, out=str(tmp_path / "on")))
+    res = shmlearn.train(TrainConfig(workers=1, threads=1, samples=32 * 20, progress=False, out=str(tmp_path / "on")))
     evals = _evals(res.run_dir)
     assert evals[0]["step"] == 0 and evals[-1]["step"] == 20
     assert res.summary["eval_schedule"] == "auto"

@@ -107,7 +107,7 @@ def test_the_mnist_recipe_through_cli_and_api_and_again_from_config_yaml(recipe)
 
 
 def test_load_model_of_a_built_in_model_scores_its_runs_accuracy(tmp_path):
-    r = shmlearn.train(TrainConfig(workers=1, samples=32 * 60, progress=False, out=str(tmp_path / "run")))
+    r = shmlearn.train(TrainConfig(workers=1, threads=1, samples=32 * 60, progress=False, out=str(tmp_path / "run")))
     model = shmlearn.load_model(r.run_dir)
     assert not model.training
     assert _accuracy(model) == pytest.approx(r.summary["test_accuracy"], abs=1.5 / 360)

@@ -9,6 +9,7 @@ What is passed in crosses to spawned pool workers pickled, by reference: the cla
 below live at the top level of this module, which the workers import by name (`test_own_model`,
 from the tests folder pytest puts on sys.path; spawned workers inherit sys.path).
 """
+import contextlib
 import dataclasses
 import importlib
 import json
@@ -74,8 +75,10 @@ def mean_mse(out, y):
 
 
 def _cfg(out, **kw) -> TrainConfig:
+    # threads=1: a 1-worker run (in this process) defaults to every core, and a second intra-op
+    # thread on batches of 32 only waits on the first (30 steps took ~45 s on the loaded 2-core box)
     base = dict(model="mlp", dataset="digits", device="cpu", samples=2048, batch_size=32, lr=0.05,
-                eval_points=1, progress=False, out=str(out))
+                eval_points=1, progress=False, threads=1, out=str(out))
     base.update(kw)
     return TrainConfig(**base)
 
@@ -149,18 +152,22 @@ def _scores(model, test_x, test_y):
     return int((out.argmax(1) == y).sum()), F.cross_entropy(out, y).item()
 
 
-@pytest.mark.parametrize("workers,extra,loss", [
-    (1, {}, None),
-    (2, {}, mean_cross_entropy),                              # the user's loss crosses to the workers too
-    (2, {"strategy": "allreduce", "check_every": 1}, None),  # the classic step (the CPU default is the fast one)
-    (2, {"strategy": "weight-avg", "avg_period": 4}, None),  # 30 steps: ends between rounds, finish() averages
-    (2, {"strategy": "ps", "ps_dedicated": True}, None),     # rank 0 only serves: its weights are the result
+@pytest.mark.parametrize("workers,extra,loss,shared", [
+    (1, {}, None, False),
+    (2, {}, mean_cross_entropy, False),                              # the user's loss crosses to the workers too
+    (2, {"strategy": "allreduce", "check_every": 1}, None, True),  # the classic step (the CPU default is the fast one)
+    (2, {"strategy": "weight-avg", "avg_period": 4}, None, True),  # 30 steps: ends between rounds, finish() averages
+    (2, {"strategy": "ps", "ps_dedicated": True}, None, True),     # rank 0 only serves: its weights are the result
 ], ids=["1-worker-in-process", "2-workers", "2-workers-classic-step", "weight-avg", "ps-dedicated"])
-def test_the_returned_model_scores_the_runs_own_test_accuracy(tmp_path, workers, extra, loss):
-    assert current() is None  # 1 worker: in this process; 2: a pool that train() spawns
+def test_the_returned_model_scores_the_runs_own_test_accuracy(tmp_path, request, workers, extra, loss, shared):
+    """1 worker: in this process; "2-workers": on a pool that train() spawns, as a script's run;
+    the other strategies on the module's pool (a pool of their own each was a spawn and a torch
+    import per run, and the model comes back over the pool's pipe either way)."""
+    assert current() is None
     data = _digits_arrays()
     cfg = _cfg(tmp_path / "run", workers=workers, samples=30 * 2 * 32, **extra)
-    r = shmlearn.train(cfg, model=mlp_builder, data=data, loss=loss)
+    with using(request.getfixturevalue("pool")) if shared else contextlib.nullcontext():
+        r = shmlearn.train(cfg, model=mlp_builder, data=data, loss=loss)
     assert r.status == "completed" and r.summary["steps"] == 30 * 2 // workers
     assert r.summary["dataset"] == "python:ndarray arrays"
     assert not any(t.is_cuda for t in r.model.state_dict().values())

@@ -53,7 +53,9 @@ def _worker(rank, world, port, tmp, cases):
 
 
 def _reference(tmp, world, optimizer):
-    cfg = _cfg(os.path.join(tmp, f"ref-{optimizer}"), 1, world * B, optimizer=optimizer)
+    # threads=1, as each worker: in this process a 1-worker run would take both cores, and a second
+    # intra-op thread on these batches only waits on the first on a shared 2-core machine
+    cfg = _cfg(os.path.join(tmp, f"ref-{optimizer}"), 1, world * B, optimizer=optimizer, threads=1)
     env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
                   master_port=free_port())
     return _flat(run_worker(cfg, env).model)
@@ -108,7 +110,7 @@ def _dedicated_worker(rank, world, port, tmp, cases):
 def test_folded_linear_trains_like_nn_linear(tmp_path):
     """--folded-linear changes the memory layout of the FC layers, not the maths (issue 8)."""
     def run(folded):
-        cfg = _cfg(os.path.join(tmp_path, f"f{folded}"), 1, 16, optimizer="momentum", folded_linear=folded)
+        cfg = _cfg(os.path.join(tmp_path, f"f{folded}"), 1, 16, optimizer="momentum", folded_linear=folded, threads=1)
         env = DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1, launcher="local",
                       master_port=free_port())
         return run_worker(cfg, env)

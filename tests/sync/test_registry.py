@@ -125,8 +125,8 @@ def test_summary_records_strategy_params(tmp_path, pool, strategy):
     from shmlearn.pool import using
     config, params = STRATEGY_PARAMS[strategy]
     with using(pool):
-        res = shmlearn.train(TrainConfig(strategy=strategy, workers=1, samples=256, eval_points=1, progress=False,
-                                         out=str(tmp_path / "run"), **config))
+        res = shmlearn.train(TrainConfig(strategy=strategy, workers=1, threads=1, samples=256, eval_points=1,
+                                         progress=False, out=str(tmp_path / "run"), **config))
     on_disk = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert res.summary["strategy_params"] == on_disk["strategy_params"] == params
 
@@ -135,8 +135,8 @@ def test_summary_records_a_dedicated_server(tmp_path, pool):
     import shmlearn
     from shmlearn.pool import using
     with using(pool):
-        res = shmlearn.train(TrainConfig(strategy="ps", ps_dedicated=True, workers=1, samples=256, eval_points=1,
-                                         progress=False, out=str(tmp_path / "run")))
+        res = shmlearn.train(TrainConfig(strategy="ps", ps_dedicated=True, workers=1, threads=1, samples=256,
+                                         eval_points=1, progress=False, out=str(tmp_path / "run")))
     s = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert s["strategy_params"] == {"dedicated": True} and (s["workers"], s["processes"]) == (1, 2)
     assert res.summary["strategy_params"] == {"dedicated": True}
