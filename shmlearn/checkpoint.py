@@ -15,6 +15,11 @@ lists, numbers, strings; RNG states are tensors), so a file that would run code 
 (a planted or doctored checkpoint) is refused (UnsafeCheckpoint), never loaded (docs/security.md).
 Each rank keeps its own file because not every strategy keeps replicas' state identical
 (weight averaging between rounds; a parameter server's optimizer lives on rank 0 only).
+
+A run's checkpoint (`run_state`, `save`; `resume`, `restore`) holds each rank's model, optimizer,
+strategy and schedule state, its RNG states, the loop's history (times, losses, evaluations) and
+the noise-scale tracker's state; `fields` (the config fields a resumption must agree on) and the
+world size must match for a checkpoint to be resumed.
 """
 from __future__ import annotations
 
@@ -28,6 +33,9 @@ import struct
 from typing import Any, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
+
+from shmlearn.errors import BadInput
 
 MAGIC = b"SHMLCKPT"
 _HEADER = struct.Struct(">8s32sQ")
@@ -169,3 +177,94 @@ def load_rank(run_dir: str, step: int, rank: int, map_location=None) -> Tuple[Op
         raise
     except CorruptCheckpoint as e:
         return None, str(e)
+
+
+# -- a run's checkpoint: what the training loop (train.py) saves and resumes ---------------------
+
+def run_state(step: int, world_size: int, fields: dict, *, strategy, optimizer, schedule, device: torch.device,
+              loop: dict, noise) -> dict:
+    """One rank's checkpoint at `step`. loop: the loop's history (its fields, by name);
+    noise: the noise-scale tracker, or None."""
+    return {"step": step, "world_size": world_size, "config": fields,
+            "model": strategy.model.state_dict(), "optimizer": optimizer.state_dict(),
+            "strategy": strategy.state_dict(), "schedule": schedule.state_dict(),
+            "rng": {"torch": torch.get_rng_state(),
+                    "cuda": torch.cuda.get_rng_state() if device.type == "cuda" else None},
+            "loop": loop,
+            "noise": noise.state_dict() if noise is not None else None}
+
+
+def restore(state: dict, *, strategy, optimizer, schedule, device: torch.device) -> dict:
+    """Put a `run_state` back into the strategy, optimizer, schedule and RNGs; the loop's history."""
+    strategy.model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+    strategy.load_state_dict(state["strategy"])
+    schedule.load_state_dict(state["schedule"])
+    torch.set_rng_state(state["rng"]["torch"].cpu())
+    if state["rng"]["cuda"] is not None and device.type == "cuda":
+        torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
+    return state["loop"]
+
+
+def save(run_dir: str, step: int, rank: int, world_size: int, state: dict, fault=None) -> None:
+    """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete (and
+    prunes the old ones). fault: the injected fault (guard.Fault) that may strike mid-checkpoint."""
+    os.makedirs(step_dir(run_dir, step), exist_ok=True)
+    write_file(os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt"), state)
+    if fault is not None:
+        fault.in_checkpoint(rank, step)
+    if world_size > 1:
+        dist.barrier()
+    if rank == 0:
+        mark_complete(run_dir, step, world_size)
+        prune(run_dir)
+
+
+def resume(run_dir: str, rank: int, world_size: int, device: torch.device, fields: dict) -> Tuple[int, Optional[dict]]:
+    """(step, this rank's state) of the newest checkpoint that every rank can read and that
+    matches the world size and `fields`; (0, None) if the run has none (rank 0 then clears the
+    folders of checkpoints never completed). BadInput if checkpoints exist and none is usable,
+    or one would run code when loaded. Collective: every rank calls it."""
+    w, r, lead = world_size, rank, rank == 0
+    found = [candidates(run_dir) if lead else None]
+    if w > 1:
+        dist.broadcast_object_list(found, src=0)
+    problems = []
+    for step in found[0]:
+        try:
+            state, why = load_rank(run_dir, step, r, map_location=device)
+        except UnsafeCheckpoint as e:  # a file that would run code: refused, no fallback
+            state, why = None, ("unsafe", str(e))
+        if state is not None and (state["world_size"] != w or state["config"] != fields):
+            state, why = None, _mismatch(state, w, fields)
+        whys = [why]
+        if w > 1:  # every rank learns every rank's verdict, so all choose the same step
+            whys = [None] * w
+            dist.all_gather_object(whys, why)
+        unsafe = [x[1] for x in whys if isinstance(x, tuple)]
+        if unsafe:  # every rank saw it (gathered): every rank raises
+            raise BadInput(f"--resume: {unsafe[0]}")
+        if all(x is None for x in whys):
+            if problems and lead:
+                print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
+            return step, state
+        # Ranks often give the same verdict (a config or world-size mismatch): say it once.
+        problems += [x for x in dict.fromkeys(whys) if x is not None]
+    if found[0]:  # every rank knows found (broadcast): every rank raises
+        raise BadInput(f"--resume {run_dir}: no usable checkpoint ({'; '.join(problems)})")
+    # No complete checkpoint: start fresh, as --help says. One killed while it was written
+    # is only a folder without its COMPLETE mark; rank 0 clears it (before its first
+    # collective, so before any rank can write a checkpoint again).
+    if lead:
+        gone = remove_incomplete(run_dir)
+        removed = f" (removed the incomplete {', '.join(gone)})" if gone else ""
+        print(f"shmlearn: --resume: no complete checkpoint in {run_dir}{removed}; "
+              f"starting from step 0", flush=True)
+    return 0, None
+
+
+def _mismatch(state: dict, world_size: int, fields: dict) -> str:
+    if state["world_size"] != world_size:
+        return f"step {state['step']}: written by {state['world_size']} processes, this run has {world_size}"
+    diff = [k for k in fields if state["config"].get(k) != fields[k]]
+    return f"step {state['step']}: written with different {', '.join(diff)}"

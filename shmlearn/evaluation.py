@@ -7,10 +7,18 @@ n * c <= s * (T + n * c), i.e. n <= T * s / ((1 - s) * c). n counts the evaluati
 (always made: it is the run's result) and the one before training (if made), and is at most
 EVAL_MAX; the others are spread evenly over the projected training time. Rank 0 decides (its
 request rides in the loop's control all-reduce), so every rank evaluates at the same steps.
+
+`test_pass` is the evaluation itself: the full test set, split between the ranks.
 """
 from __future__ import annotations
 
 from typing import Optional, Sequence
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.data.stream import test_batches
+from shmlearn.tasks import correct, loss_fn
 
 EVAL_SHARE = 0.1
 """The default schedule keeps evaluation under this share of a run's time."""
@@ -44,3 +52,29 @@ def due(*, steps: int, done: int, train_s: float, cost_s: Optional[float], test_
     middle = count(total, cost) - 1 - int(0 in eval_steps)
     made = sum(1 for s in eval_steps if 0 < s < steps)
     return made < middle and train_s >= total * (made + 1) / (middle + 1)
+
+
+@torch.no_grad()
+def test_pass(model, data, *, rank: int, world_size: int, device: torch.device, normalize, autocast, loss, task: str,
+              timeout_s) -> torch.Tensor:
+    """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
+    all-reduced, so no sample is skipped or counted twice. Returns (loss sum, correct, samples) on
+    the device, float64. loss: the user's mean loss, or None (the task's, summed); autocast: () ->
+    the step's autocast context."""
+    model.eval()
+    sums = torch.zeros(3, dtype=torch.float64, device=device)
+    for xb, yb in test_batches(data, rank, world_size, device, timeout_s=timeout_s):
+        with autocast():
+            out = model(normalize(xb)).float()
+        if loss is None:
+            sums[0] += loss_fn(task, out, yb, reduction="sum").double()
+        else:  # the user's loss is a mean
+            sums[0] += loss(out, yb).double() * len(yb)
+        c = correct(task, out, yb)
+        if c is not None:
+            sums[1] += c
+        sums[2] += len(yb)
+    if world_size > 1:
+        dist.all_reduce(sums)
+    model.train()
+    return sums

@@ -207,3 +207,102 @@ def _truncate_after(path: str, step: int) -> None:
 def read_jsonl(path: str) -> List[Dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+# -- summary.json: what one run's training loop (train.py) hands over --------------------------------
+
+def step_fields(st) -> dict:
+    """summary.json's account of how a rank's step ran (mode, compiler, kernels); st: its fast.Stepper."""
+    return {
+        "step_mode": st.mode, "check_every": 1 if not st.fast else st.check_every,
+        "step_note": st.note,
+        "compile": st.compiled or "off", "compile_s": st.compile_s, "compile_read": st.read_compiled,
+        "image_conv": st.image_conv, "image_convs": st.image_convs,
+        "max_pool": st.max_pool, "max_pools": st.max_pools,
+        "conv_pool": st.conv_pool, "conv_pools": st.conv_pools,
+        "mlp_head": st.mlp_head, "mlp_heads": st.mlp_heads,
+        "kernels": [c.as_dict() for c in st.kernels], "kernel_notes": st.kernel_notes,
+        "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
+        "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
+        "update_kernel": st.update_kernel, "update_in_backward": st.early_update,
+        "weight_copy": st.weight_copy,
+        "graph_memsets_replaced": st.memsets_replaced,
+        "phase_sample_every": st.sample_every if st.graphs else None,
+    }
+
+
+def phase_timing(st, timer, device_type: str) -> str:
+    """summary.json's phase_timing: how phase_s was measured (st: the fast.Stepper; timer: the PhaseTimer)."""
+    how = "CUDA events" if device_type == "cuda" else "perf_counter"
+    if st.mode == "cuda-graph":
+        return (f"{how} on {timer.timed_steps} eager steps (one in {st.sample_every}); "
+                f"the other {timer.steps - timer.timed_steps} were CUDA graph replays")
+    return f"{how} on every step"
+
+
+def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any], workers: int, processes: int,
+              launcher: str, streamed: bool, start_lrs, builtin_optimizer: bool, budget: int, samples_per_step: int,
+              planned_steps: int, setup_s, auto_eval: bool, start_step: int, phase_s, timing: str,
+              step: Dict[str, Any], device: str, torch_version: str, strategy: Dict[str, Any],
+              noise: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """summary.json (DESIGN.md's output contract). history: the loop's step_times, step_losses
+    (one per step done), evals (eval.jsonl's rows), eval_s and checkpoint_s; diverged: (step,
+    rank, loss) or None; step: `step_fields`; timing: `phase_timing`; strategy: the strategy's
+    own fields (registry.Spec.summary); noise: the noise-scale tracker's, or None."""
+    step_times, step_losses, evals = history["step_times"], history["step_losses"], history["evals"]
+    steps_done = len(step_losses)
+    wall = step_times[-1] if step_times else 0.0
+    finite = [x for x in step_losses if math.isfinite(x)]
+    accs = [e["test_accuracy"] for e in evals if e["test_accuracy"] is not None]
+    summary = {
+        "status": status, "strategy": cfg.strategy, "workers": workers,
+        "processes": processes, "launcher": launcher, "model": cfg.model,
+        "dataset": cfg.dataset, "data_path": "stream" if streamed else "resident",
+        "optimizer": cfg.optimizer, "optimizer_args": cfg.optimizer_args,
+        "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
+        "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
+        "lr_schedule": (cfg.lr_schedule if builtin_optimizer else "none") if not cfg.scheduler
+        else "scheduler", "loss": cfg.loss or "task", "start_lrs": start_lrs,
+        "batch_size": cfg.batch_size,
+        "lr": cfg.lr, "seed": cfg.seed, "budget_samples": budget,
+        "samples_seen": steps_done * samples_per_step, "steps": steps_done,
+        "planned_steps": planned_steps, "wall_time_s": wall, "eval_time_s": history["eval_s"],
+        "checkpoint_time_s": history["checkpoint_s"], "setup_time_s": setup_s,
+        "evaluations": len(evals), "eval_at_start": cfg.eval_at_start,
+        "eval_schedule": "auto" if auto_eval else ("points" if cfg.eval_points else "every"),
+        "resumed_from_step": start_step or None,
+        "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
+        "min_loss": min(finite) if finite else None,
+        "loss_area": loss_area([0.0] + step_times, step_losses[:1] + step_losses)
+        if status in ("completed", "pruned") else None,
+        "test_loss": evals[-1]["test_loss"] if evals else None,
+        "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
+        "best_test_accuracy": max(accs) if accs else None,
+        "samples_per_s": steps_done * samples_per_step / wall if wall > 0 else None,
+        "phase_s": phase_s,
+        "phase_timing": timing,
+        "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
+        **step,
+        "device": device,
+        "torch_version": torch_version,
+        **strategy,  # strategy_params, and the strategy's own fields
+    }
+    if noise is not None:
+        summary.update(noise)
+    if diverged is not None:
+        d_step, d_rank, _ = diverged
+        summary.update(diverged_step=d_step, diverged_rank=d_rank)
+    summary["weights"] = None
+    return summary
+
+
+def write_results(rundir: RunDir, summary: Dict[str, Any], trace: Any, save_weights=None) -> None:
+    """Rank 0: the summary first (it is the result), the trace (a view of the timings), then the
+    weights, the largest file (save_weights() -> their summary entry; on a full disk the summary
+    is already there), then the summary again, naming them; then the run directory is closed."""
+    rundir.write_summary(summary)
+    rundir.write_trace(trace)
+    if save_weights is not None:
+        summary["weights"] = save_weights()
+        rundir.write_summary(summary)
+    rundir.close()

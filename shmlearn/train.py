@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import io
-import math
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass, replace
@@ -24,10 +22,10 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.config import TrainConfig, validate
-from shmlearn.data import Dataset, check_present, load_dataset, normalizer
-from shmlearn.data.augment import Augment
-from shmlearn.data.loader import ShardedLoader
+from shmlearn.data import Dataset, check_present, normalizer
 from shmlearn.fast import StepOptions, Stepper
+# preload_data: sweep and study import it from here (a pool's init).
+from shmlearn.inputs import cached_dataset, preload_data, run_loader, run_model  # noqa: F401
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
@@ -35,19 +33,19 @@ from shmlearn.errors import BadInput, Diverged, WorkerFailed, count, one_line
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group
 from shmlearn.launch import destroy_group as _destroy_group
-from shmlearn.models import apply_init, build_model
-from shmlearn.models.user import check_outputs, user_model
-from shmlearn.data.stream import StreamLoader, StreamedData, test_batches
+from shmlearn.models import apply_init
+from shmlearn.data.stream import StreamLoader, StreamedData
 from shmlearn.data.user import user_data
 from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
-from shmlearn.nn import FoldedLinear
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn import evaluation, recipe, weights
 from shmlearn.pool import current as current_pool, describe, run_local
-from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
+from shmlearn.runs import (RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area, phase_timing, summarize,
+                           write_results)
+from shmlearn.runs import step_fields as runs_step_fields
 from shmlearn.sync import SyncStrategy, registry
-from shmlearn.tasks import correct, loss_fn
+from shmlearn.tasks import loss_fn
 from shmlearn.timing import PhaseTimer, chrome_trace
 
 
@@ -218,7 +216,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if parts.data is not None:
         data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
     else:
-        data = _cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
+        data = cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
     budget = cfg.budget_samples(data.n_train)
     steps = budget // (compute * cfg.batch_size)
     if steps == 0:
@@ -235,27 +233,13 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
-    model = _build_model(cfg, parts, data)
+    model = run_model(cfg, parts, data)
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
     strategy.run_steps = steps
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
-    shard = spec.shard(env.rank) or 0
-    augment = Augment.parse(cfg.augment)
-    if augment.active and not data.spec.is_image:
-        raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
-    if isinstance(data, StreamedData):
-        if augment.active:
-            raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
-                           f"data is streamed (augment in your Dataset, or --loader resident)")
-        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard, timeout_s=cfg.timeout,
-                              num_shards=compute, seed=cfg.seed, normalize=normalizer(data, device), device=device)
-    else:
-        loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
-                               shard=shard, num_shards=compute, seed=cfg.seed,
-                               normalize=normalizer(data, device), augment=augment,
-                               channels_last=cfg.channels_last)
+    loader, augment = run_loader(cfg, data, shard=spec.shard(env.rank) or 0, num_shards=compute, device=device)
 
     backend = _backend(cfg, device.type == "cuda")
     owns_group = not dist.is_initialized()
@@ -293,28 +277,6 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                 dist.destroy_process_group()
 
 
-def _build_model(cfg: TrainConfig, parts: Parts, data) -> torch.nn.Module:
-    """The config's model by name, or the user's (checked once on two training samples)."""
-    if parts.model is None and not is_ref(cfg.model):
-        return build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
-    what = "model=" if parts.model is not None else f"--model {cfg.model}"
-    obj = parts.model if parts.model is not None else resolve_ref(cfg.model, "--model")
-    model = user_model(obj, data.spec, what)
-    check_outputs(model, _two_samples(data), data.spec, what)
-    return model
-
-
-def _two_samples(data) -> torch.Tensor:
-    """Two training inputs on the CPU, as the model will see them (normalized, float)."""
-    if isinstance(data, StreamedData):
-        from shmlearn.data.stream import convert_batch
-        from shmlearn.data.user import first_item
-        x = torch.stack([convert_batch(*first_item(data.train, data.what, "train"), data.spec.task)[0]] * 2)
-    else:
-        x = data.train_x[:2].cpu()
-    return normalizer(data, torch.device("cpu"))(x)
-
-
 def _set_determinism(on: bool, device: torch.device) -> None:
     """Set (or clear: a pool worker runs many configs) deterministic numerics for this run."""
     if on and device.type == "cuda":
@@ -329,36 +291,6 @@ def _set_determinism(on: bool, device: torch.device) -> None:
     torch.backends.cudnn.deterministic = on
 
 
-_DATA_CACHE: Dict[tuple, Dataset] = {}
-_DATA_CACHE_SIZE = 2
-
-
-def _cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device, *,
-                    task: Optional[str] = None, loader: str = "auto"):
-    """The dataset on `device`, loaded once per process: a pool worker keeps it between a
-    sweep's trials (reading and uploading Fashion-MNIST costs more than a short trial). Training
-    never writes into it (the loader gathers batches into buffers of its own). `name` may be a
-    reference to the user's own data (FILE.py:NAME)."""
-    key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device), task, loader)
-    if key not in _DATA_CACHE:
-        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
-            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
-        if is_ref(name):
-            ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
-                           device=device, name=name)
-        else:
-            ds = load_dataset(name, data_dir, seed=seed)
-        _DATA_CACHE[key] = ds.to(device)
-    return _DATA_CACHE[key]
-
-
-def preload_data(slot: int, datasets: list, cuda: bool) -> None:
-    """Pool init (sweeps): load (name, data_dir, seed) onto this worker's device, into the cache."""
-    device = torch.device("cuda", slot % torch.cuda.device_count()) if cuda else torch.device("cpu")
-    for name, data_dir, seed in datasets:
-        _cached_dataset(name, data_dir, seed, device)
-
-
 # Fields that may differ between the original run and its resumption, or between ranks.
 _FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
                 "save_model",
@@ -367,6 +299,10 @@ _FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "thr
 
 def _agreed_fields(cfg: TrainConfig) -> dict:
     return {k: v for k, v in cfg.to_dict().items() if k not in _FREE_FIELDS}
+
+
+_HISTORY = ("step_times", "step_losses", "evals", "eval_s", "checkpoint_s", "last_eval_s", "last_ckpt_s")
+"""The _Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
 
 
 class _Loop:
@@ -552,88 +488,35 @@ class _Loop:
             bar.set_postfix(loss=f"{win.losses[-1]:.4f}", samples_s=f"{n * self.samples_per_step / max(train_s, 1e-9):.0f}",
                             acc="-" if acc is None else f"{acc:.4f}", refresh=False)
 
-    # -- checkpoints -----------------------------------------------------------------------------
-    def _state(self, step: int) -> dict:
-        return {"step": step, "world_size": self.env.world_size, "config": _agreed_fields(self.cfg),
-                "model": self.strategy.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "strategy": self.strategy.state_dict(), "schedule": self.schedule.state_dict(),
-                "rng": {"torch": torch.get_rng_state(),
-                        "cuda": torch.cuda.get_rng_state() if self.device.type == "cuda" else None},
-                "loop": {"step_times": self.step_times, "step_losses": self.step_losses,
-                         "evals": self.evals, "eval_s": self.eval_s, "checkpoint_s": self.checkpoint_s,
-                         "last_eval_s": self.last_eval_s, "last_ckpt_s": self.last_ckpt_s},
-                "noise": self.noise.state_dict() if self.noise is not None else None}
+    # -- checkpoints (checkpoint.py) ------------------------------------------------------------
+    def _history(self) -> dict:
+        """What the loop has recorded: saved in checkpoints, summarized in summary.json."""
+        return {k: getattr(self, k) for k in _HISTORY}
 
     def _checkpoint(self, step: int, train_s: float) -> None:
         """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete."""
         c0 = time.perf_counter()
-        os.makedirs(ckpt.step_dir(self.cfg.out, step), exist_ok=True)
         self.last_ckpt_s = train_s
-        ckpt.write_file(os.path.join(ckpt.step_dir(self.cfg.out, step), f"rank{self.env.rank}.ckpt"),
-                        self._state(step))
-        if self.fault is not None:
-            self.fault.in_checkpoint(self.env.rank, step)
-        if self.env.world_size > 1:
-            dist.barrier()
-        if self.lead:
-            ckpt.mark_complete(self.cfg.out, step, self.env.world_size)
-            ckpt.prune(self.cfg.out)
+        state = ckpt.run_state(step, self.env.world_size, _agreed_fields(self.cfg), strategy=self.strategy,
+                               optimizer=self.optimizer, schedule=self.schedule, device=self.device,
+                               loop=self._history(), noise=self.noise)
+        ckpt.save(self.cfg.out, step, self.env.rank, self.env.world_size, state, fault=self.fault)
         self.checkpoint_s += time.perf_counter() - c0
 
     def _resume(self) -> int:
         """Load the newest checkpoint that every rank can read; 0 if the run has none."""
-        w, r = self.env.world_size, self.env.rank
-        found = [ckpt.candidates(self.cfg.out) if self.lead else None]
-        if w > 1:
-            dist.broadcast_object_list(found, src=0)
-        problems = []
-        for step in found[0]:
-            try:
-                state, why = ckpt.load_rank(self.cfg.out, step, r, map_location=self.device)
-            except ckpt.UnsafeCheckpoint as e:  # a file that would run code: refused, no fallback
-                state, why = None, ("unsafe", str(e))
-            if state is not None and (state["world_size"] != w or state["config"] != _agreed_fields(self.cfg)):
-                state, why = None, _mismatch(state, w, _agreed_fields(self.cfg))
-            whys = [why]
-            if w > 1:  # every rank learns every rank's verdict, so all choose the same step
-                whys = [None] * w
-                dist.all_gather_object(whys, why)
-            unsafe = [x[1] for x in whys if isinstance(x, tuple)]
-            if unsafe:  # every rank saw it (gathered): every rank raises
-                raise BadInput(f"--resume: {unsafe[0]}")
-            if all(x is None for x in whys):
-                if problems and self.lead:
-                    print(f"shmlearn: skipped damaged checkpoints: {'; '.join(problems)}", flush=True)
-                self._load(state)
-                return step
-            # Ranks often give the same verdict (a config or world-size mismatch): say it once.
-            problems += [x for x in dict.fromkeys(whys) if x is not None]
-        if found[0]:  # every rank knows found (broadcast): every rank raises
-            raise BadInput(f"--resume {self.cfg.out}: no usable checkpoint ({'; '.join(problems)})")
-        # No complete checkpoint: start fresh, as --help says. One killed while it was written
-        # is only a folder without its COMPLETE mark; rank 0 clears it (before its first
-        # collective, so before any rank can write a checkpoint again).
-        if self.lead:
-            gone = ckpt.remove_incomplete(self.cfg.out)
-            removed = f" (removed the incomplete {', '.join(gone)})" if gone else ""
-            print(f"shmlearn: --resume: no complete checkpoint in {self.cfg.out}{removed}; "
-                  f"starting from step 0", flush=True)
-        return 0
-
-    def _load(self, state: dict) -> None:
-        self.strategy.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.strategy.load_state_dict(state["strategy"])
-        self.schedule.load_state_dict(state["schedule"])
-        torch.set_rng_state(state["rng"]["torch"].cpu())
-        if state["rng"]["cuda"] is not None and self.device.type == "cuda":
-            torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
-        for k, v in state["loop"].items():
-            setattr(self, k, v)
-        if self.noise is not None and state.get("noise"):
-            self.noise.load_state_dict(state["noise"])
-        self.area = (loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses) or 0.0) \
-            if self.step_losses else 0.0
+        step, state = ckpt.resume(self.cfg.out, self.env.rank, self.env.world_size, self.device,
+                                  _agreed_fields(self.cfg))
+        if state is not None:
+            loop = ckpt.restore(state, strategy=self.strategy, optimizer=self.optimizer, schedule=self.schedule,
+                                device=self.device)
+            for k, v in loop.items():
+                setattr(self, k, v)
+            if self.noise is not None and state.get("noise"):
+                self.noise.load_state_dict(state["noise"])
+            self.area = (loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses) or 0.0) \
+                if self.step_losses else 0.0
+        return step
 
     def _train_loss(self):
         """What the step minimizes: the user's loss, or the task's with --label-smoothing (None:
@@ -655,25 +538,12 @@ class _Loop:
     def _evaluate(self, *, step: int, train_s: float) -> None:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
         all-reduced, so no sample is skipped or counted twice."""
-        model, w, r = self.strategy.model, self.env.world_size, self.env.rank
         t0 = time.perf_counter()
         with self.timer.phase("eval"), self.strategy.eval_weights():
-            model.eval()
-            sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-            for xb, yb in test_batches(self.data, r, w, self.device, timeout_s=self.cfg.timeout):
-                with self.stepper.autocast():
-                    out = model(self.normalize(xb)).float()
-                if self.loss is None:
-                    sums[0] += loss_fn(self.task, out, yb, reduction="sum").double()
-                else:  # the user's loss is a mean
-                    sums[0] += self.loss(out, yb).double() * len(yb)
-                c = correct(self.task, out, yb)
-                if c is not None:
-                    sums[1] += c
-                sums[2] += len(yb)
-            if w > 1:
-                dist.all_reduce(sums)
-            model.train()
+            sums = evaluation.test_pass(self.strategy.model, self.data, rank=self.env.rank,
+                                        world_size=self.env.world_size, device=self.device, normalize=self.normalize,
+                                        autocast=self.stepper.autocast, loss=self.loss, task=self.task,
+                                        timeout_s=self.cfg.timeout)
         loss_sum, n_correct, n = sums.tolist()
         self.eval_cost_s = time.perf_counter() - t0
         row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
@@ -683,37 +553,10 @@ class _Loop:
         if self.lead:
             self.rundir.log_eval(row)
 
-    def _step_fields(self) -> dict:
-        """summary.json's account of how this rank's step ran (mode, compiler, kernels)."""
-        st = self.stepper
-        return {
-            "step_mode": st.mode, "check_every": 1 if not st.fast else st.check_every,
-            "step_note": st.note,
-            "compile": st.compiled or "off", "compile_s": st.compile_s, "compile_read": st.read_compiled,
-            "image_conv": st.image_conv, "image_convs": st.image_convs,
-            "max_pool": st.max_pool, "max_pools": st.max_pools,
-            "conv_pool": st.conv_pool, "conv_pools": st.conv_pools,
-            "mlp_head": st.mlp_head, "mlp_heads": st.mlp_heads,
-            "kernels": [c.as_dict() for c in st.kernels], "kernel_notes": st.kernel_notes,
-            "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
-            "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
-            "update_kernel": st.update_kernel, "update_in_backward": st.early_update,
-            "weight_copy": st.weight_copy,
-            "graph_memsets_replaced": st.memsets_replaced,
-            "phase_sample_every": st.sample_every if st.graphs else None,
-        }
-
-    def _phase_timing(self) -> str:
-        how = "CUDA events" if self.device.type == "cuda" else "perf_counter"
-        if self.stepper.mode == "cuda-graph":
-            return (f"{how} on {self.timer.timed_steps} eager steps (one in {self.stepper.sample_every}); "
-                    f"the other {self.timer.steps - self.timer.timed_steps} were CUDA graph replays")
-        return f"{how} on every step"
-
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
         events = self.timer.trace_events()
-        step_fields = self._step_fields()
+        step_fields = runs_step_fields(self.stepper)
         mine = (events, step_fields if self.strategy.computes else None)
         gathered = [None] * env.world_size if self.lead else None
         if env.world_size > 1:
@@ -725,59 +568,20 @@ class _Loop:
             # no model step, compiles nothing and reads no batches.
             step_fields = next((f for _, f in gathered if f is not None), step_fields)
             gathered = [e for e, _ in gathered]
-        steps_done = len(self.step_losses)
-        wall = self.step_times[-1] if self.step_times else 0.0
-        finite = [l for l in self.step_losses if math.isfinite(l)]
-        accs = [e["test_accuracy"] for e in self.evals if e["test_accuracy"] is not None]
-        summary = {
-            "status": status, "strategy": cfg.strategy, "workers": self.strategy.compute_ranks,
-            "processes": env.world_size, "launcher": env.launcher, "model": cfg.model,
-            "dataset": cfg.dataset, "data_path": "stream" if isinstance(self.data, StreamedData) else "resident",
-            "optimizer": cfg.optimizer, "optimizer_args": cfg.optimizer_args,
-            "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
-            "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
-            "lr_schedule": (cfg.lr_schedule if recipe.is_builtin_optimizer(cfg) else "none") if not cfg.scheduler
-            else "scheduler", "loss": cfg.loss or "task", "start_lrs": getattr(self, "start_lrs", None),
-            "batch_size": cfg.batch_size,
-            "lr": cfg.lr, "seed": cfg.seed, "budget_samples": self.budget,
-            "samples_seen": steps_done * self.samples_per_step, "steps": steps_done,
-            "planned_steps": self.steps, "wall_time_s": wall, "eval_time_s": self.eval_s,
-            "checkpoint_time_s": self.checkpoint_s, "setup_time_s": self.setup_s,
-            "evaluations": len(self.evals), "eval_at_start": cfg.eval_at_start,
-            "eval_schedule": "auto" if self.auto_eval else ("points" if cfg.eval_points else "every"),
-            "resumed_from_step": self.start_step or None,
-            "final_loss": (sum(finite[-10:]) / len(finite[-10:])) if finite else None,
-            "min_loss": min(finite) if finite else None,
-            "loss_area": loss_area([0.0] + self.step_times, self.step_losses[:1] + self.step_losses)
-            if status in ("completed", "pruned") else None,
-            "test_loss": self.evals[-1]["test_loss"] if self.evals else None,
-            "test_accuracy": self.evals[-1]["test_accuracy"] if self.evals else None,
-            "best_test_accuracy": max(accs) if accs else None,
-            "samples_per_s": steps_done * self.samples_per_step / wall if wall > 0 else None,
-            "phase_s": self.timer.mean_per_step(),
-            "phase_timing": self._phase_timing(),
-            "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
-            **step_fields,
-            "device": torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-            "torch_version": torch.__version__,
-            **self.spec.summary(self.strategy),  # strategy_params, and the strategy's own fields
-        }
-        if self.noise is not None:
-            summary.update(self.noise.summary())
-        if diverged is not None:
-            step, rank, _ = diverged
-            summary.update(diverged_step=step, diverged_rank=rank)
-        summary["weights"] = None
+        summary = summarize(
+            cfg, status=status, diverged=diverged, history=self._history(), workers=self.strategy.compute_ranks,
+            processes=env.world_size, launcher=env.launcher, streamed=isinstance(self.data, StreamedData),
+            start_lrs=getattr(self, "start_lrs", None), builtin_optimizer=recipe.is_builtin_optimizer(cfg),
+            budget=self.budget, samples_per_step=self.samples_per_step, planned_steps=self.steps,
+            setup_s=self.setup_s, auto_eval=self.auto_eval, start_step=self.start_step,
+            phase_s=self.timer.mean_per_step(), timing=phase_timing(self.stepper, self.timer, self.device.type),
+            step=step_fields, torch_version=torch.__version__,
+            device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
+            strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None)
         if self.lead:
-            # The summary first: it is the result; the trace is a view of the timings; the
-            # weights last (the largest file: on a full disk the summary is already there),
-            # then the summary again, naming them.
-            self.rundir.write_summary(summary)
-            self.rundir.write_trace(chrome_trace(gathered))
-            if cfg.save_model and status in ("completed", "pruned"):
-                summary["weights"] = weights.save(cfg.out, self.strategy.model, self.data.spec)
-                self.rundir.write_summary(summary)
-            self.rundir.close()
+            save = cfg.save_model and status in ("completed", "pruned")
+            write_results(self.rundir, summary, chrome_trace(gathered),
+                          (lambda: weights.save(cfg.out, self.strategy.model, self.data.spec)) if save else None)
         if diverged is not None:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
@@ -794,9 +598,3 @@ def _progress(total: int, initial: int = 0):
     tqdm.set_lock(threading.RLock())
     return tqdm(total=total, initial=initial, desc="train", unit="step", mininterval=0.5, dynamic_ncols=True)
 
-
-def _mismatch(state: dict, world_size: int, fields: dict) -> str:
-    if state["world_size"] != world_size:
-        return f"step {state['step']}: written by {state['world_size']} processes, this run has {world_size}"
-    diff = [k for k in fields if state["config"].get(k) != fields[k]]
-    return f"step {state['step']}: written with different {', '.join(diff)}"

@@ -1,0 +1,91 @@
+"""What one run trains: its dataset (kept on the device between the runs of one process, as a
+sweep's pool worker runs them), its model (by name, or the user's own, checked once) and each
+rank's loader."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional
+
+import torch
+
+from shmlearn.config import TrainConfig
+from shmlearn.data import Dataset, load_dataset, normalizer
+from shmlearn.data.augment import Augment
+from shmlearn.data.loader import ShardedLoader
+from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
+from shmlearn.data.user import first_item, user_data
+from shmlearn.errors import BadInput
+from shmlearn.models import build_model
+from shmlearn.models.user import check_outputs, user_model
+from shmlearn.nn import FoldedLinear
+from shmlearn.parts import Parts, resolve_ref
+from shmlearn.refs import is_ref
+
+_DATA_CACHE: Dict[tuple, Dataset] = {}
+_DATA_CACHE_SIZE = 2
+
+
+def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device, *,
+                   task: Optional[str] = None, loader: str = "auto"):
+    """The dataset on `device`, loaded once per process: a pool worker keeps it between a
+    sweep's trials (reading and uploading Fashion-MNIST costs more than a short trial). Training
+    never writes into it (the loader gathers batches into buffers of its own). `name` may be a
+    reference to the user's own data (FILE.py:NAME)."""
+    key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device), task, loader)
+    if key not in _DATA_CACHE:
+        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
+            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        if is_ref(name):
+            ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
+                           device=device, name=name)
+        else:
+            ds = load_dataset(name, data_dir, seed=seed)
+        _DATA_CACHE[key] = ds.to(device)
+    return _DATA_CACHE[key]
+
+
+def preload_data(slot: int, datasets: list, cuda: bool) -> None:
+    """Pool init (sweeps): load (name, data_dir, seed) onto this worker's device, into the cache."""
+    device = torch.device("cuda", slot % torch.cuda.device_count()) if cuda else torch.device("cpu")
+    for name, data_dir, seed in datasets:
+        cached_dataset(name, data_dir, seed, device)
+
+
+def run_model(cfg: TrainConfig, parts: Parts, data) -> torch.nn.Module:
+    """The config's model by name, or the user's (checked once on two training samples)."""
+    if parts.model is None and not is_ref(cfg.model):
+        return build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
+    what = "model=" if parts.model is not None else f"--model {cfg.model}"
+    obj = parts.model if parts.model is not None else resolve_ref(cfg.model, "--model")
+    model = user_model(obj, data.spec, what)
+    check_outputs(model, two_samples(data), data.spec, what)
+    return model
+
+
+def two_samples(data) -> torch.Tensor:
+    """Two training inputs on the CPU, as the model will see them (normalized, float)."""
+    if isinstance(data, StreamedData):
+        x = torch.stack([convert_batch(*first_item(data.train, data.what, "train"), data.spec.task)[0]] * 2)
+    else:
+        x = data.train_x[:2].cpu()
+    return normalizer(data, torch.device("cpu"))(x)
+
+
+def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: torch.device):
+    """(this rank's loader, the parsed --augment): a StreamLoader for streamed data, else a
+    ShardedLoader over the device-resident arrays. BadInput where --augment cannot run."""
+    augment = Augment.parse(cfg.augment)
+    if augment.active and not data.spec.is_image:
+        raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
+    if isinstance(data, StreamedData):
+        if augment.active:
+            raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
+                           f"data is streamed (augment in your Dataset, or --loader resident)")
+        loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard, timeout_s=cfg.timeout,
+                              num_shards=num_shards, seed=cfg.seed, normalize=normalizer(data, device), device=device)
+    else:
+        loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
+                               shard=shard, num_shards=num_shards, seed=cfg.seed,
+                               normalize=normalizer(data, device), augment=augment,
+                               channels_last=cfg.channels_last)
+    return loader, augment
