@@ -145,8 +145,8 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy, extra
 
 
 # --- the graph protocol, with a stand-in for the CUDA graph ---------------------------------------
-# On a GPU `_graph_of(fn)` captures fn's kernels without running them and replay() runs them. The
-# stand-in keeps fn and calls it on replay: what is tested is everything around the capture
+# On a GPU `Graphs.graph_of(fn)` (step/graphs.py) captures fn's kernels without running them and
+# replay() runs them. The stand-in keeps fn and calls it on replay: what is tested is everything around the capture
 # (warm-up that must leave no trace, restored weights, BatchNorm buffers and flags, the loader's
 # device counter, one graph per kind of step, eager sampled steps between replays).
 
