@@ -41,9 +41,8 @@ from shmlearn.refs import is_ref
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn import evaluation, recipe, weights
 from shmlearn.pool import current as current_pool, describe, run_local
-from shmlearn.runs import (RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area, phase_timing, summarize,
-                           write_results)
-from shmlearn.runs import step_fields as runs_step_fields
+from shmlearn import runs
+from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.tasks import loss_fn
 from shmlearn.timing import PhaseTimer, chrome_trace
@@ -556,7 +555,7 @@ class _Loop:
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
         events = self.timer.trace_events()
-        step_fields = runs_step_fields(self.stepper)
+        step_fields = runs.step_fields(self.stepper)
         mine = (events, step_fields if self.strategy.computes else None)
         gathered = [None] * env.world_size if self.lead else None
         if env.world_size > 1:
@@ -568,19 +567,19 @@ class _Loop:
             # no model step, compiles nothing and reads no batches.
             step_fields = next((f for _, f in gathered if f is not None), step_fields)
             gathered = [e for e, _ in gathered]
-        summary = summarize(
+        summary = runs.summarize(
             cfg, status=status, diverged=diverged, history=self._history(), workers=self.strategy.compute_ranks,
             processes=env.world_size, launcher=env.launcher, streamed=isinstance(self.data, StreamedData),
             start_lrs=getattr(self, "start_lrs", None), builtin_optimizer=recipe.is_builtin_optimizer(cfg),
             budget=self.budget, samples_per_step=self.samples_per_step, planned_steps=self.steps,
             setup_s=self.setup_s, auto_eval=self.auto_eval, start_step=self.start_step,
-            phase_s=self.timer.mean_per_step(), timing=phase_timing(self.stepper, self.timer, self.device.type),
+            phase_s=self.timer.mean_per_step(), timing=runs.phase_timing(self.stepper, self.timer, self.device.type),
             step=step_fields, torch_version=torch.__version__,
             device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None)
         if self.lead:
             save = cfg.save_model and status in ("completed", "pruned")
-            write_results(self.rundir, summary, chrome_trace(gathered),
+            runs.write_results(self.rundir, summary, chrome_trace(gathered),
                           (lambda: weights.save(cfg.out, self.strategy.model, self.data.spec)) if save else None)
         if diverged is not None:
             step, rank, _ = diverged
