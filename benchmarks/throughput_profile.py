@@ -61,8 +61,8 @@ def roofline_of(st, device, limits) -> dict:
     from shmlearn.timing import NULL_TIMER
     st.loader.invalidate()
     st.loader.prepare(0)
-    ops = record(lambda: st._device_step(NULL_TIMER, False), device)
-    st._expected = None
+    ops = record(lambda: st.dstep.run(NULL_TIMER, False), device)
+    st.dstep.expected = None
     table = rows(ops, limits)
     kernel_us = sum(r["us"] for r in table)
     floor_us = sum(r["min_us"] for r in table)
@@ -134,7 +134,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeli
     st.loader.prepare(0)
     try:
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-            st._device_step(NULL_TIMER, False)
+            st.dstep.run(NULL_TIMER, False)
             sync(device)
         kind = torch.autograd.DeviceType.CUDA if device.type == "cuda" else torch.autograd.DeviceType.CPU
         events = [e for e in prof.events() if e.device_type == kind and not e.name.startswith("op#")]
@@ -153,7 +153,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeli
                    top=top)
     except Exception as e:  # noqa: BLE001 - the timings below still say something
         out.update(kernels=-1, kernel_us=float("nan"), top=[], profile_error=f"{type(e).__name__}: {e}"[:300])
-    st._expected = None  # the eager step advanced the device counters
+    st.dstep.expected = None  # the eager step advanced the device counters
     if limits is not None and not mods & {"compile", "compile-max"}:  # a compiled region is opaque to the log
         try:
             out["roofline"] = roofline_of(st, device, limits)
@@ -165,7 +165,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeli
     def rewind():
         st.loader.invalidate()
         st.loader.prepare(0)
-        st._t.fill_(0)
+        st.dstep.t.fill_(0)
 
     ts = []
     for _ in range(5):  # eager step wall time
@@ -173,7 +173,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeli
         sync(device)
         t0 = time.perf_counter()
         for _ in range(n):
-            st._device_step(NULL_TIMER, False)
+            st.dstep.run(NULL_TIMER, False)
         sync(device)
         ts.append((time.perf_counter() - t0) / n * 1e6)
     out["eager_step_us"] = statistics.median(ts)
@@ -183,7 +183,7 @@ def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeli
         if timeline:
             out["timeline"] = timeline_of(st.graphs[False], rewind, timeline, f"{c.model}-b{batch}-{variant}")
     out["steps_timed"] = n
-    st._expected = None
+    st.dstep.expected = None
     r.close()
     return out
 

@@ -19,6 +19,7 @@ from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.errors import BadInput
 from shmlearn.fast import StepOptions, Stepper
+from shmlearn.step.graphs import Graphs
 from shmlearn.guard import Fault
 from shmlearn.launch import free_port
 from shmlearn.models import build_model
@@ -144,8 +145,8 @@ def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy, extra
 
 
 # --- the graph protocol, with a stand-in for the CUDA graph ---------------------------------------
-# On a GPU `_graph_of(fn)` captures fn's kernels without running them and replay() runs them. The
-# stand-in keeps fn and calls it on replay: what is tested is everything around the capture
+# On a GPU `Graphs.graph_of(fn)` (step/graphs.py) captures fn's kernels without running them and
+# replay() runs them. The stand-in keeps fn and calls it on replay: what is tested is everything around the capture
 # (warm-up that must leave no trace, restored weights, BatchNorm buffers and flags, the loader's
 # device counter, one graph per kind of step, eager sampled steps between replays).
 
@@ -159,8 +160,8 @@ class _FakeGraph:
 
 
 def _fake_cuda_graphs(monkeypatch):
-    monkeypatch.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
-    monkeypatch.setattr(Stepper, "_graph_of", lambda self, fn: _FakeGraph(fn))
+    monkeypatch.setattr(Graphs, "side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(Graphs, "graph_of", lambda self, fn: _FakeGraph(fn))
 
 
 def test_graph_protocol_gives_the_eager_result(monkeypatch):
@@ -179,8 +180,8 @@ def test_graph_protocol_gives_the_eager_result(monkeypatch):
 def test_failed_capture_falls_back_to_eager_from_the_same_state(monkeypatch):
     def broken(self, fn):
         raise RuntimeError("operation not permitted when stream is capturing")
-    monkeypatch.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
-    monkeypatch.setattr(Stepper, "_graph_of", broken)
+    monkeypatch.setattr(Graphs, "side_stream", lambda self: contextlib.nullcontext())
+    monkeypatch.setattr(Graphs, "graph_of", broken)
     eager, fell = _stepper(5, model="bn"), _stepper(5, model="bn")
     fell._capture_all_ranks()
     assert fell.mode == "fast-eager" and "capture failed (RuntimeError: operation not permitted" in fell.note
@@ -192,8 +193,8 @@ def _graph_worker(rank, world, port, out, cases):
     import pytest as _pytest  # noqa: F401 - the monkeypatch below is by hand in a spawned process
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
-    Stepper._side_stream = lambda self: contextlib.nullcontext()
-    Stepper._graph_of = lambda self, fn: _FakeGraph(fn)
+    Graphs.side_stream = lambda self: contextlib.nullcontext()
+    Graphs.graph_of = lambda self, fn: _FakeGraph(fn)
     for i, (strategy, period) in enumerate(cases):
         res = []
         for graph in (False, True):

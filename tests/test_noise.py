@@ -370,6 +370,7 @@ def test_graph_mode_replays_the_measuring_graph_on_measured_steps_only(tmp_path,
     import contextlib
 
     from shmlearn.fast import Stepper
+    from shmlearn.step.graphs import Graphs
     steppers = []
     setup = Stepper._setup_fast
 
@@ -383,8 +384,8 @@ def test_graph_mode_replays_the_measuring_graph_on_measured_steps_only(tmp_path,
     for graphed in (False, True):
         with monkeypatch.context() as m:
             if graphed:
-                m.setattr(Stepper, "_side_stream", lambda self: contextlib.nullcontext())
-                m.setattr(Stepper, "_graph_of", lambda self, fn: _FakeGraph(fn))
+                m.setattr(Graphs, "side_stream", lambda self: contextlib.nullcontext())
+                m.setattr(Graphs, "graph_of", lambda self, fn: _FakeGraph(fn))
                 m.setattr(Stepper, "_setup_fast", setup_and_capture)
                 m.setattr(Stepper, "close", lambda self: None)  # a GPU's synchronize; keeps the graphs
             cfg = TrainConfig(threads=1, model="mlp", dataset="digits", optimizer="momentum", lr=0.05, batch_size=B,

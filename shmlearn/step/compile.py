@@ -1,0 +1,155 @@
+"""--compile: torch.compile of the step's forward and loss (and through AOTAutograd its backward)
+with Inductor, and of the batch read; with auto, eager against compiled timed on every rank and the
+faster kept (options.COMPILE)."""
+from __future__ import annotations
+
+import time
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from shmlearn.errors import one_line
+from shmlearn.nn import conv_overlap
+from shmlearn.step.options import combo_kernels
+
+
+class Compiler:
+    """Compiles one rank's step in place: dstep's train_loss (and next_batch) become the compiled
+    ones. choice: the KernelChoice (deferred GEMMs, the weight copy; put back if eager wins);
+    graphs: the Graphs whose capture the auto timing uses; say(line, join): the step's note."""
+
+    def __init__(self, *, model, strategy, loader, device: torch.device, opts, world_size: int, fault,
+                 check_every: int, fast: bool, dstep, choice, graphs, say):
+        self.model, self.strategy, self.loader, self.device, self.opts = model, strategy, loader, device, opts
+        self.world_size, self.fault, self.check_every, self.fast = world_size, fault, check_every, fast
+        self.dstep, self.choice, self.graphs, self.say = dstep, choice, graphs, say
+        self.read_compiled = False
+        self.compile_s: Optional[float] = None
+        self.compiled: Optional[str] = None
+        self.combo = False
+        """--combo-kernels: whether the compiled step uses Inductor's combo kernels."""
+
+    def run(self) -> None:
+        """Compile before the clock starts: a first forward and backward on a real batch (Inductor
+        compiles both; its caches keep them for later runs and a sweep's trials), then, with
+        auto, time eager against compiled and keep the faster: where the step will be captured,
+        as CUDA graph replays (what the step will run: Python and launch overheads gone), else
+        as eager calls. Every rank keeps the same choice (the ranks' times are summed). Gradients
+        and buffers (BatchNorm) are put back as they were; the optimizer never steps."""
+        mode = {"default": None, "auto": None, "max-autotune": "max-autotune-no-cudagraphs"}[self.opts.compile]
+        computes = self.strategy.computes
+        dstep, sync = self.dstep, self.graphs.sync
+        batch = self.loader.batch(0) if computes else None
+        self.combo = combo_kernels(self.opts.combo_kernels, self.device, batch[0] if batch else None)
+        options = dict(self.opts.inductor)
+        if self.combo:
+            options["combo_kernels"] = True
+        if self.choice.deferred:  # Inductor must not reuse what a deferred weight GEMM still reads
+            options.update(conv_overlap.INDUCTOR_OPTIONS)
+        if options:  # torch.compile takes a mode or options, not both
+            from torch._inductor import list_mode_options
+            options = {**(list_mode_options(mode) if mode else {}), **options}
+            mode = None
+        else:
+            options = None
+        # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
+        # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
+        # benchmarks/results/flat-step-h100).
+        if isinstance(self.strategy.module, torch.nn.parallel.DistributedDataParallel):
+            # DDP is compiled as a module (Dynamo splits its graph at the gradient buckets).
+            module = torch.compile(self.strategy.module, mode=mode, options=options, dynamic=False)
+
+            def compiled(x, y):
+                with dstep.autocast():
+                    out = module(x)
+                return dstep.loss(out.float(), y)
+        else:
+            compiled = torch.compile(dstep.eager_loss, mode=mode, options=options, dynamic=False)
+        times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
+        saved_buffers = [b.clone() for b in self.model.buffers()]
+        try:
+            if computes:
+                x, y = batch
+
+                def fb(fwd) -> None:
+                    self.strategy.zero_grad()
+                    with conv_overlap.weight_copies(self.choice.copy is not None):  # as the step will trace it
+                        loss = fwd(x, y)
+                    loss.backward()
+
+                def timed(fwd, n: int) -> float:
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fb(fwd)
+                    sync()
+                    return (time.perf_counter() - t0) / n
+
+                def replayed(fwd, n: int = 20) -> float:
+                    with self.graphs.side_stream():
+                        for _ in range(3):
+                            fb(fwd)
+                    g = self.graphs.graph_of(lambda: fb(fwd))
+                    g.replay()
+                    sync()
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        g.replay()
+                    sync()
+                    return (time.perf_counter() - t0) / n
+
+                self.compile_s = timed(compiled, 1)
+                if self.opts.compile == "auto":
+                    captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
+                                and not self.strategy.free_running and self.check_every > 1)
+                    if captured:
+                        times[0], times[1] = replayed(dstep.eager_loss), replayed(compiled)
+                    else:
+                        timed(dstep.eager_loss, 2)  # warm (cuDNN autotuning) before timing
+                        times[0], times[1] = timed(dstep.eager_loss, 5), timed(compiled, 5)
+            if self.opts.compile == "auto" and self.world_size > 1:
+                t = times.to(self.device)
+                dist.all_reduce(t)
+                times = t.cpu()
+        finally:
+            if computes:
+                sync()
+                self.strategy.zero_grad()
+            with torch.no_grad():
+                for b, v in zip(self.model.buffers(), saved_buffers):
+                    b.copy_(v)
+        choice = self.opts.compile
+        if choice == "auto":
+            eager_s, compiled_s = times.tolist()
+            choice = "default" if compiled_s < eager_s else "off"
+            self.say(f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms a "
+                     f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
+        if choice != "off":
+            dstep.train_loss = compiled
+            if computes and self.opts.compile_read and self.fast and not self.strategy.free_running:
+                self._compile_read(mode, options)
+        else:  # eager won: what auto chose for a compiled step is slower eagerly
+            self.combo = False
+            self.choice.eager_won()
+        self.compiled = choice
+
+    def _compile_read(self, mode, options) -> None:
+        """The batch read compiled (StepOptions.compile_read), with the model's mode and options,
+        and compiled now, its time added to compile_s: one read at the counter of step 0, which
+        the next prepare() resets. A read that does not compile stays eager, and the run says why
+        (the model is compiled all the same)."""
+        read = torch.compile(self.loader.next_batch, mode=mode, options=options, dynamic=False)
+        self.loader.prepare(0)
+        self.graphs.sync()
+        t0 = time.perf_counter()
+        try:
+            read()
+            self.graphs.sync()
+        except Exception as e:  # noqa: BLE001 - the eager read computes the same batches
+            self.say(f"--compile: the batch read runs eagerly ({one_line(e)})", join=True)
+            read = None
+        self.compile_s = (self.compile_s or 0.0) + time.perf_counter() - t0
+        self.loader.invalidate()
+        if read is not None:
+            self.dstep.next_batch, self.read_compiled = read, True

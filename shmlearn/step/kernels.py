@@ -1,0 +1,209 @@
+"""Which kernel each layer of the model runs in the step, chosen once before anything is compiled
+or captured: cuDNN's autotuning, the fused conv-pool blocks and classifier heads, the image's
+convolutions, max-pools, the convolutions' overlapped backward, the update in the backward and the
+weight copy, and which kernel applies the update (`bind_update`). Each layer takes a kernel only
+where it can run on this device (nn/choice.py); a kernel forced on where it cannot is one line of
+BadInput."""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from shmlearn import flat_sgd
+from shmlearn.errors import BadInput
+from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.step.device import autocast
+from shmlearn.step.options import ADOPT_GRADS
+
+
+class KernelChoice:
+    """The layers' kernels for one rank's step (summary.json's `kernels` and the counts beside it).
+    fast: the step is the fast one; fast_why_not: fast.fast_capable's answer (None: it can run)."""
+
+    def __init__(self, *, model, strategy, optimizer, loader, loss, device: torch.device, opts, fast: bool,
+                 fast_why_not: Optional[str], fault, world_size: int):
+        self.model, self.strategy, self.optimizer, self.device, self.opts = model, strategy, optimizer, device, opts
+        self.fast, self.world_size = fast, world_size
+        if device.type == "cuda":
+            # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
+            torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
+            if opts.cudnn_benchmark_limit is not None:
+                torch.backends.cudnn.benchmark_limit = opts.cudnn_benchmark_limit
+        if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
+            raise BadInput(why)
+        if opts.conv_pool == "triton" and (why := conv_pool.usable(device)):
+            raise BadInput(why)
+        if opts.mlp_head == "triton" and (why := mlp_head.usable(device)):
+            raise BadInput(why)
+        if opts.conv_overlap in ("small", "all") and (why := conv_overlap.usable(device)):
+            raise BadInput(why)
+        # First: the fused blocks' convs and pools are then left alone by the two passes below.
+        # Each layer takes a kernel only where it can run on this device (nn/choice.py).
+        self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
+        self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
+        self.kernels = choice.choose(model, conv_pool_mode=self.conv_pool, mlp_head_mode=self.mlp_head,
+                                     dtype=torch.bfloat16 if opts.precision == "bf16" else torch.float32, device=device)
+        """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
+        choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
+                            torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+        self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
+        self.image_convs = image_conv.convert(model, self.image_conv)
+        """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
+        self._probe(loader, loss)
+        self.conv_pools = sum(c.kernel == "conv-pool" and c.path == "triton" for c in self.kernels)
+        """--conv-pool: how many conv + ReLU + max-pool blocks run fused."""
+        self.mlp_heads = sum(c.kernel == "mlp-head" and c.path == "triton" for c in self.kernels)
+        """--mlp-head: how many classifier heads run fused."""
+        # After the two above: the convolutions they switched are theirs (conv_pool's blocks
+        # take the overlapped backward through their own flag, with `all` asked for only: slower
+        # on an H100 in alexnet-small's step, conv_overlap.py).
+        if opts.adopt_grads not in ADOPT_GRADS:
+            raise BadInput(f"adopt_grads {opts.adopt_grads!r}: choose one of {', '.join(ADOPT_GRADS)}")
+        adopt = opts.adopt_grads == "on" or (opts.adopt_grads == "auto" and device.type == "cuda")
+        self.adopts = adopt and strategy.adopts_grads
+        """Whether backwards take their gradients whole (DeviceStep.gradients; ADOPT_GRADS)."""
+        can_defer = self.adopts and opts.defer_wgrad and device.type == "cuda"
+        self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device, deferred=can_defer)
+        plain = conv_overlap.convert(model, self.conv_overlap)
+        self.conv_overlaps = plain + conv_pool.set_overlap(model, opts.conv_overlap == "all")
+        """--conv-overlap: how many convolutions run their backward GEMMs on two streams."""
+        self.deferred = bool(plain and can_defer)
+        """Whether the convolutions' weight GEMMs run on past their backward's return until the
+        backward ends (conv_overlap.deferred; in steps that adopt their gradients)."""
+        self.max_pool = max_pool.resolve(opts.max_pool, opts.compile != "off")
+        self.max_pools = max_pool.convert(model, self.max_pool)
+        """--max-pool: how many pools run as reductions (before compiling, as above)."""
+        # Before compiling: each convolution's slot is a constant of the traced graph.
+        why_early = self.early_why_not(fast_why_not, fault)
+        if opts.update_in_backward == "on" and why_early:
+            raise BadInput(f"--update-in-backward on: {why_early}")
+        self.slots = ({} if why_early or opts.update_in_backward == "off"
+                      else conv_overlap.set_slots(model, strategy._trainable))
+        """slot -> (weight's index, bias's index or None, module name) of each convolution
+        updated in the backward (conv_overlap.set_slots)."""
+        self.early_update = False
+        """Whether convolutions take their SGD step inside the backward (`bind_update` binds it)."""
+        # Before compiling too: the forward Dynamo traces reads the copies.
+        why_copy = self.copy_why_not(fast_why_not)
+        if opts.weight_copy == "on" and why_copy:
+            raise BadInput(f"--weight-copy on: {why_copy}")
+        self.copy = None
+        """The flat bf16 copy of the weights that the update writes and the convolutions' forward
+        reads (flat_sgd.bind's copy), or None."""
+        if why_copy is None and opts.weight_copy != "off":
+            self.copy = flat_sgd.weight_copy(strategy.params_flat, torch.bfloat16)
+            flat = strategy.params_flat
+            base, end = flat.data_ptr(), flat.data_ptr() + flat.numel() * flat.element_size()
+            held = {id(p) for p in strategy._trainable}
+            if not conv_overlap.set_weight_copies(
+                    model, lambda p: (flat_sgd.copy_view(self.copy, p, flat)
+                                      if id(p) in held and base <= p.data_ptr() < end else None)):
+                self.copy = None
+        self.weight_copy = False
+        """Whether the update writes the convolutions' bf16 weights for the next forward, which
+        then casts none (--weight-copy; `bind_update` binds it)."""
+        self.update_kernel = "optimizer"
+        """What applies the update: flat (one kernel over the flat buffers, flat_sgd.py), torch-fused
+        (torch's fused SGD, in the fast step) or optimizer (its step(), as configured)."""
+
+    def _probe(self, loader, loss) -> None:
+        """On CUDA, where a layer runs a custom kernel: one forward and backward on the first
+        batch before anything depends on them (choice.probe); a kernel that fails is switched
+        off for the run and the note says so. Unforced kernels the device cannot run were left
+        out by choice.choose; the note names them too."""
+        skipped = [c for c in self.kernels if c.path != "triton" and c.why and "only" not in c.why]
+        notes = [f"{choice.FLAGS[c.kernel]}: {c.layer} runs torch's ops ({c.why})" for c in skipped]
+        batch = getattr(loader, "batch", None)
+        if self.device.type == "cuda" and batch is not None and choice.running(self.model):
+            failed = choice.probe(self.model, lambda: batch(0), loss,
+                                  lambda: autocast(self.device, self.opts.precision), self.device)
+            if failed:
+                on = set(choice.running(self.model))
+                for c in self.kernels:
+                    if c.path == "triton" and c.kernel not in on:
+                        c.path, c.why = "torch", "failed on this device at the first step"
+                if "image-conv" not in on and self.image_conv == "triton":
+                    self.image_conv, self.image_convs = "cudnn", 0
+                notes += failed
+        self.kernel_notes = notes
+        """One line per kernel left to torch for this device's sake (printed by the run's lead)."""
+
+    def early_why_not(self, fast_why_not: Optional[str], fault) -> Optional[str]:
+        """None if the update in the backward can run (the update of every convolution's weight
+        in its op's backward, as soon as its gradient exists: fast.py's module docstring), else
+        why not (one line)."""
+        s = self.strategy
+        if not self.fast or s.free_running:
+            return fast_why_not or "the step is not the fast one (--check-every 1)"
+        if not s.updates_locally:
+            return (f"strategy {s.name} at {self.world_size} workers updates from other ranks' gradients "
+                    "(allreduce at 1 worker and weight-avg update from their own)")
+        if not self.adopts:
+            return ("the gradients are accumulated into .grad, not taken whole (DDP, the CPU's default, "
+                    "or the accumulate modifier)")
+        if s.noise is not None:
+            return "--noise-scale measures steps as two half batches, whose gradients add up"
+        if fault is not None:
+            return "fault injection changes the loss after the backward"
+        if not self.conv_overlaps or self.conv_overlap == "off":
+            return "no convolution runs shmlearn's backward op (--conv-overlap off, or none in the model)"
+        if self.opts.compile != "off" and self.opts.precision == "fp32":
+            # Seen on an H200 (torch 2.11, resnet18 fp32 --compile default, 1 worker): the compiled
+            # backward hands the weights' gradients to .grad itself, so the placeholder check failed
+            # the warm-up, the capture and then the eager step.
+            return "--compile in fp32: the compiled backward hands the weights' gradients on itself"
+        return self.flat_why_not()
+
+    def flat_why_not(self) -> Optional[str]:
+        """None if the update will be the flat SGD kernel (flat_sgd.bind), else why not (one line)."""
+        s = self.strategy
+        why = "--flat-sgd is off" if not self.opts.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable,
+                                                                                  s.params_flat)
+        return f"the update is not the flat SGD kernel ({why})" if why else None
+
+    def copy_why_not(self, fast_why_not: Optional[str]) -> Optional[str]:
+        """None if the weight copy can run (the flat update writes the bf16 weights that the
+        convolutions' forward reads, instead of autocast's cast of each at every forward), else
+        why not (one line)."""
+        s, o = self.strategy, self.opts
+        if not self.fast or s.free_running:
+            return fast_why_not or "the step is not the fast one (--check-every 1)"
+        if o.precision != "bf16":
+            return f"--precision {o.precision}: the forward casts no weights"
+        if not self.conv_overlaps or self.conv_overlap == "off":
+            return "no convolution runs shmlearn's op (--conv-overlap off, or none in the model)"
+        return self.flat_why_not()
+
+    def bind_update(self, found_inf: torch.Tensor) -> None:
+        """The fast step's update, once the optimizer is torch's fused SGD: the flat SGD kernel
+        where it can run (with the convolutions' updates in the backward and the weight copy where
+        chosen), and what it could not bind put back."""
+        self.update_kernel = "torch-fused"
+        s = self.strategy
+        if self.opts.flat_sgd and not s.free_running:
+            early = [i for w, b, _ in self.slots.values() for i in (w, b) if i is not None]
+            update, _ = flat_sgd.bind(self.optimizer, s._trainable, s.params_flat, s.grads_flat, found_inf,
+                                      early=early, copy=self.copy)
+            if update is not None:
+                s.flat_update, self.update_kernel = update, "flat"
+                self.early_update = bool(early)
+                self.weight_copy = self.copy is not None
+        if self.slots and not self.early_update:
+            conv_overlap.clear_slots(self.model)
+            self.slots = {}
+        if self.copy is not None and not self.weight_copy:  # never: copy_why_not checked what bind does
+            conv_overlap.set_weight_copies(self.model, lambda p: None)
+            self.copy = None
+
+    def eager_won(self) -> None:
+        """--compile auto kept the eager step: what auto chose for a compiled step is slower eagerly."""
+        if self.opts.max_pool == "auto" and self.max_pool != "aten":
+            self.max_pool, self.max_pools = "aten", max_pool.convert(self.model, "aten")
+        if self.opts.image_conv == "auto" and self.image_conv != "cudnn":
+            self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
+
+    def release(self) -> None:
+        """The model goes back to casting its weights (and holds no copy)."""
+        if self.copy is not None:
+            conv_overlap.set_weight_copies(self.model, lambda p: None)

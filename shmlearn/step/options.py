@@ -1,0 +1,178 @@
+"""The fast step's options and constants (StepOptions, the flag choices), the read's Window, and
+the small rules the step's parts share (shmlearn/fast.py says how a step runs)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Optional, Tuple
+
+import torch
+
+PRECISIONS = ("fp32", "bf16")
+CUDA_GRAPH = ("auto", "off")
+COMPILE = ("off", "default", "max-autotune", "auto")
+"""--compile: torch.compile the model's forward (and through AOTAutograd its backward) with
+Inductor; its kernels run inside the fast step, and on CUDA inside the step's one CUDA graph.
+max-autotune is Inductor's max-autotune-no-cudagraphs (the step makes its own graph); auto
+compiles with default, times a few steps of each and keeps the faster."""
+EARLY_UPDATE = ("auto", "on", "off")
+"""--update-in-backward: each convolution's SGD step as soon as the backward has made its weight's
+gradient (`Stepper.early_update`)."""
+WEIGHT_COPY = ("auto", "on", "off")
+"""--weight-copy: the update writes the convolutions' bf16 weights for the next forward, which then
+casts none (`Stepper.weight_copy`). The forward loses its casts (ResNet-34 at batch 128 on an
+H100: 1425 -> 1366 us), and the update's kernel writes 2 more bytes a parameter, which cost it
+20 us over ResNet-34's 21M parameters (144.6 -> 164.8 us; torch's cast after it costs 45).
+Steps on an H100, compiled (benchmarks/results/copy-h100/): resnet34 at batch 128 3.720 -> 3.711 ms,
+resnet18 2.169 -> 2.158 (run 5); at 1024, with the earlier kernel of 1024 values a program,
+21.30 -> 21.14 and 20.99 -> 20.81 (runs 1 and 2), where at 128 that kernel's stores had made
+the copy lose (3.850 -> 3.892)."""
+ADOPT_GRADS = ("auto", "on", "off")
+"""StepOptions.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
+the graph (resnet18 at batch 128 on an H100: 62 kernels, 135 us). On the CPU the adds run inside
+autograd's C++, and adopting costs a Python permute and reshape per parameter and a cat: about
+45 us a step. 2-core CPU, fast step, ms per step (benchmarks/results/read-cpu/): the mlp at
+batch 32 0.519 -> 0.470 (1 worker) and 2.52 -> 2.46 (2 workers); lenet and alexnet-small at
+batch 32 within 1% (15.47 -> 15.62, 21.74 -> 21.85)."""
+COMBO = ("auto", "on", "off")
+"""--combo-kernels: Inductor's combo kernels in the compiled step (`combo_kernels`)."""
+COMBO_MAX_PIXELS = 256 * 32 * 32
+"""combo auto: on CUDA for batches of at most this many image pixels (batch x height x width;
+batch alone for inputs that are not images). One H100, bf16, the fast step compiled
+(benchmarks/results/defer-h100/): at batch 128 of 32x32 images resnet18 2.446 -> 2.344 ms and
+resnet34 4.212 -> 4.031 (their ~300 small BatchNorm, cast and stat kernels launch in fewer
+groups); at 1024, 11.954 -> 12.095 and 21.760 -> 22.163 (slower: large kernels gain nothing from
+sharing a launch). The limit sits between the two measured sizes."""
+
+
+def combo_kernels(mode: str, device: torch.device, x: Optional[torch.Tensor]) -> bool:
+    """Whether the compiled step uses Inductor's combo kernels (COMBO; x: a batch of inputs)."""
+    if mode != "auto":
+        return mode == "on"
+    if device.type != "cuda" or x is None:
+        return False
+    pixels = x.shape[0] * (x.shape[-2] * x.shape[-1] if x.dim() == 4 else 1)
+    return pixels <= COMBO_MAX_PIXELS
+
+
+DEFAULT_CHECK_EVERY = {"cpu": 10, "cuda": 50}
+"""Steps between reads of the loss when --check-every is not given. On a GPU each read drains
+the launch queue. On the CPU a read is one more collective per step, and a rank waits in it for
+the slowest: the default digits run (2 Gloo workers, mlp) trains in 1.11-1.13 s at 10 against
+1.47-1.76 s at 1 (same losses), alexnet-small at batch 32 in 24.4 against 26.0 ms a step.
+Strategies and optimizers without a fast step read every step whatever this says."""
+
+
+@dataclass(frozen=True)
+class StepOptions:
+    precision: str = "fp32"
+    channels_last: bool = False
+    cuda_graph: str = "auto"
+    check_every: Optional[int] = None
+    """None: DEFAULT_CHECK_EVERY by device."""
+    sample_every: Optional[int] = None
+    """Graph mode: run one step in this many eagerly, with phase timing. None: `sample_period` of
+    the eager step's time over the replay's, both measured at capture (256 at least)."""
+    cudnn_benchmark: bool = True
+    """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
+    cudnn_benchmark_limit: Optional[int] = None
+    """How many of cuDNN's algorithms that timing tries per shape (torch.backends.cudnn.
+    benchmark_limit; 0: all of them); None leaves torch's setting (10) alone. Process-wide, as
+    torch's flag is (the bench's `cudnn-all` modifier)."""
+    compile: str = "off"
+    """COMPILE: off, default, max-autotune or auto."""
+    image_conv: str = "auto"
+    """How the input image's convolutions run: cudnn, im2col, triton or auto (im2col when compiled
+    on CUDA; shmlearn/nn/image_conv.py)."""
+    max_pool: str = "auto"
+    """How max-pools run: aten, global, reduce, or auto (global when compiled; shmlearn/nn/max_pool.py)."""
+    conv_pool: str = "auto"
+    """Conv + ReLU + 2x2 max-pool blocks: off, triton (one fused kernel) or auto (triton where it
+    can run; shmlearn/nn/conv_pool.py)."""
+    adopt_grads: str = "auto"
+    """ADOPT_GRADS: on: take each backward's gradient tensors and copy them into the flat buffer
+    in one kernel (SyncStrategy.release_grads); off: zero the buffer and let autograd add each
+    gradient into its view (the bench's `accumulate` modifier); auto: on on CUDA, off on the CPU."""
+    mlp_head: str = "auto"
+    """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
+    or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
+    conv_overlap: str = "auto"
+    """A convolution's backward GEMMs: off (one after the other), small (two CUDA streams where
+    the GEMMs are small), all (two streams for every convolution, conv-pool blocks too) or auto
+    (on CUDA all where the weight GEMMs can be deferred, `defer_wgrad`, else small;
+    shmlearn/nn/conv_overlap.py)."""
+    defer_wgrad: bool = True
+    """With --conv-overlap: leave the weights' GEMMs on the side stream until the backward ends
+    (conv_overlap.deferred), where the step adopts its gradients whole; False: each convolution's
+    backward joins its two streams before returning (the bench's `joined-conv` modifier)."""
+    side_streams: int = 1
+    """Deferred weight GEMMs: how many side streams take them in turn (conv_overlap.deferred)."""
+    combo_kernels: str = "auto"
+    """--compile: Inductor's combo kernels: on, off or auto (`combo_kernels`)."""
+    inductor: Tuple[Tuple[str, object], ...] = ()
+    """--compile: further Inductor options as (name, value) pairs (the bench's aggressive,
+    no-split and cdt modifiers)."""
+    flat_sgd: bool = True
+    """SGD's update as one kernel over the flat buffers where it can run (flat_sgd.py: a Triton
+    kernel on CUDA, torch's fused SGD called on the flat buffers on the CPU); False: the
+    optimizer's step() with torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
+    update_in_backward: str = "auto"
+    """EARLY_UPDATE: on, off, or auto (on wherever it can run: `KernelChoice.early_why_not`, step/kernels.py)."""
+    weight_copy: str = "auto"
+    """WEIGHT_COPY: on, off, or auto (on wherever it can run: `KernelChoice.copy_why_not`, step/kernels.py)."""
+    high_priority_capture: bool = True
+    """CUDA graphs: capture the step on a stream of the highest priority, so that its kernels run
+    before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
+    priority) when both have blocks waiting: torch instantiates graphs with per-node priorities.
+    False: the default priority for both (the bench's `normal-priority` modifier)."""
+    compile_read: bool = True
+    """--compile: compile the batch read too (the loader's `next_batch`: the index arithmetic, the
+    gather, augmentation and normalization), whose eager ops are 8 kernels without augmentation
+    and about 20 with it, so that Inductor fuses them into two or three. False: the read runs
+    eagerly (the bench's `eager-read` modifier, to compare)."""
+    memset_kernels: bool = True
+    """CUDA graphs: replace the captured graph's small memset nodes (cuDNN zeroing a few bytes of
+    workspace) with kernel nodes that write the same bytes, before instantiating it
+    (shmlearn/graph_memsets.py): a memset node between two kernels idles the GPU for several
+    microseconds on each side.
+    False: keep them (the bench's `memset-nodes` modifier)."""
+
+
+SAMPLE_EVERY = 256
+"""The shortest period of eager, phase-timed steps among replays (and the one without a graph)."""
+SAMPLE_COST = 0.01
+"""What the eager steps may add to a period of replays, as a share of the replays' time."""
+
+
+def sample_period(eager_s: float, replay_s: float) -> int:
+    """The smallest power of two from SAMPLE_EVERY up (at most 65536) at which one eager step in
+    the period adds at most SAMPLE_COST to the period's replays: n >= (eager/replay - 1) / cost."""
+    if not (eager_s > 0 and replay_s > 0):
+        return SAMPLE_EVERY
+    need = (eager_s / replay_s - 1.0) / SAMPLE_COST
+    n = SAMPLE_EVERY
+    while n < need and n < 65536:
+        n *= 2
+    return n
+
+
+@dataclass
+class Window:
+    """What one read learned, for steps [first, first + len(losses))."""
+    first: int
+    losses: List[float]
+    """Mean over computing ranks of the finite losses, one per step (up to the bad step)."""
+    bad: Optional[Tuple[int, int]]
+    """(step, rank) of the first non-finite loss, lowest rank first; None if all finite."""
+    want_eval: bool
+    want_ckpt: bool
+    want_stop: bool = False
+    """Rank 0 asks every rank to stop here (a pruned sweep trial, pruning.py)."""
+
+
+def fast_capable(strategy, optimizer) -> Optional[str]:
+    """None if the fast step can run this strategy and optimizer, else why not."""
+    if not strategy.gated:
+        return f"strategy {strategy.name} has no fast step"
+    if type(optimizer) is not torch.optim.SGD:
+        return f"optimizer {type(optimizer).__name__}: the fast step needs SGD (fused, with a skip flag)"
+    return None
