@@ -196,6 +196,25 @@ def _matrix_all(folder: str, gpus: str) -> str:
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
+def _duo(folder: str) -> str:
+    """Part `duo`: two 2-GPU jobs side by side (GPUs 0,1 and 2,3), each a chain of commands."""
+    sh = ["-m", "shmlearn"]
+    fr = os.path.join(HERE, "fashion_recipe.py")
+
+    def recipe(tag, extra):
+        return shlex.join(_py(fr, "run", "--device", "cuda", "--seeds", "5", "--recipes", "fashion-94",
+                              "--runs", os.path.join(folder, tag), "--train-args", extra,
+                              "--out", os.path.join(folder, f"fashion-94-{tag}.json")))
+    left = [shlex.join(_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                           "--out", os.path.join(folder, "alexnet-sweep-2gpu"))),
+            "export CUDA_VISIBLE_DEVICES=0", recipe("x1", "")]
+    right = [recipe("x2-b256", "--workers 2 --batch-size 256"),
+             recipe("x2-b512", "--workers 2 --batch-size 512 --lr 0.4")]
+    return (f"(export CUDA_VISIBLE_DEVICES=0,1; {'; '.join(left)}) > {folder}/left.log 2>&1 & "
+            f"(export CUDA_VISIBLE_DEVICES=2,3; {'; '.join(right)}) > {folder}/right.log 2>&1 & wait; "
+            f"tail -5 {folder}/left.log {folder}/right.log")
+
+
 def _cli_defaults(folder: str) -> str:
     """Issue 36, acceptance 1: `shmlearn train --device cuda --model M --dataset D` with default
     flags for every built-in model (fp32, and bf16), each a fresh process as a user starts it, four
@@ -683,6 +702,23 @@ def part_commands(p: str, workers: str) -> dict:
         "scale-42": (_scale_bench(p("scale-42"), workers, [
             ("alexnet-small", 1024, True), ("resnet18", 512, True), ("alexnet-small", 128, True),
             ("resnet34", 256, True)]), 590),
+        # Issue 42 acceptance 2: resnet34 at 1, 2, 4 GPUs (scale-42 ran out of time before it).
+        "scale-34": (_scale_bench(p("scale-34"), workers, [("resnet34", 256, True)]), 590),
+        # Issue 42 acceptance 3: the seed's whole alexnet-sweep grid at workers 1, 2, 4 on 4 GPUs.
+        "grid-124": (_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                         "--out", os.path.join(p("grid-124"), "alexnet-sweep")), 590),
+        # Issue 37: the same grid at workers 1, 2 on two GPUs (0, 1), and fashion-94 at 2 workers
+        # on the other two (global batch 512 as on one GPU; and 512 a GPU at twice the lr), then
+        # fashion-94 on one GPU on this machine for the ratio.
+        "duo": (["bash", "-c", _duo(p("duo"))], 590),
+        # Issues 37 and 42: cnn data parallel at 1, 2, 4 GPUs up to a global batch of 8192 (one
+        # cell of the 1-GPU batch x lr table, which is committed from an H100 run).
+        "cnn-124": (_py(*sh, "experiment", "run", "cnn", "--device", "cuda", "--axis", "batch_size=128",
+                        "--axis", "lr=0.001", "--out", os.path.join(p("cnn-124"), "cnn")), 500),
+        # Issue 37: cpu-vs-gpu with its 2-GPU rows (GPUs 0 and 1).
+        "cpu-vs-gpu-2": (["bash", "-c", "CUDA_VISIBLE_DEVICES=0,1 " + shlex.join(_py(
+            *sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
+            "--out", os.path.join(p("cpu-vs-gpu-2"), "cpu-vs-gpu")))], 500),
         "cpu-vs-gpu": (_py(*sh, "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
                            "--out", os.path.join(p("cpu-vs-gpu"), "cpu-vs-gpu")), 300),
     }

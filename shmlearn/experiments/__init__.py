@@ -34,8 +34,13 @@ def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out:
         raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
     out = out or default_out(name, quick)
     module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
+    allowed = getattr(module, "AXES", ())  # the axes a fixed-list experiment lets --axis replace
     if axes and not getattr(module, "SWEEPS", False):
-        raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")
+        if not allowed:
+            raise BadInput(f"--axis: experiment {name} runs a fixed list of configurations, not a grid")
+        for k in axes:
+            if k not in allowed:
+                raise BadInput(f"--axis {k}: experiment {name} takes only {', '.join(allowed)}")
     _claim(out, {"experiment": name, "quick": quick, "device": device,
                  "axes": {k: list(v) for k, v in sorted((axes or {}).items())}})
     ctx = Context(out=out, quick=quick, device=device, axes=dict(axes or {}))

@@ -1,6 +1,6 @@
 """cnn (seed 003 §4-5): the 2-conv CNN (lenet) on Fashion-MNIST (MNIST with SHMLEARN_MNIST_DIR),
-batch {32, 64, 128} x lr with Adam; then data parallel over the GPUs present (2 CPU workers
-without a GPU) at global batch sizes up to 8192: training time and accuracy per setting.
+batch {32, 64, 128} x lr with Adam; then data parallel on 1, 2, 4, ... GPUs up to those present
+(2 CPU workers without a GPU) at global batch sizes up to 8192: training time and accuracy per setting.
 
 The seed reports val_acc 0.9936 on MNIST at batch 128, lr 0.001, 10 epochs (TensorFlow, V100)."""
 from __future__ import annotations
@@ -14,6 +14,9 @@ from shmlearn.experiments.common import Context, curve, fashion_or, figure, run,
 
 BATCHES = (32, 64, 128)
 LRS = (0.01, 0.001, 0.0001)
+AXES = ("batch_size", "lr", "workers")
+"""What `--axis` may replace: the batch x lr table's batches and lrs, and the data-parallel worker
+counts (e.g. `--axis batch_size=128 --axis lr=0.001 --axis workers=1,2,4` where device time is short)."""
 
 
 def _gpus(ctx: Context) -> int:
@@ -29,8 +32,8 @@ def run_experiment(ctx: Context) -> str:
     budget = dict(samples=3200) if ctx.quick else dict(epochs=10 if _gpus(ctx) else 3)
     rows = []
     fig, ax, path = figure(ctx, "cnn_accuracy")
-    for b in BATCHES:
-        for lr in LRS:
+    for b in ctx.axes.get("batch_size", BATCHES):
+        for lr in ctx.axes.get("lr", LRS):
             cfg = TrainConfig(model="lenet", dataset=dataset, data_dir=data_dir, workers=1, batch_size=b,
                               lr=lr, optimizer="adam", lr_schedule="constant", eval_points=5, **budget)
             s = run(ctx, f"b{b}-lr{lr}", cfg)
@@ -46,21 +49,24 @@ def run_experiment(ctx: Context) -> str:
                                                    "train s", "samples/s"],
                        title=f"lenet, batch x lr, on {dataset} (seed 003 §4)")
 
-    # Data parallel: one worker per GPU (or 2 CPU workers), the same model, growing global batch.
+    # Data parallel: 1, 2, 4, ... workers up to the GPUs present, one a GPU (2 CPU workers without
+    # a GPU), the same model, growing global batch.
     gpus = _gpus(ctx)
-    workers = max(gpus, 1) if gpus else 2
+    counts = sorted({1 << i for i in range(gpus.bit_length()) if (1 << i) <= gpus} | {gpus}) if gpus else [2]
+    counts = [int(w) for w in ctx.axes.get("workers", counts)]
     globals_ = (256, 1024) if ctx.quick else (256, 1024, 4096, 8192)
     dp = []
-    for g in globals_:
-        per = g // workers
-        cfg = TrainConfig(model="lenet", dataset=dataset, data_dir=data_dir, workers=workers, batch_size=per,
-                          lr=0.001 * (g / 128) ** 0.5, optimizer="adam", lr_schedule="linear", warmup=0,
-                          eval_points=3, threads=1 if not gpus else None,
-                          **(dict(samples=6 * g) if ctx.quick else dict(epochs=10 if gpus else 3)))
-        s = run(ctx, f"dp-w{workers}-g{g}", cfg)
-        dp.append({"workers": workers, "device": s.get("device"), "global batch": g, "batch per worker": per,
-                   "lr": cfg.lr, "steps": s["steps"], "test accuracy": s["test_accuracy"],
-                   "train s": s["wall_time_s"], "samples/s": s["samples_per_s"]})
+    for workers in counts:
+        for g in globals_:
+            per = g // workers
+            cfg = TrainConfig(model="lenet", dataset=dataset, data_dir=data_dir, workers=workers, batch_size=per,
+                              lr=0.001 * (g / 128) ** 0.5, optimizer="adam", lr_schedule="linear", warmup=0,
+                              eval_points=3, threads=1 if not gpus else None,
+                              **(dict(samples=6 * g) if ctx.quick else dict(epochs=10 if gpus else 3)))
+            s = run(ctx, f"dp-w{workers}-g{g}", cfg)
+            dp.append({"workers": workers, "device": s.get("device"), "global batch": g, "batch per worker": per,
+                       "lr": cfg.lr, "steps": s["steps"], "test accuracy": s["test_accuracy"],
+                       "train s": s["wall_time_s"], "samples/s": s["samples_per_s"]})
     write_table(ctx, "cnn_data_parallel", dp, ["workers", "device", "global batch", "batch per worker", "lr",
                                                "steps", "test accuracy", "train s", "samples/s"],
                 title="Data parallel with large batches (seed 003 §5); lr scaled by sqrt(batch/128)")

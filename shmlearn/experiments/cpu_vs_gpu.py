@@ -1,6 +1,6 @@
 """cpu-vs-gpu (seed 004): samples/s of alexnet and resnet34 on 28x28x1, 32x32x3 and 64x64x3
-inputs, on the CPU and on the GPU, and samples/s against the number of CPU threads (1, 2, 4, ...
-up to the cores present). Training runs print per-"epoch" lines in the seed's CNTK shape:
+inputs, on the CPU, on one GPU and on every GPU present data parallel (batch 128 a GPU), and
+samples/s against the number of CPU threads (1, 2, 4, ... up to the cores present). Training runs print per-"epoch" lines in the seed's CNTK shape:
 
     Finished Epoch[1 of 3]: [Training] loss = 2.301 * 1280, metric = 88.28% * 1280 12.3s ( 104.1 samples/s);
 
@@ -41,7 +41,9 @@ def _epoch_lines(run_dir: str, epochs: int) -> list:
 def run_experiment(ctx: Context) -> str:
     cuda = ctx.device != "cpu" and torch.cuda.is_available()
     cores = os.cpu_count() or 1
-    devices = ["cpu"] + (["cuda"] if cuda else [])
+    gpus = torch.cuda.device_count() if cuda else 0
+    # (device, workers): one CPU process, one GPU, and every GPU data parallel (batch 128 a GPU)
+    devices = [("cpu", 1)] + ([("cuda", 1)] if cuda else []) + ([("cuda", gpus)] if gpus > 1 else [])
     epochs = 2 if ctx.quick else 3
     cpu_samples = 64 * epochs if ctx.quick else 512 * epochs
     rows, log = [], []
@@ -49,22 +51,24 @@ def run_experiment(ctx: Context) -> str:
     models = MODELS[:1] if ctx.quick else MODELS  # resnet34 on a CPU takes minutes per run
     for model in models:
         for shape, dataset in shapes.items():
-            for dev in devices:
+            for dev, workers in devices:
                 batch = 32 if dev == "cpu" else 128
-                samples = cpu_samples if dev == "cpu" else 128 * 200
-                cfg = TrainConfig(model=model, dataset=dataset, workers=1, device=dev, batch_size=batch,
+                samples = cpu_samples if dev == "cpu" else 128 * 200 * workers
+                cfg = TrainConfig(model=model, dataset=dataset, workers=workers, device=dev, batch_size=batch,
                                   samples=samples, lr=0.01, optimizer="momentum", eval_points=epochs,
                                   threads=cores if dev == "cpu" else None, log_every=1)
-                s = run(Context(ctx.out, ctx.quick, dev), f"{model}-{shape}-{dev}", cfg)
-                log += [f"== {model} {shape} {dev}"] + _epoch_lines(s["_run_dir"], epochs)
-                rows.append({"model": model, "input": shape, "device": s["device"], "batch": batch,
-                             "samples/s": s["samples_per_s"], "final loss": s["final_loss"]})
+                name = f"{model}-{shape}-{dev}" + (f"-w{workers}" if workers > 1 else "")
+                s = run(Context(ctx.out, ctx.quick, dev), name, cfg)
+                log += [f"== {model} {shape} {dev} x{workers}"] + _epoch_lines(s["_run_dir"], epochs)
+                rows.append({"model": model, "input": shape, "device": s["device"], "workers": workers,
+                             "batch": batch, "samples/s": s["samples_per_s"], "final loss": s["final_loss"]})
     for line in log:
         print(line)
     with open(os.path.join(ctx.out, "epoch_log.txt"), "w") as f:
         f.write("\n".join(log) + "\n")
-    main = write_table(ctx, "cpu_vs_gpu", rows, ["model", "input", "device", "batch", "samples/s", "final loss"],
-                       title="Samples/s, CPU vs GPU (seed 004)")
+    main = write_table(ctx, "cpu_vs_gpu", rows, ["model", "input", "device", "workers", "batch", "samples/s",
+                                                     "final loss"],
+                       title="Samples/s, CPU vs GPU (seed 004); batch per worker")
 
     threads = sorted({1 << i for i in range(cores.bit_length()) if (1 << i) <= cores} | {cores})
     trows = []

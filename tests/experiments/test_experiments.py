@@ -4,6 +4,7 @@ import os
 
 import pytest
 
+from shmlearn.errors import BadInput
 from shmlearn.experiments import EXPERIMENTS, run_experiment
 
 
@@ -48,6 +49,17 @@ def test_cnn_grid_and_data_parallel_rows(tmp_path):
     assert len(grid) == 9 and max(float(r["test accuracy"]) for r in grid) > 0.5
     dp = rows(tmp_path, "cnn_data_parallel")
     assert [int(r["global batch"]) for r in dp] == [256, 1024] and all(int(r["workers"]) == 2 for r in dp)
+
+
+def test_cnn_axes_replace_its_grid_and_worker_counts_and_refuse_others(tmp_path):
+    run_experiment("cnn", quick=True, device="cpu", out=str(tmp_path / "a"),
+                   axes={"batch_size": [64], "lr": [0.001], "workers": [1]})
+    grid = rows(tmp_path / "a", "cnn_batch_lr")
+    assert [(int(r["batch"]), float(r["lr"])) for r in grid] == [(64, 0.001)]
+    dp = rows(tmp_path / "a", "cnn_data_parallel")
+    assert [(int(r["workers"]), int(r["batch per worker"])) for r in dp] == [(1, 256), (1, 1024)]
+    with pytest.raises(BadInput, match="--axis momentum: experiment cnn takes only batch_size, lr, workers"):
+        run_experiment("cnn", quick=True, device="cpu", out=str(tmp_path / "b"), axes={"momentum": [0.9]})
 
 
 def test_cpu_vs_gpu_reports_every_thread_count(tmp_path):
