@@ -1,21 +1,16 @@
 """Triton kernels for conv (stride 1) + bias + ReLU + 2x2 max-pool in one pass, and the weight and
 bias gradients of such a block whose input needs no gradient (the image's first conv).
 
-Why (shmlearn/nn/conv_pool.py has the measurements): run as three ops, the conv writes its full
-output (67 MB for alexnet-small's first conv at batch 1024 in bf16), ReLU and the pool read it back,
-the pool writes int64-free positions or indices, and the backward scatters the pooled gradient
-into a full-size gradient again before the weight gradient reads it. Here the conv output lives in
-registers only: each program computes its pooled pixels' four window positions, keeps the max
-and where it was, and writes the pooled output and one uint8 code per value (window position
-0-3, or DEAD when the max was <= 0 and ReLU let no gradient through).
+Why (measured in shmlearn/nn/conv_pool.py): as three ops, the conv writes its full output, ReLU and
+the pool read it back and the backward scatters the pooled gradient into full size again. Here the
+conv output lives in registers only: the pooled output is written with one uint8 code per value
+(window position 0-3, or DEAD when the max was <= 0 and ReLU let no gradient through).
 
-Layout: NHWC (channels_last) input x[n, h, w, cin] and output y[n, hp, wp, cout]; the weight
-[co, ci, ky, kx] read through its strides (no reordered copy: one kernel less per layer). The reduction runs row by row of the window: for one ky, the kx*cin inputs
-under an output pixel are KW*CIN consecutive values of x (kx and ci are adjacent in NHWC), so a
-row is one contiguous, coalesced load of ROW = KW*CIN values (masked at the image's left and right
-edges), cut into BLOCK_K chunks for tl.dot. For a 3-channel 5x5 conv a row is 15 values: one
-16-wide chunk (94% used), where the whole 75-value window padded to a power of two would be 128
-(59% used).
+Layout: NHWC input x[n, h, w, cin] and output y[n, hp, wp, cout]; the weight [co, ci, ky, kx] read
+through its strides. The reduction runs row by row of the window: for one ky, the kx*cin inputs
+under an output pixel are ROW = KW*CIN consecutive values of x (one coalesced load, masked at the
+image's edges), cut into BLOCK_K chunks for tl.dot (a 3-channel 5x5 conv's row of 15 values is one
+16-wide chunk, where its whole 75-value window padded to a power of two would be 128).
 
 Forward, one program per BLOCK_Q pooled pixels x all output channels:
     for each window position i: acc_i[Q, N] = sum_ky sum_chunks x_row[Q, K] @ w_row[K, N] + bias
