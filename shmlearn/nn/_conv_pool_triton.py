@@ -19,11 +19,8 @@ Forward, one program per BLOCK_Q pooled pixels x all output channels:
 Weight gradient (input needs no gradient), grid (PROGRAMS, KH * CHUNKS):
     dw[ky, chunk][K, N] += x_row_i[Q, K]^T @ where(code == i, dy, 0)[Q, N]   for the 4 positions
     db[N] += sum_Q where(code < 4, dy, 0)
-into fp32 per-program partials, which one more kernel sums in a fixed order (deterministic: no
-atomics) into the weight's own layout.
-
-Imported only for CUDA tensors with Triton installed; tests run the same kernels in Triton's
-interpreter on the CPU (TRITON_INTERPRET=1).
+into fp32 per-program partials that one more kernel sums in a fixed order (no atomics). Imported
+only for CUDA tensors; tests run the same kernels in Triton's interpreter (TRITON_INTERPRET=1).
 """
 from __future__ import annotations
 
