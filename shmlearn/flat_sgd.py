@@ -27,6 +27,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from shmlearn import _flat_sgd_torch
+
 
 def why_not(optimizer, trainable: List[torch.nn.Parameter], params_flat: torch.Tensor) -> Optional[str]:
     """None if `bind` can take over this optimizer's update, else why not (one line)."""
@@ -147,9 +149,9 @@ def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params
     if why is not None:
         return None, why
     if _backend(params_flat.device) == "triton":
-        from shmlearn import _flat_sgd_triton as kernel
+        from shmlearn import _flat_sgd_triton as kernel  # lazy: Triton, on first use
     else:
-        from shmlearn import _flat_sgd_torch as kernel
+        kernel = _flat_sgd_torch
 
     group = optimizer.param_groups[0]
     mom_flat = None

@@ -28,6 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
+from shmlearn.nn import fit
 SEGMENTS = 5
 """Partial segments of the rows kernel, in order: dW3, db3, dW2, db2, db1 (for 2 layers: dW2, db2
 of the last layer in the first two, then unused, unused, db1)."""
@@ -254,7 +255,6 @@ def backward(grad: torch.Tensor, x: torch.Tensor, h1: torch.Tensor, h2: torch.Te
 def head_why_not(widths, has_bias, dtype: torch.dtype, lim) -> Optional[str]:
     """None if the three kernels of a head with these out_features (2 or 3 layers) and bias flags
     compile and fit on a device with limits lim (fit.py) for inputs of dtype, else why not."""
-    from shmlearn.nn import fit
     geo, warps = _geometry([torch.empty(n, 0) for n in widths])
     nl = geo["NL"]
     flags = {f"HB{i + 1}": (i < nl and bool(has_bias[i])) for i in range(3)}

@@ -36,6 +36,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn._lazy import OnFirstUse
+from shmlearn.nn import fit
 from shmlearn.nn.conv_overlap import convolution_backward
 from shmlearn.nn.image_conv import ImageConv2d, triton_usable
 from shmlearn.nn.max_pool import ReduceMaxPool2d
@@ -88,7 +89,7 @@ _ops = OnFirstUse(lambda: _define_ops())
 
 
 def _define_ops():
-    from shmlearn.nn._conv_pool_triton import prepared_shape
+    from shmlearn.nn._conv_pool_triton import prepared_shape  # lazy: Triton, on first use
 
     @torch.library.custom_op("shmlearn::conv_relu_pool2d", mutates_args=())
     def fused(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
@@ -96,7 +97,7 @@ def _define_ops():
         """(y, code, xr): xr, the input as the kernels read it, is what the weight-gradient kernel
         reads again (an output, so that autograd can save it). overlap: the backward's cuDNN
         GEMMs on two streams (conv_overlap.py)."""
-        from shmlearn.nn import _conv_pool_triton as kernels
+        from shmlearn.nn import _conv_pool_triton as kernels  # lazy: Triton, on first use
         xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
         return kernels.forward(xn, weight, bias, tuple(padding))
 
@@ -112,7 +113,7 @@ def _define_ops():
     def weight_grad(xr: torch.Tensor, grad: torch.Tensor, code: torch.Tensor, weight_shape: List[int],
                     channels_last: bool) -> Tuple[torch.Tensor, torch.Tensor]:
         """dw (channels_last in memory where asked: the weight's layout, so no copy follows) and db."""
-        from shmlearn.nn import _conv_pool_triton as kernels
+        from shmlearn.nn import _conv_pool_triton as kernels  # lazy: Triton, on first use
         nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
         return kernels.weight_grad(xr, nhwc(grad), nhwc(code), tuple(weight_shape), channels_last=channels_last)
 
@@ -199,7 +200,7 @@ for other GPUs and shapes."""
 
 
 def _triton_backward(x, weight, grad, code, padding, need_dx):
-    from shmlearn.nn import _conv_pool_triton as kernels
+    from shmlearn.nn import _conv_pool_triton as kernels  # lazy: Triton, on first use
     nhwc = lambda t: t.permute(0, 2, 3, 1).contiguous()  # noqa: E731 - views when channels_last
     dxn, dw, db = kernels.input_and_weight_grad(nhwc(x), weight, nhwc(grad), nhwc(code), tuple(padding), need_dx)
     dx = None
@@ -306,10 +307,9 @@ def block_why_not(conv: nn.Module, dtype: torch.dtype, device: torch.device) -> 
     and fit on device for inputs of dtype, else why not: the device's limits (shared memory a
     block, the architecture) against Triton's compiled metadata of each kernel the block
     launches (fit.py). Always None in Triton's interpreter (the tests)."""
-    from shmlearn.nn import fit
     if fit.interpreted() or device.type != "cuda":
         return None
-    from shmlearn.nn import _conv_pool_triton as kernels
+    from shmlearn.nn import _conv_pool_triton as kernels  # lazy: Triton, on first use
     lim = fit.limits(device)
     kh, kw = conv.kernel_size
     cin, cout = conv.in_channels, conv.out_channels

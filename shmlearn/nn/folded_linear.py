@@ -61,7 +61,7 @@ def _triton():
     global _TRITON
     if _TRITON is None:
         try:
-            from shmlearn.nn import _shift_triton
+            from shmlearn.nn import _shift_triton  # lazy: Triton, on first use
             _TRITON = _shift_triton
         except ImportError:  # no Triton (CPU-only torch): the torch scheme serves CUDA too
             _TRITON = False

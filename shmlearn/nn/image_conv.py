@@ -112,7 +112,7 @@ def _define_ops():
     @torch.library.custom_op("shmlearn::image_conv2d", mutates_args=())
     def conv(x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor], stride: List[int],
              padding: List[int]) -> torch.Tensor:
-        from shmlearn.nn import _image_conv_triton as kernels
+        from shmlearn.nn import _image_conv_triton as kernels  # lazy: Triton, on first use
         cout = weight.shape[0]
         xn = x.permute(0, 2, 3, 1).contiguous()  # a view when x is channels_last
         w_kn = weight.permute(2, 3, 1, 0).reshape(-1, cout).contiguous()  # [(ky, kx, ci), cout]
@@ -128,7 +128,7 @@ def _define_ops():
     @torch.library.custom_op("shmlearn::image_conv2d_weight_grad", mutates_args=())
     def weight_grad(x: torch.Tensor, grad_out: torch.Tensor, weight_shape: List[int], stride: List[int],
                     padding: List[int]) -> Tuple[torch.Tensor, torch.Tensor]:
-        from shmlearn.nn import _image_conv_triton as kernels
+        from shmlearn.nn import _image_conv_triton as kernels  # lazy: Triton, on first use
         cout, cin, kh, kw = weight_shape
         dw, db = kernels.weight_grad(x.permute(0, 2, 3, 1).contiguous(), grad_out.permute(0, 2, 3, 1).contiguous(),
                                      tuple(weight_shape), tuple(stride), tuple(padding))

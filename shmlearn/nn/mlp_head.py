@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from shmlearn.nn._lazy import OnFirstUse
+from shmlearn.nn import fit
 from shmlearn.nn.image_conv import triton_usable
 
 MODES = ("off", "triton", "auto")
@@ -60,7 +61,7 @@ def _define_ops():
              biases: List[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """biases: an empty tensor where a layer has none (a list of optional tensors does not
         round-trip through the op's autograd)."""
-        from shmlearn.nn import _mlp_head_triton as kernels
+        from shmlearn.nn import _mlp_head_triton as kernels  # lazy: Triton, on first use
         return kernels.forward(x, weights, [b if b.numel() else None for b in biases])
 
     @head.register_fake
@@ -73,7 +74,7 @@ def _define_ops():
     def head_backward(grad: torch.Tensor, x: torch.Tensor, h1: torch.Tensor, h2: torch.Tensor,
                       weights: List[torch.Tensor], has_bias: List[bool], need_dx: bool) -> List[torch.Tensor]:
         """[dx (empty when not needed), dW_1..L, db_1..L (empty where no bias)]."""
-        from shmlearn.nn import _mlp_head_triton as kernels
+        from shmlearn.nn import _mlp_head_triton as kernels  # lazy: Triton, on first use
         dx, dws, dbs = kernels.backward(grad.contiguous(), x, h1, h2, weights, has_bias, need_dx)
         return ([dx if dx is not None else x.new_empty(0)] + dws
                 + [d if d is not None else x.new_empty(0) for d in dbs])
@@ -174,10 +175,9 @@ def head_why_not(chain: List[nn.Module], dtype: torch.dtype, device: torch.devic
     dtype check holds in Triton's interpreter too; the limits do not apply there."""
     if dtype not in (torch.float16, torch.bfloat16):
         return f"{str(dtype).replace('torch.', '')}: the fused head runs in bf16 or fp16 only"
-    from shmlearn.nn import fit
     if fit.interpreted() or device.type != "cuda":
         return None
-    from shmlearn.nn import _mlp_head_triton as kernels
+    from shmlearn.nn import _mlp_head_triton as kernels  # lazy: Triton, on first use
     linears = chain[0::2]
     return kernels.head_why_not([m.out_features for m in linears], [m.bias is not None for m in linears], dtype,
                                 fit.limits(device))
