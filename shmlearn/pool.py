@@ -110,6 +110,12 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
             break
         if task is None:
             break
+        if task == LEAVE:  # the group's other ranks are leaving it: leave with them
+            if current is not None:
+                _leave_group(current[1])
+                current = None
+            conn.send(("left", slot))
+            continue
         current = _run_task(task, slot, store, current, conn)
     if current is not None:
         _leave_group(current[1])
@@ -119,6 +125,13 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> Non
     # Library teardown at interpreter exit (NCCL, CUDA, Gloo threads) can hang or abort; nothing
     # is left to write.
     os._exit(0)
+
+
+LEAVE = "leave"
+"""Parent -> idle worker: leave the group you hold, because the job just started on some of its
+ranks builds a new one. NCCL's teardown waits for every rank of the group (seen on four H200s: a
+rank that left alone, its peer idle in the group, gave up after 30 s and then could not join the
+next run's group), so a group is left by all its ranks at once or not at all."""
 
 
 def _run_task(task: Task, slot: int, store, current, conn):
@@ -134,6 +147,10 @@ def _run_task(task: Task, slot: int, store, current, conn):
             if current is not None:
                 _leave_group(current[1])
                 current = None
+                import torch.distributed as dist  # loaded by now (the group was built with it)
+                if dist.is_initialized():  # the teardown gave up: a second group cannot be built
+                    raise RuntimeError("this worker's previous process group did not shut down; "
+                                       "run again (the pool replaces the worker)")
             if task.backend is not None:
                 _join_group(task, store)
                 current = key
@@ -304,6 +321,7 @@ class Pool:
         self.jobs: Dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._groups = itertools.count(1)
+        self.leaves = self.left = 0  # LEAVE messages sent, and acknowledged
         self.startup: List[Dict[str, float]] = []
         """Per started worker: seconds from spawn to ready, of which imports and init."""
         self.started_workers = 0
@@ -378,6 +396,7 @@ class Pool:
         if busy or len(set(slots)) != len(slots) or any(s not in self.slots for s in slots):
             raise ValueError(f"slots {slots}: busy {busy} or not in the pool {self.slots}")
         group = self._group_for(slots, backend, timeout_s)
+        self._leave_together(slots, group)
         job = Job(next(self._ids), slots, timeout_s, group, tag)
         for r, s in enumerate(slots):
             w = self.workers.get(s) or self._spawn(s)
@@ -391,6 +410,17 @@ class Pool:
                 w.pending = task
         self.jobs[job.id] = job
         return job
+
+    def _leave_together(self, slots: Tuple[int, ...], group: int) -> None:
+        """The workers of `slots` leave the groups they hold for `group`: tell the idle holders
+        of those groups to leave them now, at the same moment (LEAVE)."""
+        old = {w.group for s in slots if (w := self.workers.get(s)) is not None
+               and w.group is not None and w.group != group}
+        for w in self.workers.values():
+            if w.slot not in slots and w.job is None and w.ready and w.group in old:
+                w.conn.send(LEAVE)
+                w.group = w.group_key = None
+                self.leaves += 1
 
     def _group_for(self, slots: Tuple[int, ...], backend, timeout_s) -> int:
         """Reuse the group the workers of `slots` hold, if it is exactly this rank set."""
@@ -423,6 +453,9 @@ class Pool:
         try:
             while w.conn.poll():
                 msg = w.conn.recv()
+                if msg[0] == "left":
+                    self.left += 1
+                    continue
                 if msg[0] == "ready":
                     w.ready = True
                     self.startup.append({"slot": w.slot, "ready_s": time.monotonic() - w.t_spawn, **msg[3]})

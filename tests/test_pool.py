@@ -72,6 +72,28 @@ def test_a_rank_set_keeps_its_group_and_another_gets_a_new_one(tmp_path):
         assert p.started_workers == 3
 
 
+def _world(env):
+    import torch.distributed as dist
+    return dist.get_world_size(), dist.get_rank()
+
+
+def test_a_group_is_left_by_all_its_ranks_at_once(tmp_path):
+    # NCCL's teardown waits for every rank: when rank 0 of a 2-rank group goes on to a 1-rank
+    # job, its idle peer is told to leave at the same moment (seen on GPUs: alone, rank 0 gave up
+    # after 30 s and could not build the next group). Gloo here: the same messages.
+    with Pool(2) as p:
+        assert _wait(p, p.start(_world, slots=[0, 1])) == [(2, 0), (2, 1)]
+        assert _wait(p, p.start(_world, slots=[0, 1])) == [(2, 0), (2, 1)]
+        assert p.leaves == 0  # the same rank set reuses its group: nobody leaves
+        assert _wait(p, p.start(_world, slots=[0])) == [(1, 0)]
+        assert p.leaves == 1 and p.workers[1].group is None
+        t0 = time.monotonic()
+        while p.left < 1 and time.monotonic() - t0 < 60:
+            p.poll(0.2)
+        assert p.left == 1
+        assert _wait(p, p.start(_world, slots=[1, 0])) == [(2, 0), (2, 1)]  # a new group builds
+
+
 def _wait(p, job, limit=600):
     t0 = time.monotonic()
     while time.monotonic() - t0 < limit:
