@@ -221,21 +221,34 @@ def add_curves(w: Dict[str, Any], rows: List[Dict[str, Any]], root: str) -> Dict
     return {**w, "curves": curves}
 
 
-def keep_curves(sweep_dir: str) -> Dict[str, Any]:
+def keep_curves(sweep_dir: str, *, source: Optional[str] = None) -> Dict[str, Any]:
     """Add 'curves' to an existing DIR/winners.json from the trial folders (every other key kept
     as it is), so that the folders can be deleted: for sweeps written before winners.json kept
-    them (and while sweep.py's pick_winners call does not pass root). Returns the new winners."""
+    them (and while sweep.py's pick_winners call does not pass root). source: the sweep directory
+    whose results.jsonl and trial folders to read, if not sweep_dir (a slimmed copy's original).
+    Returns the new winners."""
     path = os.path.join(sweep_dir, "winners.json")
     with open(path) as f:
         w = json.load(f)
     kept = w.pop("curves", None) or {}
-    w = add_curves(w, ResultStore(os.path.join(sweep_dir, "results.jsonl")).load(repair=False), sweep_dir)
+    src = source or sweep_dir
+    w = add_curves(w, ResultStore(os.path.join(src, "results.jsonl")).load(repair=False), src)
     w["curves"] = {**kept, **w["curves"]}  # a trial whose folder is already gone keeps its curves
     tmp = f"{path}.tmp.{os.getpid()}"
     with open(tmp, "w") as f:
-        json.dump(w, f, indent=2)  # as sweep.py writes it (runs.write_json_atomic)
+        f.write(winners_text(w))
     os.replace(tmp, path)
     return w
+
+
+def winners_text(w: Dict[str, Any]) -> str:
+    """winners.json's text: indented as sweep.py writes it (runs.write_json_atomic), but each
+    trial's curves on one line, not one number per line (5x smaller, a readable diff)."""
+    text = json.dumps({k: v for k, v in w.items() if k != "curves"}, indent=2)
+    if "curves" not in w:
+        return text
+    lines = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in w["curves"].items())
+    return text[:-2] + ',\n  "curves": {\n' + lines + "\n  }\n}\n"
 
 def fmt(v, spec: str) -> str:
     """v formatted by spec, or '-' for None (a number a run did not report)."""

@@ -33,6 +33,7 @@ def test_report_and_advise_are_the_same_without_the_trial_folders(tmp_path, monk
     assert {"winners-loss", "winners-accuracy"} <= set(figs)
 
     new = keep_curves(str(d))
+    assert json.loads((d / "winners.json").read_text()) == new
     assert {k: v for k, v in new.items() if k != "curves"} == old  # every other key as it was
     assert all({"loss", "eval"} <= set(new["curves"][i]) for i in winner_ids(new))
     assert any("noise" in c for c in new["curves"].values())
