@@ -8,7 +8,7 @@ import shutil
 from shmlearn.advise import advise
 from shmlearn.report.load import load_sweep
 from shmlearn.report.pages import sweep_page
-from shmlearn.results import CURVE_POINTS, _thin, keep_curves, winner_ids
+from shmlearn.results import CURVE_POINTS, ResultStore, _thin, keep_curves, pick_winners, winner_ids
 from tests.cli_inproc import run_main
 
 
@@ -37,6 +37,8 @@ def test_report_and_advise_are_the_same_without_the_trial_folders(tmp_path, monk
     assert {k: v for k, v in new.items() if k != "curves"} == old  # every other key as it was
     assert all({"loss", "eval"} <= set(new["curves"][i]) for i in winner_ids(new))
     assert any("noise" in c for c in new["curves"].values())
+    rows = ResultStore(str(d / "results.jsonl")).load(repair=False)  # what a sweep passing root= writes
+    assert pick_winners(rows, root=str(d))["curves"] == new["curves"]
     shutil.rmtree(d / "trials")
     html2, figs2, doc2 = _snapshot(d)
     assert html2 == html and figs2 == figs and doc2 == doc
