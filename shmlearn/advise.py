@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from shmlearn.errors import BadInput
+from shmlearn.results import ResultStore
 
 SMOOTH = 5
 """metrics.jsonl rows (one step's loss each) averaged, trailing, before the target is sought."""
@@ -48,20 +49,40 @@ def load_run(run_dir: str) -> Optional[Dict[str, Any]]:
     """A run's summary and its smoothed loss curve with the noise scale per logged step; None if
     it did not complete or has no noise-scale rows (--noise-scale was off)."""
     s = _json(os.path.join(run_dir, "summary.json"), "advise:")
-    rows = []
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         rows = [json.loads(line) for line in f if line.strip()]
-    rows = [r for r in rows if (r.get("noise_scale") or {}).get("b_simple") is not None]
-    if s.get("status") != "completed" or not rows or not all(math.isfinite(r["loss"]) for r in rows):
+    return _run(run_dir, s, [[r["step"], r["time_s"], r["loss"], r["noise_scale"]["b_simple"]] for r in rows
+                             if (r.get("noise_scale") or {}).get("b_simple") is not None])
+
+
+def _run(run_dir: str, s: Dict[str, Any], noise: List[list]) -> Optional[Dict[str, Any]]:
+    """load_run from a summary and the noise-scale rows [[step, time_s, loss, b_simple]] (a run's
+    metrics.jsonl, or the curves a sweep's winners.json keeps: results.trial_curves)."""
+    if s.get("status") != "completed" or not noise or not all(math.isfinite(r[2]) for r in noise):
         return None
-    loss = [r["loss"] for r in rows]
+    loss = [r[2] for r in noise]
     smooth = [float(np.mean(loss[max(0, i - SMOOTH + 1):i + 1])) for i in range(len(loss))]
     return {"dir": run_dir, "summary": s, "workers": s["workers"], "batch": s["batch_size"],
-            "global": s["workers"] * s["batch_size"], "lr": s["lr"], "steps": [r["step"] for r in rows],
-            "time": [r["time_s"] for r in rows], "smooth": smooth,
-            "b_simple": [r["noise_scale"]["b_simple"] for r in rows],
+            "global": s["workers"] * s["batch_size"], "lr": s["lr"], "steps": [r[0] for r in noise],
+            "time": [r[1] for r in noise], "smooth": smooth, "b_simple": [r[3] for r in noise],
             "step_s": s["wall_time_s"] / s["steps"], "strategy": s["strategy"], "device": s.get("device", "cpu"),
             "phase_s": s.get("phase_s") or {}}
+
+
+def sweep_runs(path: str, ids: Sequence[str]) -> List[Dict[str, Any]]:
+    """A sweep's trials as load_run reads them, in `ids` order: from each trial's folder, or, the
+    folder removed, from its results.jsonl row and the noise-scale rows winners.json keeps."""
+    rows = {r["id"]: r for r in ResultStore(os.path.join(path, "results.jsonl")).load(repair=False)}
+    wpath = os.path.join(path, "winners.json")
+    curves = (_json(wpath, "advise:").get("curves") or {}) if os.path.exists(wpath) else {}
+    runs = []
+    for i in ids:
+        d = os.path.join(path, "trials", i)
+        if os.path.exists(os.path.join(d, "metrics.jsonl")):
+            runs.append(load_run(d))
+        elif i in rows and "noise" in curves.get(i, {}):
+            runs.append(_run(d, rows[i]["summary"], curves[i]["noise"]))
+    return [r for r in runs if r is not None]
 
 
 def reach(run: Dict[str, Any], target: float) -> Optional[Dict[str, float]]:
@@ -171,14 +192,12 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
            comm: Optional[str] = None, comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
     sweep = os.path.exists(os.path.join(path, "sweep.json"))
     if sweep:
-        ids = _json(os.path.join(path, "sweep.json"), "advise:")["trials"]
-        dirs = [os.path.join(path, "trials", i) for i in ids if os.path.exists(os.path.join(path, "trials", i, "metrics.jsonl"))]
-        slots = _json(os.path.join(path, "sweep.json"), "advise:").get("slots")
+        spec = _json(os.path.join(path, "sweep.json"), "advise:")
+        runs, slots = sweep_runs(path, spec["trials"]), spec.get("slots")
     elif os.path.exists(os.path.join(path, "summary.json")):
-        dirs, slots = [path], os.cpu_count()
+        runs, slots = [r for r in [load_run(path)] if r is not None], os.cpu_count()
     else:
         raise BadInput(f"advise {path}: neither a run directory (summary.json) nor a sweep directory (sweep.json)")
-    runs = [r for r in (load_run(d) for d in dirs) if r is not None]
     if not runs:
         raise BadInput(f"advise {path}: no completed run with noise-scale rows in metrics.jsonl "
                        f"(train or sweep with --noise-scale)")

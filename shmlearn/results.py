@@ -101,11 +101,13 @@ def _entry(row: Dict[str, Any], swept: Sequence[str], target: Optional[float]) -
     return e
 
 
-def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
-                 target_accuracy: Optional[float] = None, swept: Sequence[str] = ()) -> Dict[str, Any]:
+def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_accuracy: Optional[float] = None,
+                 swept: Sequence[str] = (), root: Optional[str] = None) -> Dict[str, Any]:
     """Per worker count: the paper's rule (min loss <= threshold, then least loss area) and,
     with a target, the least time to reach it; and the overall best of each across worker
-    counts. Diverged runs are results but never winners. Ties: see sweep.py's module docstring."""
+    counts. Diverged runs are results but never winners. Ties: see sweep.py's module docstring.
+    With root (the sweep directory the rows' run_dir are relative to): also 'curves' (add_curves),
+    what the report and advise draw once the trial folders are gone."""
     by_w: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}
     for i, r in enumerate(rows):
         by_w.setdefault(int(r["config"]["workers"]), []).append((i, r))
@@ -150,8 +152,103 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8,
     if target_accuracy is not None:
         out["by_target"] = targets
         out["overall_by_target"] = min(best_time, key=lambda kv: kv[0])[1] if best_time else None
+    return out if root is None else add_curves(out, rows, root)
+
+
+# --- the curves a report and advise draw, kept in winners.json --------------------------------
+
+CURVE_POINTS = 400
+"""A winner's loss curve is kept at most this many points (first, last and minimum always): the
+report's lines look the same and winners.json stays small, so the trial folders need not be kept."""
+
+
+def jsonl_until_cut(path: str) -> List[Dict[str, Any]]:
+    rows = []
+    if os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:
+                    break  # a line cut off by a kill ends the curve
+    return rows
+
+
+def _thin(points: List[list], n: int = CURVE_POINTS) -> List[list]:
+    """At most n (+2) points, evenly spaced by index, keeping the first, last and the least loss."""
+    if len(points) <= n:
+        return points
+    keep = {round(i * (len(points) - 1) / (n - 1)) for i in range(n)}
+    keep.add(min(range(len(points)), key=lambda i: points[i][2]))
+    return [points[i] for i in sorted(keep)]
+
+
+def trial_curves(run_dir: str, *, winner: bool) -> Dict[str, List[list]]:
+    """From a run directory: 'noise' [[step, time_s, loss, b_simple]] where --noise-scale logged
+    (advise reads every trial's, unthinned: it smooths consecutive rows); for a winner also 'loss'
+    [[step, time_s, loss]] (thinned) and 'eval' [[time_s, test_accuracy, test_loss]]."""
+    metrics = jsonl_until_cut(os.path.join(run_dir, "metrics.jsonl"))
+    out: Dict[str, List[list]] = {}
+    noise = [[m["step"], m["time_s"], m["loss"], m["noise_scale"]["b_simple"]] for m in metrics
+             if (m.get("noise_scale") or {}).get("b_simple") is not None]
+    if noise:
+        out["noise"] = noise
+    if winner:
+        out["loss"] = _thin([[m["step"], m["time_s"], m["loss"]] for m in metrics])
+        out["eval"] = [[e["time_s"], e.get("test_accuracy"), e.get("test_loss")]
+                       for e in jsonl_until_cut(os.path.join(run_dir, "eval.jsonl"))]
     return out
 
+
+def winner_ids(w: Dict[str, Any]) -> List[str]:
+    """The ids of every winner in a winners dict (per worker count, and per target if any)."""
+    ids = [i["winner"]["id"] for i in w["by_workers"].values() if i["winner"]]
+    ids += [i["winner"]["id"] for i in (w.get("by_target") or {}).values() if i["winner"]]
+    return list(dict.fromkeys(ids))
+
+
+def add_curves(w: Dict[str, Any], rows: List[Dict[str, Any]], root: str) -> Dict[str, Any]:
+    """w with 'curves' {trial id: trial_curves} read from each finished trial's folder under root
+    (a sweep directory); trials whose folder is gone are left out."""
+    wins = set(winner_ids(w))
+    curves = {}
+    for r in rows:
+        d = os.path.join(root, r.get("run_dir") or "")
+        if r.get("run_dir") and os.path.isfile(os.path.join(d, "metrics.jsonl")):
+            c = trial_curves(d, winner=r["id"] in wins)
+            if c:
+                curves[r["id"]] = c
+    return {**w, "curves": curves}
+
+
+def keep_curves(sweep_dir: str, *, source: Optional[str] = None) -> Dict[str, Any]:
+    """Add 'curves' to an existing DIR/winners.json from the trial folders (every other key kept
+    as it is), so that the folders can be deleted: for sweeps written before winners.json kept
+    them (and while sweep.py's pick_winners call does not pass root). source: the sweep directory
+    whose results.jsonl and trial folders to read, if not sweep_dir (a slimmed copy's original).
+    Returns the new winners."""
+    path = os.path.join(sweep_dir, "winners.json")
+    with open(path) as f:
+        w = json.load(f)
+    kept = w.pop("curves", None) or {}
+    src = source or sweep_dir
+    w = add_curves(w, ResultStore(os.path.join(src, "results.jsonl")).load(repair=False), src)
+    w["curves"] = {**kept, **w["curves"]}  # a trial whose folder is already gone keeps its curves
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(winners_text(w))
+    os.replace(tmp, path)
+    return w
+
+
+def winners_text(w: Dict[str, Any]) -> str:
+    """winners.json's text: indented as sweep.py writes it (runs.write_json_atomic), but each
+    trial's curves on one line, not one number per line (5x smaller, a readable diff)."""
+    text = json.dumps({k: v for k, v in w.items() if k != "curves"}, indent=2)
+    if "curves" not in w:
+        return text
+    lines = ",\n".join(f"    {json.dumps(k)}: {json.dumps(v)}" for k, v in w["curves"].items())
+    return text[:-2] + ',\n  "curves": {\n' + lines + "\n  }\n}\n"
 
 def fmt(v, spec: str) -> str:
     """v formatted by spec, or '-' for None (a number a run did not report)."""

@@ -1,7 +1,8 @@
 """Read what reports draw: a run directory (runs.py's contract) or a sweep directory (sweep.py's).
 
 Tolerant by design: a run killed before summary.json still has its curves, and is shown as
-'incomplete' rather than refused."""
+'incomplete' rather than refused. A sweep's winners are drawn from their trial folders where
+present, else from the curves winners.json keeps (results.add_curves), so the folders may go."""
 from __future__ import annotations
 
 import json
@@ -12,7 +13,7 @@ from typing import Any, Dict, List, Optional
 import yaml
 
 from shmlearn.errors import BadInput
-from shmlearn.results import ResultStore, pick_winners
+from shmlearn.results import ResultStore, jsonl_until_cut, pick_winners
 
 from .html import worker_count
 
@@ -39,22 +40,21 @@ class SweepData:
     """results.jsonl rows of this sweep's grid, in grid order."""
     winners: Dict[str, Any]
     notes: List[str] = field(default_factory=list)
+    curves: Dict[str, Any] = field(default_factory=dict)
+    """winners.json's 'curves' by trial id; empty for a winners.json written before them."""
 
     def run(self, row: Dict[str, Any]) -> Optional[Run]:
+        """The trial as a Run: from its folder, else (the folder removed) from its row and kept curves."""
         path = os.path.join(self.path, row.get("run_dir") or "")
-        return load_run(path, label=row_label(row)) if os.path.isdir(path) else None
-
-
-def _jsonl(path: str) -> List[Dict[str, Any]]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut off by a kill ends the curve
-    return rows
+        if os.path.isdir(path) and is_run(path):
+            return load_run(path, label=row_label(row))
+        c = self.curves.get(row["id"]) or {}
+        if "loss" not in c:
+            return None
+        return Run(path, row["config"], row["summary"],
+                   [{"step": s, "time_s": t, "loss": v} for s, t, v in c["loss"]],
+                   [{"time_s": t, "test_accuracy": a, "test_loss": v} for t, a, v in c.get("eval", [])],
+                   label=row_label(row))
 
 
 def is_run(path: str) -> bool:
@@ -79,8 +79,8 @@ def load_run(path: str, *, label: str = "") -> Run:
             config = yaml.safe_load(f) or {}
     except (OSError, yaml.YAMLError):
         pass
-    run = Run(path, config, summary, _jsonl(os.path.join(path, "metrics.jsonl")),
-              _jsonl(os.path.join(path, "eval.jsonl")))
+    run = Run(path, config, summary, jsonl_until_cut(os.path.join(path, "metrics.jsonl")),
+              jsonl_until_cut(os.path.join(path, "eval.jsonl")))
     run.label = label or run_label(run)
     return run
 
@@ -111,4 +111,10 @@ def load_sweep(path: str) -> SweepData:
     swept = spec.get("axis_order") or []
     winners = pick_winners(rows, threshold=spec.get("threshold", 1.8),
                            target_accuracy=spec.get("target_accuracy"), swept=swept)
-    return SweepData(path, spec, rows, winners, store.notes)
+    curves: Dict[str, Any] = {}
+    try:
+        with open(os.path.join(path, "winners.json")) as f:
+            curves = json.load(f).get("curves") or {}
+    except (OSError, ValueError, AttributeError):
+        pass  # no winners.json yet (a sweep still running): the trial folders are there
+    return SweepData(path, spec, rows, winners, store.notes, curves)
