@@ -27,9 +27,7 @@ import itertools
 import multiprocessing as mp
 import os
 import signal
-import sys
 import time
-import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
@@ -37,208 +35,20 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_parent
-
-PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
-"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
-
-
-@dataclass(frozen=True)
-class Task:
-    """One rank's part of a job, as sent to a worker."""
-    job: int
-    fn: Callable
-    """fn(env: DistEnv, *args) -> picklable result; the default process group is ready."""
-    args: tuple
-    rank: int
-    world: int
-    slots: Tuple[int, ...]
-    """The job's slots in rank order (the group's identity)."""
-    group: int
-    """Key prefix of the job's group in the pool's store; equal to the worker's current group
-    when that group can be reused."""
-    backend: Optional[str]
-    """gloo, nccl, or None for no process group."""
-    timeout_s: float
-    cores: Optional[Tuple[int, ...]] = None
-    """CPU cores this rank runs on (sched_setaffinity), or None to leave the affinity alone."""
-    log: Optional[str] = None
-    """Append this rank's stdout and stderr to this file during the job."""
-    env: Dict[str, str] = field(default_factory=dict)
-
-
-# --- the worker process ---------------------------------------------------------------------------
-
-_store = None
-
-
-def worker_store():
-    """In a pool worker: the pool's store (a client of it), for values the pool's owner posts
-    while a job runs (a sweep's pruning bounds); None elsewhere."""
-    return _store
-
-
-def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
-    # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
-    # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
-    # unblocked (Pool._spawn started this process with it blocked: one pending is dropped).
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    die_with_parent(parent_pid)
-    os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
-    import importlib
-    t0 = time.perf_counter()
-    for m in PRELOAD:
-        importlib.import_module(m)
-    t1 = time.perf_counter()
-    if init is not None:
-        try:  # e.g. load the sweep's dataset onto this worker's device before the first trial
-            init[0](slot, *init[1])
-        except Exception:  # noqa: BLE001 - the job that needs it fails with the real error
-            pass
-    import torch.distributed as dist
-
-    global _store
-    store = _store = dist.TCPStore(listen.LOOPBACK, store_port, is_master=False,
-                                   timeout=datetime.timedelta(seconds=60))
-    current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
-    conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1}))
-    while True:
-        try:
-            task: Task = conn.recv()
-        except (EOFError, OSError):
-            break
-        if task is None:
-            break
-        if task == LEAVE:  # the group's other ranks are leaving it: leave with them
-            if current is not None:
-                _leave_group(current[1])
-                current = None
-            conn.send(("left", slot))
-            continue
-        current = _run_task(task, slot, store, current, conn)
-    if current is not None:
-        _leave_group(current[1])
-    conn.close()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # Library teardown at interpreter exit (NCCL, CUDA, Gloo threads) can hang or abort; nothing
-    # is left to write.
-    os._exit(0)
-
-
-LEAVE = "leave"
-"""Parent -> idle worker: leave the group you hold, because the job just started on some of its
-ranks builds a new one. NCCL's teardown waits for every rank of the group (seen on four H200s: a
-rank that left alone, its peer idle in the group, gave up after 30 s and then could not join the
-next run's group), so a group is left by all its ranks at once or not at all."""
-
-
-def _run_task(task: Task, slot: int, store, current, conn):
-    saved = _redirect(task.log)
-    env_before = {k: os.environ.get(k) for k in task.env}
-    os.environ.update(task.env)
-    if task.cores and hasattr(os, "sched_setaffinity"):
-        os.sched_setaffinity(0, task.cores)
-    try:
-        key = (task.group, task.backend, task.rank, task.world, task.timeout_s)
-        g0 = time.perf_counter()
-        if key != current:
-            if current is not None:
-                _leave_group(current[1])
-                current = None
-                import torch.distributed as dist  # loaded by now (the group was built with it)
-                if dist.is_initialized():  # the teardown gave up: a second group cannot be built
-                    raise RuntimeError("this worker's previous process group did not shut down; "
-                                       "run again (the pool replaces the worker)")
-            if task.backend is not None:
-                _join_group(task, store)
-                current = key
-        env = DistEnv(rank=task.rank, world_size=task.world, local_rank=slot,
-                      local_world_size=task.world, launcher="local", job=f"j{task.job}")
-        group_s = time.perf_counter() - g0
-        result = task.fn(env, *task.args)
-        msg = ("ok", task.rank, result, {"group_s": group_s})
-    except (BadInput, Diverged) as e:
-        kind = "bad_input" if isinstance(e, BadInput) else "diverged"
-        msg = (kind, task.rank, (str(e), (e.step, e.rank) if isinstance(e, Diverged) else None))
-    except BaseException as e:  # noqa: BLE001 - anything else is this rank's failure, reported by rank
-        msg = ("failed", task.rank, describe(e))
-    _restore(saved)
-    for k, v in env_before.items():  # a job's environment is the job's alone
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        conn.send(msg)
-    except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure
-        conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled", {}))
-    return current
-
-
-def describe(e: BaseException) -> str:
-    """One line for a failure: 'OSError: [Errno 28] No space left on device (runs.py:71)'."""
-    last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
-    where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
-    text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}{where}"
-
-
-def _join_group(task: Task, store) -> None:
-    import torch
-    import torch.distributed as dist
-    timeout = datetime.timedelta(seconds=task.timeout_s)
-    kwargs = {}
-    if task.backend == "nccl":
-        device = torch.device("cuda", _gpu_of(task))
-        torch.cuda.set_device(device)
-        kwargs["device_id"] = device
-    prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
-    with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
-        dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
-                                timeout=timeout, **kwargs)
-
-
-def _gpu_of(task: Task) -> int:
-    import torch
-    return task.slots[task.rank] % max(torch.cuda.device_count(), 1)
-
-
-def _leave_group(backend: Optional[str]) -> None:
-    import torch.distributed as dist
-    if not dist.is_initialized():
-        return
-    if backend == "nccl":
-        destroy_group(dist.get_rank())
-    else:
-        dist.destroy_process_group()
-
-
-def _redirect(log: Optional[str]):
-    if log is None:
-        return None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    saved = (os.dup(1), os.dup(2))
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    return saved
-
-
-def _restore(saved) -> None:
-    if saved is None:
-        return
-    sys.stdout.flush()
-    sys.stderr.flush()
-    for fd, old in zip((1, 2), saved):
-        os.dup2(old, fd)
-        os.close(old)
+# describe and worker_store are imported from here by train.py and the tests (the worker side moved)
+from shmlearn.pool_worker import LEAVE, Task, _worker_main, describe, worker_store  # noqa: F401
 
 
 # --- the pool (parent side) ----------------------------------------------------------------------
+
+def _proc_state(pid: int) -> Optional[str]:
+    """A process's state letter from /proc (T: stopped), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
 
 @dataclass
 class _Worker:
@@ -321,7 +131,7 @@ class Pool:
         self.jobs: Dict[int, Job] = {}
         self._ids = itertools.count(1)
         self._groups = itertools.count(1)
-        self.leaves = self.left = 0  # LEAVE messages sent, and acknowledged
+        self.leaves = self.left = 0  # LEAVE messages sent, and done
         self.startup: List[Dict[str, float]] = []
         """Per started worker: seconds from spawn to ready, of which imports and init."""
         self.started_workers = 0
@@ -396,7 +206,10 @@ class Pool:
         if busy or len(set(slots)) != len(slots) or any(s not in self.slots for s in slots):
             raise ValueError(f"slots {slots}: busy {busy} or not in the pool {self.slots}")
         group = self._group_for(slots, backend, timeout_s)
-        self._leave_together(slots, group)
+        for w in self._holders_left_behind(slots, group):  # NCCL: a group is left by all at once
+            w.conn.send(LEAVE)
+            w.group = w.group_key = None
+            self.leaves += 1
         job = Job(next(self._ids), slots, timeout_s, group, tag)
         for r, s in enumerate(slots):
             w = self.workers.get(s) or self._spawn(s)
@@ -411,16 +224,11 @@ class Pool:
         self.jobs[job.id] = job
         return job
 
-    def _leave_together(self, slots: Tuple[int, ...], group: int) -> None:
-        """The workers of `slots` leave the groups they hold for `group`: tell the idle holders
-        of those groups to leave them now, at the same moment (LEAVE)."""
-        old = {w.group for s in slots if (w := self.workers.get(s)) is not None
-               and w.group is not None and w.group != group}
-        for w in self.workers.values():
-            if w.slot not in slots and w.job is None and w.ready and w.group in old:
-                w.conn.send(LEAVE)
-                w.group = w.group_key = None
-                self.leaves += 1
+    def _holders_left_behind(self, slots: Tuple[int, ...], group: int) -> List[_Worker]:
+        """Idle workers outside `slots` that hold a group the workers of `slots` leave for `group`."""
+        old = {w.group for s in slots if (w := self.workers.get(s)) is not None and w.group not in (None, group)}
+        return [w for w in self.workers.values() if w.slot not in slots and w.job is None and w.ready
+                and w.group in old]
 
     def _group_for(self, slots: Tuple[int, ...], backend, timeout_s) -> int:
         """Reuse the group the workers of `slots` hold, if it is exactly this rank set."""
@@ -453,7 +261,7 @@ class Pool:
         try:
             while w.conn.poll():
                 msg = w.conn.recv()
-                if msg[0] == "left":
+                if msg[0] == "left":  # a LEAVE done
                     self.left += 1
                     continue
                 if msg[0] == "ready":
@@ -517,19 +325,8 @@ class Pool:
 
     def _stopped_procs(self, job: Job) -> List[int]:
         """The job's ranks, without an outcome, whose worker process is stopped (state T)."""
-        found = []
-        for r, s in enumerate(job.slots):
-            w = self.workers.get(s)
-            if r in job.outcomes or w is None or w.proc.pid is None:
-                continue
-            try:
-                with open(f"/proc/{w.proc.pid}/stat") as f:
-                    state = f.read().rsplit(")", 1)[1].split()[0]
-            except (OSError, IndexError):
-                continue
-            if state in ("T", "t"):
-                found.append(r)
-        return found
+        return [r for r, s in enumerate(job.slots) if r not in job.outcomes and (w := self.workers.get(s)) is not None
+                and w.proc.pid is not None and _proc_state(w.proc.pid) in ("T", "t")]
 
     def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, float]]:
         """A rank whose heartbeat thread has been silent longer than the job's timeout: its

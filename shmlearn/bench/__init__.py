@@ -11,22 +11,22 @@ from typing import Callable, List
 
 
 def _comm(sub) -> None:
-    from shmlearn.bench.comm import register
+    from shmlearn.bench.comm import register  # lazy: torch; every bench.* import runs this file
     register(sub)
 
 
 def _ps_sim(sub) -> None:
-    from shmlearn.bench.ps_sim import register
+    from shmlearn.bench.ps_sim import register  # lazy: torch; every bench.* import runs this file
     register(sub)
 
 
 def _throughput(sub) -> None:
-    from shmlearn.bench.throughput import register
+    from shmlearn.bench.throughput import register  # lazy: torch; every bench.* import runs this file
     register(sub)
 
 
 def _timeline(sub) -> None:
-    from shmlearn.bench.timeline import register
+    from shmlearn.bench.timeline import register  # lazy: torch; every bench.* import runs this file
     register(sub)
 
 

@@ -160,7 +160,7 @@ RANK_TIMEOUT_S = 300.0
 
 def rank_device(env, backend: str) -> torch.device:
     """This rank's device in a pool job (pool.run_local): for nccl the GPU of its slot, the one the
-    pool built the group on (pool._gpu_of); cpu for gloo."""
+    pool built the group on (pool_worker._gpu_of); cpu for gloo."""
     if backend != "nccl":
         return torch.device("cpu")
     device = torch.device("cuda", env.local_rank % torch.cuda.device_count())

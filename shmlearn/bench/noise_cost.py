@@ -29,7 +29,8 @@ from typing import Any, Dict, Optional
 import torch
 
 from shmlearn.bench.common import RANK_TIMEOUT_S, rank_device, stats
-from shmlearn.bench.throughput import ThroughputConfig, _Shmlearn
+from shmlearn.bench.throughput_runners import _Shmlearn
+from shmlearn.bench.throughput_variants import ThroughputConfig
 from shmlearn.pool import run_local
 from shmlearn.noise import default_every
 

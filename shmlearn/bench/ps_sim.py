@@ -36,7 +36,9 @@ import torch
 
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
+from shmlearn.data.base import DataSpec
 from shmlearn.errors import BadInput, count
+from shmlearn.models import MODELS, build_model
 from shmlearn.pool import run_local
 
 PHASES = ("fetch_s", "avg_s", "update_s", "time_spent_s", "dist_s")
@@ -64,8 +66,6 @@ class PsSimConfig:
 
 
 def shapes_of(model: str) -> List[tuple]:
-    from shmlearn.data.base import DataSpec
-    from shmlearn.models import build_model
     spec = DataSpec(name="cifar-shaped", task="classification", input_shape=(3, 32, 32), num_outputs=10)
     return [tuple(p.shape) for p in build_model(model, spec).parameters() if p.requires_grad]
 
@@ -233,7 +233,6 @@ def register(bench_sub) -> None:
 def cmd_ps_sim(ns) -> int:
     if ns.steps < 1 or ns.warmup < 0:
         raise BadInput(f"--steps {ns.steps} --warmup {ns.warmup}: need steps >= 1 and warmup >= 0")
-    from shmlearn.models import MODELS
     if ns.model not in MODELS:
         raise BadInput(f"--model {ns.model}: unknown model; choose one of {', '.join(MODELS)}")
     cfg = PsSimConfig(backend=ns.backend, workers=parse_int_list(ns.workers, flag="--workers"), model=ns.model,

@@ -35,6 +35,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+from shmlearn.bench.common import sync
+
 SPEC = {
     # name substring: (bytes/s of HBM, bf16 dense tensor FLOP/s, fp32 FLOP/s without tensor cores)
     "H100 80GB HBM3": (3.35e12, 989e12, 67e12),
@@ -177,7 +179,6 @@ class Limits:
 
 def _timed(fn, device, n: int) -> float:
     """Seconds per call: warmed up, synchronized, the median of 5 runs of n calls."""
-    from shmlearn.bench.common import sync
     fn()
     runs = []
     for _ in range(5):
@@ -238,7 +239,6 @@ def rows(ops: List[Op], limits: Limits) -> List[Dict[str, Any]]:
 def record(step_fn, device: torch.device) -> List[Op]:
     """Run step_fn once under the OpLog and the profiler; its operators with their device time."""
     from torch.profiler import ProfilerActivity, profile
-    from shmlearn.bench.common import sync
     acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     log = OpLog()
     with profile(activities=acts) as prof:

@@ -24,6 +24,8 @@ import json
 from collections import Counter
 from typing import Dict, Iterable, List, Sequence, Tuple
 
+from shmlearn.errors import BadInput
+
 Interval = Tuple[float, float]
 
 GAP_BUCKETS_US = (1.0, 2.0, 5.0, 20.0)
@@ -236,7 +238,6 @@ def register(bench_sub) -> None:
 
 
 def cmd_timeline(ns) -> int:
-    from shmlearn.errors import BadInput
     try:
         kernels = kernels_of_trace(ns.trace)
         text = render(analyze(kernels, steps=ns.steps)) + "\n" + render_phases(phases(kernels, steps=ns.steps))
