@@ -22,10 +22,9 @@ import sys
 import typing
 from typing import Dict, List, Optional
 
-# shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s): this
-# module imports them in the functions that build the parser or run, after `precheck` has
-# refused what it can without torch. The modules imported here load without torch.
-from shmlearn.advise import register as register_advise
+# shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
+# advise numpy: this module imports them in the functions that build the parser or run, after
+# `precheck` has refused what it can without them. The modules imported here load without both.
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
@@ -116,6 +115,7 @@ def _register_train(sub) -> None:
 def _registrars():
     """Each subcommand registers itself: register(subparsers) adds a parser with
     set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
+    from shmlearn.advise import register as register_advise  # lazy: numpy, after the CLI's cheap checks
     from shmlearn.experiments.cli import register as register_experiment  # lazy: torch, after the CLI's cheap checks
     from shmlearn.simulate import register as register_simulate  # lazy: torch, after the CLI's cheap checks
     from shmlearn.sweep_cli import register as register_sweep  # lazy: torch, after the CLI's cheap checks
