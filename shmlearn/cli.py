@@ -22,11 +22,15 @@ import sys
 import typing
 from typing import Dict, List, Optional
 
-# shmlearn.config imports torch (through the strategy registry): this module imports it in the
-# functions that build the parser, after `precheck` has refused what it can without torch.
+# shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
+# advise numpy: this module imports them in the functions that build the parser or run, after
+# `precheck` has refused what it can without them. The modules imported here load without both.
+from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.flags import field_docs, flag_docs, scalar_type as _scalar_type  # noqa: F401 - field_docs: cli's API
+from shmlearn.launch import detect_env
+from shmlearn.report.cli import register as register_report
 
 
 class _LiteralHelp(argparse.HelpFormatter):
@@ -53,10 +57,10 @@ class _Parser(argparse.ArgumentParser):
 def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._ArgumentGroup]:
     """config field -> the --help group of the strategies that take it (ps: --ps-dedicated, ...),
     from the registry: a strategy's parameters show under it."""
-    from shmlearn.config import TrainConfig  # torch: see the imports
+    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
     if cls is not TrainConfig:
         return {}
-    from shmlearn.sync import registry
+    from shmlearn.sync import registry  # lazy: torch, after the CLI's cheap checks
     takers: Dict[str, List[str]] = {}
     for name, entry in registry.entries().items():
         for field_name in entry.config_fields():
@@ -75,7 +79,7 @@ def _add_config_flags(p: argparse.ArgumentParser, cls=None) -> None:
     """One flag per field of the typed config (default TrainConfig): the type from its
     annotation, the help from its docstring, a strategy's own parameters grouped under that
     strategy."""
-    from shmlearn.config import TrainConfig  # torch: see the imports
+    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
     cls = cls or TrainConfig
     docs = flag_docs(cls)
     hints = typing.get_type_hints(cls)
@@ -111,12 +115,10 @@ def _register_train(sub) -> None:
 def _registrars():
     """Each subcommand registers itself: register(subparsers) adds a parser with
     set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
-    from shmlearn.bench import register as register_bench
-    from shmlearn.report.cli import register as register_report
-    from shmlearn.experiments.cli import register as register_experiment
-    from shmlearn.advise import register as register_advise
-    from shmlearn.simulate import register as register_simulate
-    from shmlearn.sweep_cli import register as register_sweep
+    from shmlearn.advise import register as register_advise  # lazy: numpy, after the CLI's cheap checks
+    from shmlearn.experiments.cli import register as register_experiment  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.simulate import register as register_simulate  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.sweep_cli import register as register_sweep  # lazy: torch, after the CLI's cheap checks
     return [_register_train, register_bench, register_sweep, register_report, register_experiment,
             register_simulate, register_advise]
 
@@ -130,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(ns: argparse.Namespace) -> "TrainConfig":
-    from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml  # torch: see the imports
+    from shmlearn.config import ALTERNATIVES, TrainConfig, load_yaml  # lazy: torch, after the CLI's cheap checks
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
     values = {k.replace("-", "_"): v for k, v in values.items()}
     flags = {k: v for k, v in vars(ns).items() if k not in ("command", "config", "func")}
@@ -143,13 +145,12 @@ def config_from_args(ns: argparse.Namespace) -> "TrainConfig":
 
 
 def _is_lead() -> bool:
-    from shmlearn.launch import detect_env
     env = detect_env()
     return env is None or env.rank == 0
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from shmlearn.train import train
+    from shmlearn.train import train  # lazy: torch, after the CLI's cheap checks
     result = train(config_from_args(ns))
     if _is_lead():
         s = result.summary
@@ -228,7 +229,6 @@ def main(argv: Optional[List[str]] = None) -> int:
 def entry() -> None:
     """The `shmlearn` program (console script and `python -m shmlearn`)."""
     code = main()
-    from shmlearn.launch import detect_env
     if detect_env() is not None:
         # A rank of torchrun, mpirun or srun leaves at once, as locally spawned workers do
         # (launch._child): its files are written, and the interpreter's exit-time teardown of

@@ -13,10 +13,22 @@ from typing import Any, Dict, Optional
 
 import yaml
 
+from shmlearn import recipe, tblog
+from shmlearn.data import DATASETS
+from shmlearn.data.augment import Augment
+from shmlearn.data.user import LOADERS, TASKS
 from shmlearn.errors import BadInput, count
+from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS, WEIGHT_COPY
 from shmlearn.limits import MAX_STEPS, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
+from shmlearn.models import MODELS
+from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
+from shmlearn.nn.conv_pool import MODES as CONV_POOL
+from shmlearn.nn.image_conv import MODES as IMAGE_CONV
+from shmlearn.nn.max_pool import MODES as MAX_POOL
+from shmlearn.nn.mlp_head import MODES as MLP_HEAD
+from shmlearn.optim import SCHEDULES
+from shmlearn.refs import is_ref
 from shmlearn.sync import registry
-from shmlearn import tblog
 
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
                   "synthetic": 10, "step": 1, "line": 20, "line-exact": 20}
@@ -365,10 +377,6 @@ def _number(name: str, value, lo: float, hi: Optional[float] = None, *, lo_open:
 
 def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked without the data. Raises BadInput with one line."""
-    from shmlearn.models import MODELS
-    from shmlearn.data import DATASETS
-    from shmlearn.refs import is_ref
-    from shmlearn.data.user import LOADERS, TASKS
     if cfg.model not in MODELS and not is_ref(cfg.model):
         raise BadInput(f"--model {cfg.model}: unknown model; choose one of {', '.join(MODELS)}, "
                        f"or your own as FILE.py:NAME or pkg.module:NAME")
@@ -393,7 +401,6 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--backend {cfg.backend}: choose one of {', '.join(BACKENDS)}")
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise BadInput("--backend nccl: needs --device cuda (NCCL talks between GPUs); the CPU uses gloo")
-    from shmlearn import recipe
     recipe.validate(cfg)
     if cfg.checkpoint_every is not None:
         checkpoint_period(cfg.checkpoint_every)
@@ -401,7 +408,6 @@ def validate(cfg: TrainConfig) -> None:
         tblog.require()
     if cfg.resume and not cfg.out:
         raise BadInput("--resume: needs --out DIR, the run directory to continue")
-    from shmlearn.optim import SCHEDULES
     if cfg.lr_schedule not in SCHEDULES:
         raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
     # Whole numbers. workers has no upper bound here: what the machine can run is
@@ -432,13 +438,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
-    from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS, WEIGHT_COPY
-    from shmlearn.nn.image_conv import MODES as IMAGE_CONV
-    from shmlearn.nn.max_pool import MODES as MAX_POOL
-    from shmlearn.nn.conv_pool import MODES as CONV_POOL
-    from shmlearn.nn.mlp_head import MODES as MLP_HEAD
-    from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
-    from shmlearn.data.augment import Augment
     if cfg.precision not in PRECISIONS:
         raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
     if cfg.cuda_graph not in CUDA_GRAPH:

@@ -8,6 +8,8 @@ import inspect
 import typing
 from typing import Dict
 
+from shmlearn.data import DATASETS
+
 
 def field_docs(cls) -> Dict[str, str]:
     """The docstring under each dataclass field: one source for the code and for --help."""
@@ -25,13 +27,12 @@ def flag_docs(cls=None) -> Dict[str, str]:
     --dataset the names registered now (the registries, not a copy of them in a docstring)."""
     # Imported here: they import torch, and the CLI refuses bad input before torch loads
     # (cli.precheck); this module is imported by cli.py at its top.
-    from shmlearn.config import TrainConfig
+    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
     cls = cls or TrainConfig
     docs = field_docs(cls)
     if cls is TrainConfig:
-        from shmlearn.data import DATASETS
-        from shmlearn.models import MODELS
-        from shmlearn.sync import registry
+        from shmlearn.models import MODELS  # lazy: torch, after the CLI's cheap checks
+        from shmlearn.sync import registry  # lazy: torch, after the CLI's cheap checks
         docs["model"] += f" Built in: {', '.join(MODELS)}."
         docs["dataset"] += f" Built in: {', '.join(DATASETS)}."
         docs["strategy"] += " " + "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items()) + "."

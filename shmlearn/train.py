@@ -41,7 +41,8 @@ from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn import evaluation, recipe, weights
-from shmlearn.pool import current as current_pool, describe, run_local
+from shmlearn.pool import current as current_pool, describe, run_local, worker_store
+from shmlearn.pruning import Watch
 from shmlearn import runs
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
@@ -348,13 +349,10 @@ class _Loop:
         self.rundir = RunDir(cfg.out, cfg, keep_until=self.start_step if self.start_step > 0 else None) \
             if self.lead else None
         self.fault = Fault.from_env(resumed=self.start_step > 0)
-        from shmlearn.pool import worker_store
         self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job,
                                    store=worker_store() if env.job else None)
         self.prune = None
         if prune_key and self.lead:
-            from shmlearn.pool import worker_store
-            from shmlearn.pruning import Watch
             if worker_store() is not None:
                 self.prune = Watch(worker_store(), prune_key)
 

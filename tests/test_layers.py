@@ -139,3 +139,69 @@ def test_checker_sees_function_level_relative_and_submodule_imports():
     assert "shmlearn.report.sweep_figures" in graph["shmlearn.report.pages"]  # from . import sweep_figures
     assert "shmlearn.sync.registry" in graph["shmlearn.config"]  # from shmlearn.sync import registry
     assert [sorted(c) for c in _sccs({"a": {"b": [1]}, "b": {"a": [2]}, "c": {"a": [3]}}) if len(c) > 1] == [["a", "b"]]
+
+
+# Files other helpers are editing while this test lands (issue 40, item 1): their function-level
+# imports are theirs to hoist or label. The lead empties this set after merging their branches.
+NOT_YET_LABELLED = {
+    "shmlearn/sweep.py", "shmlearn/study.py", "shmlearn/sweep_cli.py", "shmlearn/study_storage.py",
+    "shmlearn/simulate.py", "shmlearn/pool.py", "shmlearn/launch.py", "shmlearn/results.py",
+    "shmlearn/advise.py", "shmlearn/bench/", "shmlearn/report/",
+}
+
+
+def function_level_imports(path: Path, mod: str) -> list[tuple[int, str]]:
+    """(line, source) of each import of a shmlearn module inside a function of `path`, with the
+    lines it spans joined, so a trailing comment on its last line is seen."""
+    lines = path.read_text().splitlines()
+    is_pkg = path.name == "__init__.py"
+    out = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if in_function and isinstance(child, ast.Import):
+                ours = any(a.name.split(".")[0] == "shmlearn" for a in child.names)
+            elif in_function and isinstance(child, ast.ImportFrom):
+                ours = (_resolve(mod, is_pkg, child) or "").split(".")[0] == "shmlearn"
+            else:
+                ours = False
+            if ours:
+                out.append((child.lineno, " ".join(lines[child.lineno - 1:child.end_lineno])))
+            visit(child, in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)))
+
+    visit(ast.parse("\n".join(lines), str(path)), False)
+    return out
+
+
+def _unlabelled() -> list[str]:
+    bad = []
+    for mod, path in _modules().items():
+        rel = "shmlearn/" + path.relative_to(ROOT).as_posix()
+        if any(rel == f or (f.endswith("/") and rel.startswith(f)) for f in NOT_YET_LABELLED):
+            continue
+        bad += [f"{rel}:{n}: {src.strip()}" for n, src in function_level_imports(path, mod)
+                if "# lazy: " not in src]
+    return bad
+
+
+def test_function_level_imports_say_why():
+    """A shmlearn import inside a function only defers a heavy optional dependency (Triton,
+    Optuna, matplotlib, or torch before the CLI's cheap checks), and says which with a trailing
+    `# lazy: <reason>`; every other one belongs at the top of its module (DESIGN.md, Style)."""
+    bad = _unlabelled()
+    assert not bad, "function-level shmlearn imports without `# lazy: <reason>`:\n" + "\n".join(bad)
+
+
+def test_function_level_import_checker(tmp_path):
+    src = tmp_path / "m.py"
+    src.write_text("import os\n"
+                   "from shmlearn import errors\n"          # module level: not counted
+                   "def f():\n"
+                   "    import json\n"                       # not shmlearn: not counted
+                   "    from shmlearn.config import (\n"
+                   "        TrainConfig)  # lazy: torch\n"   # the comment on its last line counts
+                   "    from . import tblog\n"               # relative: counted
+                   "    import shmlearn.fast\n")
+    found = function_level_imports(src, "shmlearn.m")
+    assert [n for n, _ in found] == [5, 7, 8]
+    assert ["# lazy: " in s for _, s in found] == [True, False, False]

@@ -50,7 +50,7 @@ def __getattr__(name: str):
     use so that `shmlearn.data.files` (and with it the CLI's check of --data-dir, cli.precheck)
     runs before torch is imported."""
     if name in ("Dataset", "DataSpec", "normalizer"):
-        from . import base
+        from . import base  # lazy: torch, after the CLI's cheap checks
         return getattr(base, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
@@ -64,7 +64,7 @@ def load_dataset(name: str, data_dir: Optional[str] = None, *, seed: int = 0) ->
     ds = _LOADERS[name](data_dir, seed)
     # Here, where every reader's result passes: an empty split or constant images would
     # otherwise surface later as a ZeroDivisionError in evaluation or NaN "divergence".
-    from .base import check_usable  # torch: see __getattr__
+    from .base import check_usable  # lazy: torch, after the CLI's cheap checks
     check_usable(ds, f"--data-dir {data_dir}" if data_dir is not None else f"--dataset {name}")
     return ds
 

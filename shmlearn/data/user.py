@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from shmlearn.data.base import Dataset, DataSpec, check_usable
+from shmlearn.data.stream import StreamedData, convert_batch, label_scan, materialize
 from shmlearn.errors import BadInput
 from shmlearn.refs import call_user
 
@@ -174,7 +175,6 @@ def labels_for(task: str, train_y: torch.Tensor, test_y: torch.Tensor, what: str
 # --- torch Datasets --------------------------------------------------------------------------
 
 def _from_datasets(train, test, what: str, task: Optional[str], loader: str, device: torch.device, name: str):
-    from shmlearn.data.stream import StreamedData, convert_batch, materialize
     for ds, split in ((train, "train"), (test, "test")):
         try:
             n = len(ds)
@@ -221,7 +221,6 @@ def _num_outputs(train, test, task: str, y0: torch.Tensor, what: str) -> int:
         return max(1, y0.numel())
     if hasattr(train, "classes"):
         return len(train.classes)
-    from shmlearn.data.stream import label_scan
     labels = [torch.as_tensor(getattr(d, "targets")) if hasattr(d, "targets") else label_scan(d, what)
               for d in (train, test)]
     _, _, outputs = labels_for(task, labels[0], labels[1], what)

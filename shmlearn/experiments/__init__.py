@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 
 from shmlearn.errors import BadInput
 from shmlearn.experiments.common import Context
+from shmlearn.pool import Pool, using
 from shmlearn.runs import write_json_atomic
 
 # name -> (module, one line on what it reproduces)
@@ -48,7 +49,6 @@ def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out:
         return module.run_experiment(ctx)  # the sweep keeps a pool of its own
     # Every run of the experiment on one pool of workers (pool.py): a run costs its training,
     # not a start-up of processes.
-    from shmlearn.pool import Pool, using
     cuda = device != "cpu" and _cuda()
     with Pool(_slots(cuda), cuda=cuda) as pool, using(pool):
         return module.run_experiment(ctx)

@@ -1,6 +1,11 @@
 """`shmlearn experiment list` and `shmlearn experiment run NAME [--quick] [--device] [--out]`."""
 from __future__ import annotations
 
+from shmlearn.config import TrainConfig
+from shmlearn.errors import BadInput
+from shmlearn.experiments import EXPERIMENTS, default_out, run_experiment
+from shmlearn.sweep import parse_values
+
 
 def register(sub) -> None:
     p = sub.add_parser("experiment", help="rerun one of the seed experiments",
@@ -20,7 +25,6 @@ def register(sub) -> None:
 
 
 def _list(ns) -> int:
-    from shmlearn.experiments import EXPERIMENTS
     width = max(map(len, EXPERIMENTS))
     for name, (_, what) in EXPERIMENTS.items():
         print(f"{name:<{width}}  {what}")
@@ -28,7 +32,6 @@ def _list(ns) -> int:
 
 
 def _run(ns) -> int:
-    from shmlearn.experiments import EXPERIMENTS, default_out, run_experiment
     out = ns.out or (default_out(ns.name, ns.quick) if ns.name in EXPERIMENTS else None)
     print(run_experiment(ns.name, quick=ns.quick, device=ns.device, out=out, axes=_axes(ns.axis)))
     print(f"experiment {ns.name}: tables, figures and runs in {out}", flush=True)
@@ -36,9 +39,6 @@ def _run(ns) -> int:
 
 
 def _axes(items) -> dict:
-    from shmlearn.config import TrainConfig
-    from shmlearn.errors import BadInput
-    from shmlearn.sweep import parse_values
     fields = set(TrainConfig().to_dict())
     axes = {}
     for item in items:

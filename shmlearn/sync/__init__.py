@@ -2,6 +2,9 @@
 registers an entry that describes it (registry.py)."""
 from __future__ import annotations
 
+import importlib
+import pkgutil
+
 from shmlearn.sync import registry
 from shmlearn.sync.base import SyncStrategy, flatten_parameters
 # Each import registers its strategy; this order is the order --help and messages list them in.
@@ -10,6 +13,12 @@ from shmlearn.sync.parameter_server import ParameterServer
 from shmlearn.sync.weight_averaging import WeightAveraging
 from shmlearn.sync.ddp import DDP
 from shmlearn.sync.async_ps import AsyncPS
+
+# A strategy added as one more file here registers itself on import, after the five above, with
+# no edit to this file: a spawned worker imports this package and finds it the same way.
+_OWN = {"__init__", "base", "registry", "allreduce", "parameter_server", "weight_averaging", "ddp", "async_ps"}
+for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _OWN and not m.name.startswith("_")):
+    importlib.import_module(f"{__name__}.{_m}")
 
 
 def build_strategy(name: str, *, rank: int, world_size: int, group=None, **config) -> SyncStrategy:
