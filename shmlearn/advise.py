@@ -143,7 +143,7 @@ class StepTime:
             one = (max(a - talk, 0.0), c)
         self.one = one
         if comm and one:
-            from shmlearn import simulate
+            from shmlearn import simulate  # lazy: torch (simulate reads bench.common), for the cost model only
             doc = simulate._read_json("--comm", comm)
             net = simulate.Network.from_comm(doc, comm)
             wake = simulate.Wake.from_comm(doc, simulate._read_json("--comm-after-compute", after), after) if after else None
@@ -162,7 +162,7 @@ class StepTime:
         if self.machine is None:
             return None
         from dataclasses import replace
-        from shmlearn import simulate
+        from shmlearn import simulate  # lazy: torch (simulate reads bench.common), for the cost model only
         a, c = self.one
         upd = self.machine.compute.update_s
         m = replace(self.machine, compute=replace(self.machine.compute, compute_s=max(a - upd, 0.0) + c * b,
@@ -272,7 +272,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
 
 def plot(doc: Dict[str, Any], out: str) -> Optional[str]:
     try:
-        from shmlearn.report.mpl import figure, png
+        from shmlearn.report.mpl import figure, png  # lazy: matplotlib
     except ImportError:
         return None
     fig, (a1, a2) = figure(11.0, 4.2, ncols=2)
@@ -325,7 +325,7 @@ def register(sub) -> None:
 
 
 def cmd_advise(ns) -> int:
-    from shmlearn.bench.common import parse_int_list
+    from shmlearn.bench.common import parse_int_list  # lazy: torch (bench.common), after the cheap checks
     if ns.target_loss is not None and not (ns.target_loss > 0 and math.isfinite(ns.target_loss)):
         raise BadInput(f"--target-loss {ns.target_loss}: must be a positive number")
     for flag, f in (("--comm", ns.comm), ("--comm-after-compute", ns.comm_after_compute)):

@@ -23,8 +23,8 @@ __all__ = ["write_report"]
 def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
     """Write the HTML page for `paths` (one sweep directory, or run directories) and return its
     path. One path also gets its figures as PATH/figures/NAME.png."""
-    from .load import is_run, is_sweep, load_run, load_sweep
-    from .pages import runs_page, sweep_page
+    from .load import is_run, is_sweep, load_run, load_sweep  # lazy: matplotlib (the figures)
+    from .pages import runs_page, sweep_page  # lazy: matplotlib (the figures)
 
     paths = [str(p) for p in paths]
     if not paths:

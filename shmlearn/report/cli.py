@@ -16,6 +16,6 @@ def register(sub) -> None:
 
 
 def cmd_report(ns: argparse.Namespace) -> int:
-    from shmlearn.report import write_report
+    from shmlearn.report import write_report  # lazy: matplotlib (the figures)
     print(write_report(ns.paths, out=ns.out))
     return 0
