@@ -1,7 +1,7 @@
 """Where a study lives: Optuna storages opened from a URL, with what shmlearn adds to them.
 
 open_storage takes an RDB URL or journal:PATH. The journal file is Optuna's JournalFileBackend
-with its torn last line mended (jsonl.py) and a full disk said in one line; _unwritable finds a
+with its torn last line mended (jsonl.py) and a full disk said in one line; unwritable finds a
 storage's full disk in any exception chain (SQLite's 'database or disk is full'). study.py runs
 the study; this module is only the storage, so that study.py stays about trials.
 """
@@ -31,7 +31,7 @@ def redact(url: str) -> str:
         return url
 
 
-def _why(e: BaseException) -> str:
+def why_not_opened(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     why = f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
     if isinstance(e, ImportError) and e.__cause__ is not None:  # optuna's says which module only here
@@ -92,7 +92,7 @@ def open_storage(url: str):
         except BadInput:
             raise
         except Exception as e:  # noqa: BLE001 - any failure to open is the user's URL or file
-            raise BadInput(f"--storage {url}: cannot open it ({_why(e)})") from None
+            raise BadInput(f"--storage {url}: cannot open it ({why_not_opened(e)})") from None
     engine = {"connect_args": {"timeout": 120}} if url.startswith("sqlite") else {}  # writers wait, not fail
     last: Optional[BaseException] = None
     for attempt in range(3):  # processes started together race to create the tables
@@ -106,10 +106,10 @@ def open_storage(url: str):
             if "ArgumentError" in type(e).__name__ or "NoSuchModule" in type(e).__name__:
                 break
             time.sleep(0.5 + attempt)
-    raise BadInput(f"--storage {redact(url)}: cannot open it ({_why(last)})")
+    raise BadInput(f"--storage {redact(url)}: cannot open it ({why_not_opened(last)})")
 
 
-def _unwritable(e: BaseException) -> Optional[str]:
+def unwritable(e: BaseException) -> Optional[str]:
     """Why a storage write failed, where it was the disk (SQLite's 'database or disk is full', its
     'disk I/O error' past a file size limit, a full disk's OSError) anywhere in e's chain; else None."""
     seen = set()

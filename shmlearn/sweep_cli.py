@@ -1,5 +1,6 @@
 """The `shmlearn sweep` command, above the two ways it runs: a grid in this process's pool
-(sweep.Sweep) or, with --storage, an Optuna study (study.run_study, which builds on sweep.py)."""
+(sweep.Sweep) or, with --storage, an Optuna study (study.run_study); both run their trials
+with trials.TrialRunner."""
 from __future__ import annotations
 
 import argparse
@@ -18,7 +19,7 @@ def run_sweep(sc: SweepConfig) -> int:
     check_search(sc)
     if sc.storage is not None:
         try:
-            from shmlearn.study import run_study  # deferred: study.py imports optuna (optional)
+            from shmlearn.study import run_study  # lazy: study.py imports optuna (optional)
         except ImportError as e:
             if (e.name or "").split(".")[0] not in ("optuna", "sqlalchemy"):
                 raise

@@ -1,0 +1,243 @@
+"""The grid of a sweep: SweepConfig, the flags' values ('A,B,C', 'START:STOP:STEP'), the grid's
+trials in order, and each trial's id (a hash of its config). Nothing here runs a trial (trials.py,
+sweep.py, study.py do)."""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import typing
+from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
+from typing import Any, Dict, List, Optional, Tuple
+
+from shmlearn.config import TrainConfig, validate
+from shmlearn.errors import BadInput, count
+from shmlearn.flags import scalar_type
+from shmlearn.results import AXIS_ORDER
+
+NOT_SWEPT = ("out", "progress", "resume")
+"""Set by the sweep: each trial writes its own run directory, fresh, with no progress bar."""
+MAX_TRIALS = 100_000
+
+
+def trials_at_once(parallel: Optional[int], cuda: bool, slots: int) -> int:
+    """SweepConfig.parallel for this machine: as asked, else every GPU (each its own device) or
+    one trial at a time on CPU cores (which share memory bandwidth)."""
+    return parallel or (slots if cuda else 1)
+
+
+@dataclass(kw_only=True)
+class SweepConfig:
+    fixed: Dict[str, Any] = field(default_factory=dict)
+    """TrainConfig fields shared by every trial (one value each)."""
+    axes: Dict[str, List[Any]] = field(default_factory=dict)
+    """TrainConfig fields swept, each with its values in order; the grid is their product."""
+    threshold: float = 1.8
+    """Winners: drop runs whose minimum training loss is above this (the paper's 1.8)."""
+    target_accuracy: Optional[float] = None
+    """Winners also by the least training seconds to reach this test accuracy."""
+    parallel: Optional[int] = None
+    """Trials at once. Default: on GPUs, as many as there are free GPUs (1-worker trials fill
+    every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, 1
+    (trials that run together share memory bandwidth and caches, which shows in their
+    wall-clock areas)."""
+    slots: Optional[int] = None
+    """CPU cores (or GPUs) the sweep may use. Default: all this process may run on."""
+    out: str = ""
+    """Sweep directory: results.jsonl, winners.json, trials/, figures/, report.html."""
+    report: bool = True
+    """Write figures and report.html at the end."""
+    prune: bool = False
+    """Stop a trial as soon as it can no longer win (its loss area so far exceeds the best
+    finished survivor's of its worker count, and with a target accuracy its time passes the
+    best time-to-target): the winners equal the full grid's. Off by default: the paper's
+    figures need every run's full area."""
+    storage: Optional[str] = None
+    """Optuna storage shared by every process of the study (study.py): an RDB URL
+    (sqlite:///PATH, postgresql://..., mysql://...) or journal:PATH (a JournalFileStorage on a
+    shared filesystem). None: the sweep of this one process, results.jsonl its store."""
+    study: Optional[str] = None
+    """Optuna study name (with storage): every process given the same storage, study and flags
+    works on one study."""
+    search: str = "grid"
+    """grid (every combination, Optuna's GridSampler with storage), tpe or random (with storage:
+    `trials` samples between each axis's smallest and largest value)."""
+    trials: Optional[int] = None
+    """tpe/random: trials in the study, counted over all its processes."""
+    pruner: Optional[str] = None
+    """With storage: area (the exact rule of `prune`), median or halving (Optuna's
+    MedianPruner and SuccessiveHalvingPruner, for tpe/random only: they change the winners)."""
+    search_seed: Optional[int] = None
+    """Seed of the tpe/random (and grid's order) sampler; processes sharing a study should each
+    give another (e.g. the Slurm array index), else their random trials repeat and are dropped."""
+    stale_after: float = 60.0
+    """With storage: a running trial whose heartbeat has not moved for this many seconds (or
+    whose process on this host is gone) is lost; it is failed and run again."""
+
+
+# --- grid ----------------------------------------------------------------------------------
+
+def field_kind(name: str) -> type:
+    """bool, int, float or str: the field's annotation, resolved (flags.scalar_type)."""
+    return scalar_type(typing.get_type_hints(TrainConfig)[name])
+
+
+def _number(name: str, text: str, kind: type):
+    try:
+        d = Decimal(text)
+    except InvalidOperation:
+        raise BadInput(f"--{name.replace('_', '-')} {text}: expected a number") from None
+    if not d.is_finite():
+        raise BadInput(f"--{name.replace('_', '-')} {text}: expected a finite number")
+    if kind is int and d != d.to_integral_value():
+        raise BadInput(f"--{name.replace('_', '-')} {text}: expected a whole number")
+    return d
+
+
+def _range(name: str, item: str, kind: type) -> List[Any]:
+    """A:B:STEP, both ends included when STEP lands on B. Decimal arithmetic, so 0.1:0.9:0.1 is
+    exactly the nine values 0.1 ... 0.9 (float steps would give 0.30000000000000004 and may
+    drop 0.9)."""
+    flag = f"--{name.replace('_', '-')} {item}"
+    parts = item.split(":")
+    if len(parts) not in (2, 3) or (len(parts) == 2 and kind is not int):
+        raise BadInput(f"{flag}: expected a range START:STOP:STEP" + (" or START:STOP" if kind is int else ""))
+    a, b = _number(name, parts[0], kind), _number(name, parts[1], kind)
+    step = _number(name, parts[2], kind) if len(parts) == 3 else Decimal(1)
+    if step == 0 or (b - a) * step < 0:
+        raise BadInput(f"{flag}: the step must be nonzero and go from {parts[0]} toward {parts[1]}")
+    n = int((b - a) / step) + 1
+    if n > MAX_TRIALS:
+        raise BadInput(f"{flag}: {n} values; at most {MAX_TRIALS}")
+    return [kind(a + i * step) for i in range(n)]
+
+
+def parse_values(name: str, raw: Any) -> List[Any]:
+    """The values of one flag: 'A,B,C', a range 'START:STOP:STEP' (numbers only), a mix of both
+    ('16,64:256:64'), or a YAML scalar or list. Duplicates are dropped, order is kept."""
+    kind = field_kind(name)
+    items = raw if isinstance(raw, list) else [raw]
+    values: List[Any] = []
+    for item in items:
+        if isinstance(item, (list, dict, tuple, set)):  # every field is one scalar: a value may not nest
+            what = "a mapping" if isinstance(item, dict) else "a list"
+            raise BadInput(f"--{name.replace('_', '-')}: {raw!r} holds {what} ({item!r}); expected one value "
+                           f"or a list of values")
+        if not isinstance(item, str):
+            values.append(item)
+            continue
+        for part in (p.strip() for p in item.split(",")):
+            if part == "":
+                raise BadInput(f"--{name.replace('_', '-')} {item}: empty value in the list")
+            if part.lower() in ("none", "null"):
+                values.append(None)
+            elif kind is bool:
+                if part.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                    raise BadInput(f"--{name.replace('_', '-')} {part}: expected true or false")
+                values.append(part.lower() in ("true", "1", "yes"))
+            elif kind in (int, float) and ":" in part:
+                values.extend(_range(name, part, kind))
+            elif kind in (int, float):
+                values.append(kind(_number(name, part, kind)))
+            else:
+                values.append(part)
+    seen, out = set(), []
+    for v in values:
+        if (type(v), v) not in seen:
+            seen.add((type(v), v))
+            out.append(v)
+    return out
+
+
+def split_axes(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, List[Any]]]:
+    """{flag: raw} -> (fixed values, swept axes): a flag with two or more values is an axis."""
+    known = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_SWEPT)
+    fixed, axes = {}, {}
+    for name, raw in values.items():
+        name = name.replace("-", "_")
+        if name not in known:
+            raise BadInput(f"sweep: unknown flag '{name}'; known: {', '.join(sorted(known))}")
+        vals = parse_values(name, raw)
+        if not vals:
+            raise BadInput(f"--{name.replace('_', '-')}: no values")
+        if len(vals) == 1:
+            fixed[name] = vals[0]
+        else:
+            axes[name] = vals
+    return fixed, axes
+
+
+def ordered_axes(axes: Dict[str, List[Any]]) -> List[str]:
+    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    return sorted(axes, key=lambda a: (AXIS_ORDER.index(a) if a in AXIS_ORDER else len(AXIS_ORDER),
+                                       names.index(a)))
+
+
+def trial_id(cfg: TrainConfig) -> str:
+    """Stable id of a trial: readable prefix + hash of the fields that differ from TrainConfig's
+    defaults, so a field added to TrainConfig later does not change the ids of a sweep."""
+    defaults = TrainConfig().to_dict()
+    d = {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT and v != defaults[k]}
+    h = hashlib.sha1(json.dumps(d, sort_keys=True).encode()).hexdigest()[:8]
+    return f"w{cfg.workers}-b{cfg.batch_size}-lr{cfg.lr:g}-{h}"
+
+
+def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool = False) -> List[TrainConfig]:
+    """Every combination of the axes, workers outermost, then batch size, then lr, then the
+    others in TrainConfig's order. CPU trials get 1 thread per worker unless --threads is
+    given, so the slots they hold are the cores they use."""
+    names = ordered_axes(axes)
+    total = math.prod(len(axes[a]) for a in names)
+    if total > MAX_TRIALS:
+        raise BadInput(f"sweep: {total} trials; at most {MAX_TRIALS}")
+    trials = []
+    for combo in itertools.product(*(axes[a] for a in names)):
+        values = {**fixed, **dict(zip(names, combo)), "progress": False}
+        values.setdefault("workers", None)
+        if values["workers"] is None:
+            values["workers"] = 2  # the local default, made explicit so the id says it
+        if not cuda and values.get("threads") is None:
+            values["threads"] = 1
+        cfg = TrainConfig(**values)
+        validate(cfg)
+        if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size:
+            raise BadInput(f"--samples {cfg.samples}: smaller than one step of {count(cfg.workers, 'worker')} "
+                           f"x {cfg.batch_size} samples")
+        trials.append(cfg)
+    return trials
+
+SEARCHES = ("grid", "tpe", "random")
+PRUNERS = ("area", "median", "halving")
+
+
+def check_search(sc: SweepConfig) -> None:
+    """The study flags go together (study.py); a sweep without --storage takes none of them."""
+    if sc.search not in SEARCHES:
+        raise BadInput(f"--search {sc.search}: expected one of {', '.join(SEARCHES)}")
+    if sc.pruner is not None and sc.pruner not in PRUNERS:
+        raise BadInput(f"--pruner {sc.pruner}: expected one of {', '.join(PRUNERS)}")
+    if sc.storage is None:
+        for flag, v in (("--study", sc.study), ("--search", None if sc.search == "grid" else sc.search),
+                        ("--trials", sc.trials), ("--pruner", sc.pruner), ("--search-seed", sc.search_seed)):
+            if v is not None:
+                raise BadInput(f"{flag} {v}: needs --storage URL (an Optuna study; sqlite:///study.db on one machine)")
+        return
+    if not sc.study:
+        raise BadInput(f"--storage {sc.storage}: needs --study NAME")
+    if sc.search == "grid":
+        if sc.trials is not None:
+            raise BadInput(f"--trials {sc.trials}: only with --search tpe or random; a grid runs every combination")
+        if sc.pruner in ("median", "halving"):
+            raise BadInput(f"--pruner {sc.pruner}: only with --search tpe or random (it changes a grid's winners); "
+                           f"a grid prunes exactly with --prune")
+    else:
+        if sc.trials is None or sc.trials < 1:
+            raise BadInput(f"--search {sc.search}: needs --trials N (N > 0)")
+        if not sc.axes:
+            raise BadInput(f"--search {sc.search}: no axis to search; give a flag two or more values "
+                           f"(its smallest and largest bound the range)")
+    if not sc.stale_after > 0:
+        raise BadInput(f"--stale-after {sc.stale_after}: expected seconds > 0")
