@@ -316,7 +316,7 @@ class TrialRunner:
         if extra:
             print(f"sweep: {extra} results in results.jsonl are from another grid; left out of the winners")
         w = pick_winners(rows, threshold=self.sc.threshold, target_accuracy=self.sc.target_accuracy,
-                         swept=ordered_axes(self.sc.axes))
+                         swept=ordered_axes(self.sc.axes), root=self.dir)  # with the winners' curves
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
         if self.sc.report:
