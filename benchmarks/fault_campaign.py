@@ -104,9 +104,14 @@ def clean_env(tag: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str
     return env
 
 
-def _file_limit(limit: int) -> Callable[[], None]:
-    def apply() -> None:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+def _child_setup(fsize: Optional[int]) -> Callable[[], None]:
+    """In the run's process before exec: Ctrl-C handled as in a terminal (a campaign started in
+    the background of a shell without job control inherits SIGINT ignored, and so would every
+    run, so a Ctrl-C case would see no signal), and an optional file-size limit."""
+    def apply() -> None:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        if fsize:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     return apply
 
 
@@ -148,7 +153,7 @@ class Running:
         # Its own session: a kill of "the process group" is then ours alone.
         self.proc = subprocess.Popen([sys.executable, "-m", "shmlearn", *cmd.args], cwd=REPO, env=env,
                                      stdout=self._out, stderr=self._err, start_new_session=True,
-                                     preexec_fn=_file_limit(cmd.fsize) if cmd.fsize else None)
+                                     preexec_fn=_child_setup(cmd.fsize))
 
     def fault(self, how: str) -> None:
         if self.fault_t is None:
