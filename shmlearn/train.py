@@ -112,6 +112,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers, claim=True))
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
         if world == 1 and current_pool() is None:
+            caller_threads = torch.get_num_threads()  # the rank sets its own; the caller keeps its
             try:
                 result = run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
                                                  launcher="local", master_port=free_port()), parts=parts)
@@ -119,8 +120,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
                 raise
             except Exception as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
                 raise WorkerFailed(f"rank 0: {describe(e)}") from e
-            # On the CPU, as a pool worker sends it (rank_main): not the run's module on the GPU,
-            # whose parameters are views into the strategy's flat buffer.
+            finally: torch.set_num_threads(caller_threads)  # noqa: E701 - train.py is at 600 lines
+            # On the CPU, as rank_main sends it: on the GPU its parameters view the strategy's flat buffer.
             model = copy.deepcopy(result.model).cpu() if result.model is not None else None
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None

@@ -4,11 +4,12 @@ recipe's epochs); and the fashion recipes train exactly what benchmarks/fashion_
 
 The equivalence test runs the benchmark's own _train_one (its network, optimizer, schedule,
 label-smoothed loss and augmentation, on shmlearn's step) and `shmlearn.train` with the recipe
-file's config, on the same small slice of Fashion-MNIST, seed and step count, on the CPU: every
-step's loss and the final test accuracy must be equal. What it cannot cover: the GPU-only parts
-(the CUDA graph and cuDNN's algorithm choice; precision, channels_last and the step code are
-the same on both sides), and the recipes' full length (1875 steps of fashion-94 against the
-benchmark's 1872: shmlearn counts 16 x 60,000 samples, the benchmark 16 x 117 whole batches).
+file's config, on the same small slice of Fashion-MNIST, seed, step count and batch (a quarter
+of the recipes'), on the CPU: every step's loss and the final test accuracy must be equal. What
+it cannot cover: the GPU-only parts (the CUDA graph and cuDNN's algorithm choice; precision,
+channels_last and the step code are the same on both sides), and the recipes' full length (1875
+steps of fashion-94 against the benchmark's 1872: shmlearn counts 16 x 60,000 samples, the
+benchmark 16 x 117 whole batches).
 """
 import json
 import os
@@ -36,19 +37,30 @@ def _write_idx(path: Path, array: np.ndarray) -> None:
     path.write_bytes(struct.pack(f">I{array.ndim}I", magic, *array.shape) + array.astype(np.uint8).tobytes())
 
 
-@pytest.fixture(scope="module")
-def small_fashion(tmp_path_factory) -> str:
-    """The first 1024 training and 500 test images of Fashion-MNIST, as IDX files: the recipes'
-    data at a size a 2-core CPU trains in seconds."""
+def _fashion_slice(tmp_path_factory, n_train: int, n_test: int) -> str:
     src = next((d for d in FASHION_DIRS if d.is_dir()), None)
     if src is None:
         pytest.skip("no Fashion-MNIST IDX files in data/fashion-mnist or /usr/share/datasets/fashion-mnist")
-    out = tmp_path_factory.mktemp("fashion-small")
-    for split, n in (("train", 1024), ("t10k", 500)):
+    out = tmp_path_factory.mktemp(f"fashion-{n_train}")
+    for split, n in (("train", n_train), ("t10k", n_test)):
         x, y = load_idx_pair("fashion-mnist", src, split)
         _write_idx(out / f"{split}-images-idx3-ubyte", x[:n, 0])
         _write_idx(out / f"{split}-labels-idx1-ubyte", y[:n])
     return str(out)
+
+
+@pytest.fixture(scope="module")
+def small_fashion(tmp_path_factory) -> str:
+    """The first 1024 training and 500 test images of Fashion-MNIST, as IDX files: the recipes'
+    data at a size a 2-core CPU trains in seconds."""
+    return _fashion_slice(tmp_path_factory, 1024, 500)
+
+
+@pytest.fixture(scope="module")
+def tiny_fashion(tmp_path_factory) -> str:
+    """The first 256 training and 500 test images: 2 steps an epoch at a quarter of the recipes'
+    batch (the maths test below)."""
+    return _fashion_slice(tmp_path_factory, 256, 500)
 
 
 def shmlearn_cli(*args, timeout=300):
@@ -116,9 +128,12 @@ def test_a_bad_override_of_a_recipe_is_exit_2_and_one_line(tmp_path, capfd, monk
 
 
 @pytest.mark.parametrize("recipe", ["fashion-93", "fashion-94"])
-def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, small_fashion, tmp_path, monkeypatch):
-    """3 epochs of 1024 images = 6 steps of 512 (warmup 1), seed 3, on the CPU in the recipe's
-    bf16 and channels_last: the same losses, step for step, and the same test accuracy."""
+def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, tiny_fashion, tmp_path, monkeypatch):
+    """3 epochs of 256 images = 6 steps of 128 (warmup 1), seed 3, on the CPU in the recipe's
+    bf16 and channels_last: the same losses, step for step, and the same test accuracy. Both
+    sides take a quarter of the recipes' batch of 512 (the batch is the same config field on both;
+    tests above check its value): a bf16 step is slow on a CPU without bf16 units (torch's
+    reference convolution), and 6 steps of 512 on each side were the suite's largest cost."""
     import fashion_tta as b
     from shmlearn.data import load_dataset
     from shmlearn.fast import StepOptions, Stepper
@@ -126,8 +141,10 @@ def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, small
     cfg = TrainConfig.from_dict({**load_yaml(str(ROOT / "recipes" / f"{recipe}.yaml")), "epochs": 3,
                                  "compile": "off"})  # the maths; compiled kernels: tests/test_fast.py
     augment = cfg.augment
-    cfg = TrainConfig(**{**cfg.to_dict(), "data_dir": small_fashion, "device": "cpu", "threads": 1, "seed": 3,
-                         "log_every": 1, "progress": False, "out": str(tmp_path / "run")})
+    assert cfg.batch_size == b.BATCH
+    monkeypatch.setattr(b, "BATCH", b.BATCH // 4)
+    cfg = TrainConfig(**{**cfg.to_dict(), "batch_size": b.BATCH, "data_dir": tiny_fashion, "device": "cpu",
+                         "threads": 1, "seed": 3, "log_every": 1, "progress": False, "out": str(tmp_path / "run")})
     torch.set_num_threads(1)
     result = shmlearn.train(cfg)
     ours = [json.loads(line)["loss"] for line in open(tmp_path / "run" / "metrics.jsonl")]
@@ -135,7 +152,7 @@ def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, small
     seen = []
     read = Stepper.read
     monkeypatch.setattr(Stepper, "read", lambda self, *a, **k: seen.append(read(self, *a, **k)) or seen[-1])
-    data = load_dataset("fashion-mnist", small_fashion)
+    data = load_dataset("fashion-mnist", tiny_fashion)
     opts = StepOptions(precision=cfg.precision, channels_last=cfg.channels_last, cuda_graph="off", check_every=1)
     row = b._train_one(data, torch.device("cpu"), 0, 1, 3, 3, opts, lambda: None, lambda t: t, augment)
     theirs = [loss for win in seen for loss in win.losses]

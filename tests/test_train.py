@@ -58,3 +58,28 @@ def test_two_runs_started_in_the_same_second_get_their_own_run_directories(tmp_p
     assert first == "runs/20261126-212327-mlp-digits-allreduce-w2" and second == first + "-2"
     assert os.path.isdir(first) and os.path.isdir(second)
     assert default_run_dir(cfg, 2) == first  # unclaimed (a launcher's ranks): the plain name
+
+
+def test_an_in_process_run_leaves_the_callers_thread_count_as_it_was(tmp_path):
+    """A 1-worker run trains in the caller's process and sets the rank's intra-op threads
+    (--threads here); the caller's own count must come back after it, done or failed: it leaked
+    and made whatever the caller ran next single- or many-threaded behind its back."""
+    import pytest
+
+    import shmlearn
+    from shmlearn.config import TrainConfig
+    from shmlearn.errors import BadInput
+
+    before = torch.get_num_threads()
+    want = 2 if before != 2 else 3
+    try:
+        torch.set_num_threads(want)
+        cfg = TrainConfig(model="mlp", dataset="digits", workers=1, device="cpu", threads=1, samples=64,
+                          batch_size=32, eval_points=1, progress=False, out=str(tmp_path / "one"))
+        assert shmlearn.train(cfg).summary["status"] == "completed"
+        assert torch.get_num_threads() == want
+        with pytest.raises(BadInput):  # fails inside the rank, after it set its threads
+            shmlearn.train(TrainConfig(**{**cfg.to_dict(), "samples": 16, "out": str(tmp_path / "two")}))
+        assert torch.get_num_threads() == want
+    finally:
+        torch.set_num_threads(before)
