@@ -246,7 +246,8 @@ class TrainConfig:
     step's loss is kept (loss area, min loss) and checked for NaN/inf either way, read from the
     device every --check-every steps."""
     timeout: float = 300.0
-    """Seconds a collective may wait before the run is brought down naming the rank."""
+    """Seconds a collective may wait, or a lone worker stay inside one step, before the run is
+    brought down naming the rank."""
     checkpoint_every: Optional[str] = None
     """Checkpoint every N steps ("200") or every N seconds of training ("30s"); also at the end."""
     resume: bool = False

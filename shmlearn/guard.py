@@ -15,9 +15,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass
@@ -26,7 +28,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, one_line
 
 
 def _digest(*parts) -> str:
@@ -79,14 +81,19 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
 
 
 class Heartbeat:
-    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = "", store=None):
+    def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = "", store=None,
+                 timeout_s: Optional[float] = None):
         """tag and store: a pooled job's name (launch.DistEnv.job) and the pool's own store
         (pool.worker_store). Such a job posts there even at one rank, where the pool reads the
-        posts to notice a stopped rank (pool.Pool._stopped_rank). Otherwise the posts go to the
-        process group's store."""
+        posts to notice a stopped rank, or one inside a step for longer than the job's timeout
+        (pool.Pool._stopped_rank). Otherwise the posts go to the process group's store.
+        timeout_s: a lone rank with no store (an in-process 1-worker run) is watched here instead:
+        inside one step for longer than this, the run is stopped naming it (`stalled`)."""
         self.rank, self.world_size = rank, world_size
-        self.step = -1
-        """The step whose per-step sync this rank has reached (set by the loop, read by the thread)."""
+        self._step = -1
+        self._entered: Optional[float] = None  # monotonic time the rank entered its current step
+        self.stalled: Optional[str] = None
+        """Why the watch stopped the run: 'rank 0: no progress for 9 s inside step 31 ...'."""
         self._prefix = f"shmlearn/hb/{tag}/" if tag else "shmlearn/hb/"
         self._store = store
         if store is None and world_size > 1:
@@ -95,24 +102,82 @@ class Heartbeat:
             except Exception:  # noqa: BLE001 - no store: hangs are still ended by the timeout
                 self._store = None
         self._stop = threading.Event()
+        self._thread = None
         if self._store is not None:
             self._thread = threading.Thread(target=self._run, args=(interval_s,), daemon=True)
+        elif world_size == 1 and timeout_s:  # nobody waits on a lone rank in a collective
+            self._thread = threading.Thread(target=self._watch, args=(timeout_s,), daemon=True)
+        if self._thread is not None:
             self._thread.start()
+
+    @property
+    def step(self) -> int:
+        """The step whose per-step sync this rank has reached (set by the loop, read by the thread)."""
+        return self._step
+
+    @step.setter
+    def step(self, step: int) -> None:
+        self._step, self._entered = step, None
+
+    def begin(self) -> None:
+        """The rank enters its next step (evaluation and checkpoints, between steps, are not watched)."""
+        self._entered = time.monotonic()
+
+    def inside_s(self) -> float:
+        """Seconds the rank has been inside its current step; -1 between steps."""
+        entered = self._entered
+        return -1.0 if entered is None else time.monotonic() - entered
 
     def _run(self, interval_s: float) -> None:
         while True:
             try:
-                self._store.set(f"{self._prefix}{self.rank}", f"{self.step} {time.time():.3f}")
+                self._store.set(f"{self._prefix}{self.rank}", f"{self.step} {time.time():.3f} {self.inside_s():.1f}")
             except Exception:  # noqa: BLE001 - the store's host died; the collective will say so
                 return
             if self._stop.wait(interval_s):
                 return
 
+    def _watch(self, timeout_s: float) -> None:
+        """A lone rank's hang in its own code (a stuck user model or loss): no peer's collective
+        times out on it, and its process is alive. Past the timeout, say so and interrupt the main
+        thread (the loop turns that into WorkerFailed); if it is stuck where no interrupt
+        reaches, end the process."""
+        while not self._stop.wait(1.0):
+            inside = self.inside_s()
+            if inside > timeout_s:
+                self.stalled = (f"rank {self.rank}: no progress for {inside:.0f} s inside step {self.step + 1} "
+                                f"(--timeout {timeout_s:g} s): a hang in its own code")
+                print(f"shmlearn: {self.stalled}", file=sys.stderr, flush=True)
+                import _thread
+                _thread.interrupt_main()
+                if not self._stop.wait(10.0):
+                    os._exit(1)
+                return
+
     def stop(self) -> None:
         """Stop and join, so the thread is not inside a store call when the group is destroyed."""
         self._stop.set()
-        if self._store is not None:
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout=5)
+
+    @contextlib.contextmanager
+    def naming_the_cause(self):
+        """Around a rank's loop: an error that a stalled peer caused names that peer, and the
+        watch's interrupt becomes the failure it found."""
+        try:
+            yield
+        except (BadInput, Diverged):
+            raise
+        except KeyboardInterrupt:
+            if self.stalled:
+                raise WorkerFailed(self.stalled) from None
+            raise
+        except Exception as e:  # noqa: BLE001 - name the rank that stalled the collective, if any
+            who = self.laggards()
+            if who:
+                raise WorkerFailed(f"{who} stopped responding; rank {self.rank} gave up waiting "
+                                   f"({one_line(e)})") from e
+            raise
 
     def laggards(self) -> str:
         """Who is behind, from the others' last posts: 'rank 1 (last at step 4, 11 s ago)'."""
@@ -128,7 +193,7 @@ class Heartbeat:
             key = f"{self._prefix}{r}"
             try:
                 if self._store.check([key]):
-                    step, t = self._store.get(key).decode().split()
+                    step, t = self._store.get(key).decode().split()[:2]
                     seen[r] = (int(step), float(t))
             except Exception:  # noqa: BLE001 - the store does not answer: its host is gone
                 # Locally the pool hosts it (and names a stopped rank itself); under mpirun and

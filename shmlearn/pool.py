@@ -316,9 +316,8 @@ class Pool:
                 else:
                     stopped = self._stopped_rank(job, now)
                     if stopped is not None:
-                        r, silent = stopped
-                        job.outcomes[r] = ("hung", r, f"stopped responding: no heartbeat for {silent:.0f} s "
-                                                      f"(--timeout {job.timeout_s:g} s)")
+                        r, why = stopped
+                        job.outcomes[r] = ("hung", r, f"{why} (--timeout {job.timeout_s:g} s)")
                         job.deadline = now + self.grace[0]
             if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
                 job.done = True
@@ -328,11 +327,12 @@ class Pool:
         return [r for r, s in enumerate(job.slots) if r not in job.outcomes and (w := self.workers.get(s)) is not None
                 and w.proc.pid is not None and _proc_state(w.proc.pid) in ("T", "t")]
 
-    def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, float]]:
-        """A rank whose heartbeat thread has been silent longer than the job's timeout: its
-        process is stopped or wedged (guard.Heartbeat posts once a second from a thread, even
-        while the rank computes). Its peers would notice only at their collective's timeout,
-        and a job of one rank never would."""
+    def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, str]]:
+        """A rank whose heartbeat thread has been silent longer than the job's timeout (its
+        process is stopped or wedged: guard.Heartbeat posts once a second from a thread, even
+        while the rank computes), or a lone rank that has been inside one step that long (a hang
+        in its own code). Its peers would notice only at their collective's timeout, and no one
+        waits on a lone rank."""
         if now - job.started < job.timeout_s:
             return None
         wall = time.time()
@@ -343,11 +343,13 @@ class Pool:
             try:
                 if not self.store.check([key]):
                     continue  # not training yet (data, model): the collectives' timeouts cover it
-                _, t = self.store.get(key).decode().split()
+                step, t, inside = (self.store.get(key).decode().split() + ["-1"])[:3]
             except Exception:  # noqa: BLE001
                 continue
             if wall - float(t) > job.timeout_s:
-                return r, wall - float(t)
+                return r, f"stopped responding: no heartbeat for {wall - float(t):.0f} s"
+            if job.world == 1 and float(inside) > job.timeout_s:  # with peers, their collective names it
+                return r, f"no progress for {float(inside):.0f} s inside step {int(step) + 1}: a hang in its own code"
         return None
 
     def _collect(self) -> List[Job]:

@@ -29,7 +29,7 @@ from shmlearn.inputs import cached_dataset, preload_data, run_loader, run_model 
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
-from shmlearn.errors import BadInput, Diverged, WorkerFailed, count, one_line
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group
 from shmlearn.launch import destroy_group as _destroy_group
@@ -351,7 +351,7 @@ class _Loop:
             if self.lead else None
         self.fault = Fault.from_env(resumed=self.start_step > 0)
         self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job,
-                                   store=worker_store() if env.job else None)
+                                   store=worker_store() if env.job else None, timeout_s=cfg.timeout)
         self.prune = None
         if prune_key and self.lead:
             if worker_store() is not None:
@@ -360,15 +360,8 @@ class _Loop:
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> RunResult:
         try:
-            return self._run()
-        except (BadInput, Diverged):
-            raise
-        except Exception as e:  # noqa: BLE001 - name the rank that stalled the collective, if any
-            who = self.heartbeat.laggards()
-            if who:
-                raise WorkerFailed(f"{who} stopped responding; rank {self.env.rank} gave up waiting "
-                                   f"({one_line(e)})") from e
-            raise
+            with self.heartbeat.naming_the_cause():
+                return self._run()
         finally:
             stepper = getattr(self, "stepper", None)
             if stepper is not None:
@@ -415,6 +408,8 @@ class _Loop:
             done = step + 1
             ckpt_step = bool(self.ckpt_every and self.ckpt_every[1] == "steps" and done % self.ckpt_every[0] == 0)
             meets = self.stepper.meets_after(step) or done == self.steps or done in self.eval_at or ckpt_step
+            if step > self.start_step:  # the first step may compile: not watched
+                self.heartbeat.begin()
             self.stepper.run(step, meets)
             self.heartbeat.step = step  # this rank has reached step's sync (its compute is issued)
             if not meets:

@@ -439,3 +439,25 @@ def test_a_sweep_whose_trials_die_reports_them_and_exits_1(beside_a_dying_sweep)
 def test_a_sweep_on_an_unwritable_out_is_exit_2(monkeypatch, capfd):
     r = in_process(["sweep", "--lr", "0.1,0.2", "--out", "/proc/shmlearn-nowhere/s"], monkeypatch, capfd)
     assert r.returncode == 2 and _one_line(r) and "cannot write there" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("how", ["train", "sweep"])
+def test_a_lone_rank_hung_in_its_own_code_is_named_within_the_timeout(tmp_path, how):
+    # One worker sleeps inside step 30 (a stuck user model): no peer's collective times out on it
+    # and its process is alive, so only the watch of the step can end the run. In process for
+    # `train --workers 1`; on a pool worker, watched by the pool, for a sweep's trial.
+    tag = uuid.uuid4().hex
+    if how == "train":
+        args = BASE + ["--workers", "1", "--timeout", "6", "--out", str(tmp_path / "run")]
+    else:
+        args = ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "12800", "--workers", "1",
+                "--lr", "0.1", "--timeout", "6", "--no-report", "--no-progress", "--out", str(tmp_path / "s")]
+    t0 = time.monotonic()
+    r = run(args, fault="sleep:0:30", tag=tag, timeout=120)
+    elapsed = time.monotonic() - t0
+    assert r.returncode == 1, (r.returncode, r.stderr)
+    assert "rank 0" in r.stderr and "no progress for" in r.stderr and "inside step" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+    assert elapsed < 6 + 45, elapsed
+    time.sleep(1)
+    assert processes_with_tag(tag) == []
