@@ -310,7 +310,8 @@ def _grid_once(grid_runs, kind):
     assert {i: len(n) for i, n in finished_by_id(study).items()} == {i: 1 for i in ids}
     assert study.user_attrs["shmlearn"] == study_spec(sc)
     w = json.load(open(os.path.join(out, "winners.json")))
-    assert w == json.loads(json.dumps(pick_winners(rows, swept=["batch_size", "lr"])))
+    assert w == json.loads(json.dumps(pick_winners(rows, swept=["batch_size", "lr"], root=out)))  # with curves
+    assert w["curves"]
     assert os.path.exists(os.path.join(out, "report.html"))
     for row in rows:  # each row's run directory is published, and the study's value is its area
         assert os.path.isfile(os.path.join(out, row["run_dir"], "summary.json"))

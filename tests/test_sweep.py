@@ -242,7 +242,9 @@ def test_sweep_writes_every_result_winners_and_report(small_sweep):
         assert x["summary"]["workers"] == x["config"]["workers"] and len(x["eval_curve"]) == 5
     assert not os.listdir(out / "trials" / ".tmp")
     winners = json.load(open(out / "winners.json"))
-    assert winners == pick_winners(rows, threshold=1.8, swept=["workers", "batch_size", "lr"])
+    # with each winner's curves (loss and evaluations against time), read from its run directory
+    assert winners == pick_winners(rows, threshold=1.8, swept=["workers", "batch_size", "lr"], root=str(out))
+    assert all(winners["curves"][w["winner"]["id"]]["loss"] for w in winners["by_workers"].values())
     assert "#Workers  Batch Size  Learn Rate" in r.stdout and "Overall best" in r.stdout
     figs = {f: os.path.getsize(out / "figures" / f) for f in os.listdir(out / "figures")}
     assert {"heatmap-w1.png", "heatmap-w2.png", "areas-w1.png", "areas-w2.png", "winners-loss.png",
