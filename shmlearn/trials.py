@@ -11,6 +11,7 @@ the last sweep was stopped, timing.json, and the winners and report at the end.
 """
 from __future__ import annotations
 
+import abc
 import dataclasses
 import json
 import os
@@ -49,7 +50,7 @@ class Running:
     attempt: int
 
 
-class TrialRunner:
+class TrialRunner(abc.ABC):
     """One sweep directory and the trials run in it, by this process, on one pool."""
 
     def __init__(self, sc: SweepConfig):
@@ -67,9 +68,9 @@ class TrialRunner:
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
     # -- hooks: a driver overrides these -------------------------------------------------------
+    @abc.abstractmethod
     def run_trials(self, trials: List[TrainConfig]) -> int:
         """Run the driver's trials (the grid's `trials` bound the study's space); the exit code."""
-        raise NotImplementedError
 
     def lock(self):
         return lock_dir(self.dir, f"--out {self.dir}: another sweep (or study) is running in this directory")
@@ -89,9 +90,9 @@ class TrialRunner:
     def post_bounds(self) -> None:
         """A trial finished: post the pruning bounds where running trials read them."""
 
+    @abc.abstractmethod
     def save(self, row: Dict[str, Any]) -> None:
         """Keep a finished trial's row (results.jsonl, or the study)."""
-        raise NotImplementedError
 
     def pruned_why(self, row: Dict[str, Any]) -> str:
         return f"area so far {row['summary']['loss_area']:.4g} > best {row['pruned']['bound_area']:.4g}"
