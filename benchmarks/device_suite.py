@@ -212,7 +212,7 @@ def _duo(folder: str) -> str:
              recipe("x2-b512", "--workers 2 --batch-size 512 --lr 0.4")]
     return (f"(export CUDA_VISIBLE_DEVICES=0,1; {'; '.join(left)}) > {folder}/left.log 2>&1 & "
             f"(export CUDA_VISIBLE_DEVICES=2,3; {'; '.join(right)}) > {folder}/right.log 2>&1 & wait; "
-            f"tail -5 {folder}/left.log {folder}/right.log")
+            f"tail -n 5 {folder}/left.log {folder}/right.log")
 
 
 def _cli_defaults(folder: str) -> str:
