@@ -18,7 +18,7 @@ from shmlearn.data import DATASETS
 from shmlearn.data.augment import Augment
 from shmlearn.data.user import LOADERS, TASKS
 from shmlearn.errors import BadInput, count
-from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, PRECISIONS, WEIGHT_COPY
+from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, WEIGHT_COPY
 from shmlearn.limits import MAX_STEPS, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
 from shmlearn.models import MODELS
 from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
@@ -172,6 +172,13 @@ class TrainConfig:
     off, or auto (on wherever it can run: allreduce at 1 worker or weight-avg, the flat SGD
     kernel on CUDA, convolutions that run shmlearn's backward op; on asks for it and says why not
     where it cannot). The same update, bit for bit; shmlearn/fast.py."""
+    grad_buckets: str = "auto"
+    """The fast step's gradient all-reduce in buckets of 25 MB (the first 1 MB), each started as
+    soon as the backward has made its gradients, on a stream of its own, so that the average
+    overlaps the rest of the backward (as DDP's buckets do): on, off, or auto (on CUDA where the
+    gradient fills two buckets or more and the step is not compiled; on asks for it wherever it
+    can run, the CPU's Gloo included). The same sums of the same values: at two workers the same
+    bits; shmlearn/step/buckets.py."""
     weight_copy: str = "auto"
     """The fast step's update also writes the convolutions' weights cast to bf16, and the next
     forward reads them there instead of casting every weight first (autocast's cast, a pass over
@@ -453,6 +460,8 @@ def validate(cfg: TrainConfig) -> None:
         raise BadInput(f"--conv-overlap {cfg.conv_overlap}: choose one of {', '.join(CONV_OVERLAP)}")
     if cfg.combo_kernels not in COMBO:
         raise BadInput(f"--combo-kernels {cfg.combo_kernels}: choose one of {', '.join(COMBO)}")
+    if cfg.grad_buckets not in GRAD_BUCKETS:
+        raise BadInput(f"--grad-buckets {cfg.grad_buckets}: choose one of {', '.join(GRAD_BUCKETS)}")
     if cfg.update_in_backward not in EARLY_UPDATE:
         raise BadInput(f"--update-in-backward {cfg.update_in_backward}: choose one of {', '.join(EARLY_UPDATE)}")
     if cfg.weight_copy not in WEIGHT_COPY:

@@ -45,7 +45,7 @@ from shmlearn.step.kernels import KernelChoice
 from shmlearn.step.modes import ClassicStep, FastStep, FreeRunningStep, arm_fast
 # The options and constants live with the step's parts; callers import them from here too.
 from shmlearn.step.options import (ADOPT_GRADS, COMBO, COMBO_MAX_PIXELS, COMPILE, CUDA_GRAPH,  # noqa: F401
-                                   DEFAULT_CHECK_EVERY, EARLY_UPDATE, PRECISIONS, SAMPLE_COST, SAMPLE_EVERY,
+                                   DEFAULT_CHECK_EVERY, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, SAMPLE_COST, SAMPLE_EVERY,
                                    WEIGHT_COPY, StepOptions, Window, combo_kernels, fast_capable, sample_period)
 from shmlearn.tasks import loss_fn
 
@@ -137,6 +137,7 @@ class Stepper:
     conv_overlap, conv_overlaps = _part("choice", "conv_overlap"), _part("choice", "conv_overlaps")
     deferred, update_kernel = _part("choice", "deferred"), _part("choice", "update_kernel")
     early_update, weight_copy = _part("choice", "early_update"), _part("choice", "weight_copy")
+    grad_buckets = _part("choice", "grad_buckets")
     _adopts, _slots = _part("choice", "adopts"), _part("choice", "slots")
     compiled, compile_s = _part("compiler", "compiled"), _part("compiler", "compile_s")
     read_compiled, combo = _part("compiler", "read_compiled"), _part("compiler", "combo")

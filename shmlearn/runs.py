@@ -238,7 +238,7 @@ def step_fields(st) -> dict:
         "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
         "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
         "update_kernel": st.update_kernel, "update_in_backward": st.early_update,
-        "weight_copy": st.weight_copy,
+        "weight_copy": st.weight_copy, "grad_buckets": st.grad_buckets,
         "graph_memsets_replaced": st.memsets_replaced,
         "phase_sample_every": st.sample_every if st.graphs else None,
     }

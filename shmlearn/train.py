@@ -383,6 +383,7 @@ class _Loop:
                                                 conv_pool=cfg.conv_pool, mlp_head=cfg.mlp_head,
                                                 conv_overlap=cfg.conv_overlap, combo_kernels=cfg.combo_kernels,
                                                 update_in_backward=cfg.update_in_backward,
+                                                grad_buckets=cfg.grad_buckets,
                                                 weight_copy=cfg.weight_copy,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,

@@ -112,6 +112,8 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             if st is not None and st.conv_overlaps:  # --conv-overlap: how many, and whether deferred
                 row.update(conv_overlaps=st.conv_overlaps, conv_overlap_deferred=st.deferred,
                            update_in_backward=st.early_update, weight_copy=st.weight_copy)
+            if st is not None and st.grad_buckets:  # the average in buckets during the backward
+                row["grad_buckets"] = st.grad_buckets
             if st is not None and st.graphs:  # the captured step's memset nodes made kernels; its sampling
                 row.update(memsets_replaced=st.memsets_replaced, largest_memset_bytes=st.memset_bytes,
                            sample_every=st.sample_every, eager_over_replay=round(st.eager_over_replay, 2))

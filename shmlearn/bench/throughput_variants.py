@@ -48,6 +48,7 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "tile-red": {"inductor": (("triton.tile_reductions", True),)},
              "nd-tiling": {"inductor": (("triton.prefer_nd_tiling", True),)},
              "early-update": {"update_in_backward": "on"}, "late-update": {"update_in_backward": "off"},
+             "buckets": {"grad_buckets": "on"}, "no-buckets": {"grad_buckets": "off"},
              "no-weight-copy": {"weight_copy": "off"}, "weight-copy": {"weight_copy": "on"},
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "eager-read": {"compile_read": False},

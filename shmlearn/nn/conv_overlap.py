@@ -158,6 +158,15 @@ def deferred(device: torch.device, on: bool = True, streams: int = 1, sink: Opti
             join(device)
 
 
+def pending_streams(device: torch.device) -> list:
+    """The side streams with weight GEMMs deferred and not yet joined on this device (what a
+    reader of those gradients before `join` must wait for: step/buckets.py's all-reduces)."""
+    if device.type != "cuda":
+        return []
+    index = _index(device)
+    return [_SIDE[k] for k in sorted(k for k in _PENDING if k[0] == index)]
+
+
 def join(device: torch.device) -> None:
     """The caller's current stream waits for the weight GEMMs left on the side stream."""
     index = _index(device)

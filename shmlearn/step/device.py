@@ -58,7 +58,7 @@ class DeviceStep:
             with timer.phase("data"):
                 x, y = self.next_batch()
             with timer.phase("compute"):
-                loss = self.gradients(x, y)
+                loss = self.gradients(x, y, overlap=True)
             if self.fault is not None and step is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             self.hist.index_copy_(0, self.t, loss.reshape(1))
@@ -69,10 +69,14 @@ class DeviceStep:
         s.gated_step(timer, loss, self.found_inf, round_)
         self.t.add_(1)
 
-    def gradients(self, x, y) -> torch.Tensor:
-        """This rank's gradients of the batch, in the strategy's flat buffer; the mean loss."""
+    def gradients(self, x, y, overlap: bool = False) -> torch.Tensor:
+        """This rank's gradients of the batch, in the strategy's flat buffer; the mean loss.
+        overlap (the fast step's gated_step follows): the average starts in buckets during the
+        backward where the strategy has them (step/buckets.py), except on a measured noise step."""
         s, k = self.strategy, self.choice
         meter = s.noise
+        measured = meter is not None and meter.on
+        buckets = s.buckets if overlap and not measured else None
         # Whole gradients are taken, not accumulated, except where the noise meter's two half
         # batches accumulate into the buffer (a measured step at one worker).
         adopt = k.adopts and not (meter is not None and meter.micro and meter.on)
@@ -88,11 +92,13 @@ class DeviceStep:
             self._placed = {}
         with conv_overlap.deferred(self.device, adopt and k.deferred, self.opts.side_streams,
                                    sink=self._take if early else None):
-            loss = self._forward_backward(x, y, gate=early)
+            loss = self._forward_backward(x, y, gate=early, buckets=buckets, adopt=adopt)
         if early:
             self._check_taken()
             self._check_placeholders()
-        if adopt:
+        if buckets is not None:
+            buckets.end()  # the buckets took the gradients into the buffer themselves
+        elif adopt:
             s.adopt_grads(s.flat_update.early if early else frozenset())
         return loss
 
@@ -148,15 +154,18 @@ class DeviceStep:
             out = self.strategy.module(x)
         return self.loss(out.float(), y)
 
-    def _forward_backward(self, x, y, gate: bool = False) -> torch.Tensor:
+    def _forward_backward(self, x, y, gate: bool = False, buckets=None, adopt: bool = False) -> torch.Tensor:
         """Forward and backward of this rank's batch; its mean loss, detached. With a noise meter
         at one worker, as two half batches (noise.py: their gradients' norms are the measurement).
-        gate: a non-finite loss sets the skip flag before the backward (whose updates read it)."""
+        gate: a non-finite loss sets the skip flag before the backward (whose updates read it).
+        buckets: the average's buckets, armed with the loss before the backward (step/buckets.py)."""
         def fb(xb, yb):
             with conv_overlap.weight_copies(self.choice.copy is not None):
                 loss = self.train_loss(xb, yb)
             if gate:
                 check_non_finite(loss.detach().reshape(1), self.found_inf, self.strategy._one)
+            if buckets is not None:
+                buckets.begin(loss.detach(), adopt)
             loss.backward()
             return loss.detach()
         meter = self.strategy.noise

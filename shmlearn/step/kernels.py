@@ -13,6 +13,7 @@ import torch
 from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
 from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.step import buckets
 from shmlearn.step.device import autocast
 from shmlearn.step.options import ADOPT_GRADS
 
@@ -106,6 +107,44 @@ class KernelChoice:
         self.update_kernel = "optimizer"
         """What applies the update: flat (one kernel over the flat buffers, flat_sgd.py), torch-fused
         (torch's fused SGD, in the fast step) or optimizer (its step(), as configured)."""
+        self.buckets = self._buckets(fast_why_not, fault)
+        """The gradient average in buckets overlapped with the backward (step/buckets.py), or None."""
+        strategy.buckets = self.buckets
+
+    def _buckets(self, fast_why_not: Optional[str], fault) -> Optional[buckets.GradBuckets]:
+        """--grad-buckets: on where `buckets_why_not` allows (BadInput if asked for where it cannot
+        run); auto where it also pays: on CUDA, uncompiled, two buckets or more."""
+        mode = self.opts.grad_buckets
+        if mode not in buckets.GRAD_BUCKETS:
+            raise BadInput(f"--grad-buckets {mode}: choose one of {', '.join(buckets.GRAD_BUCKETS)}")
+        why = self.buckets_why_not(fast_why_not, fault)
+        if mode == "on" and why:
+            raise BadInput(f"--grad-buckets on: {why}")
+        if mode == "off" or why or (mode == "auto" and (self.device.type != "cuda" or self.opts.compile != "off")):
+            return None
+        b = buckets.GradBuckets(self.strategy, cap_mb=self.opts.bucket_mb)
+        if mode == "auto" and len(b) < 2:
+            b.remove()  # one bucket: it could start only when the backward ends, as without buckets
+            return None
+        return b
+
+    def buckets_why_not(self, fast_why_not: Optional[str], fault) -> Optional[str]:
+        """None if the gradient average can run in buckets during the backward, else why not (one line)."""
+        s = self.strategy
+        if not self.fast or s.free_running:
+            return fast_why_not or "the step is not the fast one (--check-every 1)"
+        if not s.averages_in_buckets:
+            return f"strategy {s.name} does not average gradients after each backward"
+        if self.world_size == 1:
+            return "one worker: there is no average to overlap"
+        if fault is not None:
+            return "fault injection changes the loss after the backward"
+        return None
+
+    @property
+    def grad_buckets(self) -> int:
+        """How many buckets the gradient average runs in during the backward (0: after it)."""
+        return len(self.buckets) if self.buckets is not None else 0
 
     def _probe(self, loader, loss) -> None:
         """On CUDA, where a layer runs a custom kernel: one forward and backward on the first
@@ -204,6 +243,9 @@ class KernelChoice:
             self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
 
     def release(self) -> None:
-        """The model goes back to casting its weights (and holds no copy)."""
+        """The model goes back to casting its weights (and holds no copy); no bucket hooks are left."""
+        if self.buckets is not None:
+            self.buckets.remove()
+            self.buckets = self.strategy.buckets = None
         if self.copy is not None:
             conv_overlap.set_weight_copies(self.model, lambda p: None)

@@ -26,6 +26,8 @@ Steps on an H100, compiled (benchmarks/results/copy-h100/): resnet34 at batch 12
 resnet18 2.169 -> 2.158 (run 5); at 1024, with the earlier kernel of 1024 values a program,
 21.30 -> 21.14 and 20.99 -> 20.81 (runs 1 and 2), where at 128 that kernel's stores had made
 the copy lose (3.850 -> 3.892)."""
+GRAD_BUCKETS = ("auto", "on", "off")
+"""--grad-buckets (StepOptions.grad_buckets; step/buckets.py)."""
 ADOPT_GRADS = ("auto", "on", "off")
 """StepOptions.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
 the graph (resnet18 at batch 128 on an H100: 62 kernels, 135 us). On the CPU the adds run inside
@@ -115,6 +117,10 @@ class StepOptions:
     """SGD's update as one kernel over the flat buffers where it can run (flat_sgd.py: a Triton
     kernel on CUDA, torch's fused SGD called on the flat buffers on the CPU); False: the
     optimizer's step() with torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
+    grad_buckets: str = "auto"
+    """GRAD_BUCKETS (step/buckets.py): the gradient average in buckets during the backward."""
+    bucket_mb: float = 25.0
+    """--grad-buckets: the size of a bucket in MB (the first is 1 MB; step/buckets.py)."""
     update_in_backward: str = "auto"
     """EARLY_UPDATE: on, off, or auto (on wherever it can run: `KernelChoice.early_why_not`, step/kernels.py)."""
     weight_copy: str = "auto"

@@ -9,6 +9,9 @@ Fast step (`gated_step`): the step's loss rides in the buffer's control slot, so
 all-reduce also tells every rank whether any rank's loss was NaN or inf (a sum with a non-finite
 term is non-finite); every rank then skips the same update, with no extra collective.
 
+Buckets (--grad-buckets, step/buckets.py): the same all-reduce cut into buckets that start during
+the backward, the loss riding in the first; gated_step then waits for what is still in flight.
+
 Noise scale (--noise-scale, noise.py): each rank's |g_local|^2 rides in the slot before the loss,
 so after the same all-reduce the slot holds its mean over the ranks; rank 0 records it with the
 averaged gradient's squared norm (one norm over the gradient, on the device). Only on measured
@@ -44,14 +47,21 @@ class AllReduce(SyncStrategy):
         with timer.phase("update"):
             self.optimizer.step()
 
+    averages_in_buckets = True
+
     def gated_step(self, timer, loss, found_inf, round_) -> None:
         buf = self.grads_ext
         if self.world_size > 1:
             with timer.phase("allreduce"):
-                if self._measuring:
-                    self.noise.put_local(buf[-2], self.grads_flat)
-                buf[-1].copy_(loss)
-                self._average_(buf)
+                if self.buckets is not None and self.buckets.pending:
+                    # Under way since the backward, the loss with it (step/buckets.py): what is
+                    # left in flight is this phase's time.
+                    self.buckets.wait()
+                else:
+                    if self._measuring:
+                        self.noise.put_local(buf[-2], self.grads_flat)
+                    buf[-1].copy_(loss)
+                    self._average_(buf)
             check_non_finite(buf[-1:], found_inf, self._one)
             self._record_noise()
         else:

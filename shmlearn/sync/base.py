@@ -216,6 +216,13 @@ class SyncStrategy(ABC):
         whether this step averages (weight averaging; from `next_round()`, decided on the host)."""
         raise NotImplementedError(f"{self.name}: no fast step")
 
+    averages_in_buckets: bool = False
+    """Whether gated_step averages the flat gradient buffer (with its control slots) and nothing
+    else before the update, so that the average may run in buckets during the backward
+    (step/buckets.py): it then calls `buckets.wait()` instead of averaging."""
+    buckets = None
+    """The fast step's GradBuckets (step/buckets.py) when the average runs during the backward, else None."""
+
     flat_update = None
     """The fast step's update as one kernel over the flat buffers (flat_sgd.bind: fast.py sets it
     where it can run), else None."""
