@@ -124,7 +124,8 @@ def _scale_bench(folder: str, workers: str, runs) -> list:
     return ["bash", "-c", "; ".join(
         shlex.join(_py("-m", "shmlearn", "bench", "throughput", "--device", "cuda", "--workers", workers,
                        "--model", model, "--batch-sizes", str(batch), "--baselines", "local,ddp,ddp-compile",
-                       "--strategies", "allreduce:compile" if compiled else "allreduce", "--precision", "bf16",
+                       "--strategies", compiled if isinstance(compiled, str) else
+                       ("allreduce:compile" if compiled else "allreduce"), "--precision", "bf16",
                        "--channels-last", "--repeats", "5", "--seconds", "0.2",
                        "--out", os.path.join(folder, f"scale-{model}-b{batch}.json")))
         for model, batch, compiled in runs)]
@@ -185,11 +186,11 @@ def _matrix_all(folder: str, gpus: str) -> str:
         jobs.append(f"CUDA_VISIBLE_DEVICES={i % n} {sys.executable} {gm} --workers 1 --shard {i}/{2 * n} "
                     f"--out {out} > {folder}/w1-shard{i}.log 2>&1")
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
-    for i in range(3 * len(pairs)):  # W=2: three shards a pair (its cells are the slower)
+    for i in range(4 * len(pairs)):  # W=2: four shards a pair (its cells are the slower, and more)
         a, b = pairs[i % len(pairs)]
         out = os.path.join(folder, f"w2-shard{i}.json")
         outs[2].append(out)
-        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{3 * len(pairs)} "
+        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{4 * len(pairs)} "
                     f"--out {out} > {folder}/w2-shard{i}.log 2>&1")
     merge = [f"{sys.executable} {gm} --merge {' '.join(outs[w])} --out {folder}/gpu-matrix-w{w}.json | tail -3"
              for w in (1, 2) if outs[w]]
@@ -210,6 +211,27 @@ def _duo(folder: str) -> str:
             "export CUDA_VISIBLE_DEVICES=0", recipe("x1", "")]
     right = [recipe("x2-b256", "--workers 2 --batch-size 256"),
              recipe("x2-b512", "--workers 2 --batch-size 512 --lr 0.4")]
+    return (f"(export CUDA_VISIBLE_DEVICES=0,1; {'; '.join(left)}) > {folder}/left.log 2>&1 & "
+            f"(export CUDA_VISIBLE_DEVICES=2,3; {'; '.join(right)}) > {folder}/right.log 2>&1 & wait; "
+            f"tail -n 5 {folder}/left.log {folder}/right.log")
+
+
+def _duo2(folder: str) -> str:
+    """Part `duo2`: fashion-94 at 2 workers in four settings (two at a time, GPUs 0,1 and 2,3),
+    and cpu-vs-gpu with its 2-GPU rows on GPUs 2,3 after the second."""
+    fr = os.path.join(HERE, "fashion_recipe.py")
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+
+    def recipe(tag, extra):
+        return shlex.join(_py(fr, "run", "--device", "cuda", "--seeds", "5", "--recipes", "fashion-94",
+                              "--data-dir", data, "--runs", os.path.join(folder, tag), "--train-args", extra,
+                              "--out", os.path.join(folder, f"fashion-94-{tag}.json")))
+    left = [recipe("x2-b512-lr04-e30", "--workers 2 --batch-size 512 --lr 0.4 --epochs 30"),
+            recipe("x2-b384-lr03-e28", "--workers 2 --batch-size 384 --lr 0.3 --epochs 28"),
+            recipe("x2-b256-e25", "--workers 2 --batch-size 256")]
+    right = [recipe("x2-b512-lr03-e30", "--workers 2 --batch-size 512 --lr 0.3 --epochs 30"),
+             shlex.join(_py("-m", "shmlearn", "experiment", "run", "cpu-vs-gpu", "--device", "cuda",
+                            "--out", os.path.join(folder, "cpu-vs-gpu")))]
     return (f"(export CUDA_VISIBLE_DEVICES=0,1; {'; '.join(left)}) > {folder}/left.log 2>&1 & "
             f"(export CUDA_VISIBLE_DEVICES=2,3; {'; '.join(right)}) > {folder}/right.log 2>&1 & wait; "
             f"tail -n 5 {folder}/left.log {folder}/right.log")
@@ -702,6 +724,15 @@ def part_commands(p: str, workers: str) -> dict:
         "scale-42": (_scale_bench(p("scale-42"), workers, [
             ("alexnet-small", 1024, True), ("resnet18", 512, True), ("alexnet-small", 128, True),
             ("resnet34", 256, True)]), 590),
+        # Issues 37/42: resnet18 and resnet34 at 1, 2, 4 GPUs with the average in buckets during
+        # the backward (uncompiled: `allreduce`), without (`allreduce:no-buckets`) and compiled.
+        "scale-r": (_scale_bench(p("scale-r"), workers, [
+            ("resnet18", 512, "allreduce,allreduce:no-buckets,allreduce:compile"),
+            ("resnet34", 256, "allreduce,allreduce:no-buckets,allreduce:compile")]), 590),
+        "scale-a": (_scale_bench(p("scale-a"), workers, [("alexnet-small", 1024, True), ("alexnet-small", 128, True)]),
+                    590),
+        # Issue 37: fashion-94 at 2 workers (four settings), cpu-vs-gpu's 2-GPU rows.
+        "duo2": (["bash", "-c", _duo2(p("duo2"))], 590),
         # Issue 42 acceptance 2: resnet34 at 1, 2, 4 GPUs (scale-42 ran out of time before it).
         "scale-34": (_scale_bench(p("scale-34"), workers, [("resnet34", 256, True)]), 590),
         # Issue 42 acceptance 3: the seed's whole alexnet-sweep grid at workers 1, 2, 4 on 4 GPUs.

@@ -61,6 +61,15 @@ EXTRA = (("resnet18", "fp32", "allreduce", "compile"), ("resnet18", "fp32", "wei
 """Cells outside the all-pairs design, kept because they failed once: the update in the backward
 under --compile in fp32 (a default path that failed on an H200, 2026-11-27) and the compiled fp32
 resnet18 whose loss moved more than the eager reference's (2026-11-26)."""
+BUCKETS = {"grad-buckets=on": {"grad_buckets": "on"},
+           "grad-buckets=on+compile": {"grad_buckets": "on", "compile": "default"},
+           "grad-buckets=on+no-graph": {"grad_buckets": "on", "cuda_graph": "off"},
+           "grad-buckets=off": {"grad_buckets": "off"}}
+BUCKET_MODELS = ("alexnet-small", "fashion-net", "resnet18")
+"""At 2 workers or more: the gradient average in buckets during the backward (step/buckets.py),
+forced on for models whose gradient fits one bucket (alexnet-small, fashion-net) and for resnet18
+(where auto takes it too), captured, compiled (every bucket starts as the compiled backward ends)
+and eager, and forced off."""
 AGAIN = 2
 """A cell that misses: the cell and its reference each run this many times more."""
 REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
@@ -98,6 +107,9 @@ def cells(workers: int) -> list:
             out.append(dict(model=m, precision=p, strategy=s, step=st, variant=st, over=dict(STEPS[st])))
     for m, p, (k, over) in itertools.product(KERNEL_MODELS, PRECISIONS, KERNELS.items()):
         out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
+    if workers > 1:
+        for m, p, (k, over) in itertools.product(BUCKET_MODELS, PRECISIONS, BUCKETS.items()):
+            out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
     for c in out:
         c["workers"] = workers
         c["name"] = f"{c['model']}/{c['precision']}/{c['strategy']}/W{workers}/{c['variant']}"
