@@ -103,10 +103,6 @@ def test_toy_strategy_in_one_file_trains_reports_and_equals_allreduce(tmp_path, 
     assert "allreduce-half" in html.read_text()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "a strategy's parameter is set by a TrainConfig field (registry.param's metadata 'config'), and "
-    "TrainConfig is a fixed dataclass (shmlearn/config.py, class TrainConfig): a new parameter needs a "
-    "field there, and with it --help and the sweep's flags; no strategy-owned config section yet"))
 def test_toy_strategy_parameter_through_the_config(toy):
     cfg = TrainConfig(strategy="allreduce-half", allreduce_pieces=3)
     assert registry.spec(cfg).params.pieces == 3
