@@ -27,7 +27,8 @@ from typing import Dict, List, Optional
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.flags import choice_error, field_docs, help_group, scalar_type as _scalar_type  # noqa: F401 - field_docs: cli's API
+from shmlearn.flags import choice_error, help_group
+from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
 from shmlearn.report.cli import register as register_report
 

@@ -100,7 +100,7 @@ class Entry:
         return self.variants if self.variants is not None else {self.name: {}}
 
     def config_fields(self) -> Dict[str, str]:
-        """{TrainConfig field: parameter} for each parameter."""
+        """{config key: parameter} for each parameter."""
         return {f.metadata["config"]: f.name for f in fields(self.params)}
 
     def options(self) -> List[Option]:
@@ -188,13 +188,13 @@ def _entry_options(name: str, params: type) -> List[Option]:
 def register(entry: Entry) -> Entry:
     for f in fields(entry.params):
         if "config" not in f.metadata:
-            raise TypeError(f"{entry.name}: parameter {f.name} names no TrainConfig field (metadata 'config')")
-    taken = options()
+            raise TypeError(f"{entry.name}: parameter {f.name} names no config key (declare it with param)")
     for o in entry.options():  # a key two strategies share is one flag: one type, one default
-        other = taken.get(o.name)
-        if other is not None and other.strategies != (entry.name,) and (other.type, other.default) != (o.type, o.default):
-            raise TypeError(f"{entry.name}: parameter {o.name} ({o.type}, default {o.default!r}) differs from "
-                            f"{' and '.join(other.strategies)}'s ({other.type}, default {other.default!r})")
+        for name, other in entries().items():
+            theirs = {x.name: x for x in other.options()}.get(o.name)
+            if name != entry.name and theirs is not None and (theirs.type, theirs.default) != (o.type, o.default):
+                raise TypeError(f"{entry.name}: parameter {o.name} ({o.type}, default {o.default!r}) differs "
+                                f"from {name}'s ({theirs.type}, default {theirs.default!r})")
     _ENTRIES[entry.name] = entry
     return entry
 
