@@ -103,7 +103,7 @@ class Entry:
         """{config key: parameter} for each parameter."""
         return {f.metadata["config"]: f.name for f in fields(self.params)}
 
-    def options(self) -> List[Option]:
+    def options(self) -> Tuple[Option, ...]:
         """Its parameters as config options: named by their config keys, typed, documented."""
         return _entry_options(self.name, self.params)
 
@@ -181,8 +181,10 @@ _ENTRIES: Dict[str, Entry] = {}
 
 
 @functools.lru_cache(maxsize=None)
-def _entry_options(name: str, params: type) -> List[Option]:
-    return options_of(params, names={f.name: f.metadata["config"] for f in fields(params)}, strategies=(name,))
+def _entry_options(name: str, params: type) -> Tuple[Option, ...]:
+    # Cached: TrainConfig asks on every keyword it is given, and the help is read from source.
+    return tuple(options_of(params, names={f.name: f.metadata["config"] for f in fields(params)},
+                            strategies=(name,)))
 
 
 def register(entry: Entry) -> Entry:
