@@ -4,9 +4,10 @@ Exit codes (docs/architecture.md, "The output contract"): 0 completed, 1 a worke
 2 bad input, 3 diverged.
 
 The train flags are generated from TrainConfig with argparse (issue 17 asked: tyro, or argparse
-from the dataclass): one flag per field, its type from the resolved annotations
-(typing.get_type_hints), its help from the docstring under the field, each strategy's own flags
-in a group of their own from the strategy registry. Why not tyro: it would bring a dependency to
+from the dataclass): one flag per option (config.options: TrainConfig's fields and each
+registered strategy's parameters), its type from the resolved annotations
+(typing.get_type_hints), a Literal's values its choices, its help from the docstring under the
+field, each strategy's own flags in a group of their own. Why not tyro: it would bring a dependency to
 do what ~100 lines do here, and our flags keep their own conventions (negative numbers in sweep
 lists, one-line errors with exit 2, flags a strategy owns grouped under it). The help texts come
 from attribute docstrings read from the class's source (`flags.field_docs`), which is how tyro finds
@@ -15,11 +16,9 @@ them too; moving them into field metadata would let them be read without the sou
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import re
 import sys
-import typing
 from typing import Dict, List, Optional
 
 # shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
@@ -28,7 +27,8 @@ from typing import Dict, List, Optional
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.flags import field_docs, flag_docs, scalar_type as _scalar_type  # noqa: F401 - field_docs: cli's API
+from shmlearn.flags import choice_error, help_group
+from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
 from shmlearn.report.cli import register as register_report
 
@@ -53,54 +53,35 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message: str):  # one line, exit 2, no usage dump
         self.exit(2, f"shmlearn: error: {message} (see `{self.prog} --help`)\n")
 
+    def _check_value(self, action, value):
+        # A flag's value outside its choices (a Literal's): the line config.validate gives for
+        # it in a --config file or from Python, not argparse's "invalid choice".
+        if action.option_strings and action.choices is not None and value not in action.choices:
+            self.exit(2, f"shmlearn: error: {choice_error(action.option_strings[0], value, action.choices)}\n")
+        super()._check_value(action, value)
 
-def _strategy_groups(p: argparse.ArgumentParser, cls) -> Dict[str, argparse._ArgumentGroup]:
-    """config field -> the --help group of the strategies that take it (ps: --ps-dedicated, ...),
-    from the registry: a strategy's parameters show under it."""
-    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
-    if cls is not TrainConfig:
-        return {}
-    from shmlearn.sync import registry  # lazy: torch, after the CLI's cheap checks
-    takers: Dict[str, List[str]] = {}
-    for name, entry in registry.entries().items():
-        for field_name in entry.config_fields():
-            takers.setdefault(field_name, []).append(name)
-    groups: Dict[str, argparse._ArgumentGroup] = {}
+
+def _add_config_flags(p: argparse.ArgumentParser) -> None:
+    """One flag per option of TrainConfig (config.options): the type from its annotation, the
+    choices from its Literal, the help from its docstring, a strategy's own parameters grouped
+    under that strategy."""
+    from shmlearn.config import options  # lazy: torch, after the CLI's cheap checks
     made: Dict[tuple, argparse._ArgumentGroup] = {}
-    for field_name, names in takers.items():
-        key = tuple(names)
-        if key not in made:
-            made[key] = p.add_argument_group(f"--strategy {' or '.join(names)}")
-        groups[field_name] = made[key]
-    return groups
-
-
-def _add_config_flags(p: argparse.ArgumentParser, cls=None) -> None:
-    """One flag per field of the typed config (default TrainConfig): the type from its
-    annotation, the help from its docstring, a strategy's own parameters grouped under that
-    strategy."""
-    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
-    cls = cls or TrainConfig
-    docs = flag_docs(cls)
-    hints = typing.get_type_hints(cls)
-    groups = _strategy_groups(p, cls)
-    for f in dataclasses.fields(cls):
-        where = groups.get(f.name, p)
-        flag = "--" + f.name.replace("_", "-")
+    for o in options().values():
+        where = help_group(p, o, made)
         # A --no-X flag's default is X on; "[default: True]" beside --no-X reads backwards.
-        shown = f.default is not None and f.default is not True
-        help_ = docs.get(f.name, "") + (f" [default: {f.default}]" if shown else "")
-        typ = _scalar_type(hints[f.name])
-        if typ is bool:
-            if f.default:
-                where.add_argument("--no-" + f.name.replace("_", "-"), dest=f.name, action="store_const",
+        shown = o.default is not None and o.default is not True
+        help_ = o.help + (f" [default: {o.default}]" if shown else "")
+        if o.kind is bool:
+            if o.default:
+                where.add_argument("--no-" + o.flag[2:], dest=o.name, action="store_const",
                                    const=False, default=argparse.SUPPRESS, help=help_)
             else:
-                where.add_argument(flag, dest=f.name, action="store_const", const=True,
+                where.add_argument(o.flag, dest=o.name, action="store_const", const=True,
                                    default=argparse.SUPPRESS, help=help_)
             continue
-        where.add_argument(flag, dest=f.name, type=typ, default=argparse.SUPPRESS, help=help_,
-                           metavar=f.name.upper())
+        where.add_argument(o.flag, dest=o.name, type=o.kind, default=argparse.SUPPRESS, help=help_,
+                           choices=o.choices, metavar=None if o.choices else o.name.upper())
 
 
 def _register_train(sub) -> None:

@@ -1,15 +1,20 @@
 """Typed run configuration: one keyword-only dataclass, YAML in and out, validated once up front.
 
 The CLI only fills a TrainConfig; experiments and sweeps build TrainConfigs in Python. Every
-field has a docstring because `shmlearn train --help` is generated from them.
+field has a docstring because `shmlearn train --help` is generated from them, and a field that
+takes one of a few strings is typed `Literal[...]`: its choices are validate's check and the
+flag's argparse choices alike (`options`). A strategy's own parameters are declared in its file
+under shmlearn/sync/ (registry.param) and composed here: TrainConfig takes them as keywords,
+config.yaml writes them beside `strategy`, and --help lists them under their strategy.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
-from dataclasses import dataclass, fields
-from typing import Any, Dict, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, Dict, Literal, Optional
 
 import yaml
 
@@ -18,7 +23,7 @@ from shmlearn.data import DATASETS
 from shmlearn.data.augment import Augment
 from shmlearn.data.user import LOADERS, TASKS
 from shmlearn.errors import BadInput, count
-from shmlearn.fast import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, WEIGHT_COPY
+from shmlearn.flags import Option, options_of
 from shmlearn.limits import MAX_STEPS, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
 from shmlearn.models import MODELS
 from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
@@ -27,7 +32,9 @@ from shmlearn.nn.image_conv import MODES as IMAGE_CONV
 from shmlearn.nn.max_pool import MODES as MAX_POOL
 from shmlearn.nn.mlp_head import MODES as MLP_HEAD
 from shmlearn.optim import SCHEDULES
+from shmlearn.recipe import INTERVALS
 from shmlearn.refs import is_ref
+from shmlearn.step.options import COMBO, COMPILE, CUDA_GRAPH, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, WEIGHT_COPY
 from shmlearn.sync import registry
 
 DEFAULT_EPOCHS = {"digits": 20, "fashion-mnist": 2, "mnist": 2, "cifar10": 10, "tiny-imagenet": 10,
@@ -38,12 +45,15 @@ ALTERNATIVES = (("samples", "epochs"), ("warmup", "warmup_fraction"), ("eval_eve
 """Fields that say one thing two ways (give one of each pair): a flag on the command line
 replaces its pair in a --config file, so `--config recipe.yaml --samples 2048` overrides the
 recipe's epochs instead of being refused as a second budget."""
-DEVICES = ("cpu", "cuda", "auto")
-BACKENDS = ("auto", "nccl", "gloo")
+OnOff = Literal["on", "off"]
+# A Literal over a tuple another module owns (Literal[LOADERS]) is that tuple's values: the
+# choices are written once, where the code that acts on them lives (the step's, the layers').
 
 
 @dataclass(kw_only=True)
-class TrainConfig:
+class TrainFields:
+    """TrainConfig's own settings; TrainConfig adds the strategies' parameters (below)."""
+
     model: str = "mlp"
     """A built-in model by name (shmlearn.models.MODELS), or your own:
     FILE.py:NAME or pkg.module:NAME, NAME an nn.Module class or a callable returning a module."""
@@ -56,9 +66,9 @@ class TrainConfig:
     workers: Optional[int] = None
     """Gradient-computing workers. Local default 2; under torchrun/mpirun/srun the launcher's world
     size (minus one with --ps-dedicated or async-ps: the server)."""
-    device: str = "auto"
+    device: Literal["cpu", "cuda", "auto"] = "auto"
     """cpu, cuda (one process per GPU, NCCL) or auto (cuda when present)."""
-    backend: str = "auto"
+    backend: Literal["auto", "nccl", "gloo"] = "auto"
     """How the processes talk: auto (NCCL on GPUs, Gloo on the CPU), nccl, or gloo. gloo on GPUs
     lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
     two workers on one GPU."""
@@ -68,13 +78,10 @@ class TrainConfig:
     the ranks of one host slow each other's steps)."""
     strategy: str = registry.DEFAULT
     """How the workers synchronize: a strategy registered in shmlearn.sync, by name."""
-    avg_period: int = 1
-    """weight-avg: average the weights every K local steps (K=1 is the paper's Eq. 2.2)."""
-    ps_dedicated: bool = False
-    """ps: one extra process (rank 0) only serves, as in the paper; default rank 0 also computes."""
-    staleness: int = 0
-    """async-ps: a worker's gradient may lag this many server updates (0: the synchronous
-    dedicated parameter server, bit for bit)."""
+    strategy_options: Dict[str, Any] = field(default_factory=dict)
+    """The strategies' own parameters this config sets, by config key ({"avg_period": 4}; those
+    left at their defaults are not kept). Set them as keywords, flags or YAML keys like any other
+    field: TrainConfig(avg_period=4), --avg-period 4, `avg_period: 4`."""
     batch_size: int = 32
     """Samples per worker per step."""
     lr: float = 0.05
@@ -95,13 +102,13 @@ class TrainConfig:
     Replaces --lr-schedule."""
     scheduler_args: Optional[str] = None
     """Keyword arguments of --scheduler: 'step_size=1,gamma=0.7'."""
-    scheduler_interval: str = "epoch"
+    scheduler_interval: Literal[INTERVALS] = "epoch"
     """When --scheduler steps: epoch (after every pass over the training set: training samples //
     (workers x batch size) steps; as pytorch/examples' StepLR) or step (after every step)."""
     loss: Optional[str] = None
     """Your own training loss as FILE.py:NAME or pkg.module:NAME, f(outputs, targets) -> mean loss
     (also test_loss). Default: the task's (cross-entropy for classification)."""
-    lr_schedule: str = "linear"
+    lr_schedule: Literal[SCHEDULES] = "linear"
     """linear or cosine (decay to zero at the last step), or constant (the paper's experiments).
     For the built-in optimizers; --scheduler replaces it."""
     warmup: int = 0
@@ -124,35 +131,35 @@ class TrainConfig:
     augment: str = "none"
     """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
     translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""
-    precision: str = "fp32"
+    precision: Literal[PRECISIONS] = "fp32"
     """fp32, or bf16: forward and backward under bf16 autocast (weights, gradients and optimizer
     state stay fp32)."""
     channels_last: bool = False
     """Keep conv weights and image batches in channels_last memory (faster convolutions on GPUs,
     mostly with bf16)."""
-    compile: str = "off"
+    compile: Literal[COMPILE] = "off"
     """torch.compile the model (Inductor): off, default, max-autotune, or auto (compile, time a
     few steps against eager, keep the faster). Its kernels run inside the fast step (on CUDA
     inside the step's one CUDA graph); compile time is reported (summary.json compile_s) and
     Inductor caches it for later runs and a sweep's trials."""
-    image_conv: str = "auto"
+    image_conv: Literal[IMAGE_CONV] = "auto"
     """How each convolution of the input image runs (in_channels x kernel area <= 128, e.g. the
     3-channel first conv; groups 1, dilation 1), which cuDNN runs far from its limits: cudnn
     (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile), triton
     (shmlearn's implicit-GEMM kernels; CUDA with Triton) or auto (im2col in a compiled step on
     CUDA, else cudnn). Same maths, parameters and checkpoints; shmlearn/nn/image_conv.py."""
-    conv_pool: str = "auto"
+    conv_pool: Literal[CONV_POOL] = "auto"
     """How a Conv2d (stride 1) followed by ReLU and MaxPool2d(2) in an nn.Sequential runs: off
     (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
     with Triton) or auto (triton where it can run). Same outputs and gradients, parameters and
     checkpoints; shmlearn/nn/conv_pool.py."""
-    mlp_head: str = "auto"
+    mlp_head: Literal[MLP_HEAD] = "auto"
     """How a classifier head of 2 or 3 Linear layers with ReLU between them (consecutive in an
     nn.Sequential, widths <= 128) runs in fp16/bf16: off (torch's ops: about 15 kernels) or triton
     (three fused Triton kernels, forward and backward; CUDA with Triton) or auto (triton where it
     can run). Same outputs and gradients to rounding, parameters and checkpoints;
     shmlearn/nn/mlp_head.py."""
-    conv_overlap: str = "auto"
+    conv_overlap: Literal[CONV_OVERLAP] = "auto"
     """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
     off (one after the other, as torch does), small (on two CUDA streams at once, for
     convolutions whose batch x output height x width is at most 8192: the GEMMs that leave a
@@ -161,52 +168,52 @@ class TrainConfig:
     takes its gradients whole, the weight GEMMs run on until the backward ends, beside the
     layers before them. Same cuDNN calls, so the same gradients, parameters and checkpoints;
     shmlearn/nn/conv_overlap.py."""
-    combo_kernels: str = "auto"
+    combo_kernels: Literal[COMBO] = "auto"
     """--compile: Inductor's combo kernels (independent small kernels launched as one): on, off,
     or auto (on CUDA for batches of at most 262,144 image pixels, e.g. 256 images of 32x32,
     where the step is bound by its many small kernels; off elsewhere). Same maths;
     shmlearn/fast.py COMBO_MAX_PIXELS."""
-    update_in_backward: str = "auto"
+    update_in_backward: Literal[EARLY_UPDATE] = "auto"
     """The fast step's SGD update of each convolution's weight inside the backward, on the side
     stream, as soon as its gradient exists (instead of every parameter's after the backward): on,
     off, or auto (on wherever it can run: allreduce at 1 worker or weight-avg, the flat SGD
     kernel on CUDA, convolutions that run shmlearn's backward op; on asks for it and says why not
     where it cannot). The same update, bit for bit; shmlearn/fast.py."""
-    grad_buckets: str = "auto"
+    grad_buckets: Literal[GRAD_BUCKETS] = "auto"
     """The fast step's gradient all-reduce in buckets of 25 MB (the first 1 MB), each started as
     soon as the backward has made its gradients, on a stream of its own, so that the average
     overlaps the rest of the backward (as DDP's buckets do): on, off, or auto (on CUDA where the
     gradient fills two buckets or more and the step is not compiled; on asks for it wherever it
     can run, the CPU's Gloo included). The same sums of the same values: at two workers the same
     bits; shmlearn/step/buckets.py."""
-    weight_copy: str = "auto"
+    weight_copy: Literal[WEIGHT_COPY] = "auto"
     """The fast step's update also writes the convolutions' weights cast to bf16, and the next
     forward reads them there instead of casting every weight first (autocast's cast, a pass over
     the weights on the forward's critical path): on, off, or auto (on wherever it can run: bf16,
     the flat SGD kernel on CUDA, convolutions that run shmlearn's op; on says why not where it
     cannot). The same weights cast the same way, so the same steps; shmlearn/fast.py."""
-    max_pool: str = "auto"
+    max_pool: Literal[MAX_POOL] = "auto"
     """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
     global (global max-pools as a max over the map with a pointwise backward, which Inductor
     fuses), reduce (global and kernel == stride pools alike) or auto (global when the step is
     compiled, else aten; every pool as a reduction was slower on fashion-net). Same outputs and
     gradients, ties included; shmlearn/nn/max_pool.py."""
-    cuda_graph: str = "auto"
+    cuda_graph: Literal[CUDA_GRAPH] = "auto"
     """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
     in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
     oversubscribe: bool = False
     """Run more local CPU processes than the machine can hold well (more than 16 per core, or
     more than its available memory at ~150 MB each), or more than 4 threads per core; refused
     otherwise, before any process starts."""
-    cudnn_benchmark: str = "on"
+    cudnn_benchmark: OnOff = "on"
     """CUDA: on times every cuDNN convolution algorithm at each new input shape and keeps the
     fastest; off takes cuDNN's heuristic choice. Timing costs seconds at each new batch shape and
     pays back even in short sweep trials (measured: docs/performance.md, "Behind the code").
     --deterministic turns it off."""
-    task: Optional[str] = None
+    task: Optional[Literal[TASKS]] = None
     """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
     Default: from the labels (integers: classification, floats: regression)."""
-    loader: str = "auto"
+    loader: Literal[LOADERS] = "auto"
     """Your own torch Datasets only: resident (read whole onto the device), stream (a DataLoader
     with worker processes reads each batch), or auto (resident when it takes at most half the
     device's free memory)."""
@@ -245,7 +252,7 @@ class TrainConfig:
     --eval-every): as many as keep evaluation under ~10% of the run's time, at most 10 and at
     least the one at the end, rank 0 judging from the cost of an evaluation (measured, or until
     one is measured estimated from the step time) against the run's projected training time."""
-    eval_at_start: str = "on"
+    eval_at_start: OnOff = "on"
     """on: evaluate the full test set before the first step (step 0 of the accuracy curve; its
     cost counts in eval_time_s); off: skip it."""
     log_every: int = 10
@@ -305,16 +312,92 @@ class TrainConfig:
         down (as benchmarks/fashion_tta.py computes it)."""
         return int(self.warmup_fraction * steps) if self.warmup_fraction is not None else self.warmup
 
+
+
+_FIELDS = frozenset(f.name for f in fields(TrainFields))
+
+
+class TrainConfig(TrainFields):
+    """A run's configuration: TrainFields' settings and every registered strategy's parameters
+    by their config keys (TrainConfig(strategy="weight-avg", avg_period=4)), so a strategy's
+    file adds a parameter with no edit here. They are kept in `strategy_options` and read and
+    set as attributes like the rest (cfg.avg_period: the value given, else the default);
+    `registry.spec` refuses another strategy's. An unknown keyword is a TypeError, as in any
+    dataclass."""
+
+    def __init__(self, **values):
+        theirs = registry.options()
+        given = dict(values.pop("strategy_options", None) or {})
+        given.update({k: values.pop(k) for k in [k for k in values if k in theirs and k not in _FIELDS]})
+        super().__init__(**values)
+        for k, v in given.items():
+            if k not in theirs:
+                raise TypeError(f"TrainConfig: unknown strategy parameter '{k}'; registered: {', '.join(theirs)}")
+            setattr(self, k, v)
+
+    def __getattr__(self, name: str):
+        # Only reached when no attribute has the name: a strategy's parameter by its key.
+        option = None if name.startswith("_") else registry.options().get(name)
+        if option is None:
+            raise AttributeError(f"'TrainConfig' object has no attribute '{name}'")
+        return self.__dict__.get("strategy_options", {}).get(name, option.default)
+
+    def __setattr__(self, name: str, value) -> None:
+        option = None if name in _FIELDS else registry.options().get(name)
+        if option is None:
+            super().__setattr__(name, value)
+        elif type(value) is type(option.default) and value == option.default:
+            self.strategy_options.pop(name, None)  # the default: configs that mean the same are equal
+        else:
+            self.strategy_options[name] = value
+
     def to_dict(self) -> Dict[str, Any]:
-        return dataclasses.asdict(self)
+        """Every key, flat, in options()' order (config.yaml): a strategy's parameters as the
+        top-level keys they always were, beside `strategy`."""
+        mine = dataclasses.asdict(self)
+        given = mine.pop("strategy_options")
+        out = {k: mine[k] if k in mine else given.pop(k, o.default) for k, o in options().items()}
+        out.update(given)  # a key whose strategy left the registry since: kept, not dropped
+        return out
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any], *, source: str = "config") -> "TrainConfig":
-        known = {f.name for f in fields(cls)}
+        known = options()
         for k in d:
             if k.replace("-", "_") not in known:
                 raise BadInput(f"{source}: unknown key '{k}'; known keys: {', '.join(sorted(known))}")
         return cls(**{k.replace("-", "_"): v for k, v in d.items()})
+
+
+@functools.lru_cache(maxsize=None)
+def _own_options() -> Dict[str, Option]:
+    return {o.name: o for o in options_of(TrainFields) if o.name != "strategy_options"}
+
+
+def options() -> Dict[str, Option]:
+    """Every key of a TrainConfig, in order: TrainFields' own, with every registered strategy's
+    parameters after `strategy` (registry.options). One source for the train and sweep flags,
+    config.yaml and validate; --model, --dataset and --strategy's help name what is registered
+    now (the registries, not a copy of them in a docstring), and --strategy's choices are the
+    registry's names."""
+    theirs = registry.options()
+    clash = sorted(_FIELDS & theirs.keys())
+    if clash:
+        raise TypeError(f"strategy parameter {clash[0]} ({' and '.join(theirs[clash[0]].strategies)}) "
+                        f"is already a TrainConfig field")
+    out: Dict[str, Option] = {}
+    for name, o in _own_options().items():
+        if name == "model":
+            o = dataclasses.replace(o, help=f"{o.help} Built in: {', '.join(MODELS)}.")
+        elif name == "dataset":
+            o = dataclasses.replace(o, help=f"{o.help} Built in: {', '.join(DATASETS)}.")
+        elif name == "strategy":
+            named = "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items())
+            o = dataclasses.replace(o, help=f"{o.help} {named}.", choices=tuple(registry.entries()))
+        out[name] = o
+        if name == "strategy":
+            out.update(theirs)
+    return out
 
 
 def load_yaml(path: str) -> Dict[str, Any]:
@@ -391,22 +474,13 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.dataset not in DATASETS and not is_ref(cfg.dataset):
         raise BadInput(f"--dataset {cfg.dataset}: unknown dataset; choose one of {', '.join(DATASETS)}, "
                        f"or your own as FILE.py:NAME or pkg.module:NAME")
-    if cfg.task is not None and cfg.task not in TASKS:
-        raise BadInput(f"--task {cfg.task}: choose one of {', '.join(TASKS)}")
+    for name, option in options().items():  # every Literal field (and --strategy): one of its choices
+        if name in _FIELDS:
+            option.check(getattr(cfg, name))
     if cfg.task is not None and not is_ref(cfg.dataset):
         raise BadInput(f"--task {cfg.task}: only for your own data (data= or --dataset FILE.py:NAME); "
                        f"{cfg.dataset} knows its task")
-    if cfg.eval_at_start not in ("on", "off"):
-        raise BadInput(f"--eval-at-start {cfg.eval_at_start}: choose on or off")
-    if cfg.cudnn_benchmark not in ("on", "off"):
-        raise BadInput(f"--cudnn-benchmark {cfg.cudnn_benchmark}: choose on or off")
-    if cfg.loader not in LOADERS:
-        raise BadInput(f"--loader {cfg.loader}: choose one of {', '.join(LOADERS)}")
-    registry.spec(cfg)  # the strategy, its parameters' ranges, and no other strategy's flags
-    if cfg.device not in DEVICES:
-        raise BadInput(f"--device {cfg.device}: choose one of {', '.join(DEVICES)}")
-    if cfg.backend not in BACKENDS:
-        raise BadInput(f"--backend {cfg.backend}: choose one of {', '.join(BACKENDS)}")
+    registry.spec(cfg)  # the strategy, its parameters' ranges and choices, and no other strategy's flags
     if cfg.backend == "nccl" and cfg.device == "cpu":
         raise BadInput("--backend nccl: needs --device cuda (NCCL talks between GPUs); the CPU uses gloo")
     recipe.validate(cfg)
@@ -416,8 +490,6 @@ def validate(cfg: TrainConfig) -> None:
         tblog.require()
     if cfg.resume and not cfg.out:
         raise BadInput("--resume: needs --out DIR, the run directory to continue")
-    if cfg.lr_schedule not in SCHEDULES:
-        raise BadInput(f"--lr-schedule {cfg.lr_schedule}: choose one of {', '.join(SCHEDULES)}")
     # Whole numbers. workers has no upper bound here: what the machine can run is
     # launch.check_capacity's to say, and a launcher's world size is its own.
     _whole("workers", cfg.workers, 1)
@@ -446,30 +518,6 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.eval_every is not None and cfg.eval_points is not None:
         raise BadInput("--eval-every and --eval-points: give one evaluation schedule, not both")
     _check_init(cfg.init)
-    if cfg.precision not in PRECISIONS:
-        raise BadInput(f"--precision {cfg.precision}: choose one of {', '.join(PRECISIONS)}")
-    if cfg.cuda_graph not in CUDA_GRAPH:
-        raise BadInput(f"--cuda-graph {cfg.cuda_graph}: choose one of {', '.join(CUDA_GRAPH)}")
-    if cfg.image_conv not in IMAGE_CONV:
-        raise BadInput(f"--image-conv {cfg.image_conv}: choose one of {', '.join(IMAGE_CONV)}")
-    if cfg.conv_pool not in CONV_POOL:
-        raise BadInput(f"--conv-pool {cfg.conv_pool}: choose one of {', '.join(CONV_POOL)}")
-    if cfg.mlp_head not in MLP_HEAD:
-        raise BadInput(f"--mlp-head {cfg.mlp_head}: choose one of {', '.join(MLP_HEAD)}")
-    if cfg.conv_overlap not in CONV_OVERLAP:
-        raise BadInput(f"--conv-overlap {cfg.conv_overlap}: choose one of {', '.join(CONV_OVERLAP)}")
-    if cfg.combo_kernels not in COMBO:
-        raise BadInput(f"--combo-kernels {cfg.combo_kernels}: choose one of {', '.join(COMBO)}")
-    if cfg.grad_buckets not in GRAD_BUCKETS:
-        raise BadInput(f"--grad-buckets {cfg.grad_buckets}: choose one of {', '.join(GRAD_BUCKETS)}")
-    if cfg.update_in_backward not in EARLY_UPDATE:
-        raise BadInput(f"--update-in-backward {cfg.update_in_backward}: choose one of {', '.join(EARLY_UPDATE)}")
-    if cfg.weight_copy not in WEIGHT_COPY:
-        raise BadInput(f"--weight-copy {cfg.weight_copy}: choose one of {', '.join(WEIGHT_COPY)}")
-    if cfg.max_pool not in MAX_POOL:
-        raise BadInput(f"--max-pool {cfg.max_pool}: choose one of {', '.join(MAX_POOL)}")
-    if cfg.compile not in COMPILE:
-        raise BadInput(f"--compile {cfg.compile}: choose one of {', '.join(COMPILE)}")
     Augment.parse(cfg.augment)
 
 

@@ -1,19 +1,32 @@
-"""Flag help and types read from the config dataclasses: one source for the code and for --help.
-Used by the train flags (cli.py) and the sweep's flags (sweep_cli.py), and by sweep.py to parse
-a value by its field's type."""
+"""Options read from typed dataclasses: one source for the code, its validation and the flags.
+
+An Option is one setting as the command line sees it: its name (the config key; `avg_period` is
+`--avg-period`), its resolved type, default, help (the docstring under the field) and, for a
+`Literal[...]` type, its choices. TrainConfig's settings (config.options) and each strategy's
+parameters (sync/registry.py) are read into Options; the train flags (cli.py), the sweep's flags
+(sweep_cli.py), the sweep's value parsing (sweep_grid.py) and config.validate read them. This
+module imports nothing of shmlearn but its errors, so everything above can read it.
+"""
 from __future__ import annotations
 
 import ast
+import dataclasses
+import functools
 import inspect
 import typing
-from typing import Dict
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn.data import DATASETS
+from shmlearn.errors import BadInput
 
 
-def field_docs(cls) -> Dict[str, str]:
-    """The docstring under each dataclass field: one source for the code and for --help."""
-    tree = ast.parse(inspect.getsource(cls))
+@functools.lru_cache(maxsize=None)
+def _docs_of(cls) -> Dict[str, str]:
+    """The docstrings under the fields written in `cls`'s own body (not its bases')."""
+    try:
+        tree = ast.parse(inspect.getsource(cls))
+    except (OSError, TypeError):  # no source (a class made at run time): no help to show
+        return {}
     body = tree.body[0].body
     docs = {}
     for node, nxt in zip(body, body[1:]):
@@ -22,26 +35,94 @@ def field_docs(cls) -> Dict[str, str]:
     return docs
 
 
-def flag_docs(cls=None) -> Dict[str, str]:
-    """--help per field of `cls` (default TrainConfig): its docstring, and for --model and
-    --dataset the names registered now (the registries, not a copy of them in a docstring)."""
-    # Imported here: they import torch, and the CLI refuses bad input before torch loads
-    # (cli.precheck); this module is imported by cli.py at its top.
-    from shmlearn.config import TrainConfig  # lazy: torch, after the CLI's cheap checks
-    cls = cls or TrainConfig
-    docs = field_docs(cls)
-    if cls is TrainConfig:
-        from shmlearn.models import MODELS  # lazy: torch, after the CLI's cheap checks
-        from shmlearn.sync import registry  # lazy: torch, after the CLI's cheap checks
-        docs["model"] += f" Built in: {', '.join(MODELS)}."
-        docs["dataset"] += f" Built in: {', '.join(DATASETS)}."
-        docs["strategy"] += " " + "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items()) + "."
+def field_docs(cls) -> Dict[str, str]:
+    """The docstring under each dataclass field, the bases' fields included (TrainConfig's are
+    written in its base): one source for the code and for --help."""
+    docs: Dict[str, str] = {}
+    for c in reversed(cls.__mro__):
+        if "__dataclass_fields__" in vars(c):
+            docs.update(_docs_of(c))
     return docs
 
 
-def scalar_type(hint) -> type:
-    """bool, int, float or str from a field's type (Optional[X] is X): from the typing objects
-    themselves, not from their spelling."""
+def _unwrap(hint):
+    """Optional[X] is X."""
     args = [a for a in typing.get_args(hint) if a is not type(None)]
-    base = args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+    return args[0] if typing.get_origin(hint) is typing.Union and len(args) == 1 else hint
+
+
+def literal_choices(hint) -> Optional[Tuple[Any, ...]]:
+    """The values of a Literal[...] type (Optional[Literal[...]] too), else None."""
+    base = _unwrap(hint)
+    return typing.get_args(base) if typing.get_origin(base) is typing.Literal else None
+
+
+def scalar_type(hint) -> type:
+    """bool, int, float or str from a field's type (Optional[X] is X; Literal[...] is its values'
+    type): from the typing objects themselves, not from their spelling."""
+    choices = literal_choices(hint)
+    base = type(choices[0]) if choices else _unwrap(hint)
     return base if base in (bool, int, float) else str
+
+
+def choice_error(flag: str, value: Any, choices) -> str:
+    """The one line a value outside a field's choices gets, from validate and argparse alike."""
+    names = [str(c) for c in choices]
+    said = f"{names[0]} or {names[1]}" if len(names) == 2 else "one of " + ", ".join(names)
+    return f"{flag} {value}: choose {said}"
+
+
+@dataclass(frozen=True)
+class Option:
+    """One setting of a typed config, as its flag and its validation see it."""
+
+    name: str
+    """The config key (YAML, TrainConfig keyword); the flag is it with dashes."""
+    type: Any
+    """The resolved annotation (typing.get_type_hints)."""
+    default: Any
+    help: str = ""
+    strategies: Tuple[str, ...] = ()
+    """A strategy's parameter: the strategies that take it (--help groups it under them)."""
+    choices: Optional[Tuple[Any, ...]] = None
+    """The allowed values: the Literal's, or given (--strategy: the registry's names)."""
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+    @property
+    def kind(self) -> type:
+        return scalar_type(self.type)
+
+    def check(self, value: Any) -> None:
+        """BadInput (one line naming the flag) if the value is not one of the choices; None
+        passes where the type is Optional (the default: decided later)."""
+        optional = _unwrap(self.type) is not self.type
+        if self.choices is None or value in self.choices or (value is None and optional):
+            return
+        raise BadInput(choice_error(self.flag, value, self.choices))
+
+
+def help_group(parser, option: Option, made: Dict[tuple, Any]):
+    """Where a flag goes in --help: a strategy's parameter in the argument group of the
+    strategies that take it ("--strategy ps"), made once per set of strategies in `made`; the
+    others in `parser` itself."""
+    if not option.strategies:
+        return parser
+    if option.strategies not in made:
+        made[option.strategies] = parser.add_argument_group(f"--strategy {' or '.join(option.strategies)}")
+    return made[option.strategies]
+
+
+def options_of(cls, *, names: Optional[Dict[str, str]] = None, strategies: Tuple[str, ...] = ()) -> List[Option]:
+    """An Option per field of the dataclass `cls`, in order. names: field -> the option's name
+    (a strategy's parameter `period` is the config's `avg_period`); default: the field's own."""
+    hints = typing.get_type_hints(cls)
+    docs = field_docs(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        default = f.default if f.default is not dataclasses.MISSING else None
+        out.append(Option(name=(names or {}).get(f.name, f.name), type=hints[f.name], default=default,
+                          help=docs.get(f.name, ""), strategies=strategies, choices=literal_choices(hints[f.name])))
+    return out

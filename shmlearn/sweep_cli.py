@@ -6,11 +6,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-import typing
 
-from shmlearn.config import TrainConfig, load_yaml
+from shmlearn.config import load_yaml, options
 from shmlearn.errors import BadInput
-from shmlearn.flags import field_docs, flag_docs, scalar_type
+from shmlearn.flags import field_docs, help_group
 from shmlearn.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
 
 
@@ -36,18 +35,18 @@ def register(sub) -> None:
                                    "oversubscribing; pick winners by the paper's rule; write a report. "
                                    "The same command again continues where the last one stopped.")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
-    docs = flag_docs(TrainConfig)
-    hints = typing.get_type_hints(TrainConfig)
-    for f in dataclasses.fields(TrainConfig):
-        if f.name in NOT_SWEPT:
+    made: dict = {}
+    for o in options().values():  # TrainConfig's options (config.options), each strategy's under it
+        if o.name in NOT_SWEPT:
             continue
-        flag = "--" + f.name.replace("_", "-")
-        if scalar_type(hints[f.name]) is bool:
-            p.add_argument(flag, dest=f.name, nargs="?", const="true", default=argparse.SUPPRESS,
-                           metavar="true,false", help=docs.get(f.name, ""))
+        where = help_group(p, o, made)
+        if o.kind is bool:
+            where.add_argument(o.flag, dest=o.name, nargs="?", const="true", default=argparse.SUPPRESS,
+                               metavar="true,false", help=o.help)
         else:
-            p.add_argument(flag, dest=f.name, default=argparse.SUPPRESS, metavar="V[,V...]|A:B:S",
-                           help=docs.get(f.name, ""))
+            # A list of values is not one choice: each trial's config is validated (sweep_grid).
+            shown = "{" + ",".join(map(str, o.choices)) + "}[,...]" if o.choices else "V[,V...]|A:B:S"
+            where.add_argument(o.flag, dest=o.name, default=argparse.SUPPRESS, metavar=shown, help=o.help)
     g = p.add_argument_group("sweep")
     for name in ("threshold", "target_accuracy", "parallel", "slots", "out"):
         fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)

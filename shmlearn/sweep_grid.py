@@ -3,19 +3,16 @@ trials in order, and each trial's id (a hash of its config). Nothing here runs a
 sweep.py, study.py do)."""
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 import itertools
 import json
 import math
-import typing
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn.config import TrainConfig, validate
+from shmlearn.config import TrainConfig, options, validate
 from shmlearn.errors import BadInput, count
-from shmlearn.flags import scalar_type
 from shmlearn.results import AXIS_ORDER
 
 NOT_SWEPT = ("out", "progress", "resume")
@@ -81,8 +78,8 @@ class SweepConfig:
 # --- grid ----------------------------------------------------------------------------------
 
 def field_kind(name: str) -> type:
-    """bool, int, float or str: the field's annotation, resolved (flags.scalar_type)."""
-    return scalar_type(typing.get_type_hints(TrainConfig)[name])
+    """bool, int, float or str: the option's annotation, resolved (flags.scalar_type)."""
+    return options()[name].kind
 
 
 def _number(name: str, text: str, kind: type):
@@ -154,7 +151,7 @@ def parse_values(name: str, raw: Any) -> List[Any]:
 
 def split_axes(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, List[Any]]]:
     """{flag: raw} -> (fixed values, swept axes): a flag with two or more values is an axis."""
-    known = {f.name for f in dataclasses.fields(TrainConfig)} - set(NOT_SWEPT)
+    known = set(options()) - set(NOT_SWEPT)
     fixed, axes = {}, {}
     for name, raw in values.items():
         name = name.replace("-", "_")
@@ -171,7 +168,7 @@ def split_axes(values: Dict[str, Any]) -> Tuple[Dict[str, Any], Dict[str, List[A
 
 
 def ordered_axes(axes: Dict[str, List[Any]]) -> List[str]:
-    names = [f.name for f in dataclasses.fields(TrainConfig)]
+    names = list(options())
     return sorted(axes, key=lambda a: (AXIS_ORDER.index(a) if a in AXIS_ORDER else len(AXIS_ORDER),
                                        names.index(a)))
 

@@ -7,6 +7,7 @@ import pytest
 
 from shmlearn.config import MAX_STEPS, TrainConfig, checkpoint_period, validate
 from shmlearn.errors import BadInput
+from shmlearn.sync import registry
 
 # (field values, the start of the message: the flag and the value as the user wrote it)
 BAD = [
@@ -164,3 +165,48 @@ def test_backend_is_checked_once_with_the_flag_named():
         validate(TrainConfig(backend="mpi"))
     with pytest.raises(BadInput, match=r"^--backend nccl: needs --device cuda"):
         validate(TrainConfig(backend="nccl", device="cpu"))
+
+
+def test_a_literal_field_gives_validate_and_its_flag_the_same_choices():
+    """A field typed Literal[...] names its choices once: validate checks them and the train
+    flag offers them to argparse (whose refusal is the same one line)."""
+    import typing
+    from shmlearn.cli import build_parser
+    from shmlearn.config import TrainFields, options
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    actions = {a.dest: a for a in train._actions}
+    hints = typing.get_type_hints(TrainFields)
+    chosen = {name: o.choices for name, o in options().items() if o.choices is not None}
+    assert {"device", "backend", "precision", "compile", "loader", "lr_schedule", "image_conv", "conv_pool",
+            "mlp_head", "conv_overlap", "max_pool", "combo_kernels", "update_in_backward", "weight_copy",
+            "cuda_graph", "cudnn_benchmark", "eval_at_start", "scheduler_interval", "task"} <= set(chosen)
+    assert chosen["device"] == typing.get_args(hints["device"]) == ("cpu", "cuda", "auto")
+    for name, choices in chosen.items():
+        assert tuple(actions[name].choices) == choices, name
+        with pytest.raises(BadInput, match=f"^--{name.replace('_', '-')} nope: choose "):
+            validate(TrainConfig(**{name: "nope"}))
+        validate(TrainConfig(**{name: choices[-1]}, **({"dataset": "tmp/own.py:load"} if name == "task" else {})))
+
+
+def test_cli_refuses_a_value_outside_a_literal_as_validate_does(tmp_path, capfd, monkeypatch):
+    code, err = _main(["train", "--device", "gpu", "--out", str(tmp_path / "run")], capfd, monkeypatch)
+    assert code == 2 and err.strip() == "shmlearn: error: --device gpu: choose one of cpu, cuda, auto", err
+
+
+def test_strategy_parameters_read_and_set_as_attributes_and_keep_their_yaml_keys(tmp_path):
+    """config.yaml of a run before the strategies owned their parameters still loads: the keys
+    are the same, beside `strategy`."""
+    from shmlearn.config import load_yaml, save_yaml
+    cfg = TrainConfig(strategy="weight-avg", avg_period=4)
+    assert (cfg.avg_period, cfg.staleness, cfg.ps_dedicated) == (4, 0, False)
+    cfg.avg_period = 6
+    assert registry.spec(cfg).params.period == 6 and cfg == TrainConfig(strategy="weight-avg", avg_period=6)
+    save_yaml(cfg, str(tmp_path / "config.yaml"))
+    saved = load_yaml(str(tmp_path / "config.yaml"))
+    keys = list(saved)
+    assert {"avg_period", "ps_dedicated", "staleness"} <= set(keys) and saved["avg_period"] == 6
+    assert keys.index("strategy") < keys.index("avg_period") < keys.index("batch_size")
+    assert TrainConfig.from_dict(saved) == cfg
+    assert TrainConfig(strategy="ps", ps_dedicated=False) == TrainConfig(strategy="ps")  # a default is no setting
+    with pytest.raises(TypeError):
+        TrainConfig(no_such_field=1)

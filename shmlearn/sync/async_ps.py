@@ -55,8 +55,8 @@ from shmlearn.timing import PhaseTimer
 @dataclass(frozen=True)
 class Params:
     staleness: int = param("staleness", 0)
-    """async-ps: a worker's gradient may lag this many server updates (0: the synchronous
-    dedicated parameter server, bit for bit)."""
+    """A worker's gradient may lag this many server updates (0: the synchronous dedicated
+    parameter server, bit for bit)."""
 
     servers = 1
 

@@ -3,10 +3,13 @@
 ask an Entry (or a Spec: an Entry with its parameters) instead of naming strategies.
 
 An Entry holds:
-* `params`: a dataclass of the strategy's parameters, a docstring per field. Each field's
-  metadata names the TrainConfig field (and so the CLI flag) that sets it: `"config":
-  "avg_period"` is `--avg-period`. A parameter's value check lives in its `__post_init__`
-  (BadInput naming the flag); `servers` (a property, default 0) is how many ranks only serve.
+* `params`: a dataclass of the strategy's parameters, declared beside its code with `param`:
+  each field's type (a `Literal[...]` gives its choices), default, docstring (its --help) and
+  the config key that sets it (`param("avg_period", 1)` is TrainConfig's `avg_period`, YAML's
+  `avg_period:` and `--avg-period`). TrainConfig composes every registered strategy's keys
+  (`options`): a strategy's parameter needs no edit to config.py. A parameter's value check
+  lives in its `__post_init__` (BadInput naming the flag); `servers` (a property, default 0) is
+  how many ranks only serve.
 * the layout: W workers need W + servers processes; ranks 0..servers-1 serve, rank r >= servers
   computes on shard r - servers (Spec.processes, compute_ranks, shard).
 * capabilities: `fast_step` (the strategy implements gated_step, fast.py) and `rounds` (it
@@ -19,10 +22,12 @@ An Entry holds:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from shmlearn.errors import BadInput
+from shmlearn.flags import Option, options_of
 
 
 @dataclass(frozen=True)
@@ -95,12 +100,20 @@ class Entry:
         return self.variants if self.variants is not None else {self.name: {}}
 
     def config_fields(self) -> Dict[str, str]:
-        """{TrainConfig field: parameter} for each parameter."""
+        """{config key: parameter} for each parameter."""
         return {f.metadata["config"]: f.name for f in fields(self.params)}
+
+    def options(self) -> Tuple[Option, ...]:
+        """Its parameters as config options: named by their config keys, typed, documented."""
+        return _entry_options(self.name, self.params)
 
     def params_from(self, values: Mapping[str, Any]) -> Any:
         """The parameters from TrainConfig-named values (a config's dict, an old summary's keys);
-        missing ones take their defaults. BadInput if a value is out of range."""
+        missing ones take their defaults. BadInput if a value is out of range or not one of a
+        Literal's choices."""
+        for o in self.options():
+            if o.name in values:
+                o.check(values[o.name])
         return self.params(**{p: values[c] for c, p in self.config_fields().items() if c in values})
 
     def params_of(self, d: Mapping[str, Any]) -> Any:
@@ -167,10 +180,23 @@ class Spec:
 _ENTRIES: Dict[str, Entry] = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _entry_options(name: str, params: type) -> Tuple[Option, ...]:
+    # Cached: TrainConfig asks on every keyword it is given, and the help is read from source.
+    return tuple(options_of(params, names={f.name: f.metadata["config"] for f in fields(params)},
+                            strategies=(name,)))
+
+
 def register(entry: Entry) -> Entry:
     for f in fields(entry.params):
         if "config" not in f.metadata:
-            raise TypeError(f"{entry.name}: parameter {f.name} names no TrainConfig field (metadata 'config')")
+            raise TypeError(f"{entry.name}: parameter {f.name} names no config key (declare it with param)")
+    for o in entry.options():  # a key two strategies share is one flag: one type, one default
+        for name, other in entries().items():
+            theirs = {x.name: x for x in other.options()}.get(o.name)
+            if name != entry.name and theirs is not None and (theirs.type, theirs.default) != (o.type, o.default):
+                raise TypeError(f"{entry.name}: parameter {o.name} ({o.type}, default {o.default!r}) differs "
+                                f"from {name}'s ({theirs.type}, default {theirs.default!r})")
     _ENTRIES[entry.name] = entry
     return entry
 
@@ -200,22 +226,31 @@ def get(name: str, flag: str = "--strategy") -> Entry:
     return e
 
 
+def options() -> Dict[str, Option]:
+    """Every registered strategy's parameters by config key, in registration order; a key two
+    strategies share is one option naming both (TrainConfig composes these: config.options)."""
+    out: Dict[str, Option] = {}
+    for e in entries().values():
+        for o in e.options():
+            prev = out.get(o.name)
+            out[o.name] = o if prev is None else dataclasses.replace(prev, strategies=prev.strategies + (e.name,))
+    return out
+
+
 def spec(cfg) -> Spec:
     """The strategy a TrainConfig chose, with its parameters; BadInput (one line) for an unknown
-    strategy, a parameter out of range, or another strategy's flag."""
+    strategy, a parameter out of range or not one of its choices, or another strategy's flag."""
     entry = get(cfg.strategy)
-    values = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}
+    values = cfg.strategy_options  # {config key: value} of every strategy's parameters the config sets
     mine = entry.config_fields()
-    for other in entries().values():
-        for c, p in other.config_fields().items():
-            if c in mine or c not in values:
-                continue
-            default = getattr(other.params(), p)
-            if values[c] != default:
-                flag = "--" + c.replace("_", "-")
-                takers = [e.name for e in entries().values() if c in e.config_fields()]
-                given = flag if values[c] is True else f"{flag} {values[c]}"
-                raise BadInput(f"{given}: only for --strategy {' or '.join(takers)}, not {cfg.strategy}")
+    known = options()
+    for c, v in values.items():
+        o = known.get(c)
+        if o is None:  # its strategy left the registry after the config was made
+            raise BadInput(f"--{c.replace('_', '-')}: no registered strategy takes it")
+        if c not in mine and v != o.default:
+            given = o.flag if v is True else f"{o.flag} {v}"
+            raise BadInput(f"{given}: only for --strategy {' or '.join(o.strategies)}, not {cfg.strategy}")
     entry.check(cfg)
     return entry.spec(entry.params_from(values))
 
@@ -248,5 +283,7 @@ def with_servers(entry: Entry, params, servers: int):
 
 
 def param(config: str, default) -> Any:
-    """A parameter field, set by TrainConfig's field `config` (its doc: the docstring under it)."""
+    """A parameter field, set by the config key `config` (YAML's `config:`, the flag
+    --config-with-dashes, TrainConfig(config=...)); its type and choices: the field's annotation,
+    its --help: the docstring under it."""
     return field(default=default, metadata={"config": config})

@@ -103,10 +103,34 @@ def test_toy_strategy_in_one_file_trains_reports_and_equals_allreduce(tmp_path, 
     assert "allreduce-half" in html.read_text()
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "a strategy's parameter is set by a TrainConfig field (registry.param's metadata 'config'), and "
-    "TrainConfig is a fixed dataclass (shmlearn/config.py, class TrainConfig): a new parameter needs a "
-    "field there, and with it --help and the sweep's flags; no strategy-owned config section yet"))
 def test_toy_strategy_parameter_through_the_config(toy):
     cfg = TrainConfig(strategy="allreduce-half", allreduce_pieces=3)
     assert registry.spec(cfg).params.pieces == 3
+
+
+def test_toy_strategy_parameter_is_a_flag_a_yaml_key_and_a_sweep_axis(toy, tmp_path):
+    """The toy's one declaration (param("allreduce_pieces", 2), its type and docstring) is all
+    the config, the train and sweep flags, --help, config.yaml and the refusals read."""
+    from shmlearn.cli import build_parser, config_from_args
+    from shmlearn.config import load_yaml, save_yaml, validate
+    from shmlearn.errors import BadInput
+    from shmlearn.sweep_grid import split_axes
+    parser = build_parser()
+    cfg = config_from_args(parser.parse_args(["train", "--strategy", "allreduce-half", "--allreduce-pieces", "3"]))
+    assert cfg.allreduce_pieces == 3 and registry.spec(cfg).flags() == "--strategy allreduce-half --allreduce-pieces 3"
+    train_p = parser._subparsers._group_actions[0].choices["train"]
+    group = next(g for g in train_p._action_groups if g.title == "--strategy allreduce-half")
+    (action,) = [a for a in group._group_actions if a.dest == "allreduce_pieces"]
+    assert action.type is int and "All-reduces per step" in action.help and "[default: 2]" in action.help
+    # config.yaml: the key beside the others, read back the same
+    save_yaml(cfg, str(tmp_path / "config.yaml"))
+    saved = load_yaml(str(tmp_path / "config.yaml"))
+    assert saved["allreduce_pieces"] == 3 and TrainConfig.from_dict(saved) == cfg
+    # the sweep: an axis of whole numbers
+    fixed, axes = split_axes({"strategy": "allreduce-half", "allreduce_pieces": "2:4"})
+    assert axes == {"allreduce_pieces": [2, 3, 4]}
+    # its own range check, and no other strategy takes it
+    with pytest.raises(BadInput, match="^--allreduce-pieces 0: expected"):
+        validate(TrainConfig(strategy="allreduce-half", allreduce_pieces=0))
+    with pytest.raises(BadInput, match="^--allreduce-pieces 3: only for --strategy allreduce-half, not allreduce$"):
+        validate(TrainConfig(allreduce_pieces=3))
