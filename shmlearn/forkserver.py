@@ -26,6 +26,7 @@ What stays as a spawned worker had it:
 """
 from __future__ import annotations
 
+import atexit
 import multiprocessing as mp
 import os
 import signal
@@ -66,7 +67,21 @@ def start() -> bool:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _started_env = _import_env()
+    atexit.register(_stop)  # before any pool's close (registered later, so run first)
     return True
+
+
+def _stop() -> None:
+    """At exit, end the forkserver now, not when its imports end: a command refused after start()
+    (a bad flag, found once torch is imported) would leave it holding the terminal's or a pipe's
+    stdout for seconds (`shmlearn train ... | tail` waits for it). The pools are closed by then."""
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public handle on it
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
 
 
 def _cuda_initialized() -> bool:

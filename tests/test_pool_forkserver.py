@@ -128,3 +128,19 @@ def test_the_program_starts_it_early_for_a_local_cpu_train_only(monkeypatch, arg
     monkeypatch.setenv("WORLD_SIZE", "2")
     cli.prestart(argv)
     assert not calls
+
+
+def test_a_command_that_ends_before_the_forkserver_imported_does_not_leave_it_holding_its_pipes():
+    """A refusal found after start() (a bad flag, once torch is imported): the forkserver is ended
+    at exit, not left importing torch for seconds with the command's stdout (`| tail` waited)."""
+    script = ("from multiprocessing import forkserver as f; from shmlearn import forkserver; forkserver.start(); "
+              "print(f._forkserver._forkserver_pid, flush=True)")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    pid = int(p.stdout.readline())
+    assert p.wait(timeout=60) == 0
+    t_end = time.monotonic() + 1.0  # its imports of torch and torch._dynamo take several seconds
+    while _alive(pid) and time.monotonic() < t_end:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert p.stdout.read() == ""  # and the pipe is closed: read() returned
