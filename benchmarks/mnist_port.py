@@ -174,6 +174,7 @@ def main(argv=None) -> int:
             doc["runs"].append(dict(name="refusal" + suffix, **timed(
                 sh + ["--dataset", "fashion-mnist", "--data-dir", "/nonexistent"], work, env_)))
             print(doc["runs"][-2:], flush=True)
+    doc["loadavg_end"] = list(os.getloadavg())  # beside environment()'s loadavg_start: the load it ran under
     names = sorted({r["name"] for r in doc["runs"]})
     doc["median_s"] = {n: statistics.median(r["wall_s"] for r in doc["runs"] if r["name"] == n) for n in names}
     doc["range_s"] = {n: [f(r["wall_s"] for r in doc["runs"] if r["name"] == n) for f in (min, max)] for n in names}

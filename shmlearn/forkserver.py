@@ -5,7 +5,7 @@ Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the fi
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
 paid both while the owner imported torch for itself: on a 2-core machine three processes shared
 the cores before the first step (issue 41; measured in docs/performance.md). `start()`, called by
-the program before it imports torch (cli.main), forks multiprocessing's forkserver, which imports
+the program before it imports torch (cli.main), starts multiprocessing's forkserver, which imports
 THIRD_PARTY while the owner does its own imports and checks; a CPU pool's workers are then forks
 of it. Only the program starts one: it lives as long as its owner, and a long-lived owner (a
 notebook, pytest) would keep torch's import-time state of its start for every later pool.
@@ -67,7 +67,7 @@ def start() -> bool:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _started_env = _import_env()
-    atexit.register(_stop)  # before any pool's close (registered later, so run first)
+    atexit.register(_stop)  # before any pool registers its close, so that runs first
     return True
 
 

@@ -38,7 +38,6 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
         os._exit(1)
 
 
-
 def die_with_owner(owner_pid: int) -> None:
     """die_with_parent for a process that `owner_pid` started, directly (spawn) or through the
     forkserver (forkserver.py), whose fork has the forkserver as its parent and so cannot name its
@@ -75,6 +74,7 @@ def _alive(pid: int) -> bool:
     except PermissionError:
         pass
     return True
+
 
 @dataclass(frozen=True)
 class DistEnv:

@@ -157,12 +157,13 @@ class Pool:
         from multiprocessing import resource_tracker
         resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         try:
             p.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
-        w = _Worker(slot, p, parent)
+        w = _Worker(slot, p, parent, t_spawn=t0)
         self.workers[slot] = w
         self.started_workers += 1
         return w
