@@ -3,6 +3,7 @@ against its shmlearn port, in one run (issue 41, acceptance 4); and how fast a s
 and a bad flag is refused.
 
     PYTHONPATH=. python benchmarks/mnist_port.py --out mnist-port.json [--epochs 1] [--repeats 1]
+        [--skip-epochs] [--before OTHER_CHECKOUT]
 
 Rows (wall seconds from starting the command to its exit, as a user waits for it):
   ddp        the recipe as a DDP script (torch.multiprocessing, Gloo, DistributedSampler, batch 32
@@ -13,6 +14,8 @@ Rows (wall seconds from starting the command to its exit, as a user waits for it
              2 workers, allreduce, `--epochs`, default evaluation.
   ten-steps  `shmlearn train --workers 2` on digits, 10 steps.
   refusal    `shmlearn train --dataset fashion-mnist --data-dir /nonexistent` (exit 2 expected).
+  ten-steps-before, refusal-before  (--before DIR) the same two with the shmlearn of another
+             checkout (the code before a change), each run right after its "after" twin.
 The DDP and shmlearn runs alternate when --repeats > 1, so a drift in the machine's speed
 bends both. The JSON has the machine, torch, the date, each run's seconds and the medians.
 """
@@ -138,6 +141,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="DDP and shmlearn runs, alternating")
     ap.add_argument("--short-repeats", type=int, default=3, help="ten-steps and refusal runs")
     ap.add_argument("--skip-epochs", action="store_true", help="only the ten-step run and the refusal")
+    ap.add_argument("--before", metavar="DIR", help="also time the short rows with the shmlearn of this checkout")
     ap.add_argument("--out", default="mnist-port.json")
     a = ap.parse_args(argv)
     from shmlearn.bench.common import environment
@@ -158,20 +162,27 @@ def main(argv=None) -> int:
                          "--no-progress", "--out", os.path.join(work, f"run-{i}"), *RECIPE])
             doc["runs"].append(dict(name=name, **timed(cmd, work, env)))
             print(doc["runs"][-1], flush=True)
+    checkouts = [("", env)]
+    if a.before:
+        doc["before"] = os.path.abspath(a.before)
+        checkouts.append(("-before", dict(env, PYTHONPATH=doc["before"])))
     for i in range(a.short_repeats):
-        doc["runs"].append(dict(name="ten-steps", **timed(sh + ["--workers", "2", "--samples", str(10 * 2 * 32),
-                                                                 "--no-progress", "--out", os.path.join(work, f"ten-{i}")],
-                                                          work, env)))
-        doc["runs"].append(dict(name="refusal", **timed(sh + ["--dataset", "fashion-mnist", "--data-dir",
-                                                               "/nonexistent"], work, env)))
-        print(doc["runs"][-2:], flush=True)
+        for suffix, env_ in checkouts:
+            doc["runs"].append(dict(name="ten-steps" + suffix, **timed(
+                sh + ["--workers", "2", "--samples", str(10 * 2 * 32), "--no-progress",
+                      "--out", os.path.join(work, f"ten{suffix}-{i}")], work, env_)))
+            doc["runs"].append(dict(name="refusal" + suffix, **timed(
+                sh + ["--dataset", "fashion-mnist", "--data-dir", "/nonexistent"], work, env_)))
+            print(doc["runs"][-2:], flush=True)
+    doc["loadavg_end"] = list(os.getloadavg())  # beside environment()'s loadavg_start: the load it ran under
     names = sorted({r["name"] for r in doc["runs"]})
     doc["median_s"] = {n: statistics.median(r["wall_s"] for r in doc["runs"] if r["name"] == n) for n in names}
+    doc["range_s"] = {n: [f(r["wall_s"] for r in doc["runs"] if r["name"] == n) for f in (min, max)] for n in names}
     if "ddp" in doc["median_s"]:
         doc["shmlearn_over_ddp"] = round(doc["median_s"]["shmlearn"] / doc["median_s"]["ddp"], 3)
     with open(a.out, "w") as f:
         json.dump(doc, f, indent=1)
-    print(json.dumps({k: doc[k] for k in ("median_s", "shmlearn_over_ddp") if k in doc}))
+    print(json.dumps({k: doc[k] for k in ("median_s", "range_s", "shmlearn_over_ddp") if k in doc}))
     return 0
 
 

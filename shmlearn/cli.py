@@ -27,6 +27,7 @@ from typing import Dict, List, Optional
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+from shmlearn import forkserver
 from shmlearn.flags import choice_error, help_group
 from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
@@ -184,12 +185,27 @@ def precheck(argv: List[str]) -> None:
                     check_present(name, data_dir)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def prestart(argv: List[str]) -> None:
+    """Start the forkserver a local CPU `train`'s workers fork from (forkserver.py), before this
+    process imports torch, so that both import at once. Not for --workers 1 (it runs here), nor
+    under a launcher, nor where a GPU may be used (GPU pools spawn: it would import for nothing)."""
+    if not argv or argv[0] != "train" or "-h" in argv or "--help" in argv or detect_env() is not None:
+        return
+    given = _flag_values(argv[1:], ("--workers", "--device"))
+    gpu = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")  # NVIDIA or ROCm driver
+    if given.get("--workers") != "1" and (given.get("--device") == "cpu" or not gpu):
+        forkserver.start()
+
+
+def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> int:
+    """early_workers: the program's own run (entry), which may start the forkserver (prestart)."""
     try:
         precheck(sys.argv[1:] if argv is None else argv)
     except BadInput as e:
         print(f"shmlearn: error: {e}", file=sys.stderr)
         return e.exit_code
+    if early_workers:
+        prestart(sys.argv[1:] if argv is None else argv)
     ns = build_parser().parse_args(argv)
     try:
         return ns.func(ns)
@@ -209,7 +225,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 def entry() -> None:
     """The `shmlearn` program (console script and `python -m shmlearn`)."""
-    code = main()
+    code = main(early_workers=True)
     if detect_env() is not None:
         # A rank of torchrun, mpirun or srun leaves at once, as locally spawned workers do
         # (launch._child): its files are written, and the interpreter's exit-time teardown of

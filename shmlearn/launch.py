@@ -38,6 +38,44 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
         os._exit(1)
 
 
+def die_with_owner(owner_pid: int) -> None:
+    """die_with_parent for a process that `owner_pid` started, directly (spawn) or through the
+    forkserver (forkserver.py), whose fork has the forkserver as its parent and so cannot name its
+    owner to PR_SET_PDEATHSIG: a daemon thread waits on the owner's pidfd and SIGKILLs this
+    process when the owner ends. Leaves at once if the owner is already gone."""
+    if os.getppid() == owner_pid:
+        die_with_parent(owner_pid)
+        return
+    import select
+    import signal
+    import threading
+    try:
+        fd = os.pidfd_open(owner_pid)
+    except ProcessLookupError:
+        os._exit(1)
+    except (AttributeError, OSError):  # no pidfd (not Linux, or before 5.3): ask once a second
+        fd = None
+
+    def watch() -> None:
+        if fd is not None:
+            select.select([fd], [], [])  # readable when the owner has exited
+        else:
+            while _alive(owner_pid):
+                select.select([], [], [], 1.0)
+        os.kill(os.getpid(), signal.SIGKILL)
+    threading.Thread(target=watch, name="shmlearn-owner-watch", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
 @dataclass(frozen=True)
 class DistEnv:
     """Where this process sits in the job."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 import atexit
 import datetime
 import itertools
-import multiprocessing as mp
 import os
 import signal
 import time
@@ -33,7 +32,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from shmlearn import listen
+from shmlearn import forkserver, listen
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 # describe and worker_store are imported from here by train.py and the tests (the worker side moved)
 from shmlearn.pool_worker import LEAVE, Task, _worker_main, describe, worker_store  # noqa: F401
@@ -124,7 +123,6 @@ class Pool:
         self.cuda = cuda
         self.init = init
         self.grace = (quick_grace_s, grace_s)
-        self.ctx = mp.get_context("spawn")
         # On loopback only (torch's own store would listen on every interface): listen.py
         self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
         self.workers: Dict[int, _Worker] = {}
@@ -144,25 +142,28 @@ class Pool:
 
     # -- workers --------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> _Worker:
-        parent, child = self.ctx.Pipe(duplex=True)
-        p = self.ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
-                             args=(slot, child, os.getpid(), self.store.port, self.init),
-                             daemon=False)
+        ctx = forkserver.context(self.cuda)
+        parent, child = ctx.Pipe(duplex=True)
+        p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
+                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ)),
+                        daemon=False)
         # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
         # interpreter's start and imports stays pending until _worker_main ignores it, instead of
         # a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
         # multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT
         # blocked and then UNBLOCKS it, which would undo our block for that first worker: start
-        # the tracker first, so that p.start finds it running.
+        # the tracker first, so that p.start finds it running. A fork of the forkserver has the
+        # forkserver's mask, blocked as well (forkserver.start); p.start waits for its imports.
         from multiprocessing import resource_tracker
         resource_tracker.ensure_running()
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         try:
             p.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()
-        w = _Worker(slot, p, parent)
+        w = _Worker(slot, p, parent, t_spawn=t0)
         self.workers[slot] = w
         self.started_workers += 1
         return w

@@ -19,10 +19,11 @@ from typing import Callable, Dict, Optional, Tuple
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, Diverged
-from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_parent
+from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_owner
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
-"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group)."""
+"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group); a
+fork of the forkserver finds the first two imported (forkserver.THIRD_PARTY)."""
 
 
 @dataclass(frozen=True)
@@ -58,13 +59,19 @@ def worker_store():
     return _store
 
 
-def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init) -> None:
+def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str]) -> None:
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
-    # unblocked (Pool._spawn started this process with it blocked: one pending is dropped).
+    # unblocked (Pool._spawn, or the forkserver, started this process with it blocked: one
+    # pending is dropped).
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
-    die_with_parent(parent_pid)
+    die_with_owner(parent_pid)
+    if os.getppid() != parent_pid:  # a fork of the forkserver (forkserver.py): be what a spawn is
+        os.environ.clear()
+        os.environ.update(environ)  # the owner's now, not the forkserver's at its start
+        if "numpy" in sys.modules:  # forks share the forkserver's seed; a spawned one drew its own
+            sys.modules["numpy"].random.seed()
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()

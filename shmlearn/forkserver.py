@@ -1,0 +1,98 @@
+"""How a pool starts its workers: spawned fresh, or forked from a forkserver that has imported
+torch once (the `shmlearn` program's CPU runs).
+
+Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
+process builds imports the latter anyway: launch.import_before_group), and each spawned worker
+paid both while the owner imported torch for itself: on a 2-core machine three processes shared
+the cores before the first step (issue 41; measured in docs/performance.md). `start()`, called by
+the program before it imports torch (cli.main), starts multiprocessing's forkserver, which imports
+THIRD_PARTY while the owner does its own imports and checks; a CPU pool's workers are then forks
+of it. Only the program starts one: it lives as long as its owner, and a long-lived owner (a
+notebook, pytest) would keep torch's import-time state of its start for every later pool.
+
+What stays as a spawned worker had it:
+* only third-party modules are preloaded: shmlearn's own modules, the user's script (__main__)
+  and the user's parts (pickled, parts.py) are imported in each worker, as before; a strategy
+  file added after the forkserver started is found (tests/sync/test_new_strategy.py).
+* CUDA: importing torch does not initialize it, and the forkserver runs nothing else; GPU pools,
+  and any pool once this process has initialized CUDA, spawn as before.
+* the environment: a worker takes its owner's os.environ at its start (pool_worker); what
+  torch reads while it imports comes from the forkserver's start, so where such a variable
+  (IMPORT_ENV) changed since, the pool spawns.
+* Ctrl-C: the forkserver starts with SIGINT blocked, so its forks start with it blocked, as
+  Pool._spawn's spawned children do; the worker ignores it and unblocks it (pool_worker).
+* dying with the owner: a fork's parent is the forkserver, so PR_SET_PDEATHSIG cannot name the
+  owner: launch.die_with_owner watches the owner's pidfd instead.
+"""
+from __future__ import annotations
+
+import atexit
+import multiprocessing as mp
+import os
+import signal
+import sys
+from typing import Dict, Optional
+
+THIRD_PARTY = ("torch", "torch._dynamo")
+"""What the forkserver imports: third-party only, never shmlearn (see the docstring)."""
+
+IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "CUDA", "NCCL", "TRITON",
+              "LD_", "PYTHON")
+"""Prefixes of variables torch, its libraries or the interpreter may read while importing."""
+
+_started_env: Optional[Dict[str, str]] = None
+"""Those variables as they were when start() started the forkserver; None: not started here."""
+
+
+def _import_env() -> Dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV)}
+
+
+def start() -> bool:
+    """Start the forkserver now; it imports THIRD_PARTY in the background. False where this
+    platform has none. Idempotent (multiprocessing restarts a forkserver that died)."""
+    global _started_env
+    if _started_env is not None:
+        return True
+    if "forkserver" not in mp.get_all_start_methods():
+        return False
+    from multiprocessing import forkserver, resource_tracker
+    # The tracker first: starting it unblocks SIGINT afterwards (see Pool._spawn), which would
+    # undo the block below if the forkserver started it.
+    resource_tracker.ensure_running()
+    forkserver.set_forkserver_preload(list(THIRD_PARTY))
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        forkserver.ensure_running()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    _started_env = _import_env()
+    atexit.register(_stop)  # before any pool registers its close, so that runs first
+    return True
+
+
+def _stop() -> None:
+    """At exit, end the forkserver now, not when its imports end: a command refused after start()
+    (a bad flag, found once torch is imported) would leave it holding the terminal's or a pipe's
+    stdout for seconds (`shmlearn train ... | tail` waits for it). The pools are closed by then."""
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public handle on it
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def context(cuda: bool):
+    """The multiprocessing context a pool starts a worker with: the forkserver start() started,
+    for a CPU pool of a process without CUDA whose import-time environment is unchanged; else
+    spawn."""
+    if _started_env is None or cuda or _cuda_initialized() or _import_env() != _started_env:
+        return mp.get_context("spawn")
+    return mp.get_context("forkserver")

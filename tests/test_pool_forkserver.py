@@ -1,0 +1,146 @@
+"""The program's CPU workers fork from a forkserver that imported torch once (shmlearn/forkserver.py,
+issue 41's start-up), and are still what a spawned worker was: the owner's environment, Ctrl-C
+ignored, a seed of their own, dead with their owner; GPU pools and CUDA keep spawn."""
+import json
+import multiprocessing as mp
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from shmlearn import cli, forkserver
+
+PROBE = r"""
+import json, os, signal, sys, time
+from shmlearn import forkserver
+from shmlearn.pool import Pool
+
+
+def probe(env):
+    import numpy
+    return {"pid": os.getpid(), "ppid": os.getppid(), "var": os.environ.get("SHMLEARN_TEST_VAR"),
+            "sigint": signal.getsignal(signal.SIGINT) == signal.SIG_IGN,
+            "blocked": signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []),
+            "seed": int(numpy.random.randint(1 << 30)), "parent_blocks_sigint": _blocks_sigint(os.getppid())}
+
+
+def _blocks_sigint(pid):  # what a fork of it starts with
+    with open(f"/proc/{pid}/status") as f:
+        blk = next(line for line in f if line.startswith("SigBlk:"))
+    return bool(int(blk.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+
+
+def sleep(env):
+    import time
+    time.sleep(600)
+
+
+if __name__ == "__main__":
+    assert forkserver.start()
+    os.environ["SHMLEARN_TEST_VAR"] = "set after the forkserver started"
+    pool = Pool(2)
+    seen = pool.run(probe, slots=[0, 1], backend=None)
+    print(json.dumps({"owner": os.getpid(), "workers": seen}), flush=True)
+    if sys.argv[1:] == ["die"]:  # the owner dies while its workers are busy (idle ones see the pipe close)
+        pool.start(sleep, slots=[0, 1], backend=None)
+        time.sleep(1)
+        os.kill(os.getpid(), signal.SIGKILL)
+    pool.close()
+"""
+
+
+@pytest.fixture
+def probe(tmp_path):
+    path = tmp_path / "probe_fs.py"
+    path.write_text(PROBE)
+    return path
+
+
+def _run(path, *args, **kw):
+    return subprocess.Popen([sys.executable, str(path), *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)), **kw)
+
+
+def test_forked_workers_are_what_spawned_ones_were(probe):
+    p = _run(probe)
+    out, err = p.communicate(timeout=300)
+    assert p.returncode == 0, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    w = seen["workers"]
+    assert all(x["ppid"] != seen["owner"] for x in w)  # forks of the forkserver, not spawned by the owner
+    assert w[0]["ppid"] == w[1]["ppid"]
+    assert all(x["var"] == "set after the forkserver started" for x in w)  # the owner's environment
+    assert all(x["parent_blocks_sigint"] for x in w)  # so a fork starts with Ctrl-C blocked
+    assert all(x["sigint"] and not x["blocked"] for x in w)  # then ignored, as _worker_main sets
+    assert w[0]["seed"] != w[1]["seed"]  # numpy's global seed drawn in each, as a spawn does
+    assert "Traceback" not in err, err
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_forked_workers_die_with_their_owner(probe):
+    """Their parent is the forkserver, so PR_SET_PDEATHSIG cannot name the owner: the pidfd watch does."""
+    p = _run(probe, "die")
+    pids = [x["pid"] for x in json.loads(p.stdout.readline())["workers"]]
+    try:
+        assert p.wait(timeout=300) == -9
+        t_end = time.monotonic() + 30
+        while any(_alive(x) for x in pids) and time.monotonic() < t_end:
+            time.sleep(0.2)
+        assert not any(_alive(x) for x in pids)
+    finally:
+        for x in filter(_alive, pids):  # the orphans of a failure
+            os.kill(x, 9)
+
+
+def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_environment(monkeypatch):
+    monkeypatch.setattr(forkserver, "_started_env", None)
+    assert forkserver.context(False) is mp.get_context("spawn")  # not started: spawn, as before
+    monkeypatch.setattr(forkserver, "_started_env", forkserver._import_env())
+    assert forkserver.context(False) is mp.get_context("forkserver")
+    assert forkserver.context(True) is mp.get_context("spawn")  # a GPU pool
+    monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: True)
+    assert forkserver.context(False) is mp.get_context("spawn")  # CUDA initialized in the owner
+    monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: False)
+    monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1" if os.environ.get("TORCH_SHOW_CPP_STACKTRACES") != "1" else "0")
+    assert forkserver.context(False) is mp.get_context("spawn")  # torch would have imported otherwise
+
+
+@pytest.mark.parametrize("argv,started", [
+    (["train", "--workers", "2"], True), (["train"], True), (["train", "--workers", "1"], False),
+    (["train", "--help"], False), (["sweep", "--workers", "2"], False), (["train", "--device", "cpu"], True)])
+def test_the_program_starts_it_early_for_a_local_cpu_train_only(monkeypatch, argv, started):
+    calls = []
+    monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
+    monkeypatch.setattr(os.path, "exists", lambda p: False)  # no GPU driver
+    cli.prestart(argv)
+    assert bool(calls) == started
+    calls.clear()
+    monkeypatch.setenv("RANK", "0")  # under torchrun: this process is a rank, no pool
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    cli.prestart(argv)
+    assert not calls
+
+
+def test_a_command_that_ends_before_the_forkserver_imported_does_not_leave_it_holding_its_pipes():
+    """A refusal found after start() (a bad flag, once torch is imported): the forkserver is ended
+    at exit, not left importing torch for seconds with the command's stdout (`| tail` waited)."""
+    script = ("from multiprocessing import forkserver as f; from shmlearn import forkserver; forkserver.start(); "
+              "print(f._forkserver._forkserver_pid, flush=True)")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    pid = int(p.stdout.readline())
+    assert p.wait(timeout=60) == 0
+    t_end = time.monotonic() + 1.0  # its imports of torch and torch._dynamo take several seconds
+    while _alive(pid) and time.monotonic() < t_end:
+        time.sleep(0.05)
+    assert not _alive(pid)
+    assert p.stdout.read() == ""  # and the pipe is closed: read() returned
