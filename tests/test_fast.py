@@ -142,11 +142,23 @@ def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
     assert all(b["time_s"] >= a["time_s"] for a, b in zip(rows, rows[1:]))
 
 
-@pytest.mark.parametrize("strategy,extra", [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"])])
-def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy, extra):
-    out = tmp_path / "run"
-    r = _run(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress", "--workers", "3",
-              "--check-every", "7", "--strategy", strategy, *extra, "--out", str(out)], fault="nan:2:17")
+NAN_CASES = [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"])]
+
+
+@pytest.fixture(scope="module")
+def nan_runs(tmp_path_factory):
+    """The test below's three runs, independent, at once (each 3 workers that mostly wait on
+    each other's start-up and collectives): {strategy: (result, --out)}."""
+    d = tmp_path_factory.mktemp("nan")
+    ran = _runs_together(*[(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress",
+                             "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
+                             "--out", str(d / strategy)], "nan:2:17") for strategy, extra in NAN_CASES])
+    return {strategy: (r, d / strategy) for (strategy, _), r in zip(NAN_CASES, ran)}
+
+
+@pytest.mark.parametrize("strategy,extra", NAN_CASES)
+def test_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy, extra):
+    r, out = nan_runs[strategy]
     assert r.returncode == 3, r.stderr
     s = json.load(open(out / "summary.json"))
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
