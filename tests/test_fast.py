@@ -116,10 +116,18 @@ def _weights(out):
     return ckpt.read_file(os.path.join(ckpt.step_dir(str(out), step), "rank0.ckpt"))["model"]
 
 
+def _runs_together(*calls):
+    """Independent `_run(args, fault)` calls at once, their results in order: a 2-worker run leaves
+    part of two cores idle (Gloo waits, start-up), so together they take less than one after the other."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as ex:
+        return list(ex.map(lambda call: _run(*call), calls))
+
+
 def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
     ref, out = tmp_path / "ref", tmp_path / "run"
-    assert _run(BASE + ["--out", str(ref)]).returncode == 0
-    r = _run(BASE + ["--out", str(out)], fault="kill:1:130")
+    done, r = _runs_together((BASE + ["--out", str(ref)],), (BASE + ["--out", str(out)], "kill:1:130"))
+    assert done.returncode == 0
     assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
     r = _run(BASE + ["--out", str(out), "--resume"])
     assert r.returncode == 0, r.stderr
@@ -134,11 +142,23 @@ def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
     assert all(b["time_s"] >= a["time_s"] for a, b in zip(rows, rows[1:]))
 
 
-@pytest.mark.parametrize("strategy,extra", [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"])])
-def test_nan_on_one_rank_stops_every_rank_at_that_step(tmp_path, strategy, extra):
-    out = tmp_path / "run"
-    r = _run(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress", "--workers", "3",
-              "--check-every", "7", "--strategy", strategy, *extra, "--out", str(out)], fault="nan:2:17")
+NAN_CASES = [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"])]
+
+
+@pytest.fixture(scope="module")
+def nan_runs(tmp_path_factory):
+    """The test below's three runs, independent, at once (each 3 workers that mostly wait on
+    each other's start-up and collectives): {strategy: (result, --out)}."""
+    d = tmp_path_factory.mktemp("nan")
+    ran = _runs_together(*[(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress",
+                             "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
+                             "--out", str(d / strategy)], "nan:2:17") for strategy, extra in NAN_CASES])
+    return {strategy: (r, d / strategy) for (strategy, _), r in zip(NAN_CASES, ran)}
+
+
+@pytest.mark.parametrize("strategy,extra", NAN_CASES)
+def test_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy, extra):
+    r, out = nan_runs[strategy]
     assert r.returncode == 3, r.stderr
     s = json.load(open(out / "summary.json"))
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
@@ -226,11 +246,11 @@ def test_fast_step_does_not_warn_of_a_wrong_scheduler_order(tmp_path):
     """The fused update is a real optimizer step; torch's 'lr_scheduler.step() before
     optimizer.step()' warning would tell users the schedule is off by one, which it is not.
     It showed under ps, where a worker that is not the server never calls optimizer.step()."""
-    for check_every in ("1", "10"):  # the classic step and the fast one
+    modes = ("1", "10")  # the classic step and the fast one, run together
+    ran = _runs_together(*[(["--workers", "2", "--strategy", "ps", "--check-every", check_every, "--samples", "1280",
+                             "--no-progress", "--out", str(tmp_path / f"run{check_every}")],) for check_every in modes])
+    for check_every, r in zip(modes, ran):
         out = tmp_path / f"run{check_every}"
-        r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--strategy", "ps",
-                            "--check-every", check_every, "--samples", "1280", "--no-progress", "--out", str(out)],
-                           capture_output=True, text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         mode = json.loads((out / "summary.json").read_text())["step_mode"]
         assert mode == ("classic" if check_every == "1" else "fast-eager")

@@ -669,11 +669,24 @@ def test_a_random_search_over_fewer_points_than_trials_ends_when_each_was_asked_
     assert sorted(row["config"]["optimizer"] for row in results(tmp_path / "out")) == ["momentum", "sgd"]
 
 
-def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path):
+def _refused_in_process(capfd, *args):
+    """`shmlearn sweep ARGS` as the CLI's main() in this process, fd 1 and 2 read: for the refusals
+    made before any worker starts (a fresh interpreter apiece was ~3 s of two cores)."""
+    from shmlearn.cli import main
+    capfd.readouterr()
+    try:
+        code = main(["sweep", *args])
+    except SystemExit as e:
+        code = e.code
+    return subprocess.CompletedProcess(args, code, *capfd.readouterr())
+
+
+def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path, capfd):
     """Issue 38, 4: a study on a pooled grid sweep's --out rewrote its results.jsonl (8 lines -> 2)
     and took no lock. Now it is refused in one line and the file is kept; a study shares --out's
     lock with its own processes only: a pooled sweep running there keeps it out, and it keeps a
-    pooled sweep out."""
+    pooled sweep out. The refusals run in this process: flock's locks belong to the open file, so
+    the lock held here below keeps this process's own sweep out as it keeps another's."""
     import fcntl
     out = tmp_path / "out"
     grid = sweep(*TINY, "--out", str(out))
@@ -683,13 +696,13 @@ def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path):
     study_args = [*TINY, "--storage", url, "--study", "s", "--out", str(out)]
     with open(out / ".lock", "a+") as held:  # a pooled sweep running there
         fcntl.flock(held, fcntl.LOCK_EX)
-        busy = sweep(*study_args)
+        busy = _refused_in_process(capfd, *study_args)
         fcntl.flock(held, fcntl.LOCK_UN)
         fcntl.flock(held, fcntl.LOCK_SH)  # a study running there
-        pooled = sweep(*TINY, "--out", str(out))
+        pooled = _refused_in_process(capfd, *TINY, "--out", str(out))
     assert busy.returncode == 2 and "a sweep without --storage is running in this directory" in busy.stderr, busy.stderr
     assert pooled.returncode == 2 and "another sweep (or study) is running" in pooled.stderr, pooled.stderr
-    r = sweep(*study_args)
+    r = _refused_in_process(capfd, *study_args)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert f"--out {out}: holds a sweep without --storage (2 results in results.jsonl)" in r.stderr, r.stderr
     assert (out / "results.jsonl").read_bytes() == before
