@@ -12,6 +12,7 @@ import uuid
 import pytest
 import torch
 
+from procs import alive as _alive
 from shmlearn.config import TrainConfig
 from shmlearn.errors import WorkerFailed
 from shmlearn.pool import Pool, using
@@ -191,12 +192,6 @@ def _children(pid):
     return kids
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.mark.parametrize("delay", [0.0, 1.0])

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from procs import alive as _alive
 from shmlearn import cli, forkserver
 
 PROBE = r"""
@@ -78,12 +79,6 @@ def test_forked_workers_are_what_spawned_ones_were(probe):
     assert "Traceback" not in err, err
 
 
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def test_forked_workers_die_with_their_owner(probe):
