@@ -14,6 +14,24 @@ from shmlearn.nn import conv_overlap
 from shmlearn.step.options import combo_kernels
 
 
+def build_failure(e: BaseException) -> Optional[BaseException]:
+    """The compiler's failure to build code in e's chain (Inductor's C++ or CUDA build, as under
+    ATEN_CPU_CAPABILITY=default, where its generated C++ finds no at::vec), else None: that
+    falls back to the eager step; any other error is the step's own and is raised."""
+    from torch._inductor import exc as inductor_exc
+    builds = (inductor_exc.CppCompileError, inductor_exc.CUDACompileError)
+    seen, todo = set(), [e]
+    while todo:
+        x = todo.pop()
+        if x is None or id(x) in seen:
+            continue
+        seen.add(id(x))
+        if isinstance(x, builds):
+            return x
+        todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
+    return None
+
+
 class Compiler:
     """Compiles one rank's step in place: dstep's train_loss (and next_batch) become the compiled
     ones. choice: the KernelChoice (deferred GEMMs, the weight copy; put back if eager wins);
@@ -66,7 +84,8 @@ class Compiler:
                 return dstep.loss(out.float(), y)
         else:
             compiled = torch.compile(dstep.eager_loss, mode=mode, options=options, dynamic=False)
-        times = torch.zeros(2, dtype=torch.float64)  # eager, compiled (auto)
+        times = torch.zeros(3, dtype=torch.float64)  # eager, compiled (auto), ranks whose compile did not build
+        unbuilt: Optional[BaseException] = None
         saved_buffers = [b.clone() for b in self.model.buffers()]
         try:
             if computes:
@@ -99,8 +118,14 @@ class Compiler:
                     sync()
                     return (time.perf_counter() - t0) / n
 
-                self.compile_s = timed(compiled, 1)
-                if self.opts.compile == "auto":
+                try:
+                    self.compile_s = timed(compiled, 1)
+                except Exception as e:  # noqa: BLE001 - only a build failure falls back, the rest is raised
+                    unbuilt = build_failure(e)
+                    if unbuilt is None:
+                        raise
+                    times[2] = 1
+                if unbuilt is None and self.opts.compile == "auto":
                     captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
                                 and not self.strategy.free_running and self.check_every > 1)
                     if captured:
@@ -108,7 +133,7 @@ class Compiler:
                     else:
                         timed(dstep.eager_loss, 2)  # warm (cuDNN autotuning) before timing
                         times[0], times[1] = timed(dstep.eager_loss, 5), timed(compiled, 5)
-            if self.opts.compile == "auto" and self.world_size > 1:
+            if self.world_size > 1:  # every rank keeps the same choice
                 t = times.to(self.device)
                 dist.all_reduce(t)
                 times = t.cpu()
@@ -120,8 +145,14 @@ class Compiler:
                 for b, v in zip(self.model.buffers(), saved_buffers):
                     b.copy_(v)
         choice = self.opts.compile
-        if choice == "auto":
-            eager_s, compiled_s = times.tolist()
+        if times[2] > 0:  # Inductor could not build the step's code (on some rank): eager, as with off
+            choice = "off"
+            self.compile_s = None
+            why = one_line(unbuilt) if unbuilt is not None else f"on {int(times[2])} other rank(s)"
+            self.say(f"--compile {self.opts.compile}: Inductor could not build the step's code on this machine "
+                     f"({why}); the step runs eagerly", join=True)
+        elif choice == "auto":
+            eager_s, compiled_s, _ = times.tolist()
             choice = "default" if compiled_s < eager_s else "off"
             self.say(f"--compile auto: compiled {compiled_s * 1e3:.3f} ms against eager {eager_s * 1e3:.3f} ms a "
                      f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
