@@ -176,21 +176,23 @@ def _r18_diag(folder: str, gpus: str) -> str:
     return " ".join(jobs) + " wait"
 
 
-def _matrix_all(folder: str, gpus: str) -> str:
+def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 6) -> str:
+    """Both matrices at once: w1_per_gpu W=1 shards a GPU, w2_per_pair W=2 shards a pair of GPUs
+    (a cell is mostly start-up and Inductor on the host: 64 cores keep 24 shards busy), merged."""
     n = int(gpus)
     gm = os.path.join(HERE, "gpu_matrix.py")
     jobs, outs = [], {1: [], 2: []}
-    for i in range(2 * n):  # W=1: two shards a GPU
+    for i in range(w1_per_gpu * n):
         out = os.path.join(folder, f"w1-shard{i}.json")
         outs[1].append(out)
-        jobs.append(f"CUDA_VISIBLE_DEVICES={i % n} {sys.executable} {gm} --workers 1 --shard {i}/{2 * n} "
+        jobs.append(f"CUDA_VISIBLE_DEVICES={i % n} {sys.executable} {gm} --workers 1 --shard {i}/{w1_per_gpu * n} "
                     f"--out {out} > {folder}/w1-shard{i}.log 2>&1")
     pairs = [(a, a + 1) for a in range(0, n - 1, 2)]
-    for i in range(4 * len(pairs)):  # W=2: four shards a pair (its cells are the slower, and more)
+    for i in range(w2_per_pair * len(pairs)):  # W=2 cells are the slower, and more
         a, b = pairs[i % len(pairs)]
         out = os.path.join(folder, f"w2-shard{i}.json")
         outs[2].append(out)
-        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{4 * len(pairs)} "
+        jobs.append(f"CUDA_VISIBLE_DEVICES={a},{b} {sys.executable} {gm} --workers 2 --shard {i}/{w2_per_pair * len(pairs)} "
                     f"--out {out} > {folder}/w2-shard{i}.log 2>&1")
     merge = [f"{sys.executable} {gm} --merge {' '.join(outs[w])} --out {folder}/gpu-matrix-w{w}.json | tail -3"
              for w in (1, 2) if outs[w]]
@@ -731,6 +733,20 @@ def part_commands(p: str, workers: str) -> dict:
             ("resnet34", 256, "allreduce,allreduce:no-buckets,allreduce:compile")]), 590),
         "scale-a": (_scale_bench(p("scale-a"), workers, [("alexnet-small", 1024, True), ("alexnet-small", 128, True)]),
                     590),
+        # Issues 37/42: the default (uncompiled, buckets) step of resnet18 and resnet34 at 1, 2, 4 GPUs.
+        "scale-r2": (_scale_bench(p("scale-r2"), workers, [("resnet18", 512, "allreduce"),
+                                                             ("resnet34", 256, "allreduce")]), 590),
+        # Issue 37: cnn's batch x lr table (seed 003 §4: lenet, Adam, 10 epochs) at 2 GPUs, a
+        # 2-worker sweep (two trials side by side on 4 GPUs); then acceptance 2's bare NCCL
+        # all_reduce of alexnet-small's gradient (147,338 fp32 = 576 KiB with the loss) at 2 and 4 GPUs.
+        "cnn-2": (["bash", "-c", shlex.join(_py(
+            *sh, "sweep", "--device", "cuda", "--model", "lenet", "--dataset", "fashion-mnist",
+            "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "2",
+            "--batch-size", "32,64,128", "--lr", "0.01,0.001,0.0001", "--optimizer", "adam",
+            "--lr-schedule", "constant", "--epochs", "10", "--eval-points", "5",
+            "--out", os.path.join(p("cnn-2"), "sweep"))) + "; echo sweep rc=$?; " + shlex.join(_py(
+            *sh, "bench", "comm", "--backend", "nccl", "--workers", "2,4", "--ops", "all_reduce",
+            "--sizes", "512K,576K,1M,4M", "--out", os.path.join(p("cnn-2"), "comm-nccl.json")))], 560),
         # Issue 37: fashion-94 at 2 workers (four settings), cpu-vs-gpu's 2-GPU rows.
         "duo2": (["bash", "-c", _duo2(p("duo2"))], 590),
         # Issue 42 acceptance 2: resnet34 at 1, 2, 4 GPUs (scale-42 ran out of time before it).
