@@ -176,11 +176,12 @@ def _r18_diag(folder: str, gpus: str) -> str:
     return " ".join(jobs) + " wait"
 
 
-def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 6) -> str:
+def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 6, only: str = "") -> str:
     """Both matrices at once: w1_per_gpu W=1 shards a GPU, w2_per_pair W=2 shards a pair of GPUs
-    (a cell is mostly start-up and Inductor on the host: 64 cores keep 24 shards busy), merged."""
+    (a cell is mostly start-up and Inductor on the host: 64 cores keep 24 shards busy), merged;
+    only: the cells whose name contains it (gpu_matrix.py --only)."""
     n = int(gpus)
-    gm = os.path.join(HERE, "gpu_matrix.py")
+    gm = os.path.join(HERE, "gpu_matrix.py") + (f" --only {shlex.quote(only)}" if only else "")
     jobs, outs = [], {1: [], 2: []}
     for i in range(w1_per_gpu * n):
         out = os.path.join(folder, f"w1-shard{i}.json")
@@ -716,6 +717,10 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
         # W=2: two shards a pair of GPUs), then merged.
         "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
+        # Issue 38: the matrix's --compile cells (29 of 160) at 1 and 2 workers, after the compile's
+        # eager fallback (a lease of 2 GPUs has no room for the whole matrix beside the benches).
+        "matrix-c": (["bash", "-c", _matrix_all(p("matrix-c"), big, w1_per_gpu=2, w2_per_pair=6, only="compile")],
+                     590),
         # Issue 37: a default GPU sweep at workers 1,2 over every GPU (1-worker trials side by side).
         "sweep-37": (["bash", "-c", shlex.join(_py(
             "-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset", "fashion-mnist",
