@@ -3,6 +3,7 @@ import os
 
 import torch
 
+from inductor import ran_eagerly
 from shmlearn.train import _set_determinism
 
 
@@ -39,10 +40,15 @@ def test_a_dedicated_servers_summary_tells_how_its_workers_stepped(tmp_path):
                                      eval_points=1, progress=False, out=str(tmp_path / "psd")))
     s = res.summary
     assert s["status"] == "completed" and s["processes"] == 3 and s["workers"] == 2
+    assert s["step_mode"] == "fast-eager"
+    if ran_eagerly(s["step_note"]):  # Inductor cannot build here (tests/inductor.py): every rank ran eagerly,
+        # and the note is still a worker's: the server's says its step was not built "on 2 other rank(s)"
+        assert s["compile"] == "off" and s["compile_s"] is None and s["compile_read"] is False
+        assert "could not build the step's code on this machine (CppCompileError: " in s["step_note"], s["step_note"]
+        return
     assert s["compile"] == "default"
     assert s["compile_s"] is not None and s["compile_s"] > 0
     assert s["compile_read"] is True
-    assert s["step_mode"] == "fast-eager"
 
 
 def test_two_runs_started_in_the_same_second_get_their_own_run_directories(tmp_path, monkeypatch):

@@ -51,6 +51,7 @@ def collection_finished(items):
 def interpreted_together(test):
     """As `interpreted`, in one process with its module's other such tests."""
     import functools
+    import inspect
     import os
 
     @functools.wraps(test)
@@ -59,7 +60,7 @@ def interpreted_together(test):
         if os.environ.get("TRITON_INTERPRET") == "1":
             return test(*args, **kwargs)
         node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
-        here = os.path.abspath(test.__code__.co_filename)
+        here = os.path.abspath(inspect.unwrap(test).__code__.co_filename)  # under tests/inductor.py's wrapper too
         if here not in _outcomes:
             _outcomes[here] = _run_interpreted(_selected.get(here) or [node])
         outcomes = _outcomes[here]

@@ -15,7 +15,9 @@ import torch
 from shmlearn.bench.common import rank_device, stats, sync
 from shmlearn.bench.throughput_runners import _build, _model, _sgd
 from shmlearn.bench.throughput_variants import ThroughputConfig, _skipped, _variants
+from shmlearn.errors import one_line
 from shmlearn.limits import rank_threads
+from shmlearn.step.compile import build_failure
 from shmlearn.sync import build_strategy, registry
 
 def _worker(env, cfg: dict):
@@ -129,6 +131,9 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             live.append((row, runner, n, []))
         except Exception as e:  # noqa: BLE001 - one variant failing must not lose the rest
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+            built = build_failure(e)
+            if built is not None and built is not e:  # Dynamo's first line names no cause
+                row["error"] += f" {one_line(built)}"
             if world > 1:
                 raise  # the other ranks would wait in a collective
     for _ in range(c.repeats):

@@ -94,13 +94,24 @@ def test_graph_and_compile_baselines_and_compiled_step_on_cpu(tmp_path, capsys):
     rows = {r["variant"]: r for r in json.loads(out.read_text())["results"]}
     assert list(rows) == ["plain", "graph", "compile", "compile-max", "allreduce", "allreduce:compile"]
     assert "CUDA only" in rows["graph"]["skipped"] and "samples_per_s" not in rows["graph"]
-    for v in ("compile", "compile-max"):
-        r = rows[v]
-        assert r["mode"] == "compiled" and r["compile_mode"] == "default" and "mode default" in r["note"], r
-    assert rows["compile"]["setup_s"] > 0.5  # Inductor compiled forward and backward before the clock
-    assert rows["allreduce:compile"]["compile"] == "default" and rows["allreduce:compile"]["compile_s"] >= 0
+    if "error" in rows["compile"]:  # only where Inductor cannot build its C++ (tests/inductor.py): both rows say
+        # so, and shmlearn's :compile step runs eagerly, saying why
+        for v in ("compile", "compile-max"):
+            assert rows[v]["error"] == ("BackendCompilerFailed: backend='inductor' raised: "
+                                        "CppCompileError: C++ compile error"), rows[v]
+        r = rows["allreduce:compile"]
+        assert r["compile"] == "off" and r["compile_s"] is None
+        assert r["note"] == ("--compile default: Inductor could not build the step's code on this machine "
+                             "(CppCompileError: C++ compile error); the step runs eagerly"), r
+    else:
+        for v in ("compile", "compile-max"):
+            r = rows[v]
+            assert r["mode"] == "compiled" and r["compile_mode"] == "default" and "mode default" in r["note"], r
+        assert rows["compile"]["setup_s"] > 0.5  # Inductor compiled forward and backward before the clock
+        assert rows["allreduce:compile"]["compile"] == "default" and rows["allreduce:compile"]["compile_s"] >= 0
     assert "compile" not in rows["allreduce"]
-    best = max(("plain", "compile", "compile-max"), key=lambda v: rows[v]["samples_per_s"]["median"])
+    best = max((v for v in ("plain", "compile", "compile-max") if "samples_per_s" in rows[v]),
+               key=lambda v: rows[v]["samples_per_s"]["median"])
     for v in ("allreduce", "allreduce:compile"):
         r = rows[v]
         assert "error" not in r, r

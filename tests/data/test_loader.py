@@ -4,6 +4,7 @@ import torch
 from shmlearn.data.loader import ShardedLoader
 import pytest
 from shmlearn.errors import BadInput
+from inductor import needs_build
 
 
 def _loaders(n, world, batch, seed=3):
@@ -43,6 +44,7 @@ def test_batch_larger_than_shard_is_bad_input():
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU"))])
 @pytest.mark.parametrize("augment,channels_last", [(None, False), (None, True), ("flip,translate:2", True)])
+@needs_build  # skips where Inductor cannot build its C++ (tests/inductor.py)
 def test_compiled_next_batch_reads_the_eager_batches(augment, channels_last, device):
     """The fast step compiles the read (StepOptions.compile_read): torch.compile of next_batch
     (Inductor's C++ kernels on the CPU, Triton's on a GPU) gives the host-indexed batches of
