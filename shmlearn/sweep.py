@@ -58,9 +58,12 @@ class Sweep(TrialRunner):
             shutil.rmtree(final, ignore_errors=True)
             pending.append(cfg)
         self.finished = self.total - len(pending)
+        # How many of these trials can run at once: --parallel, and as many of the smallest as
+        # the slots hold (two 2-worker trials do not fit on 2 GPUs: one at a time).
+        at_once = max(1, min(self.parallel, self.nslots // min([self.need(c) for c in pending] or [1])))
         print(f"sweep: {count(len(trials), 'trial')} ({self.finished} done, {len(pending)} to run), "
-              f"{self.parallel} at a time on {self.nslots} {'GPUs' if self.cuda else 'CPU cores'} | {self.dir}",
-              flush=True)
+              f"{'up to ' if len({self.need(c) for c in pending}) > 1 else ''}{at_once} at a time on "
+              f"{self.nslots} {'GPUs' if self.cuda else 'CPU cores'} | {self.dir}", flush=True)
         too_big = {self.need(c) for c in pending if self.need(c) > self.nslots}
         if too_big:
             print(f"sweep: trials needing {max(too_big)} slots > {self.nslots} run alone "

@@ -30,7 +30,7 @@ NET = """
 """
 
 
-def test_one_worker_trials_share_the_slots_and_a_two_worker_trial_waits_for_both(tmp_path, monkeypatch):
+def test_one_worker_trials_share_the_slots_and_a_two_worker_trial_waits_for_both(tmp_path, monkeypatch, capsys):
     (tmp_path / "net.py").write_text(textwrap.dedent(NET))
     stamps = tmp_path / "stamps.txt"
     monkeypatch.setenv("SHMLEARN_TEST_STAMPS", str(stamps))
@@ -39,6 +39,8 @@ def test_one_worker_trials_share_the_slots_and_a_two_worker_trial_waits_for_both
     sc = SweepConfig(fixed=fixed, axes={"workers": [1, 2], "lr": [0.05, 0.1]}, parallel=2, slots=2,
                      out=str(tmp_path / "sweep"), report=False)
     assert run_sweep(sc) == 0
+    # What it says it will do: the 1-worker trials two at a time, the 2-worker ones alone.
+    assert "4 trials (0 done, 4 to run), up to 2 at a time on 2 CPU cores" in capsys.readouterr().out
     rows = [json.loads(line) for line in open(tmp_path / "sweep" / "results.jsonl")]
     assert len(rows) == 4 and all(r["status"] == "completed" for r in rows)
     assert {r["config"]["workers"]: r["slots"] for r in rows} == {1: 1, 2: 2}
