@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -828,15 +829,28 @@ def run_parts(a) -> int:
     return 0
 
 
+def _snapshot(root: str) -> str:
+    """A copy of the tree (data included) that the parts run from: the device tool rewrites the
+    working tree at every call, and a part's processes that import shmlearn meanwhile failed
+    (`No module named 'shmlearn.fast'` in the matrix's pool workers, 2026-11-27)."""
+    src = os.path.join(root, "src")
+    if not os.path.isdir(src):
+        shutil.copytree(ROOT_DIR, src + ".tmp", symlinks=True,
+                        ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", ".whl", ".gl"))
+        os.rename(src + ".tmp", src)
+    return src
+
+
 def start(a) -> int:
     os.makedirs(a.root, exist_ok=True)
     if _alive(a.root):
         print("device_suite: runner already running")
         return 0
+    src = _snapshot(a.root)
     log = open(os.path.join(a.root, "runner.log"), "a")
-    proc = subprocess.Popen(_py(os.path.abspath(__file__), "run", "--parts", a.parts, "--workers", a.workers,
-                                "--root", a.root), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            cwd=ROOT_DIR)
+    proc = subprocess.Popen(_py(os.path.join(src, "benchmarks", "device_suite.py"), "run", "--parts", a.parts,
+                                "--workers", a.workers, "--root", a.root), stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=src)
     with open(os.path.join(a.root, "runner.pid"), "w") as f:  # here, not in the child: no race with collect
         f.write(str(proc.pid))
     print(f"device_suite: started {a.parts}", flush=True)

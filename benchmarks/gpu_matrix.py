@@ -72,6 +72,10 @@ forced on for models whose gradient fits one bucket (alexnet-small, fashion-net)
 and eager, and forced off."""
 AGAIN = 2
 """A cell that misses: the cell and its reference each run this many times more."""
+OUTLIER = 5
+"""A cell one of whose runs is further from the reference's mean than this many tolerances fails,
+whatever the means: one bad run widens the spread that would excuse it (fashion-net fp32 ps
+--compile at W=2 ended one run at 1.879 against 0.425, 2026-11-27, and passed on that spread)."""
 REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
                  max_pool="aten", conv_overlap="off", update_in_backward="off", weight_copy="off", check_every=1)
 
@@ -179,9 +183,14 @@ def again_vs_spread(c: dict, a, row: dict, res: dict, ref: dict) -> None:
     rel, ab = TOL[c["precision"]]
     if c["strategy"] == "async-ps":
         rel, ab = 2 * rel, 2 * ab
-    diff, bound = abs(statistics.mean(mine) - statistics.mean(refs)), ab + rel * abs(statistics.mean(refs)) + 3 * se
+    tol = ab + rel * abs(statistics.mean(refs))
+    diff, bound = abs(statistics.mean(mine) - statistics.mean(refs)), tol + 3 * se
     row["mean_difference"], row["bound"] = diff, bound
-    if diff <= bound:
+    worst = max(abs(v - statistics.mean(refs)) for v in mine)
+    if worst > OUTLIER * tol:
+        row["note"] = (f"a run ended {worst:.4f} from the reference's mean {statistics.mean(refs):.4f}: more than "
+                       f"{OUTLIER} tolerances ({OUTLIER * tol:.4f})")
+    elif diff <= bound:
         row["verdict"] = "ok"
         row["note"] = (f"{len(mine)} runs each: means {statistics.mean(mine):.4f} vs {statistics.mean(refs):.4f}, "
                        f"within the tolerance + 3 standard errors ({bound:.4f})")
