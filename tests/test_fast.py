@@ -404,13 +404,20 @@ def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None,
                    loss=loss if nan_at is not None else None)
 
 
+def _steps(kw):
+    """Steps for a bit-for-bit case: 6 (the reads at 4 and 6 exercise the deferred read and the
+    last step's); a NaN at step 6 is found by the read at 8."""
+    return 8 if "nan_at" in kw else 6
+
+
 @interpreted
 def test_update_in_backward_is_the_update_after_it_bit_for_bit(monkeypatch):
     """Each convolution's SGD step inside the backward (its op hands its gradient to the flat
     kernel) against the whole flat update after the backward: the same weights, momentum and
     buffers, bit for bit, eagerly in fp32, compiled in bf16 channels_last, with a convolution that
     runs every other step only (a zero-gradient step, as the flat update gives it); a NaN loss
-    sets the skip flag before the backward, so the run stops at it with the weights before it."""
+    sets the skip flag before the backward, so the run stops at it with the weights before it.
+    6 steps (reads at 4 and 6; 8 with the NaN at step 6, found by the read at 8)."""
     unbuilt = None
     for kw in ({}, {"extra": "sometimes"}, {"compile": "default"}, {"nan_at": 6}):
         early, late = _early_stepper(monkeypatch, "on", **kw), _early_stepper(monkeypatch, "off", **kw)
@@ -419,7 +426,7 @@ def test_update_in_backward_is_the_update_after_it_bit_for_bit(monkeypatch):
             continue
         assert early.early_update and early.update_kernel == "flat" and len(early._slots) == 3
         assert not late.early_update and not late._slots
-        wins = [_train(st, 10) for st in (early, late)]
+        wins = [_train(st, _steps(kw)) for st in (early, late)]
         if "nan_at" in kw:
             assert wins[0].bad == wins[1].bad == (6, 0)
         for a, b in ((early.strategy.params_flat, late.strategy.params_flat),
@@ -462,10 +469,11 @@ def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
 @interpreted
 def test_the_weight_copy_gives_the_steps_of_autocasts_cast_bit_for_bit(monkeypatch):
     """--weight-copy: the update writes the convolutions' bf16 weights and the forward reads them
-    instead of casting: the same weights, gradients and momentum after 10 steps as the step that
-    casts, bit for bit, with the update in the backward (whose input-gradient GEMM reads the copy
-    that the update then writes) and after it, eagerly in bf16 and compiled, and through a NaN
-    step; at the end the copy holds the weights cast; the model, closed, casts again."""
+    instead of casting: the same weights, gradients and momentum as the step that casts, bit for
+    bit (6 steps: reads at 4 and 6; 8 through a NaN at 6), with the update in the backward (whose
+    input-gradient GEMM reads the copy that the update then writes) and after it, eagerly in bf16
+    and compiled, and through a NaN step; at the end the copy holds the weights cast; the model,
+    closed, casts again."""
     unbuilt = None
     for kw in ({"precision": "bf16"}, {"compile": "default"}, {"compile": "default", "mode": "off"},
                {"precision": "bf16", "nan_at": 6}):
@@ -476,7 +484,7 @@ def test_the_weight_copy_gives_the_steps_of_autocasts_cast_bit_for_bit(monkeypat
             continue
         assert runs["on"].weight_copy and not runs["off"].weight_copy
         assert runs["on"].early_update == (mode == "on")
-        wins = {c: _train(st, 10) for c, st in runs.items()}
+        wins = {c: _train(st, _steps(kw)) for c, st in runs.items()}
         if "nan_at" in kw:
             assert wins["on"].bad == wins["off"].bad == (6, 0)
         on, off = runs["on"], runs["off"]
@@ -515,7 +523,7 @@ def _copy_worker(rank, world, port, out):
             st = _early_stepper(None, mode, strategy=strategy, rank=rank, world=world, avg_period=3,
                                 precision="bf16", weight_copy=c)
             assert st.weight_copy == (c == "on")
-            _train(st, 10)
+            _train(st, 7)
             res[strategy, c] = st.strategy.params_flat.clone()
             if c == "on":
                 res[strategy, "copy"] = st.strategy.flat_update.copy.clone()
@@ -528,9 +536,9 @@ def _copy_worker(rank, world, port, out):
 def test_the_weight_copy_follows_every_writer_of_the_weights_on_two_processes(tmp_path):
     """The weights written other than by the update (weight-avg's averages every 3 steps, the
     parameter server's broadcast to its workers) leave the copy cast again (params_written):
-    with copies, 10 steps of each strategy on two Gloo processes end on the weights of the step
-    that casts, bit for bit (a stale copy read by a forward would change them), and each rank's
-    copy holds its weights cast."""
+    with copies, 7 steps of each strategy (averages at 3 and 6, a step past) on two Gloo processes
+    end on the weights of the step that casts, bit for bit (a stale copy read by a forward would
+    change them), and each rank's copy holds its weights cast."""
     mp.spawn(_copy_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):
         res = torch.load(os.path.join(tmp_path, f"copy-rank{r}.pt"))
@@ -546,7 +554,7 @@ def _early_worker(rank, world, port, out):
     for mode in ("on", "off"):
         st = _early_stepper(None, mode, strategy="weight-avg", rank=rank, world=world, avg_period=3)
         assert st.early_update == (mode == "on")
-        _train(st, 10)
+        _train(st, 7)
         res.append(st.strategy.params_flat.clone())
     try:
         _early_stepper(None, "on", strategy="allreduce", rank=rank, world=world)
@@ -561,7 +569,7 @@ def _early_worker(rank, world, port, out):
 @interpreted
 def test_update_in_backward_under_weight_averaging_on_two_processes(tmp_path):
     """weight-avg updates each replica from its own gradient: in the backward, its two workers end
-    where the update after the backward leaves them (10 steps, averaging every 3: two rounds and
+    where the update after the backward leaves them (7 steps, averaging every 3: two rounds and
     a step past the last), bit for bit; allreduce at 2 workers cannot and says so."""
     mp.spawn(_early_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
     for r in range(2):

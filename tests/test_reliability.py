@@ -438,20 +438,26 @@ def test_a_sweep_on_an_unwritable_out_is_exit_2(monkeypatch, capfd):
     assert r.returncode == 2 and _one_line(r) and "cannot write there" in r.stderr, r.stderr
 
 
+@pytest.fixture(scope="module")
+def lone_hung(tmp_path_factory):
+    """Both runs below, started together: each mostly waits out its --timeout 6 and the watch's
+    10 s for an interrupt that a sleep never takes (CPU idle), so together they take little more
+    than one; each one's seconds are its own."""
+    d = tmp_path_factory.mktemp("lone")
+    return run_together(
+        train=(BASE + ["--workers", "1", "--timeout", "6", "--out", str(d / "run")],
+               dict(fault="sleep:0:30", timeout=120)),
+        sweep=(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "12800", "--workers", "1",
+                "--lr", "0.1", "--timeout", "6", "--no-report", "--no-progress", "--out", str(d / "s")],
+               dict(fault="sleep:0:30", timeout=120)))
+
+
 @pytest.mark.parametrize("how", ["train", "sweep"])
-def test_a_lone_rank_hung_in_its_own_code_is_named_within_the_timeout(tmp_path, how):
+def test_a_lone_rank_hung_in_its_own_code_is_named_within_the_timeout(lone_hung, how):
     # One worker sleeps inside step 30 (a stuck user model): no peer's collective times out on it
     # and its process is alive, so only the watch of the step can end the run. In process for
     # `train --workers 1`; on a pool worker, watched by the pool, for a sweep's trial.
-    tag = uuid.uuid4().hex
-    if how == "train":
-        args = BASE + ["--workers", "1", "--timeout", "6", "--out", str(tmp_path / "run")]
-    else:
-        args = ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "12800", "--workers", "1",
-                "--lr", "0.1", "--timeout", "6", "--no-report", "--no-progress", "--out", str(tmp_path / "s")]
-    t0 = time.monotonic()
-    r = run(args, fault="sleep:0:30", tag=tag, timeout=120)
-    elapsed = time.monotonic() - t0
+    r, elapsed, tag = lone_hung[how]
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "rank 0" in r.stderr and "no progress for" in r.stderr and "inside step" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr

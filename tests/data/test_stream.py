@@ -305,7 +305,7 @@ def test_a_stuck_dataset_at_2_workers_names_the_stuck_rank_and_leaves_no_process
         tag = uuid.uuid4().hex
         p = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--dataset", f"{path}:{name}",
                               "--model", "mlp", "--loader", "stream", "--workers", "2", "--batch-size", "16",
-                              "--samples", "4096", "--eval-points", "2", "--no-progress", "--timeout", "20",
+                              "--samples", "4096", "--eval-points", "2", "--no-progress", "--timeout", "10",
                               "--out", str(tmp_path / name)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                              text=True, env=dict(os.environ, PYTHONUNBUFFERED="1", SHMLEARN_TEST_TAG=tag))
         runs[name] = (p, tag, what)
@@ -317,7 +317,7 @@ def test_a_stuck_dataset_at_2_workers_names_the_stuck_rank_and_leaves_no_process
                 p.kill()
                 p.wait()
         assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err
-        assert f"reading {what} raised RuntimeError: DataLoader timed out after 20" in err, err
+        assert f"reading {what} raised RuntimeError: DataLoader timed out after 10" in err, err
         deadline = time.monotonic() + 30  # the resource tracker leaves a moment after its owner
         while _tagged(tag) and time.monotonic() < deadline:
             time.sleep(0.5)
