@@ -183,8 +183,10 @@ def test_config_file_gives_flags_and_flags_win(tmp_path, capfd, monkeypatch):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("workers: 1\nbatch_size: 16\nsamples: 320\nlr: 0.01\n")
     out = tmp_path / "run"
-    r = shmlearn("train", "--config", str(cfg), "--lr", "0.02", "--out", str(out), "--no-progress")
-    assert r.returncode == 0, r.stderr
+    # main() in this process: the run's config is the point, not the program's process
+    code, err = in_process(capfd, monkeypatch, "train", "--config", str(cfg), "--lr", "0.02", "--out", str(out),
+                           "--no-progress")
+    assert code == 0, err
     s = summary(out)
     assert (s["workers"], s["batch_size"], s["steps"], s["lr"]) == (1, 16, 20, 0.02)
     bad = tmp_path / "bad.yaml"
