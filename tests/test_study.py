@@ -558,7 +558,7 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
 
 def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
-    args = ["--dataset", "digits", "--model", "mlp", "--samples", "150000", "--workers", "1", "--device", "cpu",
+    args = ["--dataset", "digits", "--model", "mlp", "--samples", "50000", "--workers", "1", "--device", "cpu",
             "--batch-size", "16,128", "--lr", "0.0003,0.3", "--lr-schedule", "constant", "--eval-points", "8",
             "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
             "--search-seed", "3", "--pruner", "median", "--out", out]
