@@ -235,6 +235,7 @@ class StudySweep(TrialRunner):
                        if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
         except (OSError, ValueError):
             return  # not written yet, or a line being written
+        seen = len(evals)
         for k in range(o.evals_seen, len(evals)):
             t = evals[k]["time_s"]
             if self.pruner_name == "area":
@@ -261,8 +262,9 @@ class StudySweep(TrialRunner):
                             "peers": self._peer_value(o, k + 1)}
                 post_bound(self.pool.store, self.prune_key(o.cfg, o.tid), -math.inf, target=False,
                            time_to_target=None)  # (-inf, -inf): stop at the next step
+                seen = k + 1  # the rest are reported if the trial completes before it stops
                 break
-        o.evals_seen = len(evals)
+        o.evals_seen = seen
 
     def _peer_value(self, o: Owned, step: int) -> Optional[float]:
         """What the pruner compared with, for the record: the bound's area (area), else the
@@ -289,7 +291,9 @@ class StudySweep(TrialRunner):
             row["pruned"].update(o.pruned)
         elif row["status"] == "pruned":
             row["pruned"]["pruner"] = self.pruner_name
-        if self.pruner_name is not None and not o.pruned and row.get("run_dir"):
+        # A trial told to stop that completed first (a short one) is COMPLETE: it gets the rest of
+        # its eval points, as every completed trial has.
+        if self.pruner_name is not None and (not o.pruned or row["status"] != "pruned") and row.get("run_dir"):
             self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
         area = s.get("loss_area")
         ml = s.get("min_loss")

@@ -183,8 +183,10 @@ def test_config_file_gives_flags_and_flags_win(tmp_path, capfd, monkeypatch):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("workers: 1\nbatch_size: 16\nsamples: 320\nlr: 0.01\n")
     out = tmp_path / "run"
-    r = shmlearn("train", "--config", str(cfg), "--lr", "0.02", "--out", str(out), "--no-progress")
-    assert r.returncode == 0, r.stderr
+    # main() in this process: the run's config is the point, not the program's process
+    code, err = in_process(capfd, monkeypatch, "train", "--config", str(cfg), "--lr", "0.02", "--out", str(out),
+                           "--no-progress")
+    assert code == 0, err
     s = summary(out)
     assert (s["workers"], s["batch_size"], s["steps"], s["lr"]) == (1, 16, 20, 0.02)
     bad = tmp_path / "bad.yaml"
@@ -199,13 +201,17 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs Debian's dataset-fashion-mnist")
 def test_fashion_mnist_lenet_two_workers_reaches_088(tmp_path):
     # Accuracy only: how long it takes is the README's measured figure, not a unit test's (a
-    # 120 s limit failed on a loaded 2-core machine at 128 s).
+    # 120 s limit failed on a loaded 2-core machine at 128 s). One epoch, not the default two (the
+    # test's largest cost, ~85 s in the suite): a step costs the same per sample at batch 16 as at
+    # 32 on the CPU, and twice the steps at a lower lr make up the epoch. Measured on this 2-core
+    # machine: 0.8910 (the defaults' 2 epochs: 0.9055; 1 epoch at batch 32, lr 0.05: 0.8887). No
+    # evaluation at the start: 10,000 test images, ~10 s of a loaded 2-core machine, unasserted.
     out = tmp_path / "run"
-    r = shmlearn("train", "--dataset", "fashion-mnist", "--model", "lenet", "--workers", "2",
-                 "--out", str(out), "--no-progress")
+    r = shmlearn("train", "--dataset", "fashion-mnist", "--model", "lenet", "--workers", "2", "--epochs", "1",
+                 "--batch-size", "16", "--lr", "0.03", "--eval-at-start", "off", "--out", str(out), "--no-progress")
     assert r.returncode == 0, r.stderr
     s = summary(out)
-    assert s["test_accuracy"] >= 0.88, s
+    assert (s["workers"], s["samples_seen"]) == (2, 60000) and s["test_accuracy"] >= 0.88, s
 
 
 def _helps(*path):

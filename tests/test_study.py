@@ -20,6 +20,7 @@ optuna = pytest.importorskip("optuna", reason="optuna is not installed (pip inst
 
 from optuna.trial import TrialState  # noqa: E402
 
+from cli_inproc import run_main  # noqa: E402
 from shmlearn.errors import BadInput  # noqa: E402
 from shmlearn.pruning import cannot_win  # noqa: E402
 from shmlearn.study import AreaPruner, distributions, make_pruner, open_storage, study_spec  # noqa: E402
@@ -209,12 +210,14 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys, monkeypatch):
         assert "hunter2" not in err
 
 
-def test_a_study_created_with_another_grid_is_refused(tmp_path, capfd):
+def test_a_study_created_with_another_grid_is_refused(tmp_path, capfd, monkeypatch):
     from shmlearn.cli import main
     db = f"sqlite:///{tmp_path}/s.db"
     small = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
              "--eval-points", "1", "--no-report", "--batch-size", "64", "--storage", db, "--study", "s"]
-    r = sweep(*small, "--lr", "0.1,0.2", "--out", str(tmp_path / "a"))
+    # The study to be refused, made by main() in this process (its trials in the pool's workers):
+    # what is tested is the refusal below, not this program's process.
+    r = run_main(["sweep", *small, "--lr", "0.1,0.2", "--out", str(tmp_path / "a")], monkeypatch, capfd)
     assert r.returncode == 0, r.stdout + r.stderr
     # A study that shmlearn did not create is not taken over either. The two refusals: the CLI's
     # main() in this process, fd 2 read (two fresh interpreters were ~5 s of two cores here).
@@ -558,7 +561,7 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
 
 def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
-    args = ["--dataset", "digits", "--model", "mlp", "--samples", "150000", "--workers", "1", "--device", "cpu",
+    args = ["--dataset", "digits", "--model", "mlp", "--samples", "50000", "--workers", "1", "--device", "cpu",
             "--batch-size", "16,128", "--lr", "0.0003,0.3", "--lr-schedule", "constant", "--eval-points", "8",
             "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
             "--search-seed", "3", "--pruner", "median", "--out", out]
@@ -627,14 +630,15 @@ def _json_lines(path):
     return [json.loads(line) for line in data.splitlines()]
 
 
-def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(tmp_path):
+def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(tmp_path, monkeypatch, capfd):
     """Issue 38, 1: study b on a journal that holds study a hits a full disk: one line naming the
     journal, exit 2, and the file as it was (no torn line). The file then cut 40 bytes short (a
     kill mid-write): the next run sets the torn line aside in study.log.torn and appends after
     whole lines; both studies then finish, and study a's finished trials are still there."""
     log = tmp_path / "study.log"
     url = f"journal:{log}"
-    a = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    # study a, the journal's first: main() in this process (the programs below are what is tested)
+    a = run_main(["sweep", *TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a")], monkeypatch, capfd)
     assert a.returncode == 0, a.stderr
     size = log.stat().st_size
     trace = max(p.stat().st_size for p in (tmp_path / "a" / "trials").glob("*/trace.json"))
@@ -681,7 +685,7 @@ def _refused_in_process(capfd, *args):
     return subprocess.CompletedProcess(args, code, *capfd.readouterr())
 
 
-def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path, capfd):
+def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path, capfd, monkeypatch):
     """Issue 38, 4: a study on a pooled grid sweep's --out rewrote its results.jsonl (8 lines -> 2)
     and took no lock. Now it is refused in one line and the file is kept; a study shares --out's
     lock with its own processes only: a pooled sweep running there keeps it out, and it keeps a
@@ -689,7 +693,7 @@ def test_a_study_never_replaces_another_sweeps_results_and_locks_out(tmp_path, c
     the lock held here below keeps this process's own sweep out as it keeps another's."""
     import fcntl
     out = tmp_path / "out"
-    grid = sweep(*TINY, "--out", str(out))
+    grid = run_main(["sweep", *TINY, "--out", str(out)], monkeypatch, capfd)  # the pooled sweep, in this process
     assert grid.returncode == 0, grid.stderr
     before = (out / "results.jsonl").read_bytes()
     url = f"sqlite:///{tmp_path}/study.db"
