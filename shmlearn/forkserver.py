@@ -39,13 +39,17 @@ THIRD_PARTY = ("torch", "torch._dynamo")
 IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "CUDA", "NCCL", "TRITON",
               "LD_", "PYTHON")
 """Prefixes of variables torch, its libraries or the interpreter may read while importing."""
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
+"""Of those, variables read only when used, which a worker takes from its owner's environment as
+any other: Inductor sets TORCHINDUCTOR_CACHE_DIR itself at its first compile, and with it every
+later pool of a process that compiled once would spawn."""
 
 _started_env: Optional[Dict[str, str]] = None
 """Those variables as they were when start() started the forkserver; None: not started here."""
 
 
 def _import_env() -> Dict[str, str]:
-    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV)}
+    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV) and k not in READ_WHEN_USED}
 
 
 def start() -> bool:

@@ -105,6 +105,9 @@ def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_
     monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: True)
     assert forkserver.context(False) is mp.get_context("spawn")  # CUDA initialized in the owner
     monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: False)
+    # Inductor sets its cache folder's variable at its first compile; it is read when used
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/somewhere-else")
+    assert forkserver.context(False) is mp.get_context("forkserver")
     monkeypatch.setenv("TORCH_SHOW_CPP_STACKTRACES", "1" if os.environ.get("TORCH_SHOW_CPP_STACKTRACES") != "1" else "0")
     assert forkserver.context(False) is mp.get_context("spawn")  # torch would have imported otherwise
 
