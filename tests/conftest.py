@@ -37,3 +37,11 @@ def pytest_configure(config):
     if not os.environ.get("SHMLEARN_TEST_SPAWN"):
         from shmlearn import forkserver
         forkserver.start()
+
+
+@pytest.fixture
+def spawned_workers(monkeypatch):
+    """This test's pools spawn: a worker forked from the forkserver writes to the forkserver's
+    stdout, not to the file descriptors pytest's capfd put in place after it started."""
+    from shmlearn import forkserver
+    monkeypatch.setattr(forkserver, "_started_env", None)

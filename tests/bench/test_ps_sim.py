@@ -24,7 +24,7 @@ def test_alexnet_small_shapes():
                                           (64, 1024), (64,), (32, 64), (32,), (10, 32), (10,)]
 
 
-def test_ps_sim_prints_the_seed_lines(tmp_path, capfd):
+def test_ps_sim_prints_the_seed_lines(tmp_path, capfd, spawned_workers):
     out = tmp_path / "ps.json"
     assert main(["bench", "ps-sim", "--workers", "1,2", "--steps", "2", "--warmup", "1",
                  "--out", str(out), "--no-plot"]) == 0
