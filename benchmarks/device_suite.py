@@ -742,6 +742,23 @@ def part_commands(p: str, workers: str) -> dict:
         # Issues 37/42: the default (uncompiled, buckets) step of resnet18 and resnet34 at 1, 2, 4 GPUs.
         "scale-r2": (_scale_bench(p("scale-r2"), workers, [("resnet18", 512, "allreduce"),
                                                              ("resnet34", 256, "allreduce")]), 590),
+        # Issue 42 acceptance 1 and 2 in one batch: alexnet-small compiled b1024 and the resnets'
+        # default step at 1, 2, 4 GPUs with local, DDP and DDP + compile, back to back.
+        "scale-4": (_scale_bench(p("scale-4"), workers, [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce"),
+                                                           ("resnet34", 256, "allreduce")]), 900),
+        # Issue 38 acceptance 3: the fused-kernel files that failed on the host's AVX512 Xeon, under
+        # avx2 and avx512 (a failure under both is torch 2.11's Triton, not the vector width), and the
+        # async-ps files alone (no other test processes pacing them).
+        "avx-diag": (["bash", "-c", "; ".join(
+            f"echo '#### {cap} {files}'; CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY={cap} timeout 200 "
+            f"python3 -m pytest -q -p no:cacheprovider -n {n} --tb=short -rfE {files}"
+            for cap, n, files in (
+                ("avx2", 8, "tests/nn/test_conv_pool.py tests/nn/test_mlp_head.py tests/nn/test_conv_overlap.py"),
+                ("avx512", 8, "tests/nn/test_conv_pool.py tests/nn/test_mlp_head.py tests/nn/test_conv_overlap.py"),
+                ("avx512", 4, "tests/sync/test_async_ps.py")))], 600),
+        # Issue 38 acceptance 3: the whole suite under AVX512 on the host's CPU (xdist, no GPU).
+        "avx512-suite": (["bash", "-c", "CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 timeout 560 python3 -m "
+                          "pytest -p no:cacheprovider -n 24 -v --tb=short -rfE tests; echo rc=$?"], 600),
         # Issue 37: cnn's batch x lr table (seed 003 §4: lenet, Adam, 10 epochs) at 2 GPUs, a
         # 2-worker sweep (two trials side by side on 4 GPUs); then acceptance 2's bare NCCL
         # all_reduce of alexnet-small's gradient (147,338 fp32 = 576 KiB with the loss) at 2 and 4 GPUs.
