@@ -88,6 +88,15 @@ def steps_per_repeat(seconds: float, per_step: float, sample_every: Optional[int
     return n
 
 
+def agreed_steps_per_repeat(seconds: float, per_step: float, sample_every: Optional[int], agree_max) -> int:
+    """steps_per_repeat, the same on every rank (the most any rank chose; agree_max: the maximum of a
+    float over the ranks): a repeat's time is the slowest rank's, divided by this count. A `local`
+    rank is a world of one and picks its own sampling period; when each rank kept its own count,
+    rank 0's count was recorded against another rank's longer repeat (4 H200s, 2026-11-27: `local`
+    read 1.92 ms for alexnet-small's 0.96 ms step, 71.8 ms for resnet18's 7.5 ms)."""
+    return int(agree_max(float(steps_per_repeat(seconds, per_step, sample_every))))
+
+
 def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict]:
     """Build and warm up every variant, then time them round-robin (repeat 1 of each, repeat 2 of
     each, ...): a machine whose speed drifts (other load, clocks) bends every variant alike."""
@@ -127,7 +136,7 @@ def _measure_batch(c, batch, device, rank, world, barrier, slowest) -> List[dict
             sync(device)
             row["setup_s"] = slowest(time.perf_counter() - t_build)
             per_step = _probe(runner, step, v, c.warmup_steps, device, slowest)
-            n = steps_per_repeat(c.seconds, per_step, _sample_every(runner))
+            n = agreed_steps_per_repeat(c.seconds, per_step, _sample_every(runner), slowest)
             live.append((row, runner, n, []))
         except Exception as e:  # noqa: BLE001 - one variant failing must not lose the rest
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
