@@ -171,11 +171,13 @@ def test_rank_0_stopped_during_the_rendezvous_is_named_not_its_peer(tmp_path, ca
     """Issue 38, 9: SIGSTOP of rank 0 as the job starts, before it joins the group. Its peer's
     rendezvous times out (DistStoreError: wait timeout) and the job named that peer, rank 1:
     rank 0 had no heartbeat yet for the watchdog to miss. The pool sees rank 0's process stopped."""
-    cfg = TrainConfig(**SMALL, workers=2, timeout=8)
+    # --timeout 4: rank 0 is stopped before any collective, so no healthy wait depends on it; it is
+    # only how long rank 1's rendezvous waits before it fails (8 s was idle time).
+    cfg = TrainConfig(**SMALL, workers=2, timeout=4)
     with Pool(2) as p:
         p.warm()
         p.wait_ready()
-        job = p.start(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "run")},), slots=[0, 1], timeout_s=8)
+        job = p.start(rank_main, ({**cfg.to_dict(), "out": str(tmp_path / "run")},), slots=[0, 1], timeout_s=4)
         os.kill(p.workers[0].proc.pid, signal.SIGSTOP)
         with pytest.raises(WorkerFailed) as e:
             _wait(p, job, limit=300)
