@@ -79,10 +79,12 @@ def test_sample_budget_gives_exact_steps(tmp_path):
     assert "not a multiple" not in r.stdout
 
 
-def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path):
+def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path, capfd, monkeypatch):
     out = tmp_path / "run"
-    r = shmlearn("train", "--samples", "1000", "--batch-size", "32", "--workers", "1",
-                 "--out", str(out), "--no-progress")
+    # main() in this process: at 1 worker its rank 0 is this process, so what it prints is read
+    # from fd 1 as from the program (a fresh interpreter was ~3 s of imports on two cores)
+    r = run_main(["train", "--samples", "1000", "--batch-size", "32", "--workers", "1",
+                  "--out", str(out), "--no-progress"], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert (s["steps"], s["samples_seen"], s["budget_samples"]) == (31, 992, 1000)
