@@ -79,10 +79,12 @@ def test_sample_budget_gives_exact_steps(tmp_path):
     assert "not a multiple" not in r.stdout
 
 
-def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path):
+def test_budget_that_does_not_divide_rounds_down_and_says_so(tmp_path, capfd, monkeypatch):
     out = tmp_path / "run"
-    r = shmlearn("train", "--samples", "1000", "--batch-size", "32", "--workers", "1",
-                 "--out", str(out), "--no-progress")
+    # main() in this process: at 1 worker its rank 0 is this process, so what it prints is read
+    # from fd 1 as from the program (a fresh interpreter was ~3 s of imports on two cores)
+    r = run_main(["train", "--samples", "1000", "--batch-size", "32", "--workers", "1",
+                  "--out", str(out), "--no-progress"], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert (s["steps"], s["samples_seen"], s["budget_samples"]) == (31, 992, 1000)
@@ -199,19 +201,26 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 
 
 @pytest.mark.skipif(not os.path.isdir(FASHION), reason="needs Debian's dataset-fashion-mnist")
-def test_fashion_mnist_lenet_two_workers_reaches_088(tmp_path):
-    # Accuracy only: how long it takes is the README's measured figure, not a unit test's (a
-    # 120 s limit failed on a loaded 2-core machine at 128 s). One epoch, not the default two (the
-    # test's largest cost, ~85 s in the suite): a step costs the same per sample at batch 16 as at
-    # 32 on the CPU, and twice the steps at a lower lr make up the epoch. Measured on this 2-core
-    # machine: 0.8910 (the defaults' 2 epochs: 0.9055; 1 epoch at batch 32, lr 0.05: 0.8887). No
-    # evaluation at the start: 10,000 test images, ~10 s of a loaded 2-core machine, unasserted.
+def test_fashion_mnist_lenet_two_workers_reaches_086_in_half_an_epoch(tmp_path, capfd, monkeypatch):
+    # The README's command (fashion-mnist, lenet, 2 workers) for accuracy only: how long it takes
+    # is the README's measured figure, not a unit test's (a 120 s limit failed on a loaded 2-core
+    # machine at 128 s). Half an epoch, not the default two (the test was the suite's largest
+    # cost: ~85 s at two epochs, ~42 s at one): a step costs the same per sample at batch 16 as at
+    # 32 on the CPU, and twice the steps at a lower lr make up for the samples. Measured on this
+    # 2-core machine: 29,984 samples (937 steps of 2 x 16) at lr 0.03: 0.8782 (lr 0.05: 0.8679;
+    # 20,000 samples at lr 0.05: 0.8642; one epoch at lr 0.03: 0.8910; the defaults' 2 epochs:
+    # 0.9055); 0.86 leaves ~2 points for another CPU's rounding, far above chance (0.1). No
+    # evaluation but the last (--eval-points 1, no --eval-at-start: 10,000 test images each, ~10 s
+    # of a loaded 2-core machine, unasserted; evaluating does not change the training). main() in
+    # this process (tests/cli_inproc.py): what the command trains is the point, not the program's
+    # process; its 2 workers are real Gloo processes either way.
     out = tmp_path / "run"
-    r = shmlearn("train", "--dataset", "fashion-mnist", "--model", "lenet", "--workers", "2", "--epochs", "1",
-                 "--batch-size", "16", "--lr", "0.03", "--eval-at-start", "off", "--out", str(out), "--no-progress")
+    r = run_main(["train", "--dataset", "fashion-mnist", "--model", "lenet", "--workers", "2", "--samples", "29984",
+                  "--batch-size", "16", "--lr", "0.03", "--eval-at-start", "off", "--eval-points", "1",
+                  "--out", str(out), "--no-progress"], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     s = summary(out)
-    assert (s["workers"], s["samples_seen"]) == (2, 60000) and s["test_accuracy"] >= 0.88, s
+    assert (s["workers"], s["samples_seen"]) == (2, 29984) and s["test_accuracy"] >= 0.86, s
 
 
 def _helps(*path):

@@ -64,14 +64,6 @@ def tiny_fashion(tmp_path_factory) -> str:
     return _fashion_slice(tmp_path_factory, 16, 100)
 
 
-def shmlearn_cli(*args, timeout=300):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
-
-
 def test_the_fashion_recipes_are_there():
     assert {p.name for p in RECIPES} >= {"fashion-93.yaml", "fashion-94.yaml"}
 
@@ -100,13 +92,17 @@ def test_the_fashion_recipes_are_the_benchmarks(name, epochs, augment, bench):
     assert b.RECIPES[bench]["augment"] == augment
 
 
-def test_the_recipe_runs_from_the_cli_with_a_budget_override(small_fashion, tmp_path):
+def test_the_recipe_runs_from_the_cli_with_a_budget_override(small_fashion, tmp_path, monkeypatch, capfd):
     out = tmp_path / "run"
     # The batch overridden too: a bf16 step costs in proportion to its batch on this CPU (one step
-    # of the recipe's 512 was ~35 s); the recipe's other fields show it was read.
-    r = shmlearn_cli("train", "--config", "recipes/fashion-94.yaml", "--data-dir", small_fashion,
-                     "--device", "cpu", "--samples", "64", "--batch-size", "64", "--compile", "off", "--no-progress",
-                     "--out", str(out))
+    # of the recipe's 512 was ~35 s); the recipe's other fields show it was read. The CLI's main()
+    # in this process, in the checkout (tests/cli_inproc.py): what it trains is the point, not the
+    # program's process (a fresh interpreter was ~3 s of two cores).
+    from cli_inproc import run_main
+    monkeypatch.chdir(ROOT)
+    r = run_main(["train", "--config", "recipes/fashion-94.yaml", "--data-dir", small_fashion,
+                  "--device", "cpu", "--samples", "64", "--batch-size", "64", "--compile", "off", "--no-progress",
+                  "--out", str(out)], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     s = json.loads((out / "summary.json").read_text())
     assert (s["status"], s["steps"], s["model"], s["batch_size"]) == ("completed", 1, "fashion-net", 64)
@@ -117,7 +113,7 @@ def test_the_recipe_runs_from_the_cli_with_a_budget_override(small_fashion, tmp_
 
 def test_a_bad_override_of_a_recipe_is_exit_2_and_one_line(tmp_path, capfd, monkeypatch):
     """The CLI's main() in this process, in the checkout (a fresh interpreter was ~3 s of two
-    cores here; the test above runs the program itself), fd 2 read."""
+    cores here), fd 2 read."""
     from shmlearn.cli import main
     monkeypatch.chdir(ROOT)
     for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):

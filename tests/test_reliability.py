@@ -97,13 +97,13 @@ def _copy_of(killed, out):
     return BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out)]
 
 
-def test_resume_after_a_killed_worker_equals_uninterrupted(reference, killed, tmp_path):
+def test_resume_after_a_killed_worker_equals_uninterrupted(reference, killed, tmp_path, monkeypatch, capfd):
     out = tmp_path / "run"
     r = killed[1]
     assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
     assert ckpt.candidates(str(killed[0]))[0] == 160
     args = _copy_of(killed, out)
-    r = run(args + ["--resume"])
+    r = in_process(args + ["--resume"], monkeypatch, capfd)  # the resumed weights are the point: its 2 workers train
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert (s["samples_seen"], s["steps"], s["resumed_from_step"]) == (12800, 200, 160)
@@ -300,10 +300,12 @@ def test_bad_dataset_files_fail_on_every_rank_before_any_collective(tmp_path, da
     assert errs[0] == errs[1] and len(errs[0].strip().splitlines()) == 1 and "train-labels-idx1-ubyte" in errs[0]
 
 
-def test_same_seed_gives_identical_losses(reference, tmp_path):
+def test_same_seed_gives_identical_losses(reference, tmp_path, monkeypatch, capfd):
     # The module's reference run and a second run of the same command (a separate pair of runs
-    # here was one 2-worker run more than the comparison needs)
-    again = run(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(tmp_path / "run1")])
+    # here was one 2-worker run more than the comparison needs), the second from main() in this
+    # process: its 2 workers are processes of their own either way, and the losses are the point.
+    again = in_process(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(tmp_path / "run1")],
+                       monkeypatch, capfd)
     assert again.returncode == 0, again.stderr
     losses = [[json.loads(l)["loss"] for l in open(out / "metrics.jsonl")] for out in (reference, tmp_path / "run1")]
     assert losses[0] == losses[1] and len(losses[0]) == 20
@@ -342,7 +344,9 @@ def test_a_stopped_rank_0_is_named_and_nothing_is_left(stalled):
 
 def test_a_kill_during_the_first_checkpoint_leaves_a_resumable_run(tmp_path):
     out = tmp_path / "run"
-    args = BASE + ["--workers", "2", "--checkpoint-every", "5", "--out", str(out)]
+    # 50 steps, not BASE's 200: the resume writes a checkpoint every 5 steps to its end (10, not 40)
+    short = [("3200" if a == "12800" else a) for a in BASE]
+    args = short + ["--workers", "2", "--checkpoint-every", "5", "--out", str(out)]
     r = run(args, fault="kill-in-checkpoint:1:5")
     assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
     assert (out / "checkpoints" / "step-00000005").is_dir() and not ckpt.candidates(str(out))
@@ -361,10 +365,11 @@ def raised(tmp_path_factory):
     return out, run(BASE + ["--workers", "1", "--out", str(out)], fault="raise:0:50")
 
 
-def test_resume_without_any_checkpoint_starts_clean(raised):
+def test_resume_without_any_checkpoint_starts_clean(raised, monkeypatch, capfd):
     out, r = raised
     assert r.returncode == 1
-    r = run(BASE + ["--workers", "1", "--out", str(out), "--resume"])
+    # main() in this process: a 1-worker run's rank 0 is this process, its stdout read from fd 1
+    r = in_process(BASE + ["--workers", "1", "--out", str(out), "--resume"], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     said = [line for line in r.stdout.splitlines() if "--resume" in line]  # it was silent
     assert said == [f"shmlearn: --resume: no complete checkpoint in {out}; starting from step 0"], r.stdout

@@ -128,17 +128,21 @@ SLOW = ["--dataset", "digits", "--model", "mlp", "--batch-size", "32", "--eval-p
 
 def test_a_local_run_and_a_sweep_listen_on_loopback_only(tmp_path):
     """2 workers: the pool's store in the launcher, each rank's Gloo listener; 1 worker: the run's
-    store and Gloo in the launcher's own process; a sweep: its pool's store for the whole sweep. Long enough (digits, 300 steps) to be watched on a loaded machine."""
+    store and Gloo in the launcher's own process; a sweep: its pool's store for the whole sweep. Long enough (digits, 300 steps) to be watched on a loaded machine.
+    The three are independent process trees, each watched on its own: started together (one after
+    the other they spent much of their time in imports while a core was free)."""
+    from concurrent.futures import ThreadPoolExecutor
     shmlearn = [sys.executable, "-m", "shmlearn"]
-    train, seen_train = _watch(shmlearn + ["train", *SLOW, "--workers", "2", "--samples", "19200",
-                                           "--out", str(tmp_path / "train")], timeout=600)
+    cmds = {"train": shmlearn + ["train", *SLOW, "--workers", "2", "--samples", "19200", "--out", str(tmp_path / "train")],
+            "alone": shmlearn + ["train", *SLOW, "--workers", "1", "--samples", "6400",  # in-process
+                                 "--out", str(tmp_path / "alone")],
+            "sweep": shmlearn + ["sweep", *SLOW, "--workers", "1", "--samples", "6400", "--lr", "0.05,0.1",
+                                 "--no-report", "--out", str(tmp_path / "sweep")]}
+    with ThreadPoolExecutor(len(cmds)) as ex:
+        watched = dict(zip(cmds, ex.map(lambda cmd: _watch(cmd, timeout=600), cmds.values())))
+    (train, seen_train), (alone, seen_alone), (sweep, seen_sweep) = (watched[k] for k in ("train", "alone", "sweep"))
     assert train.returncode == 0, train.stderr
-    alone, seen_alone = _watch(shmlearn + ["train", *SLOW, "--workers", "1", "--samples", "6400",
-                                           "--out", str(tmp_path / "alone")], timeout=600)  # in-process
     assert alone.returncode == 0, alone.stderr
-    sweep, seen_sweep = _watch(shmlearn + ["sweep", *SLOW, "--workers", "1", "--samples", "6400",
-                                           "--lr", "0.05,0.1", "--no-report", "--out", str(tmp_path / "sweep")],
-                               timeout=600)
     assert sweep.returncode == 0, sweep.stderr
     # Something was seen listening (the store at least), so the watch itself worked...
     assert seen_train and seen_alone and seen_sweep, (seen_train, seen_alone, seen_sweep)

@@ -1,7 +1,6 @@
 """--tensorboard (issue 41): rank 0 writes RUN/tensorboard/ event files that TensorBoard's own
 reader reads back with the run directory's numbers; without the package it is refused in one line."""
 import math
-import subprocess
 import sys
 
 import pytest
@@ -20,11 +19,13 @@ def _scalars(folder):
     return {tag: acc.Scalars(tag) for tag in acc.Tags()["scalars"]}
 
 
-def test_cli_run_writes_what_metrics_and_eval_hold(tmp_path):
+def test_cli_run_writes_what_metrics_and_eval_hold(tmp_path, monkeypatch, capfd):
+    # main() in this process (tests/cli_inproc.py): the files the command writes are the point, not
+    # the program's process; its 2 workers (rank 0 writes the events) are processes either way.
+    from cli_inproc import run_main
     out = tmp_path / "run"
-    r = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--samples", "1280",
-                        "--batch-size", "32", "--log-every", "2", "--eval-points", "2", "--tensorboard",
-                        "--no-progress", "--out", str(out)], capture_output=True, text=True, timeout=300)
+    r = run_main(["train", "--workers", "2", "--samples", "1280", "--batch-size", "32", "--log-every", "2",
+                  "--eval-points", "2", "--tensorboard", "--no-progress", "--out", str(out)], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     metrics, evals = read_jsonl(out / "metrics.jsonl"), read_jsonl(out / "eval.jsonl")
     assert len(metrics) == 10 and len(evals) >= 2
@@ -71,12 +72,14 @@ def test_cli_refusal_exit_2_before_any_worker(tmp_path, monkeypatch, capfd):
     assert not (tmp_path / "run").exists()
 
 
-def test_sweep_trials_are_runs_of_one_log_dir(tmp_path):
+def test_sweep_trials_are_runs_of_one_log_dir(tmp_path, monkeypatch, capfd):
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    from cli_inproc import run_main
     sweep = tmp_path / "sweep"
-    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", "--lr", "0.05,0.1", "--samples", "640",
-                        "--tensorboard", "--no-report", "--out", str(sweep)], capture_output=True, text=True,
-                       timeout=300)
+    # main() in this process, as above: the trials' event files are the point
+    r = run_main(["sweep", "--lr", "0.05,0.1", "--samples", "640", "--tensorboard", "--no-report",
+                  "--out", str(sweep)], monkeypatch, capfd)
     assert r.returncode == 0, r.stderr
     m = EventMultiplexer()
     m.AddRunsFromDirectory(str(sweep))
