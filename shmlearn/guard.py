@@ -80,6 +80,17 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
         raise RuntimeError("replicas differ after the initial broadcast")
 
 
+def _wake_main() -> None:
+    """End the system call the main thread is blocked in (a sleep, a lock, a read), which
+    interrupt_main alone leaves to finish first: a real SIGINT to that thread, where Python handles
+    SIGINT (interrupt_main then already set its flag, and the handler runs once)."""
+    if callable(signal.getsignal(signal.SIGINT)):
+        try:
+            signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+        except (OSError, ValueError):
+            pass
+
+
 class Heartbeat:
     def __init__(self, rank: int, world_size: int, interval_s: float = 1.0, tag: str = "", store=None,
                  timeout_s: Optional[float] = None):
@@ -149,7 +160,8 @@ class Heartbeat:
                                 f"(--timeout {timeout_s:g} s): a hang in its own code")
                 print(f"shmlearn: {self.stalled}", file=sys.stderr, flush=True)
                 import _thread
-                _thread.interrupt_main()
+                _thread.interrupt_main()  # runs SIGINT's Python handler at the next bytecode
+                _wake_main()
                 if not self._stop.wait(10.0):
                     os._exit(1)
                 return
