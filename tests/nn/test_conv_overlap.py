@@ -135,6 +135,7 @@ class _Calls(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.masks = []
+        conv_overlap._ops()  # defines torch.ops.shmlearn.conv2d_backward_overlap (on first use) before it is looked up
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         if func is torch.ops.aten.convolution_backward.default:
