@@ -78,11 +78,15 @@ def test_any_other_interpreter_runs_the_test_and_it_fails_on_its_own(monkeypatch
     assert ran == [True] and triton_interp._probed == [None]
 
 
-@interpreted
-def test_the_probe_kernel_runs_here_and_finds_the_bug_where_put_back():
+def test_the_probe_kernel_runs_here_and_finds_the_bug_where_put_back(monkeypatch):
     """In the interpreter: the probe kernel loops to its runtime bound (ceil(5 / 2) = 3 rounds in each
     of its 2 lanes), and with Triton 3.5's `__index__` (int() of the 1-element array, no squeeze)
-    put back into this Triton's interpreter, the probe finds the bug."""
+    put back into this Triton's interpreter, the probe finds the bug. In this process: the probe
+    kernel is made when called (TRITON_INTERPRET is read then) and uses no jit library function
+    (those were compiled for a GPU when Triton was imported without the interpreter), so no fresh
+    process is needed."""
+    pytest.importorskip("triton")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
     import numpy
     import triton
     from triton.runtime import interpreter

@@ -53,10 +53,10 @@ def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
     torch.manual_seed(0)
     # (batch, cin, h, w, cout, k, padding, x needs a gradient, bias): the image's 3-channel 5x5
     # conv (weight-gradient kernel), a later 32-channel one (3x3: a row of 96 in 3 chunks of 32,
-    # pooled rows 48 in blocks of 32, a tail; cuDNN's input gradient; 5x5 cost the interpreter ~3x
-    # the loop rounds of the same code, ~6 s of this test on 2 cores), odd sizes (floor mode drops a row and a column), 1 channel, no padding, no
-    # bias, 8 channels (unfolded rows of 24 in 32), and 16 channels with no input gradient
-    # (read in place, gradients by cuDNN's path).
+    # 48 pooled rows in blocks of 32, a tail; cuDNN's input gradient; 5x5 cost the interpreter ~3x
+    # the loop rounds of the same code, ~6 s of this test on 2 cores), odd sizes (floor mode drops
+    # a row and a column), 1 channel, no padding, no bias, 8 channels (unfolded rows of 24 in 32),
+    # and 16 channels with no input gradient (read in place, gradients by cuDNN's path).
     cases = [(2, 3, 12, 12, 32, 5, 2, False, True), (3, 32, 8, 8, 64, 3, 1, True, True),
              (2, 5, 9, 11, 20, 3, 1, True, True), (2, 1, 7, 9, 16, 3, 0, False, False),
              (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True),
