@@ -90,8 +90,11 @@ def test_the_probe_kernel_runs_here_and_finds_the_bug_where_put_back(monkeypatch
     import numpy
     import triton
     from triton.runtime import interpreter
+    why = triton_interp.probe()
+    if why is not None:  # this install's Triton has the bug: the probe names exactly it
+        assert why == index_bug_reason(_SEEN, triton.__version__, numpy.__version__)
+        return
     assert triton_interp._probe_kernel() == [3, 3]
-    assert triton_interp.probe() is None
     if int(numpy.__version__.split(".")[0]) < 2 or not hasattr(interpreter, "_patch_lang_tensor"):
         return  # NumPy 1 converts a 1-element array (the bug needs NumPy 2); an interpreter patched otherwise
     patch = interpreter._patch_lang_tensor
