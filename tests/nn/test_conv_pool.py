@@ -137,11 +137,11 @@ def test_a_run_with_the_fused_blocks_is_the_same_run(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
     from triton_interp import small_digits
-    # 2 steps of 16 (the second on weights the kernels' gradients moved) and one evaluation of 16
+    # 2 steps of 8 (the second on weights the kernels' gradients moved) and one evaluation of 8
     # test samples: each interpreted kernel call costs seconds on two cores (4 steps of 32 and two
     # evaluations of digits' 360 test samples took ~2 minutes); the kernels are checked above
-    data = small_digits(16)
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=32, batch_size=16, workers=1,
+    data = small_digits(8)
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=16, batch_size=8, workers=1,
                                        conv_pool=mode, image_conv="cudnn", device="cpu", progress=False, eval_points=1,
                                        eval_at_start="off", deterministic=True, out=str(tmp_path / mode)), data=data)
             for mode in ("off", "triton")]
