@@ -5,7 +5,8 @@ import pytest
 def interpreted(test):
     """Run the test in Triton's interpreter, which must be chosen before Triton is first imported
     (its own library functions are compiled then): in a fresh pytest process with
-    TRITON_INTERPRET=1, unless this is that process."""
+    TRITON_INTERPRET=1, unless this is that process. Where that Triton's interpreter has the index
+    bug (`interpreter_bug`), the test skips, saying so."""
     import functools
     import os
 
@@ -13,15 +14,97 @@ def interpreted(test):
     def run(*args, **kwargs):
         pytest.importorskip("triton")
         if os.environ.get("TRITON_INTERPRET") == "1":
+            _skip_where_interpreter_is_broken()
             return test(*args, **kwargs)
-        import subprocess
-        import sys
         node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
-        r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", node],
-                           env={**os.environ, "TRITON_INTERPRET": "1"}, capture_output=True, text=True,
-                           cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        assert r.returncode == 0 and " passed" in r.stdout, r.stdout[-3000:] + r.stderr[-2000:]
+        _report(node, _run_interpreted([node]))
     return run
+
+
+def _report(node, outcomes):
+    """Pass, fail or skip as the interpreter process's report of `node` says."""
+    outcome, report = outcomes.get(node.rsplit("::", 1)[1], ("missing", outcomes[""][1]))
+    if outcome == "skipped":
+        pytest.skip(f"in Triton's interpreter: {report}")
+    assert outcome == "passed", f"{node} in Triton's interpreter: {outcome}\n{report}"
+
+
+# --- an interpreter that cannot run our kernels ----------------------------------------------------
+# Some Triton releases' interpreters (seen: the Triton that torch 2.11 bundles, under NumPy 2.x) hold
+# a kernel's scalar arguments as 1-element 1-D arrays and take a runtime integer as an index
+# (`range(0, K, BLOCK_K)`) with `int(self.handle.data)`, which NumPy 2 refuses ("only 0-dimensional
+# arrays can be converted to Python scalars"); newer ones squeeze it first. Every fused kernel loops
+# to a runtime bound, so none runs there: the interpreted tests skip, naming the versions, instead of
+# failing. The decision comes from running a tiny kernel with such a loop (once per process), and
+# only exactly this error skips: any other failure, of the probe or a test, still fails the test.
+_INDEX_BUG = "only 0-dimensional arrays can be converted to Python scalars"
+_probed = []
+"""[interpreter_bug()'s answer] once this process ran the probe."""
+
+
+def index_bug_reason(error: str, triton_version: str, numpy_version: str):
+    """The skip reason when `error` (type name and message of what the probe kernel raised, with
+    its cause's) is that interpreter bug; else None."""
+    if "InterpreterError" in error and "TypeError" in error and _INDEX_BUG in error:
+        return (f"Triton {triton_version}'s interpreter cannot use a runtime integer as an index under "
+                f"NumPy {numpy_version} (int() of a 1-element array: {_INDEX_BUG!r}); a newer Triton fixes "
+                f"it: pip install -U triton")
+    return None
+
+
+def _error_text(e: BaseException) -> str:
+    """`e`'s type name and message, then its causes', one a line."""
+    lines = []
+    while e is not None and len(lines) < 8:
+        lines.append(f"{type(e).__name__}: {e}")
+        e = e.__cause__ or e.__context__
+    return "\n".join(lines)
+
+
+def _probe_kernel():
+    """Runs, in Triton's interpreter, a kernel that loops to a runtime integer bound; returns what it
+    stored (5 rounded up to blocks of 2: 3 in each of 2 lanes)."""
+    global tl  # the kernel's globals: the interpreter re-executes its source in its module's globals
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _loop_to_a_runtime_bound(out_ptr, n, BLOCK: tl.constexpr):
+        acc = tl.arange(0, BLOCK) * 0  # not tl.zeros, a jit library function (tests/test_triton_interp.py)
+        for _ in range(0, n, BLOCK):
+            acc += 1
+        tl.store(out_ptr + tl.arange(0, BLOCK), acc)
+
+    out = torch.zeros(2, dtype=torch.int32)
+    _loop_to_a_runtime_bound[(1,)](out, 5, BLOCK=2)
+    return out.tolist()
+
+
+def probe():
+    """In a TRITON_INTERPRET=1 process: the skip reason where this Triton's interpreter has the index
+    bug (index_bug_reason), found by running the probe kernel; else None (any other error of the
+    probe is left to the tests, which then fail on their own)."""
+    import numpy
+    import triton
+    try:
+        _probe_kernel()
+    except Exception as e:  # noqa: BLE001 - only the one known error is recognised
+        return index_bug_reason(_error_text(e), triton.__version__, numpy.__version__)
+    return None
+
+
+def interpreter_bug():
+    """probe()'s answer, probed once per process."""
+    if not _probed:
+        _probed.append(probe())
+    return _probed[0]
+
+
+def _skip_where_interpreter_is_broken():
+    reason = interpreter_bug()
+    if reason:
+        pytest.skip(reason)
 
 
 # --- several interpreted tests of a module in ONE fresh process ------------------------------------
@@ -58,16 +141,13 @@ def interpreted_together(test):
     def run(*args, **kwargs):
         pytest.importorskip("triton")
         if os.environ.get("TRITON_INTERPRET") == "1":
+            _skip_where_interpreter_is_broken()
             return test(*args, **kwargs)
         node = os.environ["PYTEST_CURRENT_TEST"].split(" ")[0]
         here = os.path.abspath(inspect.unwrap(test).__code__.co_filename)  # under tests/inductor.py's wrapper too
         if here not in _outcomes:
             _outcomes[here] = _run_interpreted(_selected.get(here) or [node])
-        outcomes = _outcomes[here]
-        outcome, report = outcomes.get(node.rsplit("::", 1)[1], ("missing", outcomes[""][1]))
-        if outcome == "skipped":
-            pytest.skip(f"in Triton's interpreter: {report}")
-        assert outcome == "passed", f"{node} in Triton's interpreter: {outcome}\n{report}"
+        _report(node, _outcomes[here])
     setattr(run, _TOGETHER, True)
     return run
 
@@ -91,8 +171,10 @@ def _run_interpreted(nodes):
         if os.path.exists(xml):
             for case in ET.parse(xml).getroot().iter("testcase"):
                 bad = [e for e in case if e.tag in ("failure", "error", "skipped")]
-                outcomes[case.get("name")] = ((bad[0].tag, (bad[0].get("message") or "") + "\n" + (bad[0].text or ""))
-                                              if bad else ("passed", ""))
+                outcomes[case.get("name")] = (
+                    ("passed", "") if not bad else
+                    ("skipped", bad[0].get("message") or bad[0].text or "") if bad[0].tag == "skipped" else
+                    (bad[0].tag, (bad[0].get("message") or "") + "\n" + (bad[0].text or "")))
     return outcomes
 
 

@@ -13,7 +13,7 @@ triton = pytest.importorskip("triton")
 
 from shmlearn.errors import BadInput  # noqa: E402
 from shmlearn.nn import choice, conv_pool, fit, mlp_head  # noqa: E402
-from triton_interp import interpreted  # noqa: E402
+from triton_interp import interpreted_together as interpreted  # noqa: E402  (one interpreter process for the module)
 
 CUDA = torch.device("cuda")  # never touched: the limits come from fit.override
 TINY = fit.DeviceLimits("Tiny GPU", (9, 0), 16384)

@@ -52,11 +52,12 @@ def _check(x, w, b, padding, tol, exact=False):
 def test_fused_kernels_match_conv_relu_pool_forward_and_every_gradient():
     torch.manual_seed(0)
     # (batch, cin, h, w, cout, k, padding, x needs a gradient, bias): the image's 3-channel 5x5
-    # conv (weight-gradient kernel), a later 32-channel one (row of 160: several chunks; cuDNN's
-    # input gradient), odd sizes (floor mode drops a row and a column), 1 channel, no padding, no
-    # bias, 8 channels (unfolded rows of 24 in 32), and 16 channels with no input gradient
-    # (read in place, gradients by cuDNN's path).
-    cases = [(2, 3, 12, 12, 32, 5, 2, False, True), (3, 32, 8, 8, 64, 5, 2, True, True),
+    # conv (weight-gradient kernel), a later 32-channel one (3x3: a row of 96 in 3 chunks of 32,
+    # 48 pooled rows in blocks of 32, a tail; cuDNN's input gradient; 5x5 cost the interpreter ~3x
+    # the loop rounds of the same code, ~6 s of this test on 2 cores), odd sizes (floor mode drops
+    # a row and a column), 1 channel, no padding, no bias, 8 channels (unfolded rows of 24 in 32),
+    # and 16 channels with no input gradient (read in place, gradients by cuDNN's path).
+    cases = [(2, 3, 12, 12, 32, 5, 2, False, True), (3, 32, 8, 8, 64, 3, 1, True, True),
              (2, 5, 9, 11, 20, 3, 1, True, True), (2, 1, 7, 9, 16, 3, 0, False, False),
              (1, 4, 6, 6, 8, 3, 1, False, True), (2, 8, 6, 6, 16, 3, 1, True, True),
              (2, 16, 7, 7, 8, 3, 1, False, True)]
@@ -136,11 +137,11 @@ def test_a_run_with_the_fused_blocks_is_the_same_run(tmp_path):
     import shmlearn
     from shmlearn.config import TrainConfig
     from triton_interp import small_digits
-    # 2 steps of 16 (the second on weights the kernels' gradients moved) and one evaluation of 16
+    # 2 steps of 8 (the second on weights the kernels' gradients moved) and one evaluation of 8
     # test samples: each interpreted kernel call costs seconds on two cores (4 steps of 32 and two
     # evaluations of digits' 360 test samples took ~2 minutes); the kernels are checked above
-    data = small_digits(16)
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=32, batch_size=16, workers=1,
+    data = small_digits(8)
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", samples=16, batch_size=8, workers=1,
                                        conv_pool=mode, image_conv="cudnn", device="cpu", progress=False, eval_points=1,
                                        eval_at_start="off", deterministic=True, out=str(tmp_path / mode)), data=data)
             for mode in ("off", "triton")]

@@ -128,7 +128,7 @@ def test_a_run_counts_its_fused_heads(tmp_path):
     and the run is the same run."""
     import shmlearn
     from shmlearn.config import TrainConfig
-    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=128, workers=1,
+    runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=64, workers=1,  # 2 steps
                                        mlp_head=mode, device="cpu", progress=False, eval_points=1, eval_at_start="off",
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]
     assert (runs[0].summary["mlp_heads"], runs[1].summary["mlp_heads"]) == (0, 0)
