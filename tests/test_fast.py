@@ -125,13 +125,40 @@ def _runs_together(*calls):
         return list(ex.map(lambda call: _run(*call), calls))
 
 
+def _in_process(args, fault=None):
+    """`shmlearn train ARGS` as the CLI's main() in this process, SHMLEARN_FAULT=fault for its
+    workers (they take the owner's environment at their start): its exit code."""
+    from cli_inproc import LAUNCHER_PREFIXES
+    from shmlearn.cli import main
+    with pytest.MonkeyPatch.context() as m:
+        for k in list(os.environ):
+            if k.startswith(LAUNCHER_PREFIXES) or k in ("RANK", "WORLD_SIZE", "SHMLEARN_FAULT"):
+                m.delenv(k)
+        if fault:
+            m.setenv("SHMLEARN_FAULT", fault)
+        try:
+            return main(["train", *args])
+        except SystemExit as e:
+            return e.code
+
+
 def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
+    """The run killed at step 130 is the program (a worker's real death, the program's exit 1);
+    the uninterrupted run, beside it, and the resume are main() in this process."""
     ref, out = tmp_path / "ref", tmp_path / "run"
-    done, r = _runs_together((BASE + ["--out", str(ref)],), (BASE + ["--out", str(out)], "kill:1:130"))
-    assert done.returncode == 0
-    assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
-    r = _run(BASE + ["--out", str(out), "--resume"])
-    assert r.returncode == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", *BASE, "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**env, "PYTHONUNBUFFERED": "1",
+                                                                "SHMLEARN_FAULT": "kill:1:130"})
+    try:
+        assert _in_process(BASE + ["--out", str(ref)]) == 0
+        _, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1 and "rank 1" in err, err
+    assert _in_process(BASE + ["--out", str(out), "--resume"]) == 0
     s = json.load(open(out / "summary.json"))
     assert (s["steps"], s["resumed_from_step"], s["step_mode"], s["check_every"]) == (200, 120, "fast-eager", 7)
     a, b = _weights(out), _weights(ref)
@@ -148,19 +175,20 @@ NAN_CASES = [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"]
 
 @pytest.fixture(scope="module")
 def nan_runs(tmp_path_factory):
-    """The test below's three runs, independent, at once (each 3 workers that mostly wait on
-    each other's start-up and collectives): {strategy: (result, --out)}."""
+    """The test below's three runs, one after the other in this process (each the CLI's main(),
+    its 3 workers forked from the forkserver; as three programs at once they were three
+    interpreters and forkservers importing torch on two cores): {strategy: (exit code, --out)}."""
     d = tmp_path_factory.mktemp("nan")
-    ran = _runs_together(*[(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress",
-                             "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
-                             "--out", str(d / strategy)], "nan:2:17") for strategy, extra in NAN_CASES])
-    return {strategy: (r, d / strategy) for (strategy, _), r in zip(NAN_CASES, ran)}
+    return {strategy: (_in_process(["--dataset", "digits", "--samples", "12768", "--batch-size", "32", "--no-progress",
+                                    "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
+                                    "--out", str(d / strategy)], "nan:2:17"), d / strategy)
+            for strategy, extra in NAN_CASES}
 
 
 @pytest.mark.parametrize("strategy,extra", NAN_CASES)
 def test_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy, extra):
-    r, out = nan_runs[strategy]
-    assert r.returncode == 3, r.stderr
+    code, out = nan_runs[strategy]
+    assert code == 3
     s = json.load(open(out / "summary.json"))
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
 
