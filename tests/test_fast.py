@@ -30,6 +30,17 @@ from shmlearn.timing import PhaseTimer
 from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    """This module's steps in this process on one intra-op thread, as its Gloo workers: on these
+    tiny batches a second thread only waits on the first, and on a loaded 2-core machine each
+    small convolution's backward then took ~30 ms against 0.2 ms (tests/test_noise.py does the same)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def _bn_model(spec):
     return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32),
                                torch.nn.ReLU(), torch.nn.Linear(32, 10))
@@ -125,13 +136,40 @@ def _runs_together(*calls):
         return list(ex.map(lambda call: _run(*call), calls))
 
 
+def _in_process(args, fault=None):
+    """`shmlearn train ARGS` as the CLI's main() in this process, SHMLEARN_FAULT=fault for its
+    workers (they take the owner's environment at their start): its exit code."""
+    from cli_inproc import LAUNCHER_PREFIXES
+    from shmlearn.cli import main
+    with pytest.MonkeyPatch.context() as m:
+        for k in list(os.environ):
+            if k.startswith(LAUNCHER_PREFIXES) or k in ("RANK", "WORLD_SIZE", "SHMLEARN_FAULT"):
+                m.delenv(k)
+        if fault:
+            m.setenv("SHMLEARN_FAULT", fault)
+        try:
+            return main(["train", *args])
+        except SystemExit as e:
+            return e.code
+
+
 def test_resume_with_deferred_reads_equals_uninterrupted(tmp_path):
+    """The run killed at step 130 is the program (a worker's real death, the program's exit 1);
+    the uninterrupted run, beside it, and the resume are main() in this process."""
     ref, out = tmp_path / "ref", tmp_path / "run"
-    done, r = _runs_together((BASE + ["--out", str(ref)],), (BASE + ["--out", str(out)], "kill:1:130"))
-    assert done.returncode == 0
-    assert r.returncode == 1 and "rank 1" in r.stderr, r.stderr
-    r = _run(BASE + ["--out", str(out), "--resume"])
-    assert r.returncode == 0, r.stderr
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    p = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", *BASE, "--out", str(out)], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env={**env, "PYTHONUNBUFFERED": "1",
+                                                                "SHMLEARN_FAULT": "kill:1:130"})
+    try:
+        assert _in_process(BASE + ["--out", str(ref)]) == 0
+        _, err = p.communicate(timeout=300)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 1 and "rank 1" in err, err
+    assert _in_process(BASE + ["--out", str(out), "--resume"]) == 0
     s = json.load(open(out / "summary.json"))
     assert (s["steps"], s["resumed_from_step"], s["step_mode"], s["check_every"]) == (200, 120, "fast-eager", 7)
     a, b = _weights(out), _weights(ref)
@@ -148,19 +186,20 @@ NAN_CASES = [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"]
 
 @pytest.fixture(scope="module")
 def nan_runs(tmp_path_factory):
-    """The test below's three runs, independent, at once (each 3 workers that mostly wait on
-    each other's start-up and collectives): {strategy: (result, --out)}."""
+    """The test below's three runs, one after the other in this process (each the CLI's main(),
+    its 3 workers forked from the forkserver; as three programs at once they were three
+    interpreters and forkservers importing torch on two cores): {strategy: (exit code, --out)}."""
     d = tmp_path_factory.mktemp("nan")
-    ran = _runs_together(*[(["--dataset", "digits", "--samples", "12800", "--batch-size", "32", "--no-progress",
-                             "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
-                             "--out", str(d / strategy)], "nan:2:17") for strategy, extra in NAN_CASES])
-    return {strategy: (r, d / strategy) for (strategy, _), r in zip(NAN_CASES, ran)}
+    return {strategy: (_in_process(["--dataset", "digits", "--samples", "12768", "--batch-size", "32", "--no-progress",
+                                    "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
+                                    "--out", str(d / strategy)], "nan:2:17"), d / strategy)
+            for strategy, extra in NAN_CASES}
 
 
 @pytest.mark.parametrize("strategy,extra", NAN_CASES)
 def test_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy, extra):
-    r, out = nan_runs[strategy]
-    assert r.returncode == 3, r.stderr
+    code, out = nan_runs[strategy]
+    assert code == 3
     s = json.load(open(out / "summary.json"))
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
 
@@ -210,6 +249,34 @@ def test_failed_capture_falls_back_to_eager_from_the_same_state(monkeypatch):
     torch.testing.assert_close(fell.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
 
 
+def _logged(rank, fn, log, *args):
+    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
+    the forkserver's, past pytest's capture."""
+    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    fn(rank, *args)
+
+
+def _processes(fn, args, nprocs):
+    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
+    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
+    imports on 2 cores before its first step. What they print is printed here, for pytest."""
+    import tempfile
+
+    from shmlearn import forkserver
+    with tempfile.TemporaryDirectory() as d:
+        log = os.path.join(d, "rank")
+        try:
+            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
+                               start_method=forkserver.context(cuda=False).get_start_method())
+        finally:
+            for r in range(nprocs):
+                if os.path.exists(f"{log}.{r}"):
+                    with open(f"{log}.{r}") as f:
+                        print(f.read(), end="")
+
+
 def _graph_worker(rank, world, port, out, cases):
     import pytest as _pytest  # noqa: F401 - the monkeypatch below is by hand in a spawned process
     torch.set_num_threads(1)
@@ -234,7 +301,7 @@ def _graph_worker(rank, world, port, out, cases):
 
 def test_graph_protocol_on_two_processes(tmp_path):
     cases = [("allreduce", 1), ("ps", 1), ("weight-avg", 3)]
-    mp.spawn(_graph_worker, args=(2, free_port(), str(tmp_path), cases), nprocs=2, join=True)
+    _processes(_graph_worker, (2, free_port(), str(tmp_path), cases), 2)
     for i, (strategy, period) in enumerate(cases):
         (e0, g0), (e1, g1) = (torch.load(os.path.join(tmp_path, f"case{i}-rank{r}.pt")) for r in range(2))
         torch.testing.assert_close(g0, e0, rtol=0, atol=0, msg=strategy)
@@ -539,7 +606,7 @@ def test_the_weight_copy_follows_every_writer_of_the_weights_on_two_processes(tm
     with copies, 7 steps of each strategy (averages at 3 and 6, a step past) on two Gloo processes
     end on the weights of the step that casts, bit for bit (a stale copy read by a forward would
     change them), and each rank's copy holds its weights cast."""
-    mp.spawn(_copy_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    _processes(_copy_worker, (2, free_port(), str(tmp_path)), 2)
     for r in range(2):
         res = torch.load(os.path.join(tmp_path, f"copy-rank{r}.pt"))
         for strategy in ("weight-avg", "ps", "allreduce"):
@@ -571,7 +638,7 @@ def test_update_in_backward_under_weight_averaging_on_two_processes(tmp_path):
     """weight-avg updates each replica from its own gradient: in the backward, its two workers end
     where the update after the backward leaves them (7 steps, averaging every 3: two rounds and
     a step past the last), bit for bit; allreduce at 2 workers cannot and says so."""
-    mp.spawn(_early_worker, args=(2, free_port(), str(tmp_path)), nprocs=2, join=True)
+    _processes(_early_worker, (2, free_port(), str(tmp_path)), 2)
     for r in range(2):
         early, late, refusal = torch.load(os.path.join(tmp_path, f"early-rank{r}.pt"))
         assert torch.equal(early, late), r

@@ -2,12 +2,10 @@
 sweep that prunes at least a third of its grid yet picks the full grid's winners."""
 import json
 import math
-import os
-import subprocess
-import sys
 
 import torch.distributed as dist
 
+from cli_inproc import run_main
 from shmlearn.pruning import Watch, cannot_win, post_bound
 from shmlearn.sweep import pick_winners
 
@@ -34,20 +32,20 @@ def test_the_watch_reads_the_bound_the_sweep_posts():
     assert not w.should_stop(2.5, 0.1)
 
 
-def _sweep(out, *extra):
+def _sweep(out, monkeypatch, capfd, *extra):
+    """A sweep's results and stdout: main() in this process (its trials in the pool's workers)."""
     args = ["sweep", "--dataset", "digits", "--model", "mlp", "--samples", "8192", "--workers", "1,2",
             "--batch-size", "64", "--lr", "0.3,0.003,0.002,0.001", "--lr-schedule", "constant",
             "--no-report", "--out", str(out), *extra]
-    r = subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    r = run_main(args, monkeypatch, capfd)
     assert r.returncode == 0, r.stdout + r.stderr
     with open(out / "results.jsonl") as f:
         return [json.loads(line) for line in f], r.stdout
 
 
-def test_prune_picks_the_full_grids_winners_and_prunes_a_third(tmp_path):
-    full, _ = _sweep(tmp_path / "full")
-    pruned, stdout = _sweep(tmp_path / "pruned", "--prune")
+def test_prune_picks_the_full_grids_winners_and_prunes_a_third(tmp_path, monkeypatch, capfd):
+    full, _ = _sweep(tmp_path / "full", monkeypatch, capfd)
+    pruned, stdout = _sweep(tmp_path / "pruned", monkeypatch, capfd, "--prune")
     swept = ["workers", "batch_size", "lr"]
     wf, wp = pick_winners(full, swept=swept), pick_winners(pruned, swept=swept)
     for w in ("1", "2"):

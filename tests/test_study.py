@@ -302,7 +302,7 @@ def grid_runs(tmp_path_factory):
     return {k: (dirs[k], urls[k], r) for k, r in zip(dirs, ran)}
 
 
-def _grid_once(grid_runs, kind):
+def _grid_once(grid_runs, kind, monkeypatch, capfd):
     tmp_path, storage, r = grid_runs[kind]
     out = str(tmp_path / "out")
     assert r.returncode == 0, r.stdout + r.stderr
@@ -320,17 +320,19 @@ def _grid_once(grid_runs, kind):
         assert os.path.isfile(os.path.join(out, row["run_dir"], "summary.json"))
     for t in study.get_trials(states=(TrialState.COMPLETE,)):
         assert t.value == t.user_attrs["row"]["summary"]["loss_area"]
-    again = sweep(*GRID, "--storage", storage, "--study", "g", "--out", out)
+    # the same command again: main() in this process (what is tested is the study's account of
+    # its trials, not a process)
+    again = run_main(["sweep", *GRID, "--storage", storage, "--study", "g", "--out", out], monkeypatch, capfd)
     assert again.returncode == 0 and "(8 done)" in again.stdout and "ran " not in again.stdout, again.stdout
     assert len(load(storage, "g").trials) == len(study.trials)  # nothing asked, nothing run
 
 
-def test_sqlite_grid_once_each_results_winners_report_from_the_study(grid_runs):
-    _grid_once(grid_runs, "sqlite")
+def test_sqlite_grid_once_each_results_winners_report_from_the_study(grid_runs, monkeypatch, capfd):
+    _grid_once(grid_runs, "sqlite", monkeypatch, capfd)
 
 
-def test_journal_file_storage_grid(grid_runs):
-    _grid_once(grid_runs, "journal")
+def test_journal_file_storage_grid(grid_runs, monkeypatch, capfd):
+    _grid_once(grid_runs, "journal", monkeypatch, capfd)
 
 
 PG_BIN = next((d for d in ("/usr/lib/postgresql/17/bin", "/usr/lib/postgresql/16/bin", "/usr/lib/postgresql/15/bin")
@@ -440,7 +442,7 @@ def _wait_running(storage, name, pid, proc, deadline_s=600):
     raise AssertionError("no trial started")
 
 
-def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path):
+def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path, monkeypatch, capfd):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
     args = [*KILL, "--storage", storage, "--study", "k", "--out", out]
     ids, _ = expected_ids(KILL)
@@ -455,7 +457,7 @@ def test_kill_9_loses_only_the_trial_in_flight_and_a_rerun_completes_it(tmp_path
     t = study.trials[number]
     assert t.state == TrialState.RUNNING  # what a dead process leaves behind
     done_before = set(finished_by_id(study))
-    r = sweep(*args)
+    r = run_main(["sweep", *args], monkeypatch, capfd)  # the rerun: main() in this process
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"trial #{number} ({tid}) lost: its process {p.pid}" in r.stdout and "queued again" in r.stdout, r.stdout
     study = load(storage, "k")
@@ -485,7 +487,7 @@ def test_kill_9_of_one_process_the_other_completes_its_trial(tmp_path):
     assert sorted(r["id"] for r in results(out)) == sorted(ids)
 
 
-def test_a_silent_trial_of_another_host_is_lost_after_stale_after_and_run_here(tmp_path):
+def test_a_silent_trial_of_another_host_is_lost_after_stale_after_and_run_here(tmp_path, monkeypatch, capfd):
     """The cross-machine case: no pid to check, only a heartbeat that stopped moving."""
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
     args = ["--dataset", "digits", "--model", "softmax", "--samples", "512", "--workers", "1", "--device", "cpu",
@@ -497,7 +499,7 @@ def test_a_silent_trial_of_another_host_is_lost_after_stale_after_and_run_here(t
     ghost = st.ask({"lr": optuna.distributions.CategoricalDistribution([0.1, 0.2])})
     ghost.set_user_attr("shmlearn_owner", {"host": "node-that-died", "pid": 1, "start": None})
     ghost.set_user_attr("shmlearn_beat", 7)
-    r = sweep(*args)
+    r = run_main(["sweep", *args], monkeypatch, capfd)  # this host's sweep: main() in this process
     assert r.returncode == 0, r.stdout + r.stderr
     assert f"trial #{ghost.number}" in r.stdout and "lost: no heartbeat for" in r.stdout, r.stdout
     study = load(storage, "h")
@@ -529,7 +531,7 @@ seconds, and under load (two sweeps at once on 2 cores, beside other work) lr 0.
 below lr 0.3's in one sweep and not the other (1.8: both survivors), so the winners differed."""
 
 
-def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
+def test_area_pruner_keeps_the_full_grids_winner(tmp_path, monkeypatch, capfd):
     """The winner (lr 0.3) is queued first (enqueue_trial, as a user may), so the others can be
     pruned; the winner is the full grid's, and each pruned run was already beaten."""
     storage = f"sqlite:///{tmp_path}/study.db"
@@ -538,9 +540,20 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
     st.set_user_attr("shmlearn", study_spec(sc))
     st.enqueue_trial({"lr": 0.3})
     # The full grid and the pruned study, independent, run together (one 1-worker trial at a time
-    # each); the area pruner has no target here, so it compares areas, not times.
-    full, r = sweeps([*PRUNE, "--out", str(tmp_path / "full")],
-                     [*PRUNE, "--prune", "--storage", storage, "--study", "p", "--out", str(tmp_path / "pruned")])
+    # each); the area pruner has no target here, so it compares areas, not times. The full grid is
+    # a program; the study, main() in this process (a second program was a second interpreter and
+    # forkserver importing torch on the same two cores).
+    p = subprocess.Popen([sys.executable, "-m", "shmlearn", "sweep", *PRUNE, "--out", str(tmp_path / "full")],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env())
+    try:
+        r = run_main(["sweep", *PRUNE, "--prune", "--storage", storage, "--study", "p", "--out",
+                      str(tmp_path / "pruned")], monkeypatch, capfd)
+        full = subprocess.CompletedProcess(p.args, None, *p.communicate(timeout=900))
+        full.returncode = p.returncode
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert full.returncode == 0, full.stderr
     assert r.returncode == 0, r.stdout + r.stderr
     rows = results(tmp_path / "pruned")
@@ -559,13 +572,13 @@ def test_area_pruner_keeps_the_full_grids_winner(tmp_path):
     assert len(finished_by_id(study)) == 4 and all(len(v) == 1 for v in finished_by_id(study).values())
 
 
-def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path):
+def test_tpe_with_median_pruner_reports_what_it_pruned(tmp_path, monkeypatch, capfd):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
     args = ["--dataset", "digits", "--model", "mlp", "--samples", "50000", "--workers", "1", "--device", "cpu",
             "--batch-size", "16,128", "--lr", "0.0003,0.3", "--lr-schedule", "constant", "--eval-points", "8",
             "--storage", storage, "--study", "t", "--search", "tpe", "--trials", "10",
             "--search-seed", "3", "--pruner", "median", "--out", out]
-    r = sweep(*args)
+    r = run_main(["sweep", *args], monkeypatch, capfd)  # main() in this process, its trials in the pool's workers
     assert r.returncode == 0, r.stdout + r.stderr
     study = load(storage, "t")
     counted = [t for t in study.trials if t.state in (TrialState.COMPLETE, TrialState.PRUNED)]
@@ -652,11 +665,13 @@ def test_a_journal_torn_by_a_full_disk_or_a_cut_stays_readable_with_every_study(
     before = _json_lines(log)  # whole lines only: the failed write was cut back
     with open(log, "r+b") as f:  # a kill mid-write: the last line cut short
         f.truncate(log.stat().st_size - 40)
-    b = sweep(*TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b"))
+    # the runs after the cut: main() in this process (what is tested is the journal's repair)
+    b = run_main(["sweep", *TINY, "--storage", url, "--study", "b", "--out", str(tmp_path / "b")], monkeypatch, capfd)
     assert b.returncode == 0 and "study.log.torn" in b.stderr, b.stdout + b.stderr
     assert (tmp_path / "study.log.torn").exists()
     assert len(_json_lines(log)) > len(before) - 1
-    again = sweep(*TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a"))
+    again = run_main(["sweep", *TINY, "--storage", url, "--study", "a", "--out", str(tmp_path / "a")], monkeypatch,
+                     capfd)
     assert again.returncode == 0 and "(2 done)" in again.stdout, again.stdout + again.stderr
     assert len(finished_by_id(load(url, "a"))) == 2 and len(finished_by_id(load(url, "b"))) == 2
 
@@ -727,7 +742,7 @@ def test_sqlite_storage_on_a_full_disk_says_so_in_one_line(tmp_path):
     assert len(lines) == 1 and f"--storage {url}: cannot write it (SQLite: disk I/O error)" in lines[0], r.stderr
 
 
-def test_a_stopped_process_whose_trial_was_taken_over_exits_0_with_its_finished_trial(tmp_path):
+def test_a_stopped_process_whose_trial_was_taken_over_exits_0_with_its_finished_trial(tmp_path, monkeypatch, capfd):
     """Issue 38, 7: process A is stopped (SIGSTOP) with its trial training; B, --stale-after 3,
     takes the trial as lost and runs it. B deleted the shared .tmp/<id>-1 folder, where A's worker
     had finished the trial, so A, continued, exited 1 for a completed trial. Each process now runs
@@ -740,7 +755,7 @@ def test_a_stopped_process_whose_trial_was_taken_over_exits_0_with_its_finished_
     try:
         number, tid = _wait_running(storage, "p", a.pid, a)
         os.kill(a.pid, signal.SIGSTOP)  # the launcher only: its pool worker trains on
-        b = sweep(*args)
+        b = run_main(["sweep", *args], monkeypatch, capfd)  # B: main() in this process (A is the process tested)
         assert b.returncode == 0 and f"trial #{number} ({tid}) lost: no heartbeat" in b.stdout, b.stdout + b.stderr
         os.kill(a.pid, signal.SIGCONT)
         a.wait(timeout=300)

@@ -19,14 +19,6 @@ from shmlearn.sweep import (ResultStore, expand_grid, parse_values, pick_winners
                             winners_table)
 
 
-def shmlearn(*args, timeout=300):
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
-    for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
-        env.pop(k, None)
-    return subprocess.run([sys.executable, "-m", "shmlearn", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
-
 def results(path):
     with open(os.path.join(path, "results.jsonl"), "rb") as f:
         data = f.read()
@@ -221,12 +213,21 @@ SMALL = ["--dataset", "digits", "--model", "softmax", "--samples", "2048", "--ev
          "--workers", "1,2", "--batch-size", "16,32", "--lr", "0.1,0.5", "--parallel", "2"]
 
 
-@pytest.fixture(scope="module")
-def small_sweep(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep") / "s"
-    t0 = time.monotonic()
-    r = shmlearn("sweep", *SMALL, "--out", str(out))
-    return out, r, time.monotonic() - t0
+_small_sweep = {}
+"""small_sweep's one sweep, made by the first test that asks for it."""
+
+
+@pytest.fixture
+def small_sweep(tmp_path_factory, monkeypatch, capfd):
+    """(--out, the sweep as a CompletedProcess, seconds) of one sweep of SMALL, shared by the tests
+    that read it: main() in this process, run by the first of them (capfd is a test's, so this
+    fixture is too; a program was ~5 s of two cores importing torch, twice with its forkserver)."""
+    if not _small_sweep:
+        out = tmp_path_factory.mktemp("sweep") / "s"
+        t0 = time.monotonic()
+        r = run_main(["sweep", *SMALL, "--out", str(out)], monkeypatch, capfd)
+        _small_sweep["run"] = out, r, time.monotonic() - t0
+    return _small_sweep["run"]
 
 
 def test_sweep_writes_every_result_winners_and_report(small_sweep):
@@ -254,20 +255,20 @@ def test_sweep_writes_every_result_winners_and_report(small_sweep):
     assert html.count('src="data:image/png;base64,') >= 8 and "src=\"http" not in html and "<script" not in html
 
 
-def test_same_command_again_runs_nothing(small_sweep):
+def test_same_command_again_runs_nothing(small_sweep, monkeypatch, capfd):
     out, r, _ = small_sweep
     assert r.returncode == 0
     before = (out / "results.jsonl").read_bytes()
     mtimes = {d: os.stat(out / "trials" / d / "summary.json").st_mtime for d in os.listdir(out / "trials")
               if not d.startswith(".")}
-    again = shmlearn("sweep", *SMALL, "--out", str(out), "--no-report")
+    again = run_main(["sweep", *SMALL, "--out", str(out), "--no-report"], monkeypatch, capfd)
     assert again.returncode == 0, again.stderr
     assert "8 trials (8 done, 0 to run)" in again.stdout and "[1/" not in again.stdout
     assert (out / "results.jsonl").read_bytes() == before
     assert mtimes == {d: os.stat(out / "trials" / d / "summary.json").st_mtime for d in mtimes}
 
 
-def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, tmp_path):
+def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, tmp_path, monkeypatch, capfd):
     import shutil
     src, r, _ = small_sweep
     assert r.returncode == 0
@@ -276,7 +277,7 @@ def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, 
     data = (out / "results.jsonl").read_bytes()
     last = data.rstrip(b"\n").rsplit(b"\n", 1)[1]
     (out / "results.jsonl").write_bytes(data[:len(data) - len(last) - 1] + last[:len(last) // 2])
-    again = shmlearn("sweep", *SMALL, "--out", str(out), "--no-report")
+    again = run_main(["sweep", *SMALL, "--out", str(out), "--no-report"], monkeypatch, capfd)
     assert again.returncode == 0, again.stderr
     assert "cut off by an interrupted write" in again.stdout
     assert "had finished before the last sweep was stopped" in again.stdout  # its run dir was whole
@@ -290,7 +291,7 @@ def test_rerun_recovers_a_torn_line_by_adopting_the_finished_trial(small_sweep, 
     assert adopted["group_s"] == torn["group_s"] and adopted["group_s"] is not None, adopted["group_s"]
 
 
-def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
+def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path, monkeypatch, capfd):
     out = tmp_path / "k"
     args = ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "16384", "--workers", "1",
             "--batch-size", "16,32", "--lr", "0.1,0.3,0.5", "--parallel", "2", "--no-report", "--out", str(out)]
@@ -313,7 +314,7 @@ def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path):
     p.wait()
     first = results(out)
     assert 1 <= len(first) < 6
-    r = shmlearn(*args)
+    r = run_main(args, monkeypatch, capfd)  # the rerun: main() in this process
     assert r.returncode == 0, r.stdout + r.stderr
     rows = results(out)
     assert len(rows) == 6 and len({x["id"] for x in rows}) == 6
