@@ -8,3 +8,35 @@ def alive(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] != "Z"
     except OSError:
         return False
+
+
+def _logged(rank, fn, log, *args):
+    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
+    the forkserver's, past pytest's capture."""
+    import os
+    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    fn(rank, *args)
+
+
+def processes(fn, args, nprocs):
+    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
+    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
+    imports on 2 cores before its first step. What they print is printed here, for pytest."""
+    import os
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    from shmlearn import forkserver
+    with tempfile.TemporaryDirectory() as d:
+        log = os.path.join(d, "rank")
+        try:
+            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
+                               start_method=forkserver.context(cuda=False).get_start_method())
+        finally:
+            for r in range(nprocs):
+                if os.path.exists(f"{log}.{r}"):
+                    with open(f"{log}.{r}") as f:
+                        print(f.read(), end="")

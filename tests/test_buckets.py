@@ -18,6 +18,7 @@ from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.step.buckets import plan
 from shmlearn.sync import build_strategy
 from shmlearn.timing import PhaseTimer
+from procs import processes
 
 
 def test_plan_cuts_the_buffer_from_its_end_with_a_small_first_bucket():
@@ -95,36 +96,8 @@ def _worker(rank, world, port, out):
     os._exit(0)  # as test_fast's workers: no interpreter teardown racing Gloo's threads
 
 
-def _logged(rank, fn, log, *args):
-    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
-    the forkserver's, past pytest's capture."""
-    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    fn(rank, *args)
-
-
-def _processes(fn, args, nprocs):
-    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
-    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
-    imports on 2 cores before its first step. What they print is printed here, for pytest."""
-    import tempfile
-
-    from shmlearn import forkserver
-    with tempfile.TemporaryDirectory() as d:
-        log = os.path.join(d, "rank")
-        try:
-            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
-                               start_method=forkserver.context(cuda=False).get_start_method())
-        finally:
-            for r in range(nprocs):
-                if os.path.exists(f"{log}.{r}"):
-                    with open(f"{log}.{r}") as f:
-                        print(f.read(), end="")
-
-
 def test_bucketed_average_trains_the_same_weights_on_two_processes(tmp_path):
-    _processes(_worker, (2, free_port(), str(tmp_path)), 2)
+    processes(_worker, (2, free_port(), str(tmp_path)), 2)
     ranks = [torch.load(os.path.join(tmp_path, f"buckets-rank{r}.pt")) for r in range(2)]
     for r, res in enumerate(ranks):
         for adopt in ("on", "off"):

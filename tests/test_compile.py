@@ -18,6 +18,7 @@ from shmlearn.config import TrainConfig
 from shmlearn.errors import WorkerFailed
 from shmlearn.launch import DistEnv, free_port
 from shmlearn.step.compile import build_failure
+from procs import processes
 
 NOTE = ("--compile default: Inductor could not build the step's code on this machine "
         "(CppCompileError: C++ compile error); the step runs eagerly")
@@ -90,34 +91,6 @@ def test_an_error_that_is_not_a_build_failure_is_raised(tmp_path):
         shmlearn.train(_cfg(tmp_path / "run", "default"))
 
 
-def _logged(rank, fn, log, *args):
-    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
-    the forkserver's, past pytest's capture."""
-    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    fn(rank, *args)
-
-
-def _processes(fn, args, nprocs):
-    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
-    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
-    imports on 2 cores before its first step. What they print is printed here, for pytest."""
-    import tempfile
-
-    from shmlearn import forkserver
-    with tempfile.TemporaryDirectory() as d:
-        log = os.path.join(d, "rank")
-        try:
-            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
-                               start_method=forkserver.context(cuda=False).get_start_method())
-        finally:
-            for r in range(nprocs):
-                if os.path.exists(f"{log}.{r}"):
-                    with open(f"{log}.{r}") as f:
-                        print(f.read(), end="")
-
-
 def _worker(rank, world, port, out):
     """An eager run, then a --compile default run in which rank 1's build fails and rank 0's
     compile succeeds (torch.compile gives the function back, as a build would, at no cost): both
@@ -142,7 +115,7 @@ def _worker(rank, world, port, out):
 
 
 def test_every_rank_runs_eagerly_when_one_ranks_step_does_not_build(tmp_path):
-    _processes(_worker, (2, free_port(), str(tmp_path)), 2)
+    processes(_worker, (2, free_port(), str(tmp_path)), 2)
     runs = torch.load(tmp_path / "rank0.pt", weights_only=False)  # summaries too; this test wrote it
     (eager, eager_w), (s, w) = runs["off"], runs["default"]
     assert s["status"] == "completed" and s["compile"] == "off" and s["compile_s"] is None

@@ -28,6 +28,7 @@ from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn.sync import build_strategy
 from shmlearn.timing import PhaseTimer
 from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
+from procs import processes
 
 
 @pytest.fixture(autouse=True)
@@ -249,34 +250,6 @@ def test_failed_capture_falls_back_to_eager_from_the_same_state(monkeypatch):
     torch.testing.assert_close(fell.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
 
 
-def _logged(rank, fn, log, *args):
-    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
-    the forkserver's, past pytest's capture."""
-    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    fn(rank, *args)
-
-
-def _processes(fn, args, nprocs):
-    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
-    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
-    imports on 2 cores before its first step. What they print is printed here, for pytest."""
-    import tempfile
-
-    from shmlearn import forkserver
-    with tempfile.TemporaryDirectory() as d:
-        log = os.path.join(d, "rank")
-        try:
-            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
-                               start_method=forkserver.context(cuda=False).get_start_method())
-        finally:
-            for r in range(nprocs):
-                if os.path.exists(f"{log}.{r}"):
-                    with open(f"{log}.{r}") as f:
-                        print(f.read(), end="")
-
-
 def _graph_worker(rank, world, port, out, cases):
     import pytest as _pytest  # noqa: F401 - the monkeypatch below is by hand in a spawned process
     torch.set_num_threads(1)
@@ -301,7 +274,7 @@ def _graph_worker(rank, world, port, out, cases):
 
 def test_graph_protocol_on_two_processes(tmp_path):
     cases = [("allreduce", 1), ("ps", 1), ("weight-avg", 3)]
-    _processes(_graph_worker, (2, free_port(), str(tmp_path), cases), 2)
+    processes(_graph_worker, (2, free_port(), str(tmp_path), cases), 2)
     for i, (strategy, period) in enumerate(cases):
         (e0, g0), (e1, g1) = (torch.load(os.path.join(tmp_path, f"case{i}-rank{r}.pt")) for r in range(2))
         torch.testing.assert_close(g0, e0, rtol=0, atol=0, msg=strategy)
@@ -606,7 +579,7 @@ def test_the_weight_copy_follows_every_writer_of_the_weights_on_two_processes(tm
     with copies, 7 steps of each strategy (averages at 3 and 6, a step past) on two Gloo processes
     end on the weights of the step that casts, bit for bit (a stale copy read by a forward would
     change them), and each rank's copy holds its weights cast."""
-    _processes(_copy_worker, (2, free_port(), str(tmp_path)), 2)
+    processes(_copy_worker, (2, free_port(), str(tmp_path)), 2)
     for r in range(2):
         res = torch.load(os.path.join(tmp_path, f"copy-rank{r}.pt"))
         for strategy in ("weight-avg", "ps", "allreduce"):
@@ -638,7 +611,7 @@ def test_update_in_backward_under_weight_averaging_on_two_processes(tmp_path):
     """weight-avg updates each replica from its own gradient: in the backward, its two workers end
     where the update after the backward leaves them (7 steps, averaging every 3: two rounds and
     a step past the last), bit for bit; allreduce at 2 workers cannot and says so."""
-    _processes(_early_worker, (2, free_port(), str(tmp_path)), 2)
+    processes(_early_worker, (2, free_port(), str(tmp_path)), 2)
     for r in range(2):
         early, late, refusal = torch.load(os.path.join(tmp_path, f"early-rank{r}.pt"))
         assert torch.equal(early, late), r

@@ -23,6 +23,7 @@ from shmlearn.data import load_dataset, normalizer
 from shmlearn.launch import DistEnv, free_port
 from shmlearn.noise import NoiseTracker, estimate
 from shmlearn.train import run_worker
+from procs import processes
 
 B = 32
 # Every run below sets threads=1: a 1-worker run's default is every core (2 here), and a second
@@ -108,42 +109,14 @@ def _solo_worker(i, tmp):
     os._exit(0)  # as _worker
 
 
-def _logged(rank, fn, log, *args):
-    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
-    the forkserver's, past pytest's capture."""
-    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    fn(rank, *args)
-
-
-def _processes(fn, args, nprocs):
-    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
-    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
-    imports on 2 cores before its first step. What they print is printed here, for pytest."""
-    import tempfile
-
-    from shmlearn import forkserver
-    with tempfile.TemporaryDirectory() as d:
-        log = os.path.join(d, "rank")
-        try:
-            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
-                               start_method=forkserver.context(cuda=False).get_start_method())
-        finally:
-            for r in range(nprocs):
-                if os.path.exists(f"{log}.{r}"):
-                    with open(f"{log}.{r}") as f:
-                        print(f.read(), end="")
-
-
 @pytest.fixture(scope="module", params=[1, 2, 4], ids=lambda w: f"w{w}")
 def runs(request, tmp_path_factory):
     world = request.param
     tmp = str(tmp_path_factory.mktemp(f"noise-w{world}"))
     if world == 1:  # one process a model, each a world of its own: two cores, one intra-op thread each
-        _processes(_solo_worker, (tmp,), len(MODELS))
+        processes(_solo_worker, (tmp,), len(MODELS))
     else:
-        _processes(_worker, (world, free_port(), tmp), world)
+        processes(_worker, (world, free_port(), tmp), world)
     return world, tmp
 
 
@@ -277,7 +250,7 @@ def _ddp_worker(rank, world, port, tmp):
 def ddp_runs(tmp_path_factory):
     """_ddp_worker's three runs on 2 Gloo processes, once for the two tests that read them."""
     tmp = tmp_path_factory.mktemp("ddp")
-    _processes(_ddp_worker, (2, free_port(), str(tmp)), 2)
+    processes(_ddp_worker, (2, free_port(), str(tmp)), 2)
     return tmp
 
 
@@ -343,7 +316,7 @@ def test_every_kth_step_measures_what_every_step_measures_there(tmp_path, world)
                               master_port=free_port())
                 run_worker(_every_cfg(tmp_path / f"{strategy}-k{every}", 1, strategy, every, **extra), env)
     else:
-        _processes(_every_worker, (world, free_port(), str(tmp_path)), world)
+        processes(_every_worker, (world, free_port(), str(tmp_path)), world)
     for strategy, _ in EVERY_CASES:
         rows = {k: [json.loads(line) for line in open(tmp_path / f"{strategy}-k{k}" / "metrics.jsonl")]
                 for k in (1, EVERY)}

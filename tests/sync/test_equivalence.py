@@ -14,6 +14,7 @@ import torch.multiprocessing as mp
 from shmlearn.config import TrainConfig
 from shmlearn.launch import DistEnv, free_port
 from shmlearn.train import run_worker
+from procs import processes
 
 B, STEPS = 8, 20
 CASES = [  # (strategy, optimizer, extra config)
@@ -37,34 +38,6 @@ def _cfg(out, workers, batch, strategy="allreduce", optimizer="sgd", **kw):
 
 def _flat(model):
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
-def _logged(rank, fn, log, *args):
-    """fn(rank, *args) with its stdout and stderr in log.RANK: a forked process would write to
-    the forkserver's, past pytest's capture."""
-    fd = os.open(f"{log}.{rank}", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    fn(rank, *args)
-
-
-def _processes(fn, args, nprocs):
-    """mp.spawn's processes, forked from the session's forkserver where shmlearn's own CPU
-    pools would fork (tests/conftest.py; it has imported torch): spawned, each paid its ~3 s of
-    imports on 2 cores before its first step. What they print is printed here, for pytest."""
-    import tempfile
-
-    from shmlearn import forkserver
-    with tempfile.TemporaryDirectory() as d:
-        log = os.path.join(d, "rank")
-        try:
-            mp.start_processes(_logged, args=(fn, log, *args), nprocs=nprocs, join=True,
-                               start_method=forkserver.context(cuda=False).get_start_method())
-        finally:
-            for r in range(nprocs):
-                if os.path.exists(f"{log}.{r}"):
-                    with open(f"{log}.{r}") as f:
-                        print(f.read(), end="")
 
 
 def _worker(rank, world, port, tmp, cases):
@@ -91,7 +64,7 @@ def _reference(tmp, world, optimizer):
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_strategies_match_single_process(tmp_path, world):
-    _processes(_worker, (world, free_port(), str(tmp_path), CASES), world)
+    processes(_worker, (world, free_port(), str(tmp_path), CASES), world)
     refs = {opt: _reference(str(tmp_path), world, opt) for opt in ("sgd", "momentum")}
     start = _flat(_reference_init())
     for i, (strategy, optimizer, _) in enumerate(CASES):
@@ -114,7 +87,7 @@ def test_dedicated_parameter_server_matches_single_process(tmp_path):
     """3 processes: rank 0 only serves, ranks 1-2 compute; equals one process at batch 2*B."""
     world, case = 3, [("ps", "momentum", {"ps_dedicated": True})]
 
-    _processes(_dedicated_worker, (world, free_port(), str(tmp_path), case), world)
+    processes(_dedicated_worker, (world, free_port(), str(tmp_path), case), world)
     ref = _reference(str(tmp_path), 2, "momentum")
     for r in range(world):
         torch.testing.assert_close(torch.load(os.path.join(tmp_path, f"case0-rank{r}.pt")), ref,
