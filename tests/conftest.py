@@ -45,3 +45,16 @@ def spawned_workers(monkeypatch):
     stdout, not to the file descriptors pytest's capfd put in place after it started."""
     from shmlearn import forkserver
     monkeypatch.setattr(forkserver, "_started_env", None)
+
+
+@pytest.fixture
+def one_thread():
+    """A test's own steps in this process on one intra-op thread, as its Gloo workers: on tiny
+    batches a second thread only waits on the first, and on a loaded 2-core machine OpenMP's spin
+    waits made a small convolution's backward take ~30 ms against 0.2 ms. Modules take it with
+    `pytestmark = pytest.mark.usefixtures("one_thread")`."""
+    import torch
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

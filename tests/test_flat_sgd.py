@@ -13,15 +13,7 @@ from shmlearn.sync import build_strategy
 from triton_interp import interpreted_together as interpreted  # one interpreter process for the module
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """This module's steps in this process on one intra-op thread, as its Gloo workers: on these
-    tiny batches a second thread only waits on the first, and on a loaded 2-core machine each
-    small convolution's backward then took ~30 ms against 0.2 ms (tests/test_noise.py does the same)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 class _Net(nn.Module):

@@ -36,14 +36,7 @@ MODELS = ("softmax", "mlp")
 CASES = [("allreduce", {}), ("ps", {"check_every": 1})]
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """The tests' own sums (per-sample gradients over digits) on one intra-op thread, as every run
-    here: on these tiny batches a second thread only waits on the first (tests/models/conftest.py)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 def _cfg(out, workers, model, strategy, **kw):

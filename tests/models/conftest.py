@@ -1,12 +1,7 @@
 import pytest
-import torch
 
 
 @pytest.fixture(autouse=True)
-def one_thread():
-    """These tests run tiny batches, where a second intra-op thread saves nothing and, on a
-    shared 2-core box, OpenMP spin-waiting against other processes made them ~5x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
+def _one_thread(one_thread):
+    """These tests run tiny batches (tests/conftest.py one_thread)."""
     yield
-    torch.set_num_threads(before)
