@@ -132,6 +132,24 @@ def _scale_bench(folder: str, workers: str, runs) -> list:
         for model, batch, compiled in runs)]
 
 
+def _avx_abort(folder: str) -> str:
+    show = ("import re,sys; t=open(sys.argv[1],errors='replace').read(); "
+            "m=re.findall(r'Current thread.*?File \"(/[^\"]*torchinductor[^\"]*[.]py)\", line ([0-9]+)', t, re.S); "
+            "[print('#### %s:%s' % (f, n), *open(f).read().splitlines()[max(0, int(n) - 60):int(n) + 3], sep=chr(10)) "
+            "for f, n in m[:2]]")
+    cmds = []
+    for cap in ("avx512", "avx2"):
+        log = os.path.join(folder, f"{cap}.txt")
+        cmds.append(f"CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY={cap} OMP_NUM_THREADS=4 "
+                    f"TORCHINDUCTOR_CACHE_DIR=/tmp/ind-{cap} timeout 250 python3 -X faulthandler -m pytest -q "
+                    f"-p no:cacheprovider -p no:xdist --tb=long -rfE tests/nn/test_conv_overlap.py > {log} 2>&1; "
+                    f"echo {cap} rc=$?; python3 -c {shlex.quote(show)} {log} > {folder}/{cap}-code.txt 2>&1; "
+                    f"grep -E 'passed|failed|Fatal' {log} | tail -3")
+    cmds.append("python3 -c 'import torch; print(torch.__version__, torch.backends.cpu.get_cpu_capability()); "
+                "from torch._inductor import cpu_vec_isa as v; print(v.pick_vec_isa())'; lscpu | grep -i 'model name\\|flags' | cut -c1-400")
+    return "; ".join(cmds)
+
+
 def _probe_42(folder: str, gpus: str) -> str:
     n = int(gpus)
     probe = [sys.executable, os.path.join(HERE, "multi_gpu_probe.py"), "--steps", "100", "--repeats", "3"]
@@ -759,6 +777,19 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 38 acceptance 3: the whole suite under AVX512 on the host's CPU (xdist, no GPU).
         "avx512-suite": (["bash", "-c", "CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 timeout 560 python3 -m "
                           "pytest -p no:cacheprovider -n 24 -v --tb=short -rfE tests; echo rc=$?"], 600),
+        # Issue 42 acceptance 1 after the steps-per-repeat fix (eaba455): alexnet-small compiled
+        # b1024 at 1, 2, 4 GPUs, `local` beside DDP and DDP + compile.
+        "scale-4a": (_scale_bench(p("scale-4a"), workers, [("alexnet-small", 1024, True)]), 420),
+        # Issue 38 acceptance 3: the abort inside Inductor-compiled CPU code of test_conv_overlap
+        # (torch 2.11, avx512 only?): each width with a fresh Inductor cache, then the generated
+        # code around the line the abort names.
+        "avx-abort": (["bash", "-c", _avx_abort(p("avx-abort"))], 560),
+        # Issue 38 acceptance 3: the whole suite under AVX512, 16 xdist workers with 2 threads each
+        # (the 2-core machine's thread count), failures written as they happen.
+        "avx512-suite2": (["bash", "-c", f"CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 OMP_NUM_THREADS=2 "
+                           f"PYTHONPATH=benchmarks:. LIVE_FAILURES={p('avx512-suite2')}/failures.txt timeout 540 "
+                           "python3 -m pytest -p no:cacheprovider -p pytest_live_failures -n 16 --dist loadfile "
+                           "-q --tb=short -rfE --durations=30 tests; echo rc=$?"], 570),
         # Issue 37: cnn's batch x lr table (seed 003 §4: lenet, Adam, 10 epochs) at 2 GPUs, a
         # 2-worker sweep (two trials side by side on 4 GPUs); then acceptance 2's bare NCCL
         # all_reduce of alexnet-small's gradient (147,338 fp32 = 576 KiB with the loss) at 2 and 4 GPUs.
