@@ -27,14 +27,31 @@ def _torch_threads_put_back():
         torch.set_num_threads(_torch_threads)
 
 
+def _xdist_controller(config) -> bool:
+    """Whether this is pytest-xdist's controller (-n N): it runs no test, its workers do."""
+    return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config, log):
+    """With -n (the README's -n 2): each test file goes whole to one worker, so that a file's
+    module-scoped setups (a sweep, a study, a trained run several tests read) run once, not once
+    per worker. An explicit --dist other than xdist's default `load` is kept."""
+    if config.getvalue("dist") == "load":
+        from xdist.scheduler import LoadFileScheduling
+        return LoadFileScheduling(config, log)
+    return None
+
+
 def pytest_configure(config):
     """CPU pools fork from a forkserver that imported torch once, as the `shmlearn` program's CPU
     runs do (shmlearn/forkserver.py): a worker of a test's `train()` then starts in ~0.3 s, not
     ~3 s (a 2-worker train() of 640 samples took 0.7 s against 6.5 s spawned). The pool still
     spawns where the program's would (CUDA, an import-time variable changed by a test), and
-    tests/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns."""
+    tests/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns. Under
+    -n, each worker starts its own; xdist's controller, which runs no test, none."""
     import os
-    if not os.environ.get("SHMLEARN_TEST_SPAWN"):
+    if not os.environ.get("SHMLEARN_TEST_SPAWN") and not _xdist_controller(config):
         from shmlearn import forkserver
         forkserver.start()
 

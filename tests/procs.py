@@ -40,3 +40,13 @@ def processes(fn, args, nprocs):
                 if os.path.exists(f"{log}.{r}"):
                     with open(f"{log}.{r}") as f:
                         print(f.read(), end="")
+
+
+def mpirun_env(env: dict) -> dict:
+    """env for mpirun where neither ssh nor rsh is installed (a container): Open MPI 4 looks for
+    its remote agent on PATH even to start local ranks, and stops without one ("plm_rsh_agent: ssh :
+    rsh ... could not be found"); /bin/false stands in, never called for ranks on this host."""
+    import shutil
+    if shutil.which("ssh") or shutil.which("rsh"):
+        return env
+    return dict(env, OMPI_MCA_plm_rsh_agent="false")

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from shmlearn.launch import _first_host, detect_env, free_port
+from procs import mpirun_env
 
 ARGS = ["train", "--epochs", "2", "--eval-points", "1", "--no-progress"]
 
@@ -84,7 +85,7 @@ def test_mpirun_runs_unchanged(tmp_path):
     if os.geteuid() == 0:
         cmd[1:1] = ["--allow-run-as-root"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=300,
-                       env=_clean_env(MASTER_PORT=str(free_port())))
+                       env=mpirun_env(_clean_env(MASTER_PORT=str(free_port()))))
     assert r.returncode == 0, (r.stdout + r.stderr)[-2000:]
     s = _summary(out)
     assert (s["launcher"], s["workers"], s["processes"]) == ("mpirun", 2, 2)

@@ -7,6 +7,8 @@ import subprocess
 
 import pytest
 
+from procs import mpirun_env
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DEFAULT_OUT = {("bench", "comm"): "comm.json", ("bench", "ps-sim"): "ps-sim.json",
                ("bench", "throughput"): "throughput.json", ("simulate",): "simulate"}
@@ -96,7 +98,7 @@ def script_runs(tmp_path_factory):
                 if shutil.which("mpirun") is None:
                     started[launcher] = None
                     continue
-                run_env["MASTER_PORT"] = str(free_port())
+                run_env = mpirun_env(dict(run_env, MASTER_PORT=str(free_port())))
                 cmd = ["mpirun", "-np", "2", "--oversubscribe", "-x", "PYTHONUNBUFFERED", "-x", "PATH", "-x",
                        "MASTER_PORT", sys.executable, EXAMPLE]
                 if os.geteuid() == 0:

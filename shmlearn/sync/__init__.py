@@ -3,6 +3,7 @@ registers an entry that describes it (registry.py)."""
 from __future__ import annotations
 
 import importlib
+import os
 import pkgutil
 
 from shmlearn.sync import registry
@@ -14,8 +15,12 @@ from shmlearn.sync.weight_averaging import WeightAveraging
 from shmlearn.sync.ddp import DDP
 from shmlearn.sync.async_ps import AsyncPS
 
-# A strategy added as one more file here registers itself on import, after the five above, with
-# no edit to this file: a spawned worker imports this package and finds it the same way.
+# A strategy added as one more file here, or in a folder of SHMLEARN_STRATEGY_PATH (folders
+# separated by os.pathsep: strategy files kept outside an installed package), registers itself on
+# import, after the five above, with no edit to this file: a spawned worker imports this package
+# and finds it the same way (it inherits the variable). Its module is shmlearn.sync.<file name>.
+__path__ += [d for d in map(os.path.abspath, filter(None, os.environ.get("SHMLEARN_STRATEGY_PATH", "").split(
+    os.pathsep))) if d not in __path__]
 _OWN = {"__init__", "base", "registry", "allreduce", "parameter_server", "weight_averaging", "ddp", "async_ps"}
 for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _OWN and not m.name.startswith("_")):
     importlib.import_module(f"{__name__}.{_m}")

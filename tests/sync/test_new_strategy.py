@@ -1,10 +1,13 @@
 """A new strategy is one file under shmlearn/sync/ (issue 40, acceptance 3; docs/architecture.md,
-"How to add a strategy"): a toy, allreduce-half, written as shmlearn/sync/allreduce_half.py and
-nothing else, trains end to end on 2 Gloo workers, records its summary and timing phases, shows
+"How to add a strategy"), or in a folder of SHMLEARN_STRATEGY_PATH: a toy, allreduce-half, written
+as allreduce_half.py and nothing else, trains end to end on 2 Gloo workers, records its summary and timing phases, shows
 in `shmlearn report`, and ends with allreduce's weights (it all-reduces the same gradient, in
 `pieces` all-reduces instead of one)."""
 import importlib
 import json
+import os
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -64,17 +67,39 @@ STEPS, B = 6, 16
 
 
 @pytest.fixture
-def toy():
-    """The toy as one more file of shmlearn/sync/: this process imports it, a spawned worker finds
-    it as shmlearn/sync/__init__.py finds any strategy file. Removed afterwards."""
-    path = Path(shmlearn.sync.__file__).parent / "allreduce_half.py"
-    path.write_text(TOY)
+def toy(tmp_path_factory, monkeypatch):
+    """The toy as a strategy file in a folder of SHMLEARN_STRATEGY_PATH: this process imports it as
+    shmlearn.sync imports any strategy file, and a spawned worker finds it through the variable.
+    (Never written into the package under test: other test processes import it meanwhile.)"""
+    folder = str(tmp_path_factory.mktemp("strategies"))
+    with open(os.path.join(folder, "allreduce_half.py"), "w") as f:
+        f.write(TOY)
+    monkeypatch.setenv("SHMLEARN_STRATEGY_PATH", folder)
+    shmlearn.sync.__path__.append(folder)
     try:
         yield importlib.import_module("shmlearn.sync.allreduce_half")
     finally:
-        path.unlink()
+        shmlearn.sync.__path__.remove(folder)
         registry.entries().pop("allreduce-half", None)
         sys.modules.pop("shmlearn.sync.allreduce_half", None)
+
+
+def test_a_file_dropped_into_the_packages_sync_folder_registers_in_a_fresh_process(tmp_path):
+    """The toy as one more file of shmlearn/sync/ itself, in a copy of the package: a fresh
+    interpreter (as a spawned worker is) registers it with its parameter, and it comes last."""
+    shutil.copytree(os.path.dirname(shmlearn.__file__), tmp_path / "shmlearn",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (tmp_path / "shmlearn" / "sync" / "allreduce_half.py").write_text(TOY)
+    code = ("import shmlearn.sync as s; from shmlearn.config import TrainConfig; "
+            "print(s.__file__, list(s.registry.entries())[-1], TrainConfig(allreduce_pieces=3).allreduce_pieces)")
+    env = {k: v for k, v in os.environ.items() if k != "SHMLEARN_STRATEGY_PATH"}
+    env["PYTHONPATH"] = str(tmp_path)
+    r = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    path, name, pieces = r.stdout.split()
+    assert path == str(tmp_path / "shmlearn" / "sync" / "__init__.py")
+    assert (name, pieces) == ("allreduce-half", "3")
 
 
 def _run(out: Path, strategy: str, **kw):
