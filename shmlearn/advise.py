@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from shmlearn.errors import BadInput
+from shmlearn.limits import usable_cores
 from shmlearn.results import ResultStore
 
 SMOOTH = 5
@@ -195,7 +196,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
         spec = _json(os.path.join(path, "sweep.json"), "advise:")
         runs, slots = sweep_runs(path, spec["trials"]), spec.get("slots")
     elif os.path.exists(os.path.join(path, "summary.json")):
-        runs, slots = [r for r in [load_run(path)] if r is not None], os.cpu_count()
+        runs, slots = [r for r in [load_run(path)] if r is not None], usable_cores()
     else:
         raise BadInput(f"advise {path}: neither a run directory (summary.json) nor a sweep directory (sweep.json)")
     if not runs:

@@ -18,7 +18,7 @@ from typing import Mapping, Optional
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, WorkerFailed, count, one_line
-from shmlearn.limits import mem_available
+from shmlearn.limits import mem_available, usable_cores
 
 
 def die_with_parent(parent_pid: Optional[int] = None) -> None:
@@ -276,7 +276,7 @@ def check_capacity(processes: int, threads: Optional[int], oversubscribe: bool) 
     process that is its own: torch's import and the worker's buffers)."""
     if oversubscribe:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     if processes > 16 * cores:
         raise BadInput(f"--workers: {processes} processes on {count(cores, 'core')} (at most {16 * cores}); "
                        f"use fewer, or --oversubscribe")

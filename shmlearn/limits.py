@@ -40,10 +40,16 @@ step and the ranks slowed each other's steps 2-7x (docs/performance.md, issue 42
 OMP_NUM_THREADS=1 for the same reason."""
 
 
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (taskset, a container's cpuset, a
+    Slurm allocation), not the host's count that os.cpu_count() gives."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def rank_threads(device_type: str, local_world_size: int, threads: Optional[int] = None) -> int:
     """Intra-op threads for one rank: `threads` if given; on the CPU the cores divided among the
     host's ranks; on a GPU at most GPU_RANK_THREADS of that share. At least 1."""
     if threads:
         return threads
-    share = max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    share = max(1, usable_cores() // max(1, local_world_size))
     return share if device_type == "cpu" else min(GPU_RANK_THREADS, share)

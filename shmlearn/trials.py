@@ -26,6 +26,7 @@ from shmlearn import jsonl
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
+from shmlearn.limits import usable_cores
 from shmlearn.pool import Pool
 from shmlearn.results import ResultStore, pick_winners, winners_table
 from shmlearn.results import fmt as _fmt
@@ -357,7 +358,7 @@ def find_slots(sc: SweepConfig) -> Tuple[bool, int]:
             return True, sc.slots or torch.cuda.device_count()
         if "cuda" in devs:
             raise BadInput("--device cuda: no CUDA device is available")
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    cores = usable_cores()
     return False, sc.slots or cores
 
 

@@ -9,7 +9,6 @@ device buffers on the host side and `next_batch()` (inside the graph) only reads
 """
 from __future__ import annotations
 
-import os
 import pickle
 import sys
 from dataclasses import dataclass
@@ -22,6 +21,7 @@ from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import epoch_permutation, too_few
 from shmlearn.errors import BadInput
 from shmlearn.launch import die_with_parent
+from shmlearn.limits import usable_cores
 
 
 @dataclass
@@ -136,7 +136,7 @@ def _rank() -> int:
 def _workers(num_workers: Optional[int]) -> int:
     if num_workers is not None:
         return num_workers
-    return min(4, max(1, (os.cpu_count() or 2) // 2))
+    return min(4, max(1, usable_cores() // 2))
 
 
 def materialize(ds, what: str, split: str) -> Tuple[torch.Tensor, torch.Tensor]:

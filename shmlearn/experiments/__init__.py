@@ -10,6 +10,7 @@ from typing import Dict, Tuple
 
 from shmlearn.errors import BadInput
 from shmlearn.experiments.common import Context
+from shmlearn.limits import usable_cores
 from shmlearn.pool import Pool, using
 from shmlearn.runs import write_json_atomic
 
@@ -63,7 +64,7 @@ def _slots(cuda: bool) -> int:
     if cuda:
         import torch
         return torch.cuda.device_count()
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return usable_cores()
 
 
 def _claim(out: str, what: dict) -> None:

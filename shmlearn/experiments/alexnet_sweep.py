@@ -10,6 +10,7 @@ import os
 import torch
 
 from shmlearn.experiments.common import Context, fashion_or
+from shmlearn.limits import usable_cores
 from shmlearn.results import winners_table
 from shmlearn.sweep import SweepConfig
 from shmlearn.sweep_cli import run_sweep
@@ -21,7 +22,7 @@ PAPER_WINNERS = {1: (128, 0.5), 2: (128, 0.5), 4: (128, 0.4), 8: (64, 0.6)}
 
 
 def _worker_counts(ctx: Context):
-    slots = torch.cuda.device_count() if ctx.device != "cpu" and torch.cuda.is_available() else os.cpu_count() or 1
+    slots = torch.cuda.device_count() if ctx.device != "cpu" and torch.cuda.is_available() else usable_cores()
     return [w for w in (1, 2, 4, 8) if w <= max(slots, 1)]
 
 

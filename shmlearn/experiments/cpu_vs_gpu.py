@@ -15,6 +15,7 @@ import torch
 
 from shmlearn.config import TrainConfig
 from shmlearn.experiments.common import Context, curve, figure, run, save, write_table
+from shmlearn.limits import usable_cores
 
 SHAPES = {"28x28x1": "synthetic-28", "32x32x3": "synthetic-32", "64x64x3": "synthetic-64"}
 MODELS = ("alexnet", "resnet34")
@@ -40,7 +41,7 @@ def _epoch_lines(run_dir: str, epochs: int) -> list:
 
 def run_experiment(ctx: Context) -> str:
     cuda = ctx.device != "cpu" and torch.cuda.is_available()
-    cores = os.cpu_count() or 1
+    cores = usable_cores()
     gpus = torch.cuda.device_count() if cuda else 0
     # (device, workers): one CPU process, one GPU, and every GPU data parallel (batch 128 a GPU)
     devices = [("cpu", 1)] + ([("cuda", 1)] if cuda else []) + ([("cuda", gpus)] if gpus > 1 else [])
