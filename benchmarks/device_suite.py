@@ -787,9 +787,18 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 38 acceptance 3: the whole suite under AVX512, 16 xdist workers with 2 threads each
         # (the 2-core machine's thread count), failures written as they happen.
         "avx512-suite2": (["bash", "-c", f"CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 OMP_NUM_THREADS=2 "
-                           f"PYTHONPATH=benchmarks:. LIVE_FAILURES={p('avx512-suite2')}/failures.txt timeout 540 "
+                           f"PYTHONPATH=$PWD/benchmarks:$PWD LIVE_FAILURES={p('avx512-suite2')}/failures.txt timeout 540 "
                            "python3 -m pytest -p no:cacheprovider -p pytest_live_failures -n 16 --dist loadfile "
                            "-q --tb=short -rfE --durations=30 tests; echo rc=$?"], 570),
+        # Issue 38 acceptance 3: the README's test command (-n 2) under AVX512 on two of the
+        # host's cores (taskset: a 2-core machine), failures written as they happen.
+        "suite-2core": (["bash", "-c", "grep -q avx512f /proc/cpuinfo || { echo 'no AVX512 on this CPU'; exit 3; }; "
+                         "lscpu | grep 'Model name'; export CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 "
+                         f"PYTHONPATH=$PWD/benchmarks:$PWD LIVE_FAILURES={p('suite-2core')}/failures.txt; "
+                         "taskset -c 0,1 python3 -c 'import torch, os; print(torch.__version__, "
+                         "torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), len(os.sched_getaffinity(0)))'; "
+                         "time taskset -c 0,1 timeout 1500 python3 -m pytest -p no:cacheprovider -p pytest_live_failures "
+                         "-n 2 -q -rfE --durations=40 tests; echo rc=$?"], 1560),
         # Issue 37: cnn's batch x lr table (seed 003 §4: lenet, Adam, 10 epochs) at 2 GPUs, a
         # 2-worker sweep (two trials side by side on 4 GPUs); then acceptance 2's bare NCCL
         # all_reduce of alexnet-small's gradient (147,338 fp32 = 576 KiB with the loss) at 2 and 4 GPUs.
