@@ -80,15 +80,19 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
         raise RuntimeError("replicas differ after the initial broadcast")
 
 
-def _wake_main() -> None:
-    """End the system call the main thread is blocked in (a sleep, a lock, a read), which
-    interrupt_main alone leaves to finish first: a real SIGINT to that thread, where Python handles
-    SIGINT (interrupt_main then already set its flag, and the handler runs once)."""
+def _interrupt_main() -> None:
+    """Run SIGINT's Python handler in the main thread, ending the system call it is blocked in (a
+    sleep, a lock, a read), which _thread.interrupt_main alone leaves to finish first: one real
+    SIGINT to that thread, where Python handles SIGINT (both together could run the handler twice).
+    Where it does not, interrupt_main, which then does nothing, as a SIGINT would not."""
+    import _thread
     if callable(signal.getsignal(signal.SIGINT)):
         try:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+            return
         except (OSError, ValueError):
             pass
+    _thread.interrupt_main()
 
 
 class Heartbeat:
@@ -159,9 +163,7 @@ class Heartbeat:
                 self.stalled = (f"rank {self.rank}: no progress for {inside:.0f} s inside step {self.step + 1} "
                                 f"(--timeout {timeout_s:g} s): a hang in its own code")
                 print(f"shmlearn: {self.stalled}", file=sys.stderr, flush=True)
-                import _thread
-                _thread.interrupt_main()  # runs SIGINT's Python handler at the next bytecode
-                _wake_main()
+                _interrupt_main()
                 if not self._stop.wait(10.0):
                     os._exit(1)
                 return
