@@ -799,6 +799,13 @@ def part_commands(p: str, workers: str) -> dict:
                          "torch.backends.cpu.get_cpu_capability(), torch.get_num_threads(), len(os.sched_getaffinity(0)))'; "
                          "time taskset -c 0,1 timeout 1500 python3 -m pytest -p no:cacheprovider -p pytest_live_failures "
                          "-n 2 -q -rfE --durations=40 tests; echo rc=$?"], 1560),
+        # The same on the whole host (8 test processes of 2 threads each), where a 2-core run does
+        # not fit the device time left.
+        "suite-n8": (["bash", "-c", "grep -q avx512f /proc/cpuinfo || { echo 'no AVX512 on this CPU'; exit 3; }; "
+                      "export CUDA_VISIBLE_DEVICES= ATEN_CPU_CAPABILITY=avx512 OMP_NUM_THREADS=2 "
+                      f"PYTHONPATH=$PWD/benchmarks:$PWD LIVE_FAILURES={p('suite-n8')}/failures.txt; "
+                      "time timeout 1000 python3 -m pytest -p no:cacheprovider -p pytest_live_failures "
+                      "-n 8 -q -rfE --durations=40 tests; echo rc=$?"], 1060),
         # Issue 37: cnn's batch x lr table (seed 003 §4: lenet, Adam, 10 epochs) at 2 GPUs, a
         # 2-worker sweep (two trials side by side on 4 GPUs); then acceptance 2's bare NCCL
         # all_reduce of alexnet-small's gradient (147,338 fp32 = 576 KiB with the loss) at 2 and 4 GPUs.
