@@ -86,14 +86,17 @@ def _cmdline(pid: int) -> str:
 
 
 def workers_of(launcher: int) -> List[int]:
-    """The launcher's pool workers in rank order: spawned children, slot 0 first (lower PID).
-    multiprocessing's resource tracker is a child too; its command line tells it apart."""
-    kids = []
+    """The launcher's pool workers in rank order, slot 0 first (lower PID): its spawned children,
+    or the forks of its forkserver child (the program's CPU runs: shmlearn/forkserver.py).
+    multiprocessing's resource tracker is a child too; command lines tell them apart."""
+    parent = {}
     for p in filter(str.isdigit, os.listdir("/proc")):
         st = _stat(int(p))
-        if st and int(st[1]) == launcher and "spawn_main" in _cmdline(int(p)):
-            kids.append(int(p))
-    return sorted(kids)
+        if st:
+            parent[int(p)] = int(st[1])
+    kids = [p for p, pp in parent.items() if pp == launcher]
+    servers = {p for p in kids if "multiprocessing.forkserver" in _cmdline(p)}
+    return sorted([p for p in kids if "spawn_main" in _cmdline(p)] + [p for p, pp in parent.items() if pp in servers])
 
 
 def clean_env(tag: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str]:

@@ -22,7 +22,9 @@ What stays as a spawned worker had it:
 * Ctrl-C: the forkserver starts with SIGINT blocked, so its forks start with it blocked, as
   Pool._spawn's spawned children do; the worker ignores it and unblocks it (pool_worker).
 * dying with the owner: a fork's parent is the forkserver, so PR_SET_PDEATHSIG cannot name the
-  owner: launch.die_with_owner watches the owner's pidfd instead.
+  owner: launch.die_with_owner watches the owner's pidfd instead. The forkserver itself, the
+  owner's child, sets it first thing (GUARD, preloaded before torch), so that an owner killed
+  while it imports torch does not leave it importing.
 """
 from __future__ import annotations
 
@@ -31,10 +33,15 @@ import multiprocessing as mp
 import os
 import signal
 import sys
+import threading
 from typing import Dict, Optional
 
+from shmlearn.parent import OWNER_ENV
+
 THIRD_PARTY = ("torch", "torch._dynamo")
-"""What the forkserver imports: third-party only, never shmlearn (see the docstring)."""
+"""What the forkserver imports: third-party only, never shmlearn's modules (see the docstring),
+after the guard, which imports the package's two smallest (errors, parent)."""
+GUARD = "shmlearn._forkserver_guard"
 
 IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "CUDA", "NCCL", "TRITON",
               "LD_", "PYTHON")
@@ -64,11 +71,17 @@ def start() -> bool:
     # The tracker first: starting it unblocks SIGINT afterwards (see Pool._spawn), which would
     # undo the block below if the forkserver started it.
     resource_tracker.ensure_running()
-    forkserver.set_forkserver_preload(list(THIRD_PARTY))
+    forkserver.set_forkserver_preload([GUARD, *THIRD_PARTY])
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # PR_SET_PDEATHSIG fires when the thread that started the process ends: only the main thread's
+    # start is tied to this process's life (a forkserver multiprocessing restarts from another
+    # thread leaves by its alive pipe, after its imports).
+    if threading.current_thread() is threading.main_thread():
+        os.environ[OWNER_ENV] = str(os.getpid())
     try:
         forkserver.ensure_running()
     finally:
+        os.environ.pop(OWNER_ENV, None)
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _started_env = _import_env()
     atexit.register(_stop)  # before any pool registers its close, so that runs first

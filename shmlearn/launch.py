@@ -19,23 +19,7 @@ from typing import Mapping, Optional
 from shmlearn import listen
 from shmlearn.errors import BadInput, WorkerFailed, count, one_line
 from shmlearn.limits import mem_available, usable_cores
-
-
-def die_with_parent(parent_pid: Optional[int] = None) -> None:
-    """SIGKILL this process when its parent dies (Linux), and leave at once if it died before we
-    got here: PR_SET_PDEATHSIG only covers a death after the call, and a spawned child gets here
-    only after its interpreter has started (1-2 s on a slow machine). parent_pid None: the
-    parent is gone when this process was handed to init (pid 1). Pool workers call it, and the
-    DataLoader workers of a streamed Dataset (data/stream.py)."""
-    import ctypes
-    import signal
-    try:
-        ctypes.CDLL("libc.so.6").prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    gone = os.getppid() == 1 if parent_pid is None else os.getppid() != parent_pid
-    if gone:
-        os._exit(1)
+from shmlearn.parent import die_with_parent
 
 
 def die_with_owner(owner_pid: int) -> None:

@@ -142,3 +142,24 @@ def test_a_command_that_ends_before_the_forkserver_imported_does_not_leave_it_ho
         time.sleep(0.05)
     assert not _alive(pid)
     assert p.stdout.read() == ""  # and the pipe is closed: read() returned
+
+
+def test_an_owner_killed_while_the_forkserver_imports_torch_does_not_leave_it_importing():
+    """kill -9 of the program (the fault campaign's kill-launcher cases, 0.5-1.5 s after start):
+    the forkserver, the owner's child, dies with it (PR_SET_PDEATHSIG, set by its first import)
+    instead of importing torch and torch._dynamo for seconds with no owner to serve."""
+    script = ("import os, signal; from multiprocessing import forkserver as f; from shmlearn import forkserver; "
+              "forkserver.start(); print(f._forkserver._forkserver_pid, flush=True); "
+              "os.kill(os.getpid(), signal.SIGKILL)")
+    p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                         env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    pid = int(p.stdout.readline())
+    try:
+        assert p.wait(timeout=60) == -9
+        t_end = time.monotonic() + 1.0  # its imports take several seconds
+        while _alive(pid) and time.monotonic() < t_end:
+            time.sleep(0.05)
+        assert not _alive(pid)
+    finally:
+        if _alive(pid):
+            os.kill(pid, 9)

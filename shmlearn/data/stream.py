@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader, Subset
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import epoch_permutation, too_few
 from shmlearn.errors import BadInput
-from shmlearn.launch import die_with_parent
+from shmlearn.parent import die_with_parent
 from shmlearn.limits import usable_cores
 
 
