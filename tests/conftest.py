@@ -32,21 +32,6 @@ def _xdist_controller(config) -> bool:
     return bool(getattr(config.option, "numprocesses", None)) and not hasattr(config, "workerinput")
 
 
-SLOWEST_FIRST = ("test_study.py", "test_reliability.py", "test_pool.py", "experiments/test_experiments.py",
-                 "test_fast.py", "test_cli.py", "test_noise.py", "test_launch.py", "sync/test_async_ps.py",
-                 "data/test_stream.py")
-"""The slowest files (a serial --durations run, 2026-11-27: 154, 140, 104, 82, 72, 55, 54, 42, 41
-and 33 s of the suite's 1170), which an -n run hands out first: its workers take whole files in
-collection order, and the three slowest, last in pytest's order, ran on alone at the end."""
-
-
-def pytest_collection_modifyitems(session, config, items):
-    if not hasattr(config, "workerinput"):  # serial: pytest's own order
-        return
-    first = {name: i for i, name in enumerate(SLOWEST_FIRST)}
-    items.sort(key=lambda item: first.get(item.nodeid.split("::")[0].removeprefix("tests/"), len(first)))
-
-
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config, log):
     """With -n (the README's -n 2): each test file goes whole to one worker, so that a file's
