@@ -37,3 +37,22 @@ def one_line(e: BaseException, limit: int = 200) -> str:
     """An exception as one line of a message: 'RuntimeError: the first line of its text'."""
     text = str(e)
     return f"{type(e).__name__}: {text.splitlines()[0][:limit] if text else ''}"
+
+
+def user_frame(e: BaseException) -> str:
+    """Where in the user's own code `e` was raised: ' (at FILE:LINE in NAME)' for the innermost
+    frame outside shmlearn, torch and the standard library, or '' when there is none. A one-line
+    error from a worker then still points at the user's line (the full traceback goes to the
+    worker's log)."""
+    import os
+    import sysconfig
+    import traceback
+    skip = tuple(os.path.realpath(p) + os.sep for p in
+                 {sysconfig.get_paths()["stdlib"], sysconfig.get_paths()["purelib"],
+                  sysconfig.get_paths()["platlib"], os.path.dirname(os.path.abspath(__file__))})
+    found = ""
+    for fs in traceback.extract_tb(e.__traceback__):
+        path = os.path.realpath(fs.filename)
+        if not path.startswith(skip) and not fs.filename.startswith("<"):
+            found = f" (at {fs.filename}:{fs.lineno} in {fs.name})"
+    return found

@@ -133,6 +133,15 @@ def validate(cfg) -> None:
     if cfg.loss is not None and not is_ref(cfg.loss):
         raise BadInput(f"--loss {cfg.loss}: expected your own loss as FILE.py:NAME or pkg.module:NAME "
                        f"(f(outputs, targets) -> mean loss); leave it out for the task's")
+    if cfg.compute_loss is not None and not is_ref(cfg.compute_loss):
+        raise BadInput(f"--compute-loss {cfg.compute_loss}: expected your own function as FILE.py:NAME or "
+                       f"pkg.module:NAME (f(model, batch) -> loss or (loss, metrics))")
+    if cfg.compute_loss is not None and cfg.loss is not None:
+        raise BadInput(f"--compute-loss {cfg.compute_loss} and --loss {cfg.loss}: give one (compute_loss computes "
+                       f"the loss itself)")
+    if cfg.compute_loss is not None and cfg.label_smoothing:
+        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, which "
+                       f"--compute-loss replaces (smooth inside your function)")
 
 
 def check_refs(cfg, parts) -> None:
@@ -140,7 +149,8 @@ def check_refs(cfg, parts) -> None:
     `python:` label has its object passed again, and a torch class accepts its arguments."""
     for field, flag, given in (("optimizer", "--optimizer", parts.optimizer), ("scheduler", "--scheduler",
                                                                                parts.scheduler),
-                               ("loss", "--loss", parts.loss)):
+                               ("loss", "--loss", parts.loss),
+                               ("compute_loss", "--compute-loss", parts.compute_loss)):
         text = getattr(cfg, field)
         if given is None and text is not None and is_ref(text):
             resolve_ref(text, flag)
@@ -253,6 +263,16 @@ def build_user_scheduler(cfg, given, optimizer, steps_per_epoch: int):
     return EveryN(sched, steps_per_epoch if cfg.scheduler_interval == "epoch" else 1)
 
 
+def resolve_compute_loss(cfg, given):
+    """The user's compute_loss(model, batch): the object given, or the --compute-loss reference; None
+    for the (outputs, targets) contract."""
+    if given is not None:
+        return given
+    if cfg.compute_loss is None:
+        return None
+    return resolve_ref(cfg.compute_loss, "--compute-loss")
+
+
 def resolve_loss(cfg, given):
     """The user's loss: the object given, or the --loss reference; None for the task's."""
     if given is not None:
@@ -263,4 +283,4 @@ def resolve_loss(cfg, given):
 
 
 __all__ = ["parse_args", "torch_class", "validate", "check_refs", "build_user_optimizer",
-           "build_user_scheduler", "resolve_loss", "EveryN", "Constant", "INTERVALS"]
+           "build_user_scheduler", "resolve_loss", "resolve_compute_loss", "EveryN", "Constant", "INTERVALS"]
