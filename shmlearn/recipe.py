@@ -4,8 +4,9 @@ Each comes from Python (`shmlearn.train(cfg, optimizer=, scheduler=, loss=)`) or
 (`--optimizer`, `--scheduler`, `--loss`), where it is
 
 * a torch class by name: `--optimizer Adadelta --optimizer-args lr=1.0` (any torch.optim
-  optimizer), `--scheduler StepLR --scheduler-args step_size=1,gamma=0.7` (any class of
-  torch.optim.lr_scheduler that steps without a metric);
+  optimizer), `--scheduler StepLR --scheduler-args step_size=1,gamma=0.7` (a class of
+  torch.optim.lr_scheduler; ReduceLROnPlateau steps after each evaluation on the validation
+  loss, or the test loss without a validation split: `OnEvaluation`);
 * your own, as FILE.py:NAME or pkg.module:NAME (refs.py), called with `--X-args` as keywords;
 * a built-in optimizer name (sgd, momentum, ..., optim.py), which reads --lr, --momentum,
   --weight-decay and the built-in --lr-schedule, as before.
@@ -121,9 +122,9 @@ def validate(cfg) -> None:
     else:
         if not is_ref(cfg.scheduler):
             cls = torch_class(cfg.scheduler, "scheduler")
-            if cls is None or cls.__name__ in ("ReduceLROnPlateau", "ChainedScheduler", "SequentialLR"):
-                raise BadInput(f"--scheduler {cfg.scheduler}: choose a torch.optim.lr_scheduler class that steps "
-                               f"without a metric ({_torch_names('scheduler')}), or your own as FILE.py:NAME")
+            if cls is None or cls.__name__ in ("ChainedScheduler", "SequentialLR"):
+                raise BadInput(f"--scheduler {cfg.scheduler}: choose a torch.optim.lr_scheduler class "
+                               f"({_torch_names('scheduler')}), or your own as FILE.py:NAME")
         parse_args(cfg.scheduler_args, "--scheduler-args")
         if is_builtin_optimizer(cfg) and (cfg.warmup or cfg.warmup_fraction is not None):
             raise BadInput(f"--warmup: belongs to the built-in --lr-schedule; --scheduler {cfg.scheduler} "
@@ -236,6 +237,31 @@ class EveryN:
         self.inner.load_state_dict(d["inner"])
 
 
+class OnEvaluation:
+    """A scheduler driven by a metric (torch's ReduceLROnPlateau): never stepped per step; after
+    each evaluation it steps with the validation loss, or the test loss where there is no
+    validation split (the loop calls `evaluated`). Every rank sees the same all-reduced value, so
+    every rank changes its learning rate at the same evaluation. Its patience counts evaluations
+    (--eval-points sets how many)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def step(self) -> None:
+        pass
+
+    def evaluated(self, row: dict) -> None:
+        value = row.get("val_loss") if row.get("val_loss") is not None else row.get("test_loss")
+        if value is not None:
+            self.inner.step(value)
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.inner.load_state_dict(d["inner"])
+
+
 class Constant:
     """No schedule: a user optimizer's learning rate is its own."""
 
@@ -260,6 +286,8 @@ def build_user_scheduler(cfg, given, optimizer, steps_per_epoch: int):
     if not callable(getattr(sched, "step", None)) or not callable(getattr(sched, "state_dict", None)):
         raise BadInput(f"{what}: returned {type(sched).__name__}, expected an LRScheduler "
                        f"(with step() and state_dict())")
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return OnEvaluation(sched)
     return EveryN(sched, steps_per_epoch if cfg.scheduler_interval == "epoch" else 1)
 
 

@@ -568,6 +568,8 @@ class _Loop:
                            test_accuracy=None if self.task == "regression" else n_correct / n)
         self.eval_cost_s = time.perf_counter() - t0
         self.evals.append(row)
+        if hasattr(self.schedule, "evaluated"):  # ReduceLROnPlateau (recipe.OnEvaluation)
+            self.schedule.evaluated(row)
         if self.lead:
             self.rundir.log_eval(row)
 

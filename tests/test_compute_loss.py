@@ -295,3 +295,29 @@ def test_the_cli_takes_compute_loss_by_reference_and_records_it(tmp_path):
                     "own.py:fn", "--loss", "own.py:fn", "--device", "cpu", "--out", "run2")
     assert bad.returncode == 2 and bad.stderr.strip().count("\n") == 0, bad.stderr
     assert "--compute-loss own.py:fn and --loss own.py:fn: give one" in bad.stderr
+
+
+SEEN = []
+
+
+class Plateau(torch.optim.lr_scheduler.ReduceLROnPlateau):
+    """torch's, recording the metric of each step (a 1-worker run trains in this process)."""
+
+    def step(self, metrics, *a, **k):
+        SEEN.append((float(metrics), float(self.optimizer.param_groups[0]["lr"])))
+        return super().step(metrics, *a, **k)
+
+
+def plateau(optimizer):
+    return Plateau(optimizer, factor=0.5, patience=0, threshold=10.0, threshold_mode="abs")
+
+
+def test_reduce_lr_on_plateau_steps_on_the_validation_loss_after_each_evaluation(tmp_path):
+    SEEN.clear()
+    cfg = _cfg(tmp_path / "run", workers=1, eval_points=4, optimizer="SGD", optimizer_args="lr=0.05",
+               momentum=None, lr_schedule="linear")
+    result = shmlearn.train(cfg, model=Linear(), data=pairs(), compute_loss=mse, scheduler=plateau)
+    rows = [json.loads(line) for line in open(os.path.join(result.run_dir, "eval.jsonl"))]
+    assert [m for m, _ in SEEN] == pytest.approx([r["val_loss"] for r in rows])
+    # no evaluation improves by 10: after the first sets the best, each halves the rate
+    assert [lr for _, lr in SEEN] == pytest.approx([0.05 * 0.5 ** max(0, i - 1) for i in range(len(rows))])
