@@ -321,3 +321,24 @@ def test_reduce_lr_on_plateau_steps_on_the_validation_loss_after_each_evaluation
     assert [m for m, _ in SEEN] == pytest.approx([r["val_loss"] for r in rows])
     # no evaluation improves by 10: after the first sets the best, each halves the rate
     assert [lr for _, lr in SEEN] == pytest.approx([0.05 * 0.5 ** max(0, i - 1) for i in range(len(rows))])
+
+
+CALLS = {"n": 0}
+
+
+def fails_at_step_three(model, batch):
+    CALLS["n"] += 1  # per process: the check's call, then one per step
+    if CALLS["n"] > 4:
+        raise ValueError("a bug that shows only in training")
+    return mse(model, batch)
+
+
+def test_a_failure_in_the_users_code_inside_a_worker_shows_the_users_frames(tmp_path, pool):
+    from shmlearn.errors import WorkerFailed
+    with using(pool), pytest.raises(WorkerFailed) as e:
+        shmlearn.train(_cfg(tmp_path / "run", workers=2), model=Linear(), data=pairs(),
+                       compute_loss=fails_at_step_three)
+    msg = str(e.value)
+    assert msg.startswith("rank ") and "ValueError: a bug that shows only in training" in msg, msg
+    assert "in your code:" in msg and f'File "{__file__}", line' in msg and "in fails_at_step_three" in msg, msg
+    assert "shmlearn/step" not in msg  # the library's frames stay out
