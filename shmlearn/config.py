@@ -280,6 +280,18 @@ class TrainFields:
     save_model: bool = True
     """Save the final weights in the run directory: model.safetensors (with the safetensors
     package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
+    monitor: Optional[str] = None
+    """What --early-stop and --save-best watch: a key of eval.jsonl's rows (val_loss, test_loss,
+    test_accuracy, val_NAME for a metric of --compute-loss). Default val_loss where the data has a
+    validation split, else test_loss. Its best is the least, or the most for accuracy-like names
+    (accuracy, f1, auc, ...)."""
+    early_stop: Optional[int] = None
+    """Stop when --monitor has not improved for this many evaluations in a row (every rank stops
+    at the same step; summary.json says stopped_early). Evaluations come from --eval-points or
+    --eval-every, or the default schedule (up to 10)."""
+    save_best: bool = False
+    """Also keep the weights of the best evaluation by --monitor as best.safetensors (or best.pt)
+    beside the final ones; shmlearn.load_model(RUN_DIR, best=True) returns them."""
     progress: bool = True
     """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
     tensorboard: bool = False
@@ -509,6 +521,11 @@ def validate(cfg: TrainConfig) -> None:
     _whole("noise-every", cfg.noise_every, 1, MAX_STEPS)
     _whole("eval-points", cfg.eval_points, 1, MAX_EVAL_POINTS)
     _whole("eval-batch-size", cfg.eval_batch_size, 1, MAX_SAMPLES)
+    _whole("early-stop", cfg.early_stop, 1, MAX_EVAL_POINTS)
+    if cfg.monitor is not None and not (str(cfg.monitor).startswith(("val_", "test_"))
+                                        and str(cfg.monitor).isidentifier()):
+        raise BadInput(f"--monitor {cfg.monitor}: expected a key of eval.jsonl's rows: val_loss, test_loss, "
+                       f"test_accuracy, or val_NAME / test_NAME for a metric your --compute-loss returns")
     _whole("seed", cfg.seed, 0, MAX_SEED - 1)
     # Real numbers: finite, and inside what their use can hold.
     _number("lr", cfg.lr, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")

@@ -342,3 +342,21 @@ def test_a_failure_in_the_users_code_inside_a_worker_shows_the_users_frames(tmp_
     assert msg.startswith("rank ") and "ValueError: a bug that shows only in training" in msg, msg
     assert "in your code:" in msg and f'File "{__file__}", line' in msg and "in fails_at_step_three" in msg, msg
     assert "shmlearn/step" not in msg  # the library's frames stay out
+
+
+def test_early_stop_and_save_best_follow_the_monitored_value(tmp_path):
+    """lr 0.6 makes the linear model's validation loss blow up after the first steps: the run stops
+    `early_stop` evaluations after its best one, and best.* holds the weights that scored it."""
+    cfg = _cfg(tmp_path / "run", workers=1, lr=0.6, samples=N_TRAIN * 8, eval_points=16, early_stop=2,
+               save_best=True, monitor="val_mae")
+    result = shmlearn.train(cfg, model=Linear(), data=pairs(), compute_loss=mse)
+    s = result.summary
+    rows = [json.loads(line) for line in open(os.path.join(result.run_dir, "eval.jsonl"))]
+    maes = [r["val_mae"] for r in rows]
+    best = maes.index(min(maes))
+    assert s["monitor"] == "val_mae" and s["best_step"] == rows[best]["step"] and s["best_val_mae"] == min(maes)
+    assert len(rows) == best + 3 and s["stopped_early"] == rows[-1]["step"] < s["planned_steps"], (maes, s)
+    best_model = shmlearn.load_model(result.run_dir, model=Linear(), best=True)
+    ds = Pairs(N_VAL, 1)
+    with torch.no_grad():
+        assert float((best_model(ds.x) - ds.t).abs().mean()) == pytest.approx(min(maes), rel=1e-5)
