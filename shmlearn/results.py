@@ -210,7 +210,7 @@ def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Se
 
 def metric_missing(done: List[Dict[str, Any]], metric: str) -> str:
     """One line: no completed trial reports `metric`; the numbers they do report, evaluation's first."""
-    keys = set.intersection(*({k for k in r["summary"] if metric_value(r, k) is not None} for r in done))
+    keys = set().union(*({k for k in r["summary"] if metric_value(r, k) is not None} for r in done))
     first = sorted(k for k in keys if k.startswith(("val_", "test_", "best_")))
     rest = sorted(k for k in keys if k in ("loss_area", "min_loss", "final_loss", "samples_per_s", "wall_time_s"))
     return (f"--winner-metric {metric}: no completed trial reports it in summary.json; they report "

@@ -130,12 +130,15 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     if spec.get("study"):  # an Optuna study (study.py): its trials came from every process sharing it
         page.p(f"Optuna study {spec['study']} on {spec.get('storage')}: {spec.get('search')} search, "
                f"{spec.get('study_trials')} trials in the study; {len(spec.get('repeats') or [])} repeated "
-               f"trials dropped, {len(spec.get('lost') or [])} lost trials run again.", "note")
+               f"trials dropped, {len(spec.get('lost') or [])} lost trials run again. Its objective: "
+               + (f"{spec['winner_metric']} ({spec.get('winner_goal')}imized)." if spec.get("winner_metric")
+                  else "the loss area (minimized)."), "note")
     if pruned and spec.get("pruner") in ("median", "halving"):
+        what = (spec.get("pruned") or [{}])[0].get("metric") or "test loss"
         page.p(f"Pruned trials were stopped by Optuna's {spec['pruner']} pruner (--pruner {spec['pruner']}): their "
-               f"test loss at an evaluation point was worse than their peers'. Unlike --prune, such a trial might "
+               f"{what} at an evaluation point was worse than their peers'. Unlike --prune, such a trial might "
                f"have won. Their loss area is the area so far, a lower bound, and they are never winners.", "note")
-        page.table(["trial", "stopped at eval point", "its best test loss", "the others' median"],
+        page.table(["trial", "stopped at eval point", f"its best {what}", "the others' median"],
                    [[p.get("id"), fmt(p.get("step")), fmt(p.get("best_so_far")), fmt(p.get("peers"))]
                     for p in spec.get("pruned") or []])
     if spec.get("command"):
