@@ -6,7 +6,7 @@ References: the winner each test expects is computed here from the rows themselv
 rows, or results.jsonl of a real sweep of a tiny LM given by file, as a user gives it)."""
 import json
 import os
-import textwrap
+import shutil
 
 import pytest
 
@@ -94,6 +94,18 @@ def test_the_table_says_the_verdict():
     assert "Winners: most test_accuracy" in winners_table(pick_winners(ROWS, metric="test_accuracy"))
 
 
+def test_the_heat_map_leaves_diverged_pruned_and_unreported_cells_empty():
+    sf = pytest.importorskip("shmlearn.report.sweep_figures", reason="matplotlib is not installed")
+    rows = [row(2, 16, 0.1, val_loss=0.3), row(2, 16, 0.5, "diverged", val_loss=0.1),
+            row(2, 32, 0.1, "pruned", val_loss=0.2), row(2, 32, 0.5)]
+    batches, lrs, vals, cells = sf.metric_cells(rows, "val_loss")
+    assert (batches, lrs, vals[0, 0]) == ([16, 32], [0.1, 0.5], 0.3)
+    assert [vals[i, j] != vals[i, j] for i, j in ((0, 1), (1, 0), (1, 1))] == [True] * 3  # NaN: no colour
+    assert [cells[k][1] for k in sorted(cells)] == ["0.3", "diverged", "pruned", "n/a"]
+    png = sf.metric_heatmap(rows, metric="val_loss", goal="min", winner_id=rows[0]["id"], title="t")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 # --- refusals before anything runs ---------------------------------------------------------
 
 @pytest.mark.parametrize("args, says", [
@@ -111,51 +123,10 @@ def test_bad_winner_flags_are_one_line_and_exit_2(tmp_path, capfd, monkeypatch, 
 
 # --- a real sweep of a user's LM -------------------------------------------------------------
 
-LM_PY = """
-import torch, torch.nn.functional as F
-from torch import nn
-
-V, T = 13, 8
-
-
-class Tokens(torch.utils.data.Dataset):
-    # (ids int64 [T], next ids int64 [T]): windows of the sequence t -> (5 t + 2) % V
-    def __init__(self, n, start):
-        self.n, self.start = n, start
-
-    def __len__(self):
-        return self.n
-
-    def __getitem__(self, i):
-        ids = torch.empty(T, dtype=torch.int64)
-        t = (self.start + i) % V
-        for k in range(T):
-            ids[k] = t
-            t = (5 * t + 2) % V
-        return ids, (ids * 5 + 2) % V
-
-
-def data():
-    return Tokens(256, 0), Tokens(64, 3), Tokens(64, 7)
-
-
-class Net(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.emb, self.out = nn.Embedding(V, 16), nn.Linear(16, V)
-
-    def forward(self, ids):
-        if ids.dtype != torch.int64:
-            raise TypeError(f"token ids arrived as {ids.dtype}")
-        return self.out(self.emb(ids))
-
-
-def fn(model, batch):
-    ids, nxt = batch
-    logits = model(ids)
-    loss = F.cross_entropy(logits.flatten(0, 1), nxt.flatten())
-    return loss, {"accuracy": (logits.argmax(-1) == nxt).float().mean()}
-"""
+LM_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "results",
+                     "sweep-lm-metric", "lm.py")
+"""The user's file of docs/sweeps.md's example: a tiny LM over a deterministic token sequence,
+items (ids int64, next ids int64), a (train, val, test) split, compute_loss -> (loss, {accuracy})."""
 
 LM_SWEEP = ["sweep", "--model", "lm.py:Net", "--dataset", "lm.py:data", "--compute-loss", "lm.py:fn", "--workers", "2",
             "--lr", "0.01,0.1", "--batch-size", "16,32", "--samples", "1024", "--eval-points", "2", "--device", "cpu",
@@ -163,7 +134,7 @@ LM_SWEEP = ["sweep", "--model", "lm.py:Net", "--dataset", "lm.py:data", "--compu
 
 
 def test_a_sweep_of_a_users_lm_picks_the_least_val_loss_and_the_report_plots_it(tmp_path, monkeypatch, capfd):
-    (tmp_path / "lm.py").write_text(textwrap.dedent(LM_PY))
+    shutil.copy(LM_PY, tmp_path / "lm.py")
     monkeypatch.chdir(tmp_path)
     r = run_main([*LM_SWEEP, "--winner-metric", "val_loss"], monkeypatch, capfd)
     assert r.returncode == 0, r.stdout + r.stderr

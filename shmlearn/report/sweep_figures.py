@@ -1,12 +1,14 @@
 """A sweep's figures: per worker count the batch x lr heat map of loss areas (paper Fig. 5.5-5.8)
-and of the --winner-metric, and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker counts the winners' phase
-times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
+and of the --winner-metric, and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker
+counts the winners' phase times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 from matplotlib.patches import Rectangle
+
+from shmlearn.results import metric_value
 
 from .html import worker_count
 from .load import Run
@@ -108,6 +110,23 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
     return png(fig)
 
 
+def metric_cells(rows: List[Row], metric: str):
+    """metric_heatmap without drawing: batch sizes, learning rates, the values (completed runs
+    that report the metric; NaN elsewhere: an empty cell) and each cell's (row, label): the value,
+    'n/a' (completed, no value), or the row's status ('diverged', 'pruned')."""
+    batches = sorted({r["config"]["batch_size"] for r in rows})
+    lrs = sorted({r["config"]["lr"] for r in rows})
+    vals = np.full((len(batches), len(lrs)), np.nan)
+    cells: Dict[tuple, tuple] = {}
+    for r in rows:
+        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+        v = metric_value(r, metric) if r["status"] == "completed" else None
+        if v is not None:
+            vals[i, j] = v
+        cells[i, j] = (r, f"{v:.4g}" if v is not None else "n/a" if r["status"] == "completed" else r["status"])
+    return batches, lrs, vals, cells
+
+
 def metric_heatmap(rows: List[Row], *, metric: str, goal: str, winner_id: Optional[str],
                    title: str) -> Optional[bytes]:
     """Batch size (rows) x learning rate (columns), cell = the completed trial's summary.json
@@ -116,17 +135,7 @@ def metric_heatmap(rows: List[Row], *, metric: str, goal: str, winner_id: Option
     run without the metric reads 'n/a'. Red outline: the metric's winner."""
     if not rows:
         return None
-    batches = sorted({r["config"]["batch_size"] for r in rows})
-    lrs = sorted({r["config"]["lr"] for r in rows})
-    vals = np.full((len(batches), len(lrs)), np.nan)
-    cells: Dict[tuple, tuple] = {}
-    for r in rows:
-        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
-        v = r["summary"].get(metric) if r["status"] == "completed" else None
-        ok = isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v)
-        if ok:
-            vals[i, j] = v
-        cells[i, j] = (r, f"{v:.4g}" if ok else "n/a" if r["status"] == "completed" else r["status"])
+    batches, lrs, vals, cells = metric_cells(rows, metric)
     fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
     finite = vals[np.isfinite(vals)]
     norm = None
