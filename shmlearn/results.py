@@ -182,10 +182,10 @@ def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Se
     metric_missing (one line naming the keys trials do report) when no completed trial reports it."""
     sign = 1.0 if goal == "min" else -1.0
     by_w: Dict[int, List[Tuple[tuple, Dict[str, Any]]]] = {}
-    groups: Dict[int, int] = {}
+    groups: Dict[int, int] = {}  # completed trials per worker count
     for i, r in enumerate(rows):
         w = int(r["config"]["workers"])
-        groups[w] = groups.get(w, 0) + 1
+        groups[w] = groups.get(w, 0) + (r["status"] == "completed")
         v = metric_value(r, metric) if r["status"] == "completed" else None
         if v is not None:
             area = r["summary"].get("loss_area")
@@ -199,7 +199,8 @@ def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Se
             by_metric[str(w)] = {"winner": e, "reason": None}
             best.append((key, e))
         else:
-            by_metric[str(w)] = {"winner": None, "reason": f"no completed run reports {metric}"}
+            by_metric[str(w)] = {"winner": None, "reason": f"no completed run reports {metric}" if groups[w]
+                                 else "no completed run"}
     out = {"winner_metric": metric, "winner_goal": goal, "by_metric": by_metric,
            "overall_by_metric": min(best, key=lambda kv: kv[0])[1] if best else None, "metric_missing": None}
     done = [r for r in rows if r["status"] == "completed"]

@@ -220,11 +220,13 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
         page.figures([(rf.own_plots(r), "loss, test accuracy and phases")])
 
     page.h2("All trials")
-    page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", "test acc",
+    m = [w["winner_metric"]] if w.get("by_metric") is not None and w["winner_metric"] != "test_accuracy" else []
+    page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", *m, "test acc",
                 "training s", "samples/s"],
                [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
                  *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
-                 _area(r["status"], r["summary"]), fmt(r["summary"].get("test_accuracy")),
+                 _area(r["status"], r["summary"]), *(fmt(r["summary"].get(k)) for k in m),
+                 fmt(r["summary"].get("test_accuracy")),
                  fmt(r["summary"].get("wall_time_s"), ".2f"), rate(r["summary"].get("samples_per_s"))]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
