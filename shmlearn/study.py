@@ -337,7 +337,8 @@ class StudySweep(TrialRunner):
         if p.get("pruner") == "median" and p.get("step"):
             worse = "<" if self.sign < 0 else ">"
             return (f"median pruner at eval point {p['step']}: best {p.get('metric', 'test loss')} so far "
-                    f"{p['best_so_far']:.4g}" + (f" {worse} the others' median {peers:.4g}" if peers is not None else ""))
+                    f"{p['best_so_far']:.4g}"
+                    + (f" {worse} the others' median {peers:.4g}" if peers is not None else ""))
         if p.get("pruner") == "halving" and p.get("step"):
             return (f"successive-halving pruner at eval point {p['step']}: {p.get('metric', 'test loss')} "
                     f"{p['value']:.4g}, not in the best third at its rung")

@@ -104,8 +104,9 @@ def _metric_winners(page: Page, w) -> None:
                  fmt((i["winner"] or {}).get("loss_area")), fmt((i["winner"] or {}).get("test_accuracy"))]
                 for k, i in w["by_metric"].items()], left=0)
     o = w["overall_by_metric"]
-    page.p(f"Overall {metric_title(w)}: " + ("none" if not o else f"{worker_count(o['workers'])}, batch "
-                                                                  f"{o['batch_size']}, lr {o['lr']:g} ({m} {o['metric_value']:.6g})."))
+    page.p(f"Overall {metric_title(w)}: " + ("none" if not o else
+                                              f"{worker_count(o['workers'])}, batch {o['batch_size']}, "
+                                              f"lr {o['lr']:g} ({m} {o['metric_value']:.6g})."))
     if w.get("metric_missing"):
         page.p(w["metric_missing"], "note")
 
