@@ -116,7 +116,7 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
             raise BadInput(f"--augment {cfg.augment}: augmentation is for the built-in image data; with "
                            f"compute_loss, augment in your function or Dataset")
         return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
-                          seed=cfg.seed), augment
+                          seed=cfg.seed, sampler=data.sampler), augment
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
     if isinstance(data, StreamedData):

@@ -48,6 +48,9 @@ class ShardedLoader:
         self.x, self.y, self.normalize = x, y, normalize
         self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
         self.global_batch = batch_size * num_shards
+        self.order_len = n
+        """Samples an epoch's order holds: the training set's (data/tree.py's loader may hold a
+        sampler's order of another length)."""
         self.steps_per_epoch = n // self.global_batch
         if self.steps_per_epoch == 0:
             raise too_few(batch_size, n, num_shards)
@@ -112,7 +115,7 @@ class ShardedLoader:
             return
         dev = self.x.device
         if self._dev is None:
-            self._dev = {"perm": torch.empty(len(self.x), dtype=torch.int64, device=dev),
+            self._dev = {"perm": torch.empty(self.order_len, dtype=torch.int64, device=dev),
                          "pos": torch.zeros((), dtype=torch.int64, device=dev),
                          "ar": torch.arange(self.batch_size, dtype=torch.int64, device=dev),
                          "table": (torch.empty(len(self.x), dtype=torch.int64, device=dev)
