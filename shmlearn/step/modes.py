@@ -69,8 +69,9 @@ def keep_lr_tensors(optimizer, lr: List[torch.Tensor]) -> None:
 
 
 class ClassicStep:
-    """Data and compute only in run(); the loop reads the loss now, then update() syncs and updates.
-    A NaN is caught before any update. Every strategy and optimizer."""
+    """Data and compute only in run() (--accumulate N: N micro-batches, DeviceStep.accumulated); the
+    loop reads the loss now, then update() syncs, clips and updates (the strategy's step). A NaN is
+    caught before any update. Every strategy and optimizer."""
 
     def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, fault, rank: int, hist):
         self.strategy, self.optimizer, self.schedule, self.loader, self.timer = (strategy, optimizer, schedule,
