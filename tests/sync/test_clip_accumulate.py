@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shmlearn.config import TrainConfig
+from shmlearn.config import TrainConfig, validate
+from shmlearn.errors import BadInput
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import epoch_permutation
 from shmlearn.launch import DistEnv, free_port
@@ -45,7 +46,8 @@ def _cases(world, kinds):
     out.append(("allreduce", "both", dict(FAST, grad_buckets="on")))
     if world == 2:  # a server and one worker: async-ps at staleness 0 is the synchronous server
         out.append(("async-ps", "both", {}))
-        out += [("weight-avg", "acc", mode) for mode in (CLASSIC, FAST)]  # K=1: exact (no clipping: local)
+        # K=1: exact; clipping is each worker's own (the reference clips each shard's gradient)
+        out += [("weight-avg", kind, mode) for kind in ("acc", "clip") for mode in (CLASSIC, FAST)]
     return out
 
 
@@ -58,7 +60,7 @@ def _cfg(out, strategy, kind, world, **extra):
     w = _workers(strategy, world)
     return TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer="momentum", lr=LR,
                        lr_schedule="constant", batch_size=G // (w * n), accumulate=n, clip_grad_norm=clip,
-                       samples=STEPS * G, workers=w, eval_points=1, eval_at_start="off", progress=False,
+                       samples=STEPS * G, workers=w, eval_points=1, eval_at_start="off", progress=False, save_model=False,
                        out=str(out), **extra)
 
 
@@ -97,8 +99,11 @@ def _worker(rank, world, port, tmp, cases):
     os._exit(0)  # as test_equivalence's workers leave
 
 
-def _reference(clip):
-    """The plain loop: final weights, and the gradient's norm before clipping at every step."""
+def _reference(clip, shards=1):
+    """The plain loop: final weights, and the gradient's norm before clipping at every step.
+    shards > 1: weight-avg's clipping, each worker's gradient (of its block of the step's batch)
+    clipped alone, then their mean (with K=1 the mean of the replicas' momentum steps is the
+    momentum step of the mean gradient)."""
     data = load_dataset("digits")
     torch.manual_seed(0)  # the run's --seed: the same initial weights
     model = build_model("mlp", data.spec)
@@ -110,10 +115,15 @@ def _reference(clip):
     for s in range(STEPS):
         epoch, j = divmod(s, per_epoch)
         idx = epoch_permutation(n, 0, epoch)[j * G:(j + 1) * G]
-        opt.zero_grad()
-        F.cross_entropy(model(norm(data.train_x[idx])), data.train_y[idx]).backward()
-        if clip is not None:
-            norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+        grads = []
+        for part in idx.chunk(shards):
+            opt.zero_grad()
+            F.cross_entropy(model(norm(data.train_x[part])), data.train_y[part]).backward()
+            if clip is not None:
+                norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip)))
+            grads.append([p.grad.clone() for p in model.parameters()])
+        for p, *g in zip(model.parameters(), *grads):
+            p.grad = torch.stack(g).mean(0)
         opt.step()
     return _flat(model), norms
 
@@ -123,19 +133,22 @@ def test_clip_and_accumulate_match_single_process(tmp_path, world, kinds):
     cases = _cases(world, kinds)
     processes(_worker, (world, free_port(), str(tmp_path), cases), world)
     refs = {clip: _reference(clip) for clip in (None, CLIP)}
+    refs["local"] = _reference(CLIP, shards=world)
     norms = refs[CLIP][1]
     assert min(norms) > 2 * CLIP, f"the bound never clips: the test proves nothing ({norms})"
     torch.manual_seed(0)
     start = _flat(build_model("mlp", load_dataset("digits").spec))
     # Clipping and accumulation change the result (else matching the reference proves nothing).
     assert (refs[CLIP][0] - refs[None][0]).abs().max() > 1e-3
+    assert (refs[CLIP][0] - refs["local"][0]).abs().max() > 1e-3, "local clipping is global clipping here"
     for i, (strategy, kind, extra) in enumerate(cases):
         n, clip = KINDS[kind]
         what = f"{strategy} {kind} {extra}"
         ranks = [torch.load(os.path.join(tmp_path, f"case{i}-rank{r}.pt")) for r in range(world)]
         for r in range(1, world):
             torch.testing.assert_close(ranks[r], ranks[0], rtol=0, atol=1e-6, msg=f"{what}: rank {r} differs")
-        torch.testing.assert_close(ranks[0], refs[clip][0], rtol=1e-4, atol=1e-5,
+        ref = refs["local"] if strategy == "weight-avg" and clip else refs[clip]
+        torch.testing.assert_close(ranks[0], ref[0], rtol=1e-4, atol=1e-5,
                                    msg=lambda m: f"{what} vs the single-process loop: {m}")
         assert (ranks[0] - start).abs().max() > 1e-2, f"{what}: training did not move the weights"
         s = json.load(open(os.path.join(tmp_path, f"case{i}.json")))
@@ -159,3 +172,12 @@ def test_bad_clip_or_accumulate_is_one_line(capfd, monkeypatch, tmp_path, flag, 
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and f"{flag} {value}" in lines[0], r.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_step_counts_its_micro_batches_in_the_budget():
+    cfg = TrainConfig(workers=2, batch_size=16, accumulate=4, samples=200)
+    with pytest.raises(BadInput, match=r"--samples 200: smaller than one step of 2 workers x 16 samples x 4 micro"):
+        cfg.budget_samples(1437)
+    assert TrainConfig(workers=2, batch_size=16, accumulate=4, samples=256).budget_samples(1437) == 256
+    with pytest.raises(BadInput, match="--accumulate 2 with --noise-scale"):
+        validate(TrainConfig(accumulate=2, noise_scale=True))
