@@ -175,8 +175,8 @@ def test_bad_clip_or_accumulate_is_one_line(capfd, monkeypatch, tmp_path, flag, 
 
 
 def test_a_step_counts_its_micro_batches_in_the_budget():
-    cfg = TrainConfig(workers=2, batch_size=16, accumulate=4, samples=200)
-    with pytest.raises(BadInput, match=r"--samples 200: smaller than one step of 2 workers x 16 samples x 4 micro"):
+    cfg = TrainConfig(workers=2, batch_size=16, accumulate=4, samples=100)
+    with pytest.raises(BadInput, match=r"--samples 100: smaller than one step of 2 workers x 16 samples x 4 micro"):
         cfg.budget_samples(1437)
     assert TrainConfig(workers=2, batch_size=16, accumulate=4, samples=256).budget_samples(1437) == 256
     with pytest.raises(BadInput, match="--accumulate 2 with --noise-scale"):
