@@ -65,7 +65,47 @@ def check_non_finite(values: torch.Tensor, found_inf: torch.Tensor, one: torch.T
     torch._amp_foreach_non_finite_check_and_unscale_([values], found_inf, one)
 
 
-class SyncStrategy(ABC):
+def clip_norm_(g: torch.Tensor, max_norm: float) -> None:
+    """g <- g * min(1, max_norm / (|g| + 1e-6)), |g| its L2 norm, as torch.nn.utils.clip_grad_norm_
+    scales. Device ops only (no host sync: capturable in the fast step's CUDA graph); one pass to
+    reduce and one to scale."""
+    norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+    g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(g.dtype))
+
+
+class GradientRules:
+    """What the run's --accumulate and --clip-grad-norm ask of every strategy (SyncStrategy's
+    concern apart from communication): train.py sets both before setup."""
+
+    accumulate: int = 1
+    """Backwards whose gradients add up in .grad before each step (--accumulate; the step, step/,
+    runs them, `no_sync` around all but the last)."""
+    clip_grad_norm: Optional[float] = None
+    """--clip-grad-norm: `update_params` clips the gradient it applies to this global L2 norm first
+    (`clip_`)."""
+
+    @property
+    def adopts_grads(self) -> bool:
+        """Whether `release_grads` / `adopt_grads` may stand in for `zero_grad` around a backward:
+        not where several backwards add up in .grad (--accumulate), nor where .grad is not this
+        class's flat buffer (DDP's buckets: a class attribute there)."""
+        return self.accumulate == 1
+
+    def no_sync(self):
+        """Around a backward whose gradient adds up with the next ones' (--accumulate, all but the
+        last of a step): nothing here, since strategies sync in `step`; DDP, which starts its
+        all-reduce in the backward, keeps those local."""
+        return nullcontext()
+
+    def clip_(self) -> None:
+        """--clip-grad-norm on the flat gradient buffer (its control slots left out): `clip_norm_`.
+        `update_params` calls it on the gradient it applies: after the average, so the clipped
+        gradient is one process's clipped gradient of the whole batch."""
+        if self.clip_grad_norm is not None:
+            clip_norm_(self.grads_flat, self.clip_grad_norm)
+
+
+class SyncStrategy(GradientRules, ABC):
     """Base class: flat buffers, the initial broadcast, and what every strategy shares."""
 
     name: str = "base"
@@ -90,12 +130,6 @@ class SyncStrategy(ABC):
 
     timeout_s = None
     """The run's --timeout, for groups a strategy makes itself (set by train.py before setup)."""
-    accumulate: int = 1
-    """The run's --accumulate: backwards whose gradients add up in .grad before each step (set by
-    train.py before setup; the step (step/) runs them, `no_sync` keeps all but the last local)."""
-    clip_grad_norm: Optional[float] = None
-    """The run's --clip-grad-norm (set by train.py before setup): `update_params` clips the
-    gradient it applies to this global L2 norm first (`clip_`)."""
     run_steps = None
     """The run's loop steps, for buffers a strategy sizes by them (set by train.py before setup)."""
 
@@ -155,19 +189,6 @@ class SyncStrategy(ABC):
     def zero_grad(self) -> None:
         # Zero in place: set_to_none would cut the .grad views out of the flat buffer.
         self.grads_flat.zero_()
-
-    @property
-    def adopts_grads(self) -> bool:
-        """Whether `release_grads` / `adopt_grads` may stand in for `zero_grad` around a backward:
-        not where several backwards add up in .grad (--accumulate), nor where .grad is not this
-        class's flat buffer (DDP's buckets: a class attribute there)."""
-        return self.accumulate == 1
-
-    def no_sync(self):
-        """Around a backward whose gradient adds up with the next ones' (--accumulate, all but the
-        last of a step): nothing here, since strategies sync in `step`; DDP, which starts its
-        all-reduce in the backward, keeps those local."""
-        return nullcontext()
 
     def release_grads(self) -> None:
         """Before a backward whose gradients the step takes whole (no accumulation over several
@@ -246,18 +267,6 @@ class SyncStrategy(ABC):
     flat_update = None
     """The fast step's update as one kernel over the flat buffers (flat_sgd.bind: fast.py sets it
     where it can run), else None."""
-
-    def clip_(self) -> None:
-        """--clip-grad-norm: scale the flat gradient by min(1, max_norm / (norm + 1e-6)), as
-        torch.nn.utils.clip_grad_norm_ does, norm its global L2 norm (the control slots after it
-        left out). Device ops only (no host sync: capturable in the fast step's CUDA graph); one
-        pass to reduce and one to scale. Called on the gradient the update applies: after the
-        average, so the clipped gradient is one process's clipped gradient of the whole batch."""
-        if self.clip_grad_norm is None:
-            return
-        g = self.grads_flat
-        norm = torch.linalg.vector_norm(g, dtype=torch.float32)
-        g.mul_(torch.clamp(self.clip_grad_norm / (norm + 1e-6), max=1.0).to(g.dtype))
 
     def update_params(self) -> None:
         """Every strategy's update (step and gated_step): the gradient clipped (`clip_`), then the
