@@ -158,6 +158,8 @@ def test_clip_and_accumulate_match_single_process(tmp_path, world, kinds):
         assert s["batch_size"] * w * n == G
         fast = extra.get("check_every", 1) > 1
         assert s["step_mode"] == ("free-running" if strategy == "async-ps" else "fast-eager" if fast else "classic")
+        if fast and strategy in ("allreduce", "ps"):  # the flat SGD kernel applies the clipped gradient
+            assert s["update_kernel"] == "flat", what
         if strategy == "ddp":  # one all-reduce a step: the first N-1 backwards ran under no_sync
             assert s["ddp_reductions"] == STEPS, what
         if extra.get("grad_buckets") == "on":
