@@ -277,7 +277,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
         "lr_schedule": (cfg.lr_schedule if builtin_optimizer else "none") if not cfg.scheduler
         else "scheduler", "loss": cfg.compute_loss or cfg.loss or "task", "start_lrs": start_lrs,
-        "batch_size": cfg.batch_size,
+        "batch_size": cfg.batch_size, "accumulate": cfg.accumulate, "clip_grad_norm": cfg.clip_grad_norm,
         "lr": cfg.lr, "seed": cfg.seed, "budget_samples": budget,
         "samples_seen": steps_done * samples_per_step, "steps": steps_done,
         "planned_steps": planned_steps, "wall_time_s": wall, "eval_time_s": history["eval_s"],

@@ -208,9 +208,10 @@ def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool
             values["threads"] = 1
         cfg = TrainConfig(**values)
         validate(cfg)
-        if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size:
+        if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size * cfg.accumulate:
             raise BadInput(f"--samples {cfg.samples}: smaller than one step of {count(cfg.workers, 'worker')} "
-                           f"x {cfg.batch_size} samples")
+                           f"x {cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches"
+                                                            if cfg.accumulate > 1 else ""))
         trials.append(cfg)
     return trials
 

@@ -205,10 +205,10 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     else:
         data = cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
     budget = cfg.budget_samples(data.n_train)
-    steps = budget // (compute * cfg.batch_size)
+    steps = budget // (compute * cfg.batch_size * cfg.accumulate)  # --accumulate: micro-batches a step
     if steps == 0:
         raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
-                       f"{cfg.batch_size} samples")
+                       f"{cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else ""))
     if cfg.label_smoothing and data.spec.task != "classification":
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
                        f"{cfg.dataset} is a {data.spec.task} task")
@@ -225,6 +225,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
     strategy.run_steps = steps
+    strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
     loader, augment = run_loader(cfg, data, shard=spec.shard(env.rank) or 0, num_shards=compute, device=device)
 
@@ -246,7 +247,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                               every=cfg.noise_every or noise.default_every(compute))
         check_replicas(strategy.params_flat, env.world_size)
         schedule = recipe.build_user_scheduler(cfg, parts.scheduler, optimizer,
-                                               max(1, data.n_train // (compute * cfg.batch_size)))
+                                               max(1, data.n_train // (compute * cfg.batch_size * cfg.accumulate)))
         if schedule is None:
             schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
@@ -304,7 +305,7 @@ class _Loop:
         self.checkpoint_s = 0.0
         self.last_eval_s = 0.0
         self.last_ckpt_s = 0.0
-        self.samples_per_step = strategy.compute_ranks * cfg.batch_size
+        self.samples_per_step = strategy.compute_ranks * cfg.batch_size * cfg.accumulate
         self.auto_eval = cfg.eval_points is None and cfg.eval_every is None
         """Choose the evaluations so they stay under EVAL_SHARE of the run (`_auto_wants_eval`)."""
         eval_points = cfg.eval_points or (1 if self.auto_eval else None)
@@ -352,7 +353,7 @@ class _Loop:
         cfg = self.cfg
         if self.lead and self.budget % self.samples_per_step and self.start_step == 0:
             print(f"shmlearn: budget {self.budget} samples is not a multiple of "
-                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}; running {self.steps} steps = "
+                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}{f' x {cfg.accumulate}' * (cfg.accumulate > 1)}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)
         # After _resume (a graph captures the optimizer's tensors), before the clock starts.
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
@@ -509,7 +510,7 @@ class _Loop:
             return False
         return evaluation.due(steps=self.steps, done=done, train_s=train_s, cost_s=self.eval_cost_s,
                               test_per_rank=self.data.n_test / self.env.world_size,
-                              batch_size=self.cfg.batch_size, eval_steps=[e["step"] for e in self.evals])
+                              batch_size=self.cfg.batch_size * self.cfg.accumulate, eval_steps=[e["step"] for e in self.evals])
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
 from shmlearn.data.base import DataSpec
-from shmlearn.data.loader import ShardedLoader
+from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.refs import call_user
 
@@ -239,17 +239,18 @@ class TreeLoader(ShardedLoader):
     seeded by (seed, epoch) on every rank alike, and cut into global batches as the permutation
     is (rank r takes the r-th block of B of each)."""
 
-    def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int, sampler=None):
+    def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int, sampler=None,
+                 accumulate: int = 1):
         leaves = tree_flatten(tree)[0]
         super().__init__(leaves[0], None, batch_size=batch_size, shard=shard, num_shards=num_shards, seed=seed,
-                         normalize=lambda x: x)
+                         normalize=lambda x: x, accumulate=accumulate)
         self.tree, self.sampler = tree, sampler
         if sampler is not None:
             self.order_len = len(sampler)
-            self.steps_per_epoch = self.order_len // self.global_batch
+            self.steps_per_epoch = epoch_steps(self.order_len, self.global_batch, accumulate)
             if self.steps_per_epoch == 0:
                 raise BadInput(f"--batch-size {batch_size}: the sampler gives {self.order_len} samples an epoch, "
-                               f"fewer than one step of {num_shards} x {batch_size}")
+                               f"fewer than one step of {num_shards} x {batch_size} x {accumulate} (--accumulate)")
 
     def _permutation_cpu(self, epoch: int) -> torch.Tensor:
         if self.sampler is None:
