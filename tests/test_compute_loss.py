@@ -156,12 +156,13 @@ def pool():
 
 
 def _reference(cfg: TrainConfig, workers: int):
-    """Plain torch, one process: at step s the W*B rows perm[s*W*B:(s+1)*W*B] of the epoch's global
-    order (data/loader.py), the mean loss over them, SGD."""
+    """Plain torch, one process: at step s the W*B*N rows perm[s*W*B*N:(s+1)*W*B*N] of the epoch's
+    global order (data/loader.py; N = --accumulate), the mean loss over them, clip_grad_norm_ on
+    that gradient with --clip-grad-norm, SGD."""
     train = Pairs(N_TRAIN, 0)
     model = Linear()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    gb = workers * cfg.batch_size
+    gb = workers * cfg.batch_size * cfg.accumulate
     per_epoch = N_TRAIN // gb
     for step in range(cfg.samples // gb):
         epoch, i = divmod(step, per_epoch)
@@ -169,13 +170,18 @@ def _reference(cfg: TrainConfig, workers: int):
         loss, _ = mse(model, {"x": train.x[idx], "target": train.t[idx]})
         opt.zero_grad()
         loss.backward()
+        if cfg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         opt.step()
     return model
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "ps", "ddp"])
-def test_two_workers_train_the_weights_of_one_process_on_the_concatenated_batches(tmp_path, pool, strategy):
-    cfg = _cfg(tmp_path / "run", workers=2, strategy=strategy)
+@pytest.mark.parametrize("strategy,extra", [
+    ("allreduce", {}), ("ps", {}), ("ddp", {}),
+    ("allreduce", {"accumulate": 2, "clip_grad_norm": 0.5}), ("ddp", {"accumulate": 2, "clip_grad_norm": 0.5}),
+], ids=["allreduce", "ps", "ddp", "allreduce-accumulate-clip", "ddp-accumulate-clip"])
+def test_two_workers_train_the_weights_of_one_process_on_the_concatenated_batches(tmp_path, pool, strategy, extra):
+    cfg = _cfg(tmp_path / "run", workers=2, strategy=strategy, **extra)
     with using(pool):
         result = shmlearn.train(cfg, model=Linear(), data=pairs(), compute_loss=mse)
     assert result.status == "completed"

@@ -14,7 +14,7 @@ stay uint8. Nothing is normalized (the data is the user's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List
 
 import numpy as np
 import torch
