@@ -22,6 +22,7 @@ Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them s
 from __future__ import annotations
 
 import atexit
+import contextlib
 import datetime
 import itertools
 import os
@@ -32,7 +33,7 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from shmlearn import forkserver, listen
+from shmlearn import forkserver, listen, user_main
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 # describe and worker_store are imported from here by train.py and the tests (the worker side moved)
 from shmlearn.pool_worker import LEAVE, Task, _worker_main, describe, worker_store  # noqa: F401
@@ -144,8 +145,12 @@ class Pool:
     def _spawn(self, slot: int) -> _Worker:
         ctx = forkserver.context(self.cuda)
         parent, child = ctx.Pipe(duplex=True)
+        # The worker imports the user's script itself, up to its shmlearn.train call (user_main.py),
+        # unless the pool's init comes from that script: unpickling it needs the script first.
+        main = user_main.main_reference() if getattr(self.init and self.init[0], "__module__", "") != "__main__" \
+            else None
         p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
-                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ)),
+                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main),
                         daemon=False)
         # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
         # interpreter's start and imports stays pending until _worker_main ignores it, instead of
@@ -159,7 +164,8 @@ class Pool:
         mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         try:
-            p.start()
+            with user_main.no_main_import() if main is not None else contextlib.nullcontext():
+                p.start()
         finally:
             signal.pthread_sigmask(signal.SIG_SETMASK, mask)
         child.close()

@@ -17,7 +17,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
-from shmlearn import listen
+from shmlearn import listen, user_main
 from shmlearn.errors import BadInput, Diverged, user_traceback
 from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_owner
 
@@ -59,7 +59,11 @@ def worker_store():
     return _store
 
 
-def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str]) -> None:
+def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str],
+                 main: Optional[Tuple[str, str]] = None) -> None:
+    """One pool worker's life: its imports, the user's script up to its shmlearn.train call
+    (main: user_main.main_reference(), which multiprocessing did not import), then jobs until told
+    to leave."""
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
     # unblocked (Pool._spawn, or the forkserver, started this process with it blocked: one
@@ -77,6 +81,7 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     t0 = time.perf_counter()
     for m in PRELOAD:
         importlib.import_module(m)
+    user_main.import_main(main)
     t1 = time.perf_counter()
     if init is not None:
         try:  # e.g. load the sweep's dataset onto this worker's device before the first trial

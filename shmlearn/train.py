@@ -44,7 +44,7 @@ from shmlearn.optim import build_optimizer, build_schedule
 from shmlearn import evaluation, recipe, weights
 from shmlearn.pool import current as current_pool, describe, run_local, worker_store
 from shmlearn.pruning import Watch
-from shmlearn import runs
+from shmlearn import runs, user_main
 from shmlearn.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.tasks import loss_fn
@@ -87,6 +87,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
     the top level of your script (functools.partial of such is fine).
 
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
+    user_main.stop_if_importing()  # a pool worker running the script stops here (user_main.py)
     parts = Parts(model, data, loss, optimizer, scheduler, compute_loss)
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
