@@ -108,6 +108,13 @@ class TrainFields:
     loss: Optional[str] = None
     """Your own training loss as FILE.py:NAME or pkg.module:NAME, f(outputs, targets) -> mean loss
     (also test_loss). Default: the task's (cross-entropy for classification)."""
+    compute_loss: Optional[str] = None
+    """The general contract, for any model and data: your own f(model, batch) -> loss, or (loss,
+    {name: value}) with metrics that evaluation reports, as FILE.py:NAME or pkg.module:NAME. batch
+    is one batch of your Dataset's items, collated and on the device (a tensor, tuple or dict; any
+    shape and dtype); loss is the batch's mean. Replaces --loss and the task's loss and accuracy."""
+    eval_batch_size: int = 1024
+    """Samples per forward pass when evaluating (test and validation splits)."""
     lr_schedule: Literal[SCHEDULES] = "linear"
     """linear or cosine (decay to zero at the last step), or constant (the paper's experiments).
     For the built-in optimizers; --scheduler replaces it."""
@@ -501,6 +508,7 @@ def validate(cfg: TrainConfig) -> None:
     _whole("check-every", cfg.check_every, 1, MAX_STEPS)
     _whole("noise-every", cfg.noise_every, 1, MAX_STEPS)
     _whole("eval-points", cfg.eval_points, 1, MAX_EVAL_POINTS)
+    _whole("eval-batch-size", cfg.eval_batch_size, 1, MAX_SAMPLES)
     _whole("seed", cfg.seed, 0, MAX_SEED - 1)
     # Real numbers: finite, and inside what their use can hold.
     _number("lr", cfg.lr, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")

@@ -13,13 +13,15 @@ request rides in the loop's control all-reduce), so every rank evaluates at the 
 """
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
 from shmlearn.data.stream import test_batches
-from shmlearn.tasks import correct, loss_fn
+from shmlearn.data.tree import TreeData, eval_batches, rows
+from shmlearn.errors import BadInput
+from shmlearn.tasks import correct, loss_fn, split_result
 
 EVAL_SHARE = 0.1
 """The default schedule keeps evaluation under this share of a run's time."""
@@ -57,14 +59,14 @@ def due(*, steps: int, done: int, train_s: float, cost_s: Optional[float], test_
 
 @torch.no_grad()
 def test_pass(model, data, *, rank: int, world_size: int, device: torch.device, normalize, autocast, loss, task: str,
-              timeout_s) -> torch.Tensor:
+              timeout_s, batch_size: int = 1024) -> torch.Tensor:
     """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
     all-reduced, so no sample is skipped or counted twice. Returns (loss sum, correct, samples) on
     the device, float64. loss: the user's mean loss, or None (the task's, summed); autocast: () ->
     the step's autocast context."""
     model.eval()
     sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for xb, yb in test_batches(data, rank, world_size, device, timeout_s=timeout_s):
+    for xb, yb in test_batches(data, rank, world_size, device, size=batch_size, timeout_s=timeout_s):
         with autocast():
             out = model(normalize(xb)).float()
         if loss is None:
@@ -79,3 +81,37 @@ def test_pass(model, data, *, rank: int, world_size: int, device: torch.device, 
         dist.all_reduce(sums)
     model.train()
     return sums
+
+
+@torch.no_grad()
+def compute_pass(model, data, split: str, *, compute, names: Sequence[str], rank: int, world_size: int,
+                 device: torch.device, normalize, autocast, batch_size: int, timeout_s) -> Dict[str, float]:
+    """The general contract's evaluation of one split (test or val), once: rank r takes the r-th of
+    W contiguous slices, `compute(model, batch)` gives each batch's mean loss and metrics, and the
+    sums weighted by the batch's rows are all-reduced. Returns {"loss": mean, name: mean, ...}
+    over the whole split. data: TreeData (a batch is the tree's rows), or built-in/array data (a
+    batch is the (normalized inputs, targets) pair)."""
+    model.eval()
+    sums = torch.zeros(len(names) + 2, dtype=torch.float64, device=device)
+    if isinstance(data, TreeData):
+        batches = ((b, rows(b)) for b in eval_batches(data.split(split), rank, world_size, batch_size))
+    else:
+        batches = (((normalize(xb), yb), len(yb))
+                   for xb, yb in test_batches(data, rank, world_size, device, size=batch_size, timeout_s=timeout_s))
+    for batch, n in batches:
+        with autocast():
+            loss, metrics = split_result(compute(model, batch))
+        sums[0] += loss.detach().double() * n
+        for i, name in enumerate(names, start=1):
+            v = metrics.get(name)
+            if v is None:
+                raise BadInput(f"compute_loss: returned no metric '{name}' for an evaluation batch "
+                               f"(it did on the training samples); return the same names every time")
+            sums[i] += (v.detach().double() if isinstance(v, torch.Tensor) else float(v)) * n
+        sums[-1] += n
+    if world_size > 1:
+        dist.all_reduce(sums)
+    model.train()
+    vals = sums.tolist()
+    n = max(vals[-1], 1.0)
+    return {"loss": vals[0] / n, **{name: vals[i] / n for i, name in enumerate(names, start=1)}}

@@ -275,7 +275,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
         "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
         "lr_schedule": (cfg.lr_schedule if builtin_optimizer else "none") if not cfg.scheduler
-        else "scheduler", "loss": cfg.loss or "task", "start_lrs": start_lrs,
+        else "scheduler", "loss": cfg.compute_loss or cfg.loss or "task", "start_lrs": start_lrs,
         "batch_size": cfg.batch_size,
         "lr": cfg.lr, "seed": cfg.seed, "budget_samples": budget,
         "samples_seen": steps_done * samples_per_step, "steps": steps_done,
@@ -300,6 +300,8 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "torch_version": torch_version,
         **strategy,  # strategy_params, and the strategy's own fields
     }
+    if cfg.compute_loss is not None and evals:
+        summary.update(eval_metrics(evals))
     if noise is not None:
         summary.update(noise)
     if diverged is not None:
@@ -307,6 +309,30 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         summary.update(diverged_step=d_step, diverged_rank=d_rank)
     summary["weights"] = None
     return summary
+
+
+def eval_metrics(evals) -> Dict[str, Any]:
+    """The general contract's evaluation in summary.json: the last evaluation's val_/test_ loss and
+    metrics as they are, and the best value of each over the run (best_val_loss, best_test_NAME:
+    the least for a loss, the least or most for a metric as `metric_goal` says)."""
+    last = {k: v for k, v in evals[-1].items() if k.startswith(("test_", "val_")) and v is not None}
+    out = dict(last)
+    for k in last:
+        values = [e[k] for e in evals if e.get(k) is not None and math.isfinite(e[k])]
+        if values:
+            out[f"best_{k}"] = (max if metric_goal(k) == "max" else min)(values)
+    return out
+
+
+MAXIMIZED = ("accuracy", "acc", "f1", "precision", "recall", "auc", "bleu", "r2", "iou", "dice", "map")
+"""Metric names (after test_/val_) whose best value is the largest; every other the least (a
+loss, perplexity, MSE, KL). A sweep names the direction itself (--winner-goal)."""
+
+
+def metric_goal(key: str) -> str:
+    """'max' or 'min': which value of the metric `key` (test_accuracy, val_loss, ...) is best."""
+    name = key.split("_", 1)[1] if key.startswith(("test_", "val_")) else key
+    return "max" if name.lower() in MAXIMIZED or name.lower().endswith(MAXIMIZED[:2]) else "min"
 
 
 def write_results(rundir: RunDir, summary: Dict[str, Any], trace: Any, save_weights=None) -> None:

@@ -25,7 +25,7 @@ from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, check_present, normalizer
 from shmlearn.fast import StepOptions, Stepper
 # preload_data: sweep and study import it from here (a pool's init).
-from shmlearn.inputs import cached_dataset, preload_data, run_loader, run_model  # noqa: F401
+from shmlearn.inputs import cached_dataset, cached_tree_data, preload_data, run_loader, run_model  # noqa: F401
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
@@ -66,7 +66,8 @@ class RunResult:
 
 # --- entry point -----------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, scheduler=None) -> RunResult:
+def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None, optimizer=None,
+          scheduler=None) -> RunResult:
     """Train as the config says: spawn local workers, or be one rank under a launcher.
 
     model: an nn.Module (its weights are every rank's starting point), or a class or callable
@@ -74,6 +75,10 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
     given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
     default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
+    compute_loss: the general contract, f(model, batch) -> loss or (loss, {name: value}), for any
+    model and data: `data` is then (train, test) or (train, val, test) Datasets whose items have any
+    structure (data/tree.py), batch is a batch of them collated on the device, and evaluation
+    reports the mean loss and each metric (test_loss, test_NAME; val_loss, val_NAME).
     optimizer: a torch.optim.Optimizer class (called with the model's parameters) or a callable
     called with the model (parameter groups) returning an Optimizer; default the config's.
     scheduler: a callable optimizer -> LRScheduler, stepped per epoch or per step as
@@ -81,7 +86,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     the top level of your script (functools.partial of such is fine).
 
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
-    parts = Parts(model, data, loss, optimizer, scheduler)
+    parts = Parts(model, data, loss, optimizer, scheduler, compute_loss)
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
     recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
@@ -214,7 +219,10 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
-    if parts.data is not None:
+    compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)
+    if compute_loss is not None and (parts.data is not None or is_ref(cfg.dataset)):
+        data = cached_tree_data(cfg, parts.data, device)  # any item structure, dtypes kept (data/tree.py)
+    elif parts.data is not None:
         data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
     else:
         data = cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
@@ -234,7 +242,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
-    model = run_model(cfg, parts, data)
+    model, metric_names = run_model(cfg, parts, data, compute_loss)
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
@@ -265,7 +273,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
             schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=user_loss, spec=spec)
+                     t_entry=t_entry, loss=user_loss, spec=spec, compute_loss=compute_loss,
+                     metric_names=metric_names)
         loop.start_lrs = start_lrs
         return loop.run()
     finally:
@@ -311,11 +320,13 @@ class _Loop:
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
                  loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None,
-                 loss=None, spec: Optional[registry.Spec] = None):
+                 loss=None, spec: Optional[registry.Spec] = None, compute_loss=None, metric_names=()):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
         self.spec = spec if spec is not None else registry.spec(cfg)
         self.loss = loss
         """The user's f(outputs, targets) -> mean loss, or None: the task's (tasks.loss_fn)."""
+        self.compute, self.metric_names = compute_loss, tuple(metric_names)
+        """The general contract: the user's compute_loss(model, batch) and the metrics it returns."""
         self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
@@ -388,7 +399,8 @@ class _Loop:
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
-                               reached=lambda step: setattr(self.heartbeat, "step", step))
+                               reached=lambda step: setattr(self.heartbeat, "step", step),
+                               compute_loss=self.compute)
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
         if self.lead:
@@ -533,17 +545,31 @@ class _Loop:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
         all-reduced, so no sample is skipped or counted twice."""
         t0 = time.perf_counter()
+        row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step}
         with self.timer.phase("eval"), self.strategy.eval_weights():
-            sums = evaluation.test_pass(self.strategy.model, self.data, rank=self.env.rank,
-                                        world_size=self.env.world_size, device=self.device, normalize=self.normalize,
-                                        autocast=self.stepper.autocast, loss=self.loss, task=self.task,
-                                        timeout_s=self.cfg.timeout)
-        loss_sum, n_correct, n = sums.tolist()
+            if self.compute is not None:  # the general contract: the loss and the user's metrics
+                splits = ("val", "test") if getattr(self.data, "val", None) is not None else ("test",)
+                for split in splits:
+                    means = evaluation.compute_pass(
+                        self.strategy.module, self.data, split, compute=self.compute, names=self.metric_names,
+                        rank=self.env.rank, world_size=self.env.world_size, device=self.device,
+                        normalize=self.normalize, autocast=self.stepper.autocast,
+                        batch_size=self.cfg.eval_batch_size, timeout_s=self.cfg.timeout)
+                    row.update({f"{split}_{k}": v for k, v in means.items()})
+                row["test_accuracy"] = row.get("test_accuracy")  # a metric named accuracy, else None
+            else:
+                sums = evaluation.test_pass(self.strategy.model, self.data, rank=self.env.rank,
+                                            world_size=self.env.world_size, device=self.device,
+                                            normalize=self.normalize, autocast=self.stepper.autocast, loss=self.loss,
+                                            task=self.task, timeout_s=self.cfg.timeout,
+                                            batch_size=self.cfg.eval_batch_size)
+                loss_sum, n_correct, n = sums.tolist()
+                row.update(test_loss=loss_sum / n,
+                           test_accuracy=None if self.task == "regression" else n_correct / n)
         self.eval_cost_s = time.perf_counter() - t0
-        row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
-               "test_loss": loss_sum / n,
-               "test_accuracy": None if self.task == "regression" else n_correct / n}
         self.evals.append(row)
+        if hasattr(self.schedule, "evaluated"):  # ReduceLROnPlateau (recipe.OnEvaluation)
+            self.schedule.evaluated(row)
         if self.lead:
             self.rundir.log_eval(row)
 

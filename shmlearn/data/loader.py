@@ -94,6 +94,11 @@ class ShardedLoader:
         start = i * self.global_batch + self.shard * self.batch_size
         idx = self._permutation(epoch)[start:start + self.batch_size]
         table = self._table[start:start + self.batch_size] if self._table is not None else None
+        return self._gather(idx, table)
+
+    def _gather(self, idx: torch.Tensor, table: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The samples `idx`: (normalized inputs, targets). Fixed-shape device ops only (the
+        device-counter read runs it inside a CUDA graph); data/tree.py's loader gathers a tree."""
         return self.normalize(self._read(idx, table)), self.y.index_select(0, idx)
 
     # -- the same batches from a device counter (CUDA-graph friendly) -------------------------
@@ -133,7 +138,6 @@ class ShardedLoader:
         pos = d["pos"] + d["ar"]
         idx = d["perm"].index_select(0, pos)
         table = d["table"].index_select(0, pos) if d["table"] is not None else None
-        x = self._read(idx, table)
-        y = self.y.index_select(0, idx)
+        batch = self._gather(idx, table)
         d["pos"].add_(self.global_batch)
-        return self.normalize(x), y
+        return batch

@@ -11,6 +11,7 @@ import torch
 
 from shmlearn.nn import conv_overlap
 from shmlearn.sync.base import check_non_finite
+from shmlearn.tasks import split_result
 
 
 def autocast(device: torch.device, precision: str):
@@ -26,8 +27,10 @@ class DeviceStep:
     and the step counter on the device exist once `arm` has run (the fast step)."""
 
     def __init__(self, *, strategy, loader, loss, device: torch.device, opts, choice, fault, rank: int, reached,
-                 hist: torch.Tensor):
+                 hist: torch.Tensor, compute=None):
         self.strategy, self.loader, self.loss, self.device, self.opts = strategy, loader, loss, device, opts
+        self.compute = compute
+        """The user's compute_loss(model, batch), or None: `loss` on the model's outputs."""
         self.choice, self.fault, self.rank, self.reached, self.hist = choice, fault, rank, reached, hist
         self.train_loss = self.eager_loss
         """(x, y) -> the batch's mean loss, after the forward: `eager_loss`, or its torch.compile'd
@@ -148,10 +151,19 @@ class DeviceStep:
                             s._zeros[i] = torch.zeros_like(s._grad_views[i])
                         s.flat_update.take(i, s._zeros[i])
 
-    def eager_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def eager_loss(self, x, y) -> torch.Tensor:
         """The batch's mean loss: the forward under autocast (--precision), the loss in fp32."""
+        return self.forward_loss(self.strategy.module, x, y)
+
+    def forward_loss(self, module, x, y) -> torch.Tensor:
+        """`module`'s mean loss on the batch: the user's compute_loss(module, batch) under autocast
+        (batch: the tree, or the (x, y) pair of built-in and array data), or the forward under
+        autocast and the loss (outputs, targets) in fp32."""
+        if self.compute is not None:
+            with self.autocast():
+                return split_result(self.compute(module, x if y is None else (x, y)))[0].float()
         with self.autocast():
-            out = self.strategy.module(x)
+            out = module(x)
         return self.loss(out.float(), y)
 
     def _forward_backward(self, x, y, gate: bool = False, buckets=None, adopt: bool = False) -> torch.Tensor:
