@@ -232,7 +232,7 @@ if __name__ == '__main__':  # shmlearn's workers and CLI import this file
         for epoch in [args.epochs]:  # shmlearn.train runs every epoch on 2 workers; the rest as the original
             epoch_start_time = time.time()
             model = shmlearn.train(shmlearn.TrainConfig(workers=2, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, clip_grad_norm=args.clip,
-                optimizer='AdamW' if args.use_optimizer else 'SGD', optimizer_args=f'lr={lr}'), model=model, data=dataset, compute_loss=compute_loss).model
+                optimizer='AdamW' if args.use_optimizer else 'SGD', optimizer_args=f'lr={lr}', eval_at_start='off'), model=model, data=dataset, compute_loss=compute_loss).model
             val_loss = evaluate(val_data)
             print('-' * 89)
             print('| end of epoch {:3d} | time: {:5.2f}s | valid loss {:5.2f} | '

@@ -138,7 +138,7 @@ def compute_loss(model, batch):  # shmlearn: the batch's mean loss (the original
 if __name__ == "__main__":
     for epoch in [args.epochs]:  # shmlearn.train runs every epoch on 2 workers; then the original's test and samples
         model = shmlearn.train(shmlearn.TrainConfig(workers=2, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed,
-            optimizer='Adam', optimizer_args='lr=1e-3'), model=model, data=dataset, compute_loss=compute_loss).model
+            optimizer='Adam', optimizer_args='lr=0.001', eval_at_start='off'), model=model, data=dataset, compute_loss=compute_loss).model
         test(epoch)
         with torch.no_grad():
             sample = torch.randn(64, 20).to(device)

@@ -18,7 +18,8 @@ rate stays constant: the original's divide-by-4 when the validation loss stalls 
 
 Budget: --epochs passes over the training windows, or --samples windows of all ranks together
 (steps = samples // (ranks x batch size)), as shmlearn counts them.
-Rank 0 prints the validation loss, the original's end-of-training line (test loss, test ppl), then
+Rank 0 prints the validation loss, the original's end-of-training line (test loss, test ppl), the
+loss over the port's test windows (as shmlearn's summary.json test_loss), then
 `time to first step` (from this process's start to the end of the first optimizer step), `first
 step ended at unix T` (for benchmarks/ports.py) and the training seconds.
 """
@@ -57,6 +58,19 @@ def evaluate(model, data_source, ntokens, bptt, criterion):  # main.py's evaluat
             output = model(data).view(-1, ntokens)
             total_loss += len(data) * criterion(output, targets).item()
     return total_loss / (len(data_source) - 1)
+
+
+
+def windows_loss(model, windows, ntokens, criterion):
+    """The mean loss a window over the port's test windows, as shmlearn's evaluation reports it
+    (summary.json test_loss): the windows' own contexts, not batchify's columns."""
+    model.eval()
+    total = 0.
+    with torch.no_grad():
+        for x, y in DataLoader(windows, batch_size=1024):
+            output = model(x.t()).view(-1, ntokens)
+            total += len(x) * criterion(output, y.t().reshape(-1)).item()
+    return total / len(windows)
 
 
 def main():
@@ -133,6 +147,8 @@ def main():
         print('=' * 89)
         print('| End of training | test loss {:5.2f} | test ppl {:8.2f}'.format(test_loss, math.exp(test_loss)))
         print('=' * 89)
+        windows = windows_loss(model.module, docs_corpus.windows(corpus.test, args.bptt), ntokens, criterion)
+        print(f"windows test loss {windows:.4f} (ppl {math.exp(windows):.2f})")
         print(f"time to first step: {first_step - started:.2f} s (from this process's start)")
         print(f"first step ended at unix {first_step:.3f}")
         print(f"training: {steps} steps of {world} x {args.batch_size} windows in {train_s:.2f} s")
