@@ -17,13 +17,15 @@ Measures, per run:
            training, the DDP scripts theirs).
   ttfs_s   time to first step: from starting the command to the end of the first optimizer step on
            rank 0. DDP: the script prints `first step ended at unix T` (time.time() right after
-           optimizer.step()). shmlearn: summary.json has no absolute time, so this is when rank 0's
-           progress bar first shows a finished step (tqdm; shmlearn updates it after the step's
-           update, at each loss read: the step number seen is kept as ttfs_step, 1 when exact).
+           optimizer.step()). shmlearn: summary.json has no absolute time, so from the moment
+           rank 0's progress bar first shows a finished step n (bar_s, bar_step: tqdm redraws at
+           most every 0.5 s, after a step's update), less the training clock's time at step n
+           (metrics.jsonl, interpolated between its rows), plus the first step's seconds.
   where the time goes (shmlearn): summary.json's setup_time_s (worker entry to the first step's
            start: data collated onto the device, model, strategy), first_step_s (the first step's
            phases, from trace.json), and the rest of ttfs before the worker's entry (start_s: the
-           command's imports and script, spawning the workers, their imports and the script again).
+           command's imports and script, spawning the workers, their imports and the script again,
+           torch._dynamo's import, the process group).
   test     VAE: the test loss (mean of the original's loss a sample; api: the original's test() on
            the trained model, cli: summary.json test_loss). LM: perplexity, exp(test loss), of the
            original's evaluate() (ddp, api) and over the port's test windows (summary.json
@@ -127,12 +129,25 @@ def _last_float(pieces, pattern: str):
     return found[-1] if found else None
 
 
+def _clock_at(rows, n: int):
+    """Training-clock seconds at the end of step n, interpolated between metrics.jsonl's rows
+    (every 10th step; step 0 at 0 s)."""
+    points = [(0, 0.0)] + [(r["step"], r["time_s"]) for r in rows if "time_s" in r]
+    for (s0, t0), (s1, t1) in zip(points, points[1:]):
+        if s0 <= n <= s1:
+            return t0 + (t1 - t0) * (n - s0) / max(s1 - s0, 1)
+    return None
+
+
 def _summary(cwd: str):
+    """summary.json, the first step's seconds (trace.json) and metrics.jsonl's rows of a run."""
     paths = glob.glob(os.path.join(cwd, "runs", "*", "summary.json"))
     if len(paths) != 1:
-        return None, None
+        return None, None, []
     with open(paths[0]) as f:
         summary = json.load(f)
+    with open(os.path.join(os.path.dirname(paths[0]), "metrics.jsonl")) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
     trace_path = os.path.join(os.path.dirname(paths[0]), "trace.json")
     first_step_s = None
     if os.path.exists(trace_path):
@@ -141,7 +156,7 @@ def _summary(cwd: str):
         step0 = [e for e in events if e.get("args", {}).get("step") == 0]
         if step0:  # trace times are microseconds from the earliest event of any rank
             first_step_s = (max(e["ts"] + e["dur"] for e in step0) - min(e["ts"] for e in step0)) / 1e6
-    return summary, first_step_s
+    return summary, first_step_s, rows
 
 
 def measure(port: str, runner: str, out: dict) -> dict:
@@ -154,14 +169,20 @@ def measure(port: str, runner: str, out: dict) -> dict:
         row["train_s"] = _last_float(pieces, r"training: \d+ steps of .* in ([0-9.]+) s")
     else:
         bar = [(t, int(m.group(1))) for t, p in pieces for m in [BAR.search(p)] if m and int(m.group(1)) >= 1]
-        row["ttfs_s"], row["ttfs_step"] = (round(bar[0][0], 3), bar[0][1]) if bar else (None, None)
-        summary, first_step_s = _summary(cwd)
+        row["bar_s"], row["bar_step"] = (round(bar[0][0], 3), bar[0][1]) if bar else (None, None)
+        summary, first_step_s, rows = _summary(cwd)
+        row["ttfs_s"] = None
         if summary is not None:
             row.update(setup_s=summary.get("setup_time_s"), train_s=summary.get("wall_time_s"),
                        eval_s=summary.get("eval_time_s"), first_step_s=first_step_s,
                        step_mode=summary.get("step_mode"), status=summary.get("status"),
                        summary_test_loss=summary.get("test_loss"))
-            if row["ttfs_s"] is not None and row["setup_s"] is not None and first_step_s is not None:
+            at_bar = _clock_at(rows, row["bar_step"]) if row["bar_step"] else None
+            if at_bar is not None and first_step_s is not None:
+                # The bar showed step n at the training clock's time_s(n): the clock started at
+                # bar_s - time_s(n), and the first step ended first_step_s later.
+                row["ttfs_s"] = round(row["bar_s"] - at_bar + first_step_s, 3)
+            if row["ttfs_s"] is not None and row["setup_s"] is not None:
                 row["start_s"] = round(row["ttfs_s"] - row["setup_s"] - first_step_s, 3)
     if port == "vae":
         original = _last_float(pieces, r"====> Test set loss: ([0-9.]+)")

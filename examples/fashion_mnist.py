@@ -58,12 +58,13 @@ class FashionMNIST(torch.utils.data.Dataset):
         if len(self.data) != len(self.targets):
             raise ValueError(f"FashionMNIST: {len(self.data)} images but {len(self.targets)} labels in {folder}")
         self.transform, self.target_transform = transform, target_transform
+        self._labels = self.targets.tolist()  # int(self.targets[i]) costs more than the rest of an item
 
     def __len__(self):
         return len(self.data)
 
     def __getitem__(self, index):
-        img, target = self.data[index], int(self.targets[index])
+        img, target = self.data[index], self._labels[index]
         if self.transform is not None:
             img = self.transform(img)
         if self.target_transform is not None:
@@ -77,7 +78,7 @@ class ToTensor:
     def __call__(self, pic):
         t = torch.as_tensor(np.asarray(pic)) if not isinstance(pic, torch.Tensor) else pic
         t = t.unsqueeze(0) if t.dim() == 2 else t.permute(2, 0, 1)
-        return t.float().div(255)
+        return t.float().div_(255)  # float() made a new tensor: divide it in place
 
 
 def save_image(tensor, fp, nrow=8, padding=2):

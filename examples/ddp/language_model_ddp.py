@@ -101,9 +101,10 @@ def main():
     train_set = docs_corpus.windows(corpus.train, args.bptt)
     sampler = DistributedSampler(train_set, shuffle=True, seed=args.seed, drop_last=True)
     loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
-    per_epoch = len(loader)
-    steps = (args.samples // (world * args.batch_size) if args.samples is not None
-             else int((40 if args.epochs is None else args.epochs) * per_epoch))
+    # shmlearn's budget: epochs x the training set's size, in samples, over (ranks x batch) a step; a
+    # remainder of steps past the last full epoch runs into the next one.
+    samples = args.samples if args.samples is not None else int((40 if args.epochs is None else args.epochs) * len(train_set))
+    steps = samples // (world * args.batch_size)
     if steps < 1:
         parser.error(f"the budget gives no step of {world} x {args.batch_size} windows")
 

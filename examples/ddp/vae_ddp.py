@@ -107,9 +107,10 @@ def main():
     train_loader = DataLoader(train_set, batch_size=args.batch_size, sampler=sampler, drop_last=True)
     # Every rank tests every world-th sample: a DistributedSampler would pad the last shard with repeats.
     test_loader = DataLoader(Subset(test_set, range(rank, len(test_set), world)), batch_size=1024)
-    per_epoch = len(train_loader)
-    steps = (args.samples // (world * args.batch_size) if args.samples is not None
-             else int((10 if args.epochs is None else args.epochs) * per_epoch))
+    # shmlearn's budget: epochs x the training set's size, in samples, over (ranks x batch) a step; a
+    # remainder of steps past the last full epoch runs into the next one.
+    samples = args.samples if args.samples is not None else int((10 if args.epochs is None else args.epochs) * len(train_set))
+    steps = samples // (world * args.batch_size)
     if steps < 1:
         parser.error(f"the budget gives no step of {world} x {args.batch_size} samples")
 
