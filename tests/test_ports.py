@@ -17,6 +17,7 @@ import json
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 
@@ -180,3 +181,15 @@ def test_language_model_cli(tmp_path):
     s = summary_of(tmp_path)
     assert s["status"] == "completed" and s["workers"] == 2 and s["steps"] == 10
     assert 0 <= s["test_accuracy"] <= 1 and math.isfinite(s["val_loss"])
+
+
+@pytest.mark.skipif(not shutil.which("diff"), reason="needs diff(1)")
+@pytest.mark.parametrize("old, new, flags", [("originals/vae/main.py", "vae.py", ["-u"]),
+                                             ("originals/word_language_model/main.py", "language_model.py", ["-u", "-w"])])
+def test_docs_show_the_current_diffs(old, new, flags):
+    """docs/ports.md shows `diff -u` (the LM: `diff -u -w`) of each port as it is."""
+    out = subprocess.run(["diff", *flags, f"examples/{old}", f"examples/{new}"], cwd=ROOT, capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    shown = re.sub(r"^(---|\+\+\+) (\S+)\t.*$", r"\1 \2", out.stdout, flags=re.M)  # no timestamps
+    with open(os.path.join(ROOT, "docs", "ports.md")) as f:
+        assert f"```diff\n{shown}```" in f.read()
