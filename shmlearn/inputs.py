@@ -116,7 +116,7 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
             raise BadInput(f"--augment {cfg.augment}: augmentation is for the built-in image data; with "
                            f"compute_loss, augment in your function or Dataset")
         return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
-                          seed=cfg.seed), augment
+                          seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate), augment
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
     if isinstance(data, StreamedData):
@@ -124,10 +124,11 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
             raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
                            f"data is streamed (augment in your Dataset, or --loader resident)")
         loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard, timeout_s=cfg.timeout,
-                              num_shards=num_shards, seed=cfg.seed, normalize=normalizer(data, device), device=device)
+                              num_shards=num_shards, seed=cfg.seed, normalize=normalizer(data, device), device=device,
+                              accumulate=cfg.accumulate)
     else:
         loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
                                shard=shard, num_shards=num_shards, seed=cfg.seed,
                                normalize=normalizer(data, device), augment=augment,
-                               channels_last=cfg.channels_last)
+                               channels_last=cfg.channels_last, accumulate=cfg.accumulate)
     return loader, augment

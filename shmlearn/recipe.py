@@ -19,7 +19,7 @@ What each is called with:
   its submodules. It returns a torch.optim.Optimizer (torch's or any third party's).
 * scheduler: called with the optimizer; returns an LRScheduler. It steps once per epoch by
   default (`--scheduler-interval epoch`, as pytorch/examples' StepLR does and Lightning's
-  default): an epoch is `steps_per_epoch` = training samples // (workers x batch size) steps.
+  default): an epoch is `steps_per_epoch` = training samples // (workers x batch size x --accumulate) steps.
   `--scheduler-interval step` steps it after every step, as the built-in schedule does.
 * loss: f(outputs, targets) -> mean loss, for training and evaluation's test_loss.
 

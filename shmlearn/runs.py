@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from shmlearn.config import TrainConfig, save_yaml
 from shmlearn.errors import BadInput
+from shmlearn.metrics import metric_goal
 from shmlearn.tblog import TensorBoardLog
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
@@ -257,7 +258,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
               launcher: str, streamed: bool, start_lrs, builtin_optimizer: bool, budget: int, samples_per_step: int,
               planned_steps: int, setup_s, auto_eval: bool, start_step: int, phase_s, timing: str,
               step: Dict[str, Any], device: str, torch_version: str, strategy: Dict[str, Any],
-              noise: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+              noise: Optional[Dict[str, Any]], monitor: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """summary.json (DESIGN.md's output contract). history: the loop's step_times, step_losses
     (one per step done), evals (eval.jsonl's rows), eval_s and checkpoint_s; diverged: (step,
     rank, loss) or None; step: `step_fields`; timing: `phase_timing`; strategy: the strategy's
@@ -276,7 +277,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
         "lr_schedule": (cfg.lr_schedule if builtin_optimizer else "none") if not cfg.scheduler
         else "scheduler", "loss": cfg.compute_loss or cfg.loss or "task", "start_lrs": start_lrs,
-        "batch_size": cfg.batch_size,
+        "batch_size": cfg.batch_size, "accumulate": cfg.accumulate, "clip_grad_norm": cfg.clip_grad_norm,
         "lr": cfg.lr, "seed": cfg.seed, "budget_samples": budget,
         "samples_seen": steps_done * samples_per_step, "steps": steps_done,
         "planned_steps": planned_steps, "wall_time_s": wall, "eval_time_s": history["eval_s"],
@@ -302,6 +303,8 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
     }
     if cfg.compute_loss is not None and evals:
         summary.update(eval_metrics(evals))
+    if monitor is not None:  # --monitor / --early-stop / --save-best (evaluation.Monitor)
+        summary.update(monitor)
     if noise is not None:
         summary.update(noise)
     if diverged is not None:
@@ -322,17 +325,6 @@ def eval_metrics(evals) -> Dict[str, Any]:
         if values:
             out[f"best_{k}"] = (max if metric_goal(k) == "max" else min)(values)
     return out
-
-
-MAXIMIZED = ("accuracy", "acc", "f1", "precision", "recall", "auc", "bleu", "r2", "iou", "dice", "map")
-"""Metric names (after test_/val_) whose best value is the largest; every other the least (a
-loss, perplexity, MSE, KL). A sweep names the direction itself (--winner-goal)."""
-
-
-def metric_goal(key: str) -> str:
-    """'max' or 'min': which value of the metric `key` (test_accuracy, val_loss, ...) is best."""
-    name = key.split("_", 1)[1] if key.startswith(("test_", "val_")) else key
-    return "max" if name.lower() in MAXIMIZED or name.lower().endswith(MAXIMIZED[:2]) else "min"
 
 
 def write_results(rundir: RunDir, summary: Dict[str, Any], trace: Any, save_weights=None) -> None:

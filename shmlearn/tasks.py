@@ -42,3 +42,4 @@ def split_result(out, what: str = "compute_loss"):
         return out[0], out[1]
     raise BadInput(f"{what}: returned a {type(out).__name__}; expected the loss (a tensor) or (loss, "
                    f"{{name: value}})")
+

@@ -156,12 +156,13 @@ def pool():
 
 
 def _reference(cfg: TrainConfig, workers: int):
-    """Plain torch, one process: at step s the W*B rows perm[s*W*B:(s+1)*W*B] of the epoch's global
-    order (data/loader.py), the mean loss over them, SGD."""
+    """Plain torch, one process: at step s the W*B*N rows perm[s*W*B*N:(s+1)*W*B*N] of the epoch's
+    global order (data/loader.py; N = --accumulate), the mean loss over them, clip_grad_norm_ on
+    that gradient with --clip-grad-norm, SGD."""
     train = Pairs(N_TRAIN, 0)
     model = Linear()
     opt = torch.optim.SGD(model.parameters(), lr=cfg.lr)
-    gb = workers * cfg.batch_size
+    gb = workers * cfg.batch_size * cfg.accumulate
     per_epoch = N_TRAIN // gb
     for step in range(cfg.samples // gb):
         epoch, i = divmod(step, per_epoch)
@@ -169,13 +170,18 @@ def _reference(cfg: TrainConfig, workers: int):
         loss, _ = mse(model, {"x": train.x[idx], "target": train.t[idx]})
         opt.zero_grad()
         loss.backward()
+        if cfg.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip_grad_norm)
         opt.step()
     return model
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "ps", "ddp"])
-def test_two_workers_train_the_weights_of_one_process_on_the_concatenated_batches(tmp_path, pool, strategy):
-    cfg = _cfg(tmp_path / "run", workers=2, strategy=strategy)
+@pytest.mark.parametrize("strategy,extra", [
+    ("allreduce", {}), ("ps", {}), ("ddp", {}),
+    ("allreduce", {"accumulate": 2, "clip_grad_norm": 0.5}), ("ddp", {"accumulate": 2, "clip_grad_norm": 0.5}),
+], ids=["allreduce", "ps", "ddp", "allreduce-accumulate-clip", "ddp-accumulate-clip"])
+def test_two_workers_train_the_weights_of_one_process_on_the_concatenated_batches(tmp_path, pool, strategy, extra):
+    cfg = _cfg(tmp_path / "run", workers=2, strategy=strategy, **extra)
     with using(pool):
         result = shmlearn.train(cfg, model=Linear(), data=pairs(), compute_loss=mse)
     assert result.status == "completed"
@@ -342,3 +348,98 @@ def test_a_failure_in_the_users_code_inside_a_worker_shows_the_users_frames(tmp_
     assert msg.startswith("rank ") and "ValueError: a bug that shows only in training" in msg, msg
     assert "in your code:" in msg and f'File "{__file__}", line' in msg and "in fails_at_step_three" in msg, msg
     assert "shmlearn/step" not in msg  # the library's frames stay out
+
+
+def test_early_stop_and_save_best_follow_the_monitored_value(tmp_path):
+    """lr 0.6 makes the linear model's validation loss blow up after the first steps: the run stops
+    `early_stop` evaluations after its best one, and best.* holds the weights that scored it."""
+    cfg = _cfg(tmp_path / "run", workers=1, lr=0.6, samples=N_TRAIN * 8, eval_points=16, early_stop=2,
+               save_best=True, monitor="val_mae")
+    result = shmlearn.train(cfg, model=Linear(), data=pairs(), compute_loss=mse)
+    s = result.summary
+    rows = [json.loads(line) for line in open(os.path.join(result.run_dir, "eval.jsonl"))]
+    maes = [r["val_mae"] for r in rows]
+    best = maes.index(min(maes))
+    assert s["monitor"] == "val_mae" and s["best_step"] == rows[best]["step"] and s["best_val_mae"] == min(maes)
+    assert len(rows) == best + 3 and s["stopped_early"] == rows[-1]["step"] < s["planned_steps"], (maes, s)
+    best_model = shmlearn.load_model(result.run_dir, model=Linear(), best=True)
+    ds = Pairs(N_VAL, 1)
+    with torch.no_grad():
+        assert float((best_model(ds.x) - ds.t).abs().mean()) == pytest.approx(min(maes), rel=1e-5)
+
+
+def pad_collate(items):
+    """A user's collate: pads variable-length id lists to the longest, and keeps the lengths."""
+    longest = max(len(ids) for ids, _ in items)
+    ids = torch.zeros(len(items), longest, dtype=torch.int64)
+    for i, (row, _) in enumerate(items):
+        ids[i, :len(row)] = torch.as_tensor(row)
+    return {"ids": ids, "lengths": torch.tensor([len(r) for r, _ in items]),
+            "target": torch.tensor([t for _, t in items], dtype=torch.float32)}
+
+
+class Ragged(torch.utils.data.Dataset):
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        ids = list(range(1 + i % 5))
+        return ids, float(len(ids))
+
+
+class Stream(torch.utils.data.IterableDataset):
+    def __iter__(self):
+        for i in range(40):
+            yield list(range(1 + i % 5)), float(1 + i % 5)
+
+
+class CountIds(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.zeros(1))
+
+    def forward(self, ids, lengths):
+        return self.w * lengths.float()
+
+
+def count_loss(model, batch):
+    assert batch["ids"].dtype == torch.int64
+    return ((model(batch["ids"], batch["lengths"]) - batch["target"]) ** 2).mean()
+
+
+def test_a_dataloader_with_its_own_collate_an_iterable_test_set_and_a_sampler(tmp_path):
+    """The train DataLoader's collate_fn pads and its sampler (every item once, odd ones first) is
+    followed: at batch 5 and 1 worker the first step's batch is items 1, 3, 5, 7, 9."""
+    seen = []
+
+    class Odd(torch.utils.data.Sampler):
+        def __len__(self):
+            return 60
+
+        def __iter__(self):
+            return iter(list(range(1, 60, 2)) + list(range(0, 60, 2)))
+
+    def first_batch(model, batch):
+        seen.append(batch["lengths"].tolist())
+        return count_loss(model, batch)
+
+    train = torch.utils.data.DataLoader(Ragged(60), batch_size=7, collate_fn=pad_collate, sampler=Odd())
+    test = torch.utils.data.DataLoader(Stream(), collate_fn=pad_collate)
+    cfg = _cfg(tmp_path / "run", workers=1, batch_size=5, samples=300, lr=0.01, eval_points=1, eval_at_start="off")
+    result = shmlearn.train(cfg, model=CountIds(), data=(train, test), compute_loss=first_batch)
+    assert result.status == "completed"
+    assert seen[1] == [1 + i % 5 for i in (1, 3, 5, 7, 9)]  # seen[0]: the check's two samples
+    assert float(result.model.w.detach()) == pytest.approx(1.0, abs=0.05)  # target = length: w -> 1
+
+
+def test_a_distributed_sampler_is_refused_in_one_line(tmp_path):
+    ds = Ragged(20)
+    train = torch.utils.data.DataLoader(ds, collate_fn=pad_collate,
+                                        sampler=torch.utils.data.DistributedSampler(ds, num_replicas=2, rank=0))
+    with pytest.raises(BadInput, match="data=: a DistributedSampler shards for its own ranks"):
+        shmlearn.train(_cfg(tmp_path / "run", workers=1, batch_size=2), model=CountIds(),
+                       data=(train, torch.utils.data.DataLoader(Ragged(10), collate_fn=pad_collate)),
+                       compute_loss=count_loss)

@@ -14,7 +14,7 @@ stay uint8. Nothing is normalized (the data is the user's).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List
 
 import numpy as np
 import torch
@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
 from shmlearn.data.base import DataSpec
-from shmlearn.data.loader import ShardedLoader
+from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.refs import call_user
 
@@ -41,6 +41,8 @@ class TreeData:
     train: Any
     test: Any
     val: Any = None
+    sampler: Any = None
+    """The train DataLoader's sampler, whose order the loader follows (TreeLoader), or None."""
     mean = None  # nothing to normalize (data/base.py normalizer reads these)
     std = None
 
@@ -58,7 +60,7 @@ class TreeData:
 
     def to(self, device: torch.device) -> "TreeData":
         move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
-        return TreeData(self.spec, move(self.train), move(self.test), move(self.val))
+        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler)
 
     def split(self, name: str):
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -102,10 +104,18 @@ def tree_data(obj: Any, what: str, *, name: str = "user") -> TreeData:
                 raise BadInput(f"{what}: {split}_x has {len(x)} samples but {split}_y has {len(y)}")
         return _checked(name, (trx, tr_y), None, (tex, te_y), what)
     if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
-            isinstance(d, torch.utils.data.Dataset) for d in obj):
+            isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
         names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
-        trees = {n: collate_split(d, what, n) for n, d in zip(names, obj)}
-        return _checked(name, trees["train"], trees.get("val"), trees["test"], what)
+        trees, sampler = {}, None
+        for n, d in zip(names, obj):
+            collate = None
+            if isinstance(d, torch.utils.data.DataLoader):
+                d, collate, s = _unwrap(d, what, n)
+                sampler = s if n == "train" else sampler
+            trees[n] = collate_split(d, what, n, collate=collate)
+        data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
+        data.sampler = sampler
+        return data
     got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
     raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
                    f"(train_x, train_y, test_x, test_y) arrays, or a callable returning one; got {got}")
@@ -118,8 +128,40 @@ def _as_tensor(a, label: str, what: str) -> torch.Tensor:
         raise BadInput(f"{what}: {label} is not a numeric array ({str(e).splitlines()[0][:120]})") from None
 
 
-def collate_split(ds, what: str, split: str):
-    """The whole split as one collated tree on the CPU (COLLATE_CHUNK items at a time)."""
+def _unwrap(loader, what: str, split: str):
+    """(dataset, collate_fn or None for the default, the train split's sampler or None) of a
+    DataLoader the user built. Its batch_size, num_workers and pinning are not used: --batch-size
+    is per worker, and the split is collated once."""
+    if not isinstance(loader.dataset, torch.utils.data.IterableDataset) and loader.batch_sampler is not None \
+            and type(loader.batch_sampler) is not torch.utils.data.BatchSampler:
+        raise BadInput(f"{what}: the {split} DataLoader has a batch_sampler of its own "
+                       f"({type(loader.batch_sampler).__name__}); give a sampler of indices instead (shmlearn "
+                       f"cuts its order into batches of --batch-size per worker)")
+    collate = None if loader.collate_fn is default_collate else loader.collate_fn
+    sampler = None
+    if split == "train" and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        sampler = loader.sampler
+        if hasattr(sampler, "set_epoch"):  # DistributedSampler-like: one replica's share is not an epoch
+            raise BadInput(f"{what}: a {type(sampler).__name__} shards for its own ranks; give the Dataset's own "
+                           f"sampler (or none): shmlearn shards the batches across its ranks itself")
+    return loader.dataset, collate, sampler
+
+
+def collate_split(ds, what: str, split: str, collate=None):
+    """The whole split as one collated tree on the CPU (COLLATE_CHUNK items at a time with torch's
+    default_collate; in one call with a DataLoader's own collate_fn, which may pad to the longest
+    item). A finite IterableDataset is read once, in order."""
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        items = []
+        try:
+            for item in ds:
+                items.append(item)
+        except BadInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's iterator
+            raise BadInput(f"{what}: the {split} IterableDataset raised {type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:200] if str(e) else ''} after {len(items)} items") from None
+        ds = items
     try:
         n = len(ds)
     except TypeError:
@@ -128,12 +170,13 @@ def collate_split(ds, what: str, split: str):
     if n == 0:
         raise BadInput(f"{what}: the {split} Dataset is empty")
     chunks, spec0 = [], None
-    for start in range(0, n, COLLATE_CHUNK):
+    step = n if collate is not None else COLLATE_CHUNK
+    for start in range(0, n, step):
         items = [call_user(ds.__getitem__, (i,), f"{what} ({split} Dataset[{i}])")
-                 for i in range(start, min(n, start + COLLATE_CHUNK))]
+                 for i in range(start, min(n, start + step))]
         try:
-            batch = default_collate(items)
-        except (TypeError, RuntimeError) as e:
+            batch = (collate or default_collate)(items)
+        except Exception as e:  # noqa: BLE001 - default_collate's refusal, or the user's collate_fn
             raise BadInput(f"{what}: the {split} Dataset's items {start}..{start + len(items) - 1} cannot be batched "
                            f"({str(e).splitlines()[0][:200]}); every item needs the same structure, tensors of "
                            f"one shape") from None
@@ -191,16 +234,55 @@ def eval_batches(tree, rank: int, world: int, size: int) -> Iterator[Any]:
 
 class TreeLoader(ShardedLoader):
     """ShardedLoader's batches (the same permutation, shards and device counter) of every
-    tensor of a tree: `batch(step)` and `next_batch()` return (tree batch, None)."""
+    tensor of a tree: `batch(step)` and `next_batch()` return (tree batch, None). sampler: the
+    user's (a train DataLoader's), whose order replaces the permutation: drawn once per epoch,
+    seeded by (seed, epoch) on every rank alike, and cut into global batches as the permutation
+    is (rank r takes the r-th block of B of each)."""
 
-    def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int):
+    def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int, sampler=None,
+                 accumulate: int = 1):
         leaves = tree_flatten(tree)[0]
         super().__init__(leaves[0], None, batch_size=batch_size, shard=shard, num_shards=num_shards, seed=seed,
-                         normalize=lambda x: x)
-        self.tree = tree
+                         normalize=lambda x: x, accumulate=accumulate)
+        self.tree, self.sampler = tree, sampler
+        if sampler is not None:
+            self.order_len = len(sampler)
+            self.steps_per_epoch = epoch_steps(self.order_len, self.global_batch, accumulate)
+            if self.steps_per_epoch == 0:
+                raise BadInput(f"--batch-size {batch_size}: the sampler gives {self.order_len} samples an epoch, "
+                               f"fewer than one step of {num_shards} x {batch_size} x {accumulate} (--accumulate)")
+
+    def _permutation_cpu(self, epoch: int) -> torch.Tensor:
+        if self.sampler is None:
+            return super()._permutation_cpu(epoch)
+        return sampler_order(self.sampler, self.seed, epoch, rows(self.tree))
 
     def _gather(self, idx: torch.Tensor, table) -> tuple:
         return take(self.tree, idx), None
+
+
+def sampler_order(sampler, seed: int, epoch: int, n: int) -> torch.Tensor:
+    """One epoch of the user's sampler as int64 indices, the same on every rank: its generator (a
+    RandomSampler's, a WeightedRandomSampler's) and torch's global one are seeded by (seed,
+    epoch) while it is drawn, and put back after."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    had = getattr(sampler, "generator", None)
+    try:
+        if hasattr(sampler, "generator"):
+            sampler.generator = g
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1_000_003 + epoch)
+            order = torch.as_tensor([int(i) for i in sampler], dtype=torch.int64)
+            if len(order) != len(sampler):
+                raise BadInput(f"data=: the sampler gave {len(order)} indices in epoch {epoch}, not its len() "
+                               f"{len(sampler)}; every epoch must have the same length")
+    finally:
+        if hasattr(sampler, "generator"):
+            sampler.generator = had
+    if len(order) and (int(order.min()) < 0 or int(order.max()) >= n):
+        raise BadInput(f"data=: the sampler gave index {int(order.max()) if int(order.max()) >= n else int(order.min())}"
+                       f" for a training set of {n} items")
+    return order
 
 
 __all__ = ["TreeData", "TreeLoader", "tree_data", "collate_split", "eval_batches", "rows", "take", "CUSTOM"]
