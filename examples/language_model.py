@@ -227,72 +227,71 @@ lr = args.lr
 best_val_loss = None
 
 # At any point you can hit Ctrl + C to break out of training early.
-if __name__ == '__main__':  # shmlearn's workers and CLI import this file
-    try:
-        for epoch in [args.epochs]:  # shmlearn.train runs every epoch on 2 workers; the rest as the original
-            epoch_start_time = time.time()
-            model = shmlearn.train(shmlearn.TrainConfig(workers=2, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, clip_grad_norm=args.clip,
-                optimizer='AdamW' if args.use_optimizer else 'SGD', optimizer_args=f'lr={lr}', eval_at_start='off'), model=model, data=dataset, compute_loss=compute_loss).model
-            val_loss = evaluate(val_data)
-            print('-' * 89)
-            print('| end of epoch {:3d} | time: {:5.2f}s | valid loss {:5.2f} | '
-                    'valid ppl {:8.2f}'.format(epoch, (time.time() - epoch_start_time),
-                                               val_loss, math.exp(val_loss)))
-            print('-' * 89)
-            # Save the model if the validation loss is the best we've seen so far.
-            if not best_val_loss or val_loss < best_val_loss:
-                with open(args.save, 'wb') as f:
-                    torch.save(model, f)
-                best_val_loss = val_loss
-            else:
-                # Anneal the learning rate if no improvement has been seen in the validation dataset.
-                lr /= 4.0
-    except KeyboardInterrupt:
+try:
+    for epoch in [args.epochs]:  # shmlearn.train runs every epoch on 2 workers; the rest as the original
+        epoch_start_time = time.time()
+        model = shmlearn.train(shmlearn.TrainConfig(workers=2, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, clip_grad_norm=args.clip,
+            optimizer='AdamW' if args.use_optimizer else 'SGD', optimizer_args=f'lr={lr}', eval_at_start='off'), model=model, data=dataset, compute_loss=compute_loss).model
+        val_loss = evaluate(val_data)
         print('-' * 89)
-        print('Exiting from training early')
-
-    # Load the best saved model.
-    with open(args.save, 'rb') as f:
-        if args.model == 'Transformer':
-            safe_globals = [
-                PositionalEncoding,
-                TransformerModel,
-                torch.nn.functional.relu,
-                torch.nn.modules.activation.MultiheadAttention,
-                torch.nn.modules.container.ModuleList,
-                torch.nn.modules.dropout.Dropout,
-                torch.nn.modules.linear.Linear,
-                torch.nn.modules.linear.NonDynamicallyQuantizableLinear,
-                torch.nn.modules.normalization.LayerNorm,
-                torch.nn.modules.sparse.Embedding,
-                torch.nn.modules.transformer.TransformerEncoder,
-                torch.nn.modules.transformer.TransformerEncoderLayer,
-            ]
+        print('| end of epoch {:3d} | time: {:5.2f}s | valid loss {:5.2f} | '
+                'valid ppl {:8.2f}'.format(epoch, (time.time() - epoch_start_time),
+                                           val_loss, math.exp(val_loss)))
+        print('-' * 89)
+        # Save the model if the validation loss is the best we've seen so far.
+        if not best_val_loss or val_loss < best_val_loss:
+            with open(args.save, 'wb') as f:
+                torch.save(model, f)
+            best_val_loss = val_loss
         else:
-            safe_globals = [
-                RNNModel,
-                torch.nn.modules.dropout.Dropout,
-                torch.nn.modules.linear.Linear,
-                torch.nn.modules.rnn.GRU,
-                torch.nn.modules.rnn.LSTM,
-                torch.nn.modules.rnn.RNN,
-                torch.nn.modules.sparse.Embedding,
-            ]
-        with torch.serialization.safe_globals(safe_globals):
-            model = torch.load(f)
-        # after load the rnn params are not a continuous chunk of memory
-        # this makes them a continuous chunk, and will speed up forward pass
-        # Currently, only rnn model supports flatten_parameters function.
-        if args.model in ['RNN_TANH', 'RNN_RELU', 'LSTM', 'GRU']:
-            model.rnn.flatten_parameters()
+            # Anneal the learning rate if no improvement has been seen in the validation dataset.
+            lr /= 4.0
+except KeyboardInterrupt:
+    print('-' * 89)
+    print('Exiting from training early')
 
-    # Run on test data.
-    test_loss = evaluate(test_data)
-    print('=' * 89)
-    print('| End of training | test loss {:5.2f} | test ppl {:8.2f}'.format(
-        test_loss, math.exp(test_loss)))
-    print('=' * 89)
+# Load the best saved model.
+with open(args.save, 'rb') as f:
+    if args.model == 'Transformer':
+        safe_globals = [
+            PositionalEncoding,
+            TransformerModel,
+            torch.nn.functional.relu,
+            torch.nn.modules.activation.MultiheadAttention,
+            torch.nn.modules.container.ModuleList,
+            torch.nn.modules.dropout.Dropout,
+            torch.nn.modules.linear.Linear,
+            torch.nn.modules.linear.NonDynamicallyQuantizableLinear,
+            torch.nn.modules.normalization.LayerNorm,
+            torch.nn.modules.sparse.Embedding,
+            torch.nn.modules.transformer.TransformerEncoder,
+            torch.nn.modules.transformer.TransformerEncoderLayer,
+        ]
+    else:
+        safe_globals = [
+            RNNModel,
+            torch.nn.modules.dropout.Dropout,
+            torch.nn.modules.linear.Linear,
+            torch.nn.modules.rnn.GRU,
+            torch.nn.modules.rnn.LSTM,
+            torch.nn.modules.rnn.RNN,
+            torch.nn.modules.sparse.Embedding,
+        ]
+    with torch.serialization.safe_globals(safe_globals):
+        model = torch.load(f)
+    # after load the rnn params are not a continuous chunk of memory
+    # this makes them a continuous chunk, and will speed up forward pass
+    # Currently, only rnn model supports flatten_parameters function.
+    if args.model in ['RNN_TANH', 'RNN_RELU', 'LSTM', 'GRU']:
+        model.rnn.flatten_parameters()
 
-    if len(args.onnx_export) > 0:
-        # Export the model in ONNX format.
-        export_onnx(args.onnx_export, batch_size=1, seq_len=args.bptt)
+# Run on test data.
+test_loss = evaluate(test_data)
+print('=' * 89)
+print('| End of training | test loss {:5.2f} | test ppl {:8.2f}'.format(
+    test_loss, math.exp(test_loss)))
+print('=' * 89)
+
+if len(args.onnx_export) > 0:
+    # Export the model in ONNX format.
+    export_onnx(args.onnx_export, batch_size=1, seq_len=args.bptt)

@@ -93,7 +93,7 @@ def label(obj: Any) -> str:
         return f"python:{type(obj).__qualname__} instance"
     target = obj if callable(obj) else type(obj)
     if isinstance(obj, (tuple, list)):
-        return f"python:{type(obj[0]).__name__}" + (" pair" if len(obj) == 2 else " arrays")
+        return f"python:{type(obj[0]).__name__}" + {2: " pair", 3: " splits"}.get(len(obj), " arrays")
     mod, name = getattr(target, "__module__", None), getattr(target, "__qualname__", None)
     if not mod or not name or "<" in name:
         return f"python:{type(obj).__name__}"

@@ -74,6 +74,11 @@ def parse_args(text: Optional[str], flag: str) -> Dict[str, Any]:
             v = yaml.safe_load(value.strip()) if value.strip() else ""
         except yaml.YAMLError:
             v = value.strip()
+        if isinstance(v, str):  # YAML 1.1 reads 1e-3 (no dot) as text; Python writes 1e-05 so
+            try:
+                v = float(v) if v.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity") else v
+            except ValueError:
+                pass
         out[key] = tuple(v) if isinstance(v, list) else v
     return out
 

@@ -14,6 +14,7 @@ import os
 import sys
 from typing import Any
 
+from shmlearn import user_main
 from shmlearn.errors import BadInput
 
 
@@ -66,7 +67,12 @@ def _load_file(path: str, ref: str, flag: str):
     if added:
         sys.path.insert(0, folder)
     try:
-        spec.loader.exec_module(module)
+        # A script that trains at module level is run up to its shmlearn.train call, as a pool
+        # worker runs it (user_main.py): what it defines before the call is what NAME refers to.
+        with user_main.importing():
+            spec.loader.exec_module(module)
+    except user_main.MainStop:
+        pass
     except BaseException as e:  # noqa: BLE001 - SyntaxError, the file's own errors, even SystemExit
         del sys.modules[mod_name]
         raise BadInput(f"{flag} {ref}: importing {path} raised {_one_line(e)}") from None

@@ -385,6 +385,7 @@ class _Loop:
         status, diverged = "completed", None
         resumed_s = self.step_times[-1] if self.step_times else 0.0
         t0 = time.perf_counter() - resumed_s - self.eval_s - self.checkpoint_s
+        self.train_start_unix = time.time()  # summary.json: time to first step = this - process start + step 1
         if self.setup_s is None:  # data, model, strategy, graph capture: before the clock starts
             self.setup_s = time.perf_counter() - self.t_entry - self.eval_s
         prev_s = resumed_s
@@ -537,6 +538,12 @@ class _Loop:
         if self.lead:
             self.rundir.log_eval(row)
 
+    def _start_lr(self):
+        """The learning rate the run started at, as its optimizer had it (--lr is the built-in
+        optimizers' only; a torch class or your own has its own)."""
+        lrs = getattr(self, "start_lrs", None)
+        return f"{lrs[0]:g}" if lrs else self.cfg.lr
+
     def _finish(self, status: str, diverged) -> RunResult:
         cfg, env = self.cfg, self.env
         events = self.timer.trace_events()
@@ -563,6 +570,7 @@ class _Loop:
             device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None,
             monitor=self.monitor.summary(self.evals, self.stopped_early) if self.monitor is not None else None)
+        summary["train_start_unix"] = getattr(self, "train_start_unix", None)  # the clock's start, Unix seconds
         if self.lead:
             save = cfg.save_model and status in ("completed", "pruned")
             runs.write_results(self.rundir, summary, chrome_trace(gathered),
@@ -570,7 +578,7 @@ class _Loop:
         if diverged is not None:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
-                           f"(lr {cfg.lr}); run directory {cfg.out}", step=step, rank=rank)
+                           f"(lr {self._start_lr()}); run directory {cfg.out}", step=step, rank=rank)
         return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model, rank=self.env.rank)
 
 

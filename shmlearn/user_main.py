@@ -11,6 +11,7 @@ starts workers without multiprocessing's (`no_main_import`), and the worker runs
 passes is defined by then. What ran before the call (argument parsing, reading the data) runs in
 every worker, as it does in every rank under torchrun; what follows the call runs only in the
 script's own process. A script with a main guard runs as before (the guard keeps its body out).
+`--model FILE.py:NAME` and the like import a file the same way (refs.py).
 """
 from __future__ import annotations
 
@@ -28,6 +29,18 @@ _importing = False
 class MainStop(BaseException):
     """Raised by shmlearn.train inside a worker's import of the script: the import ends there. A
     BaseException, so that a script's `except Exception` does not swallow it."""
+
+
+@contextlib.contextmanager
+def importing() -> Iterator[None]:
+    """While a file of the user's is run as an import (here, or refs.py's FILE.py:NAME), a
+    shmlearn.train call in it raises MainStop."""
+    global _importing
+    before, _importing = _importing, True
+    try:
+        yield
+    finally:
+        _importing = before
 
 
 def stop_if_importing() -> None:
@@ -77,7 +90,6 @@ def import_main(ref: Optional[Tuple[str, str]]) -> None:
     """In a worker: run the script as `__mp_main__` (and `__main__`, as multiprocessing aliases it),
     up to its first shmlearn.train call. What it raises before then is raised here, as
     multiprocessing's own import would have."""
-    global _importing
     if ref is None:
         return
     kind, where = ref
@@ -94,10 +106,8 @@ def import_main(ref: Optional[Tuple[str, str]]) -> None:
     with open(path, "rb") as f:
         code = compile(f.read(), path, "exec")
     sys.modules["__main__"] = sys.modules["__mp_main__"] = module
-    _importing = True
     try:
-        exec(code, module.__dict__)
+        with importing():
+            exec(code, module.__dict__)
     except MainStop:
         pass
-    finally:
-        _importing = False

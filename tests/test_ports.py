@@ -1,8 +1,9 @@
 """The ports of issue 51 (examples/vae.py, examples/language_model.py) against their references.
 
 * The originals are pytorch/examples' files at 77f55b9 (git blob ids below), and each port differs
-  from its original main.py by at most 15 changed lines (a replaced line counts once; the LM's
-  count ignores whitespace: its training code moved under a main guard, re-indented).
+  from its original main.py by at most 15 changed lines (a replaced line counts once). The LM's
+  training code stays at module level, as the original's: shmlearn's workers run the script only
+  up to its shmlearn.train call (shmlearn/user_main.py).
 * Each port trains at 2 workers through the API (the script, as a user runs it) and its final test
   loss (the VAE) or test perplexity (the LM), printed by the original's own test code on the model
   shmlearn returns, is within 2% of the DDP reference's (torchrun, Gloo, 2 ranks; same model,
@@ -111,13 +112,12 @@ def test_vae_port_changes_at_most_15_lines():
     assert (changed, removed, added) == (15, 7, 15)  # docs/ports.md states these numbers
 
 
-def test_language_model_port_changes_at_most_15_lines_ignoring_indentation():
+def test_language_model_port_changes_at_most_15_lines():
     old, new = read_lines("originals/word_language_model/main.py"), read_lines("language_model.py")
-    changed, removed, added = changed_lines(old, new, ignore_space=True)
+    changed, removed, added = changed_lines(old, new)
     assert changed <= MAX_CHANGED, (changed, removed, added)
-    assert (changed, removed, added) == (15, 7, 15)  # docs/ports.md states these numbers
-    # Counted with whitespace: the 61 lines of the tail re-indented under the main guard on top.
-    assert changed_lines(old, new)[1:] == (7 + 61, 15 + 61)
+    assert (changed, removed, added) == (14, 7, 14)  # docs/ports.md states these numbers
+    assert changed_lines(old, new, ignore_space=True) == (changed, removed, added)  # nothing re-indented
 
 
 # --- the VAE ---------------------------------------------------------------------------------
@@ -185,9 +185,9 @@ def test_language_model_cli(tmp_path):
 
 @pytest.mark.skipif(not shutil.which("diff"), reason="needs diff(1)")
 @pytest.mark.parametrize("old, new, flags", [("originals/vae/main.py", "vae.py", ["-u"]),
-                                             ("originals/word_language_model/main.py", "language_model.py", ["-u", "-w"])])
+                                             ("originals/word_language_model/main.py", "language_model.py", ["-u"])])
 def test_docs_show_the_current_diffs(old, new, flags):
-    """docs/ports.md shows `diff -u` (the LM: `diff -u -w`) of each port as it is."""
+    """docs/ports.md shows `diff -u` of each port as it is."""
     out = subprocess.run(["diff", *flags, f"examples/{old}", f"examples/{new}"], cwd=ROOT, capture_output=True, text=True)
     assert out.returncode == 1, out.stderr
     shown = re.sub(r"^(---|\+\+\+) (\S+)\t.*$", r"\1 \2", out.stdout, flags=re.M)  # no timestamps

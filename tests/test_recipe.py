@@ -174,3 +174,10 @@ def test_an_object_that_cannot_be_recorded_is_labelled_so(tmp_path):
     assert label(functools.partial(torch.optim.AdamW, lr=0.1)) == "python:partial"
     assert label(torch.optim.AdamW).endswith(":AdamW")
     assert label(step_lr).endswith("test_recipe:step_lr") or label(step_lr).endswith("test_recipe.py:step_lr")
+
+
+def test_optimizer_args_read_numbers_as_python_writes_them():
+    """YAML 1.1 reads 1e-3 (no dot) as text; f'lr={1e-5}' writes 1e-05."""
+    from shmlearn.recipe import parse_args
+    assert parse_args("lr=1e-3,eps=1e-08,betas=[0.9, 0.99],name=adam", "--optimizer-args") == \
+        {"lr": 1e-3, "eps": 1e-8, "betas": (0.9, 0.99), "name": "adam"}
