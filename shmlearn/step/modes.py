@@ -174,6 +174,11 @@ class FastStep:
 
     def run(self, step: int, meets: bool, measuring: bool) -> None:
         d, g = self.dstep, self.graphs
+        # Before the step: what the scheduler (after the last step) or anything between steps (a
+        # metric-based scheduler at evaluation) changed reaches this step's update.
+        changed = keep_lr_tensors(self.optimizer, self.lr)
+        if changed and g.graphs is not None:  # a graph would step on with the captured values
+            g.release(f"{', '.join(changed)} changed before step {step} (a scheduler?): the rest runs eagerly")
         if step != d.expected:
             d.t.fill_(step)
         d.expected = step + 1
@@ -187,9 +192,6 @@ class FastStep:
             g.graphs[g.key(round_, measuring)].replay()
         self.strategy.host_step(round_)
         step_schedule(self.optimizer, self.schedule)
-        changed = keep_lr_tensors(self.optimizer, self.lr)
-        if changed and g.graphs is not None:  # a graph would step on with the captured values
-            g.release(f"the scheduler changed {', '.join(changed)} after step {step}: the rest runs eagerly")
         self.timer.step_done(timed=sampled)
 
     def update(self) -> None:
