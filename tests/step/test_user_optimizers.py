@@ -4,6 +4,7 @@ whole batch (the W workers' batches concatenated), the same optimizer, hooks and
 only. Step hooks run once a step; a subclass that overrides step() runs the classic step; Adam,
 AdamW and SGD run torch's fused implementation in the fast step with the user's hyperparameters;
 a NaN is never applied; an optimizer without a fused implementation runs classic with a note."""
+import json
 import os
 
 import pytest
@@ -263,3 +264,15 @@ def test_group_values_report_what_a_scheduler_changed_besides_lr():
     assert keep_lr_tensors(opt, kept) == [] and opt.param_groups[0]["lr"] is lr and float(lr) == pytest.approx(1e-3)
     opt.param_groups[0]["betas"] = (0.7, 0.95)
     assert keep_lr_tensors(opt, kept) == ["betas"] and keep_lr_tensors(opt, kept) == []
+
+
+def test_a_nan_through_the_api_with_adamw_is_diverged_at_its_step(tmp_path, monkeypatch):
+    from shmlearn.errors import Diverged
+    monkeypatch.setenv("SHMLEARN_FAULT", "nan:0:6")
+    with pytest.raises(Diverged) as e:
+        shmlearn.train(_cfg(tmp_path / "run", 1, check_every=4), optimizer=adamw, loss=nll)
+    assert (e.value.step, e.value.rank) == (6, 0)
+    with open(tmp_path / "run" / "summary.json") as f:
+        s = json.load(f)
+    assert (s["status"], s["diverged_step"], s["step_mode"]) == ("diverged", 6, "fast-eager")
+    assert s["step_note"].startswith("optimizer AdamW runs torch's fused implementation")
