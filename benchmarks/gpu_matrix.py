@@ -5,8 +5,7 @@ Factors: every built-in model on its natural dataset (Fashion-MNIST where it fit
 3x32x32 otherwise) x precision {fp32, bf16} x strategy {allreduce, ps, weight-avg, ddp, async-ps}
 x step {default, --compile default, --cuda-graph off}, at the worker count given (run once with
 --workers 1 and once with --workers 2), plus each custom kernel forced on and forced off
-(--conv-pool, --mlp-head) for the models that have such layers, in both precisions, and the
-user's recipe in the fast step (RECIPES: AdamW, --clip-grad-norm, --accumulate; issue 51). The full
+(--conv-pool, --mlp-head) for the models that have such layers, in both precisions. The full
 product does not fit a lease, so the cells cover every PAIR of factor values (a greedy all-pairs
 design, deterministic); every model meets every precision, strategy and step at least once.
 
@@ -71,18 +70,6 @@ BUCKET_MODELS = ("alexnet-small", "fashion-net", "resnet18")
 forced on for models whose gradient fits one bucket (alexnet-small, fashion-net) and for resnet18
 (where auto takes it too), captured, compiled (every bucket starts as the compiled backward ends)
 and eager, and forced off."""
-RECIPES = {"adamw": {"optimizer": "adamw", "lr": 1e-3}, "clip": {"clip_grad_norm": 1.0},
-           "accumulate": {"accumulate": 2},
-           "adamw+clip+accumulate": {"optimizer": "adamw", "lr": 1e-3, "clip_grad_norm": 1.0, "accumulate": 2}}
-"""Issue 51: the user's recipe in the fast step, against the same recipe in the reference's
-classic step: AdamW (torch's fused AdamW reading the skip flag, captured in the step's graph),
---clip-grad-norm and --accumulate, alone and together."""
-RECIPE_MODEL = "alexnet-small"
-RECIPE_STEPS = (("adamw", "default", "allreduce"), ("adamw", "no-graph", "allreduce"),
-                ("adamw", "compile", "allreduce"), ("adamw", "default", "ps"), ("adamw", "default", "weight-avg"),
-                ("clip", "default", "allreduce"), ("accumulate", "default", "allreduce"),
-                ("adamw+clip+accumulate", "default", "allreduce"), ("adamw+clip+accumulate", "compile", "allreduce"))
-"""(recipe, step, strategy) of the recipe cells, each in both precisions on RECIPE_MODEL."""
 AGAIN = 2
 """A cell that misses: the cell and its reference each run this many times more."""
 OUTLIER = 5
@@ -91,6 +78,27 @@ whatever the means: one bad run widens the spread that would excuse it (fashion-
 --compile at W=2 ended one run at 1.879 against 0.425, 2026-11-27, and passed on that spread)."""
 REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
                  max_pool="aten", conv_overlap="off", update_in_backward="off", weight_copy="off", check_every=1)
+ADAMW = {"adamw": {"optimizer": "adamw", "lr": 1e-3},
+         "adamw+clip+accumulate=2": {"optimizer": "adamw", "lr": 1e-3, "clip_grad_norm": 0.5, "accumulate": 2}}
+"""Issue 51: the built-in AdamW in the fast step (torch's fused AdamW reading the skip flag,
+captured in the step's graph), alone and with clipping and accumulation: what it trains (`maths`)
+goes to the reference's classic step too."""
+ADAMW_CELLS = (("adamw", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adamw", "alexnet-small", "fp32", "allreduce", "default"),
+               ("adamw", "alexnet-small", "bf16", "allreduce", "no-graph"),
+               ("adamw", "alexnet-small", "bf16", "allreduce", "compile"),
+               ("adamw", "resnet18", "bf16", "allreduce", "default"),
+               ("adamw", "fashion-net", "fp32", "ps", "default"),
+               ("adamw", "lenet", "fp32", "weight-avg", "default"),
+               ("adamw+clip+accumulate=2", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adamw+clip+accumulate=2", "resnet18", "bf16", "allreduce", "compile"))
+"""(maths, model, precision, strategy, step) of the AdamW cells."""
+
+
+def adamw_cells() -> list:
+    """The AdamW cells (ADAMW_CELLS), with the cell's maths in its reference (`reference`)."""
+    return [dict(model=m, precision=p, strategy=s, step=st, variant=k if st == "default" else f"{k}+{st}",
+                 over=dict(ADAMW[k], **STEPS[st]), maths=ADAMW[k]) for k, m, p, s, st in ADAMW_CELLS]
 
 
 def all_pairs(factors: dict) -> list:
@@ -114,7 +122,7 @@ def all_pairs(factors: dict) -> list:
 
 def cells(workers: int) -> list:
     """The matrix's cells at this worker count: (name, config overrides)."""
-    out = []
+    out = adamw_cells()
     for r in all_pairs({"model": list(NATURAL), "precision": list(PRECISIONS), "strategy": list(STRATEGIES),
                         "step": list(STEPS)}):
         out.append(dict(r, variant=r["step"], over=dict(STEPS[r["step"]])))
@@ -127,9 +135,6 @@ def cells(workers: int) -> list:
     if workers > 1:
         for m, p, (k, over) in itertools.product(BUCKET_MODELS, PRECISIONS, BUCKETS.items()):
             out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
-    for (r, st, strategy), p in itertools.product(RECIPE_STEPS, PRECISIONS):
-        out.append(dict(model=RECIPE_MODEL, precision=p, strategy=strategy, step=st, recipe=r,
-                        variant=r if st == "default" else f"{r}+{st}", over=dict(STEPS[st])))
     for c in out:
         c["workers"] = workers
         c["name"] = f"{c['model']}/{c['precision']}/{c['strategy']}/W{workers}/{c['variant']}"
@@ -142,29 +147,16 @@ def config(cell: dict, args, over: dict):
     extra = {}
     if cell["strategy"] == "async-ps":  # its server is a process of its own: it shares a GPU over Gloo
         extra["backend"] = "gloo"
-    kw = dict(lr=0.02, **extra)
-    kw.update(RECIPES.get(cell.get("recipe"), {}))  # the cell's recipe, in the reference too
-    kw.update(over)
     return TrainConfig(model=cell["model"], dataset=NATURAL[cell["model"]], data_dir=args.data_dir
                        if NATURAL[cell["model"]] == "fashion-mnist" else None,
                        workers=w, device=args.device, strategy=cell["strategy"], precision=cell["precision"],
-                       batch_size=args.batch, samples=args.steps * args.batch * w, eval_points=1,
-                       progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0, timeout=240.0, **kw)
-
-
-def configured(cell: dict, args, over: dict):
-    """config(), or the reason it cannot be made (a recipe's field this shmlearn lacks) for run_cell."""
-    try:
-        return config(cell, args, over)
-    except TypeError as e:
-        return e
+                       batch_size=args.batch, samples=args.steps * args.batch * w, lr=0.02, eval_points=1,
+                       progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0, timeout=240.0, **extra, **over)
 
 
 def run_cell(cfg) -> dict:
     import shmlearn
     from shmlearn.errors import BadInput
-    if isinstance(cfg, Exception):
-        return {"status": "failed", "error": f"no config: {cfg}", "wall_s": 0.0}
     t0 = time.perf_counter()
     try:
         r = shmlearn.train(cfg)
@@ -302,10 +294,10 @@ def main(argv=None) -> int:
     refs = {}
     with Pool(list(range(a.workers)), cuda=a.device == "cuda"):
         for k, c in enumerate(todo):
-            key = (c["model"], c["precision"], c["strategy"], c.get("recipe"))
+            key = (c["model"], c["precision"], c["strategy"])
             if key not in refs:
-                refs[key] = run_cell(configured(c, a, REFERENCE))
-            res = run_cell(configured(c, a, c["over"]))
+                refs[key] = run_cell(config(c, a, REFERENCE))
+            res = run_cell(config(c, a, c["over"]))
             row = dict(name=c["name"], cell={k2: v for k2, v in c.items() if k2 != "name"}, result=res,
                        reference=refs[key])
             row["verdict"] = "refused" if res["status"] == "refused" else agree(c, res, refs[key])
