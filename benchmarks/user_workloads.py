@@ -17,12 +17,12 @@ Both in bf16 autocast. The data are synthetic, with a signal to learn (images: a
 plus noise; tokens: a noisy affine recurrence), never zeros; the DDP loops make them on the device,
 shmlearn's ranks through the data= callable (kept on the device by its loader).
 
-Timing. DDP: after --warmup steps, torch.cuda.synchronize, then --repeats windows of --steps
-steps each (synchronized at both ends); samples/s per window. shmlearn: --repeats runs of
---warmup + --steps steps each in one warm pool (a first run not counted: imports, autotuning),
-steady-state samples/s from the run's metrics.jsonl between its first loss read at or after
---warmup steps and its last (training seconds: start-up, capture, compile and evaluation
-excluded; read points carry real times, steps between them are interpolated). Median and spread
+Timing, the same for both: one launch, --warmup steps not timed, then --repeats windows of
+--steps steps each; samples/s per window. DDP: torch.cuda.synchronize at both ends of a window.
+shmlearn: one run of --warmup + repeats x --steps steps (start-up, capture and compile come before
+its clock), each window's samples and training seconds from metrics.jsonl's rows at the window's
+ends, which are loss reads (the device drained, real times) when --warmup and --steps are
+multiples of --check-every (50 on CUDA). Median and spread
 (min, quartiles, max) of the repeats; ratio = shmlearn's best variant over the best of DDP and
 DDP + compile; scaling = samples/s at N GPUs over 1 GPU. The JSON is rewritten after each row.
 """
@@ -182,9 +182,9 @@ def lm_model(tiny: bool = False):
 
 
 def data_size(workload: str, tiny: bool) -> int:
-    """Training samples: CIFAR-10's 50,000 images (600 MB in float32 on the device); 16,384
+    """Training samples: 20,000 images (240 MB in float32; an epoch of 19 steps at 4 GPUs); 16,384
     sequences (an epoch of 128 steps at 4 GPUs); a few batches with --tiny."""
-    return 256 if tiny else (50000 if workload == "vit" else 16384)
+    return 256 if tiny else (20000 if workload == "vit" else 16384)
 
 
 def vit_data(n: int):
@@ -223,26 +223,26 @@ def needs(workload: str) -> None:
                  f"which this shmlearn ({os.path.dirname(shmlearn.__file__)}) does not have")
 
 
-def steady_rate(run_dir: str, warmup: int, check_every: int) -> float:
-    """Samples per training second from the first loss read at or after `warmup` steps to the last row."""
+def steady_rates(run_dir: str, warmup: int, steps: int, repeats: int) -> list:
+    """Samples per training second in each window [warmup + i steps, warmup + (i + 1) steps) of a
+    run, from its metrics.jsonl rows at the windows' ends (loss reads: real times, when warmup and
+    steps are multiples of --check-every)."""
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    later = [r for r in rows if r["step"] >= warmup]
-    reads = [r for r in later if r["step"] % check_every == 0] or later
-    a, b = reads[0], rows[-1]
-    if b["step"] <= a["step"] or b["time_s"] <= a["time_s"]:
-        raise RuntimeError(f"{run_dir}: no steps after step {warmup} to time (rows {len(rows)})")
-    return (b["samples"] - a["samples"]) / (b["time_s"] - a["time_s"])
+        at = {r["step"]: r for r in (json.loads(line) for line in f if line.strip())}
+    ends = [warmup + i * steps for i in range(repeats + 1)]
+    if any(e not in at for e in ends):
+        raise RuntimeError(f"{run_dir}: metrics.jsonl has no row at step {next(e for e in ends if e not in at)}")
+    return [(at[b]["samples"] - at[a]["samples"]) / (at[b]["time_s"] - at[a]["time_s"]) for a, b in zip(ends, ends[1:])]
 
 
 def shmlearn_runs(workload: str, n: int, variant: str, a, tmp: str) -> dict:
     import shmlearn
     from shmlearn.config import TrainConfig
     s = (TINY if a.tiny else SHAPES)[workload]
-    steps = a.warmup + a.steps
+    steps = a.warmup + a.repeats * a.steps
     kw = dict(workers=n, device=a.device, batch_size=s.batch, samples=steps * s.batch * n,
               precision=a.precision, eval_points=1, eval_at_start="off", progress=False,
-              compile=variant, log_every=10, check_every=a.check_every, seed=0)
+              compile=variant, log_every=math.gcd(a.warmup, a.steps), check_every=a.check_every, seed=0)
     given = dict(optimizer=vit_optimizer if workload == "vit" else lm_optimizer)
     pool = data_size(workload, a.tiny)
     if workload == "vit":
@@ -251,13 +251,9 @@ def shmlearn_runs(workload: str, n: int, variant: str, a, tmp: str) -> dict:
         kw["clip_grad_norm"] = CLIP["lm"]
         given.update(model=functools.partial(lm_model, a.tiny), data=functools.partial(lm_data, pool, a.tiny),
                      compute_loss=lm_loss)
-    rates, summary = [], {}
-    for r in range(a.repeats + 1):  # run 0 warms the pool (imports, cuDNN/Inductor caches)
-        out = os.path.join(tmp, f"{workload}-w{n}-{variant}-{r}")
-        res = shmlearn.train(TrainConfig(**kw, out=out), **given)
-        summary = res.summary
-        if r:
-            rates.append(steady_rate(res.run_dir, a.warmup, summary.get("check_every") or 1))
+    res = shmlearn.train(TrainConfig(**kw, out=os.path.join(tmp, f"{workload}-w{n}-{variant}")), **given)
+    summary = res.summary
+    rates = steady_rates(res.run_dir, a.warmup, a.steps, a.repeats)
     return {"samples_per_s": stats(rates), "step_mode": summary.get("step_mode"), "step_note": summary.get("step_note"),
             "update_kernel": summary.get("update_kernel"), "compile": summary.get("compile"),
             "final_loss": summary.get("final_loss")}
@@ -273,6 +269,8 @@ def ddp_rank(rank: int, world: int, port: int, workload: str, compiled: bool, a,
     if cuda:
         torch.cuda.set_device(dev)
         torch.backends.cudnn.benchmark = True  # the ViT's patch convolution: fixed shapes
+    else:  # the cores shared out, as shmlearn's CPU ranks do
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world))
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=world)
     s = (TINY if a.tiny else SHAPES)[workload]
@@ -364,8 +362,8 @@ def main(argv=None) -> int:
     ap.add_argument("--variants", default="off,default", help="shmlearn's --compile values to run")
     ap.add_argument("--no-compile-baseline", action="store_true", help="leave DDP + torch.compile out")
     ap.add_argument("--warmup", type=int, default=50, help="steps not timed (a multiple of --check-every)")
-    ap.add_argument("--steps", type=int, default=300, help="timed steps a repeat")
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=300, help="timed steps a window (a multiple of --check-every)")
+    ap.add_argument("--repeats", type=int, default=5, help="timed windows a launch")
     ap.add_argument("--check-every", type=int, default=None, help="shmlearn's; default its own (50 on CUDA)")
     ap.add_argument("--vit-depth", type=int, default=None, help="12 (5.4M parameters); 6 is the issue's 2.7M model")
     ap.add_argument("--out", default="user_workloads.json")
