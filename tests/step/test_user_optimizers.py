@@ -276,3 +276,18 @@ def test_a_nan_through_the_api_with_adamw_is_diverged_at_its_step(tmp_path, monk
         s = json.load(f)
     assert (s["status"], s["diverged_step"], s["step_mode"]) == ("diverged", 6, "fast-eager")
     assert s["step_note"].startswith("optimizer AdamW runs torch's fused implementation")
+
+
+def test_optimizer_adamw_on_the_command_line_runs_the_fast_step_and_says_so(tmp_path, monkeypatch, capfd):
+    from cli_inproc import run_main
+    out = tmp_path / "run"
+    r = run_main(["train", "--device", "cpu", "--model", "mlp", "--dataset", "digits", "--workers", "1",
+                  "--batch-size", str(B), "--samples", str(STEPS * B), "--optimizer", "adamw", "--lr", "3e-3",
+                  "--weight-decay", "0.1", "--lr-schedule", "constant", "--eval-points", "1", "--no-progress",
+                  "--out", str(out)], monkeypatch, capfd)
+    assert r.returncode == 0, r.stderr
+    assert "shmlearn: optimizer AdamW runs torch's fused implementation in the fast step (fused=True)" in r.stdout
+    with open(out / "summary.json") as f:
+        assert json.load(f)["step_mode"] == "fast-eager"
+    ref = plain_loop(lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1))
+    torch.testing.assert_close(_flat(shmlearn.load_model(str(out))), ref, rtol=1e-4, atol=1e-5)
