@@ -149,7 +149,8 @@ def adamw(model, lr: float, betas, weight_decay: float):
                              lr=lr, betas=betas, fused=torch.cuda.is_available())
 
 
-OPTIM = {"vit": dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05), "lm": dict(lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)}
+OPTIM = {"vit": dict(lr=1e-3, betas=(0.9, 0.999), weight_decay=0.05),
+         "lm": dict(lr=6e-4, betas=(0.9, 0.95), weight_decay=0.1)}
 CLIP = {"vit": None, "lm": 1.0}
 
 
@@ -394,7 +395,8 @@ def main(argv=None) -> int:
             with open(a.out, "w") as f:
                 json.dump(doc, f, indent=1)
             unit = "seq" if w == "lm" else "img"
-            parts = [f"shmlearn {k} {v['samples_per_s']['median']:.0f} ({v['step_mode']})" for k, v in row["shmlearn"].items()]
+            parts = [f"shmlearn {k} {v['samples_per_s']['median']:.0f} ({v['step_mode']})"
+                     for k, v in row["shmlearn"].items()]
             parts += [f"{k} {row[k]['samples_per_s']['median']:.0f}" for k in ("ddp", "ddp_compile") if k in row]
             print(f"{w} x{n}: {unit}/s " + ", ".join(parts) + f"; ratio {row['ratio']:.2f}"
                   + (f", scaling {row['scaling']['shmlearn']:.2f}" if "scaling" in row else ""), flush=True)

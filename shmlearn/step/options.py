@@ -195,7 +195,8 @@ def step_hooks(optimizer) -> int:
     (register_step_pre_hook, register_step_post_hook) and torch's global ones
     (torch.optim.optimizer.register_optimizer_step_pre_hook / _post_hook)."""
     from torch.optim import optimizer as torch_optimizer
-    own = len(getattr(optimizer, "_optimizer_step_pre_hooks", ())) + len(getattr(optimizer, "_optimizer_step_post_hooks", ()))
+    own = (len(getattr(optimizer, "_optimizer_step_pre_hooks", ()))
+           + len(getattr(optimizer, "_optimizer_step_post_hooks", ())))
     return own + len(torch_optimizer._global_optimizer_pre_hooks) + len(torch_optimizer._global_optimizer_post_hooks)
 
 
@@ -248,7 +249,8 @@ def optimizer_why_not(optimizer, device: torch.device) -> Optional[str]:
     groups = optimizer.param_groups
     if any(g.get("differentiable") for g in groups):
         return f"optimizer {name}: differentiable=True has no fused implementation"
-    if any(not p.is_floating_point() or p.is_sparse or p.device.type != device.type for g in groups for p in g["params"]):
+    params = [p for g in groups for p in g["params"]]
+    if any(not p.is_floating_point() or p.is_sparse or p.device.type != device.type for p in params):
         return f"optimizer {name}: parameters that are not dense floating point on {device}"
     return fused_why_not(cls, device)
 
