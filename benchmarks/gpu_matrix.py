@@ -5,7 +5,8 @@ Factors: every built-in model on its natural dataset (Fashion-MNIST where it fit
 3x32x32 otherwise) x precision {fp32, bf16} x strategy {allreduce, ps, weight-avg, ddp, async-ps}
 x step {default, --compile default, --cuda-graph off}, at the worker count given (run once with
 --workers 1 and once with --workers 2), plus each custom kernel forced on and forced off
-(--conv-pool, --mlp-head) for the models that have such layers, in both precisions. The full
+(--conv-pool, --mlp-head) for the models that have such layers, in both precisions, and
+--clip-grad-norm / --accumulate for each strategy (CLIP_ACC). The full
 product does not fit a lease, so the cells cover every PAIR of factor values (a greedy all-pairs
 design, deterministic); every model meets every precision, strategy and step at least once.
 
@@ -70,6 +71,18 @@ BUCKET_MODELS = ("alexnet-small", "fashion-net", "resnet18")
 forced on for models whose gradient fits one bucket (alexnet-small, fashion-net) and for resnet18
 (where auto takes it too), captured, compiled (every bucket starts as the compiled backward ends)
 and eager, and forced off."""
+CLIP_ACC = {"clip": {"clip_grad_norm": 0.5}, "accumulate=2": {"accumulate": 2},
+            "clip+accumulate=2": {"clip_grad_norm": 0.5, "accumulate": 2}}
+"""--clip-grad-norm and --accumulate (issue 51) for every strategy: they change what is trained, so
+a cell's reference clips and accumulates too (`maths`), in the classic eager step; the cells run
+the default (fast) step, and at 2 workers or more also with the gradient buckets (armed on the
+last micro-batch), captured, compiled and eager."""
+CLIP_ACC_MODEL = {"allreduce": ("alexnet-small", "bf16"), "ps": ("fashion-net", "fp32"), "weight-avg": ("lenet", "fp32"),
+                  "ddp": ("resnet18", "bf16"), "async-ps": ("mlp", "fp32")}
+"""strategy -> (model, precision) of its clipping and accumulation cells."""
+CLIP_ACC_BUCKETS = {"grad-buckets=on": {"grad_buckets": "on"},
+                    "grad-buckets=on+compile": {"grad_buckets": "on", "compile": "default"},
+                    "grad-buckets=on+no-graph": {"grad_buckets": "on", "cuda_graph": "off"}}
 AGAIN = 2
 """A cell that misses: the cell and its reference each run this many times more."""
 OUTLIER = 5
@@ -135,6 +148,15 @@ def cells(workers: int) -> list:
     if workers > 1:
         for m, p, (k, over) in itertools.product(BUCKET_MODELS, PRECISIONS, BUCKETS.items()):
             out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=k, over=dict(over)))
+    for (strategy, (model, p)), (k, maths) in itertools.product(CLIP_ACC_MODEL.items(), CLIP_ACC.items()):
+        out.append(dict(model=model, precision=p, strategy=strategy, step="default", variant=k, over=dict(maths),
+                        maths=maths))
+    if workers > 1:
+        maths = CLIP_ACC["clip+accumulate=2"]
+        for (m, p), (k, over) in itertools.product((("alexnet-small", "fp32"), ("resnet18", "bf16")),
+                                                   CLIP_ACC_BUCKETS.items()):
+            out.append(dict(model=m, precision=p, strategy="allreduce", step="default", variant=f"clip+accumulate=2+{k}",
+                            over=dict(over, **maths), maths=maths))
     for c in out:
         c["workers"] = workers
         c["name"] = f"{c['model']}/{c['precision']}/{c['strategy']}/W{workers}/{c['variant']}"
@@ -150,8 +172,15 @@ def config(cell: dict, args, over: dict):
     return TrainConfig(model=cell["model"], dataset=NATURAL[cell["model"]], data_dir=args.data_dir
                        if NATURAL[cell["model"]] == "fashion-mnist" else None,
                        workers=w, device=args.device, strategy=cell["strategy"], precision=cell["precision"],
-                       batch_size=args.batch, samples=args.steps * args.batch * w, lr=0.02, eval_points=1,
+                       batch_size=args.batch, samples=args.steps * args.batch * w * over.get("accumulate", 1),
+                       lr=0.02, eval_points=1,
                        progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0, timeout=240.0, **extra, **over)
+
+
+def reference(cell: dict) -> dict:
+    """The reference's overrides for a cell: the plain eager classic step (REFERENCE), with the
+    cell's settings that change what is trained (`maths`: clipping, accumulation)."""
+    return dict(cell.get("maths", {}), **REFERENCE)
 
 
 def run_cell(cfg) -> dict:
@@ -168,7 +197,7 @@ def run_cell(cfg) -> dict:
     s = r.summary
     sps = s.get("samples_per_s")
     return {"status": r.status, "final_loss": s.get("final_loss"), "steps": s.get("steps"),
-            "steps_per_s": (sps / (cfg.batch_size * (cfg.workers or 1))) if sps else None,
+            "steps_per_s": (sps / (cfg.batch_size * cfg.accumulate * (cfg.workers or 1))) if sps else None,
             "step_mode": s.get("step_mode"), "step_note": s.get("step_note"), "kernels": s.get("kernels"),
             "kernel_notes": s.get("kernel_notes"), "compile": s.get("compile"),
             "wall_s": round(time.perf_counter() - t0, 2)}
@@ -195,7 +224,7 @@ def again_vs_spread(c: dict, a, row: dict, res: dict, ref: dict) -> None:
     if the means of its runs and of the reference's differ by no more than the tolerance plus
     three standard errors of that difference (both runs' spreads measured here)."""
     import statistics
-    refs = [ref["final_loss"]] + [r.get("final_loss") for r in (run_cell(config(c, a, REFERENCE)) for _ in range(AGAIN))]
+    refs = [ref["final_loss"]] + [r.get("final_loss") for r in (run_cell(config(c, a, reference(c))) for _ in range(AGAIN))]
     mine = [res["final_loss"]] + [r.get("final_loss") for r in (run_cell(config(c, a, c["over"])) for _ in range(AGAIN))]
     row["reference_losses"], row["cell_losses"] = refs, mine
     if any(v is None or v != v for v in refs + mine):
@@ -294,9 +323,9 @@ def main(argv=None) -> int:
     refs = {}
     with Pool(list(range(a.workers)), cuda=a.device == "cuda"):
         for k, c in enumerate(todo):
-            key = (c["model"], c["precision"], c["strategy"])
+            key = (c["model"], c["precision"], c["strategy"], tuple(sorted(c.get("maths", {}).items())))
             if key not in refs:
-                refs[key] = run_cell(config(c, a, REFERENCE))
+                refs[key] = run_cell(config(c, a, reference(c)))
             res = run_cell(config(c, a, c["over"]))
             row = dict(name=c["name"], cell={k2: v for k2, v in c.items() if k2 != "name"}, result=res,
                        reference=refs[key])

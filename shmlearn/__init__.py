@@ -9,6 +9,9 @@ import types
 from typing import TYPE_CHECKING
 
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
+from shmlearn.forkserver import autostart as _autostart
+
+_autostart()  # a script's local CPU workers fork from a process that imports torch meanwhile
 
 __version__ = "0.1.0"
 __all__ = ["TrainConfig", "RunResult", "train", "load_model", "BadInput", "Diverged", "WorkerFailed"]

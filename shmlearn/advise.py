@@ -64,7 +64,7 @@ def _run(run_dir: str, s: Dict[str, Any], noise: List[list]) -> Optional[Dict[st
     loss = [r[2] for r in noise]
     smooth = [float(np.mean(loss[max(0, i - SMOOTH + 1):i + 1])) for i in range(len(loss))]
     return {"dir": run_dir, "summary": s, "workers": s["workers"], "batch": s["batch_size"],
-            "global": s["workers"] * s["batch_size"], "lr": s["lr"], "steps": [r[0] for r in noise],
+            "global": s["workers"] * s["batch_size"] * s.get("accumulate", 1), "lr": s["lr"], "steps": [r[0] for r in noise],
             "time": [r[1] for r in noise], "smooth": smooth, "b_simple": [r[3] for r in noise],
             "step_s": s["wall_time_s"] / s["steps"], "strategy": s["strategy"], "device": s.get("device", "cpu"),
             "phase_s": s.get("phase_s") or {}}

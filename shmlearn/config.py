@@ -83,7 +83,20 @@ class TrainFields:
     left at their defaults are not kept). Set them as keywords, flags or YAML keys like any other
     field: TrainConfig(avg_period=4), --avg-period 4, `avg_period: 4`."""
     batch_size: int = 32
-    """Samples per worker per step."""
+    """Samples per worker per micro-batch (per step unless --accumulate is above 1)."""
+    accumulate: int = 1
+    """Gradient accumulation: each worker computes N micro-batches of --batch-size per step, adding
+    their gradients (each micro-batch's loss scaled by 1/N), and the workers synchronize once per
+    step (one all-reduce), so a step is one process's step on workers x batch size x N samples.
+    --samples and --epochs count those samples (steps = samples // (workers x batch size x N)).
+    Not with --noise-scale."""
+    clip_grad_norm: Optional[float] = None
+    """Clip the gradient's global L2 norm to this value before each update, as
+    torch.nn.utils.clip_grad_norm_ does (scale by min(1, X / (norm + 1e-6))), on the device with no
+    host sync. The norm is the gradient averaged over the workers (and the --accumulate
+    micro-batches): a step equals one process clipping the gradient of the step's whole batch
+    (allreduce, ps, ddp; async-ps: the gradient the server applies). weight-avg has no averaged
+    gradient: each worker clips its own gradient before its local update."""
     lr: float = 0.05
     """Learning rate, applied to the gradient averaged over all workers."""
     optimizer: str = "momentum"
@@ -104,10 +117,17 @@ class TrainFields:
     """Keyword arguments of --scheduler: 'step_size=1,gamma=0.7'."""
     scheduler_interval: Literal[INTERVALS] = "epoch"
     """When --scheduler steps: epoch (after every pass over the training set: training samples //
-    (workers x batch size) steps; as pytorch/examples' StepLR) or step (after every step)."""
+    (workers x batch size x --accumulate) steps; as pytorch/examples' StepLR) or step (after every step)."""
     loss: Optional[str] = None
     """Your own training loss as FILE.py:NAME or pkg.module:NAME, f(outputs, targets) -> mean loss
     (also test_loss). Default: the task's (cross-entropy for classification)."""
+    compute_loss: Optional[str] = None
+    """The general contract, for any model and data: your own f(model, batch) -> loss, or (loss,
+    {name: value}) with metrics that evaluation reports, as FILE.py:NAME or pkg.module:NAME. batch
+    is one batch of your Dataset's items, collated and on the device (a tensor, tuple or dict; any
+    shape and dtype); loss is the batch's mean. Replaces --loss and the task's loss and accuracy."""
+    eval_batch_size: int = 1024
+    """Samples per forward pass when evaluating (test and validation splits)."""
     lr_schedule: Literal[SCHEDULES] = "linear"
     """linear or cosine (decay to zero at the last step), or constant (the paper's experiments).
     For the built-in optimizers; --scheduler replaces it."""
@@ -240,7 +260,8 @@ class TrainFields:
     code"); 1 gives every step's estimate (and that cost), fewer measurements give a
     noisier estimate (docs/noise-scale.md)."""
     samples: Optional[int] = None
-    """Sample budget: training samples seen by all workers together; steps = samples // (workers * batch)."""
+    """Sample budget: training samples seen by all workers together; steps = samples // (workers *
+    batch * accumulate)."""
     epochs: Optional[float] = None
     """Instead of --samples: passes over the training set. Default per dataset: digits 20,
     fashion-mnist/mnist 2, cifar10/tiny-imagenet/synthetic 10, step 1, line 20."""
@@ -273,6 +294,18 @@ class TrainFields:
     save_model: bool = True
     """Save the final weights in the run directory: model.safetensors (with the safetensors
     package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
+    monitor: Optional[str] = None
+    """What --early-stop and --save-best watch: a key of eval.jsonl's rows (val_loss, test_loss,
+    test_accuracy, val_NAME for a metric of --compute-loss). Default val_loss where the data has a
+    validation split, else test_loss. Its best is the least, or the most for accuracy-like names
+    (accuracy, f1, auc, ...)."""
+    early_stop: Optional[int] = None
+    """Stop when --monitor has not improved for this many evaluations in a row (every rank stops
+    at the same step; summary.json says stopped_early). Evaluations come from --eval-points or
+    --eval-every, or the default schedule (up to 10)."""
+    save_best: bool = False
+    """Also keep the weights of the best evaluation by --monitor as best.safetensors (or best.pt)
+    beside the final ones; shmlearn.load_model(RUN_DIR, best=True) returns them."""
     progress: bool = True
     """Rank 0's progress bar on stderr, on by default; --no-progress turns it off."""
     tensorboard: bool = False
@@ -297,8 +330,9 @@ class TrainFields:
                 raise BadInput(f"{flag}: {what}expected at most {MAX_SAMPLES:.0e} samples")
             budget = int(budget)
         workers = self.workers or 1
-        per_step = workers * self.batch_size
-        one_step = f"{count(workers, 'worker')} x {self.batch_size} samples"
+        per_step = workers * self.batch_size * self.accumulate
+        one_step = f"{count(workers, 'worker')} x {self.batch_size} samples" + (
+            f" x {self.accumulate} micro-batches" if self.accumulate > 1 else "")
         if budget < per_step:
             raise BadInput(f"{flag}: {what}smaller than one step of {one_step}")
         if budget // per_step > MAX_STEPS:
@@ -495,12 +529,19 @@ def validate(cfg: TrainConfig) -> None:
     _whole("workers", cfg.workers, 1)
     _whole("threads", cfg.threads, 1, MAX_THREADS)
     _whole("batch-size", cfg.batch_size, 1, MAX_SAMPLES)
+    _whole("accumulate", cfg.accumulate, 1, MAX_STEPS)
     _whole("samples", cfg.samples, 1, MAX_SAMPLES)
     _whole("warmup", cfg.warmup, 0, MAX_STEPS)
     _whole("log-every", cfg.log_every, 1, MAX_STEPS)
     _whole("check-every", cfg.check_every, 1, MAX_STEPS)
     _whole("noise-every", cfg.noise_every, 1, MAX_STEPS)
     _whole("eval-points", cfg.eval_points, 1, MAX_EVAL_POINTS)
+    _whole("eval-batch-size", cfg.eval_batch_size, 1, MAX_SAMPLES)
+    _whole("early-stop", cfg.early_stop, 1, MAX_EVAL_POINTS)
+    if cfg.monitor is not None and not (str(cfg.monitor).startswith(("val_", "test_"))
+                                        and str(cfg.monitor).isidentifier()):
+        raise BadInput(f"--monitor {cfg.monitor}: expected a key of eval.jsonl's rows: val_loss, test_loss, "
+                       f"test_accuracy, or val_NAME / test_NAME for a metric your --compute-loss returns")
     _whole("seed", cfg.seed, 0, MAX_SEED - 1)
     # Real numbers: finite, and inside what their use can hold.
     _number("lr", cfg.lr, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")
@@ -508,6 +549,10 @@ def validate(cfg: TrainConfig) -> None:
     _number("momentum", cfg.momentum, 0, 1, hi_open=True)
     _number("warmup-fraction", cfg.warmup_fraction, 0, 1, hi_open=True)  # 1 would never reach --lr
     _number("label-smoothing", cfg.label_smoothing, 0, 1, hi_open=True)  # 1: every target uniform, nothing to learn
+    _number("clip-grad-norm", cfg.clip_grad_norm, 0, F32_MAX, lo_open=True, unit=" (float32's largest)")
+    if cfg.noise_scale and cfg.accumulate > 1:
+        raise BadInput(f"--accumulate {cfg.accumulate} with --noise-scale: not supported (the meter measures "
+                       f"the gradient of one backward, and a step now adds {cfg.accumulate}); drop one of them")
     if cfg.warmup_fraction is not None and cfg.warmup:
         raise BadInput(f"--warmup {cfg.warmup} and --warmup-fraction {cfg.warmup_fraction}: give one warmup, not both")
     _number("epochs", cfg.epochs, 0, MAX_SAMPLES, lo_open=True)  # x the training set: budget_samples

@@ -68,8 +68,9 @@ class Stepper:
 
     def __init__(self, *, model, strategy, optimizer, schedule, loader, task: str, device: torch.device,
                  opts: StepOptions, timer, rank: int, world_size: int, total_steps: int, fault=None,
-                 loss=None, reached=None):
-        """loss: f(outputs, targets) -> scalar; default the task's (tasks.loss_fn).
+                 loss=None, reached=None, compute_loss=None):
+        """loss: f(outputs, targets) -> scalar; default the task's (tasks.loss_fn). compute_loss:
+        the user's f(model, batch) -> loss or (loss, metrics), which replaces the forward and loss.
         reached: f(step), called when an eagerly run fast step has computed and is about to
         enter its collective (the loop's heartbeat: a rank that hangs before it is named)."""
         self.reached = reached
@@ -100,7 +101,8 @@ class Stepper:
                                    device=device, opts=opts, fast=self.fast, fast_why_not=why_not, fault=fault,
                                    world_size=world_size)
         self.dstep = DeviceStep(strategy=strategy, loader=loader, loss=self.loss, device=device, opts=opts,
-                                choice=self.choice, fault=fault, rank=rank, reached=reached, hist=self.hist)
+                                choice=self.choice, fault=fault, rank=rank, reached=reached, hist=self.hist,
+                                compute=compute_loss)
         self.capture = Graphs(model=model, strategy=strategy, loader=loader, device=device, opts=opts,
                               world_size=world_size, dstep=self.dstep, say=self._say)
         self.compiler = Compiler(model=model, strategy=strategy, loader=loader, device=device, opts=opts,

@@ -7,8 +7,9 @@ paid both while the owner imported torch for itself: on a 2-core machine three p
 the cores before the first step (issue 41; measured in docs/performance.md). `start()`, called by
 the program before it imports torch (cli.main), starts multiprocessing's forkserver, which imports
 THIRD_PARTY while the owner does its own imports and checks; a CPU pool's workers are then forks
-of it. Only the program starts one: it lives as long as its owner, and a long-lived owner (a
-notebook, pytest) would keep torch's import-time state of its start for every later pool.
+of it. The program starts one, and so does `import shmlearn` in a script (`autostart`), never a
+notebook or pytest: it lives as long as its owner, and a long-lived owner would keep torch's
+import-time state of its start for every later pool.
 
 What stays as a spawned worker had it:
 * only third-party modules are preloaded: shmlearn's own modules, the user's script (__main__)
@@ -86,6 +87,29 @@ def start() -> bool:
     _started_env = _import_env()
     atexit.register(_stop)  # before any pool registers its close, so that runs first
     return True
+
+
+LAUNCHER_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+"""A rank of torchrun, mpirun or srun: it trains in its own process and starts no pool."""
+
+
+def autostart() -> bool:
+    """`import shmlearn` in a script: start the forkserver at once, so that it imports torch while
+    the script imports its own modules and builds its data, and `shmlearn.train(workers=N)`'s
+    workers fork ready (the `shmlearn` program does the same, cli.prestart). A worker started by
+    spawn imports torch and torch._dynamo itself (~4 s of a core each) after the script has called
+    train(); a ported pytorch/examples script reached its first step about twice as late as
+    torchrun's (docs/ports.md). Only where it pays and is safe: a script file (not an interactive
+    session, `python -c` or pytest, which would keep the forkserver's import-time state for every
+    later pool), not a multiprocessing child (the workers import the script too), not a rank of a
+    launcher, no GPU driver (GPU pools spawn), and not turned off (SHMLEARN_FORKSERVER=0)."""
+    main = sys.modules.get("__main__")
+    if (os.environ.get("SHMLEARN_FORKSERVER", "1") == "0" or not getattr(main, "__file__", None)
+            or "pytest" in sys.modules or mp.parent_process() is not None
+            or any(k in os.environ for k in LAUNCHER_ENV)
+            or os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
+        return False
+    return start()
 
 
 def _stop() -> None:

@@ -7,16 +7,18 @@ import os
 from typing import Dict, Optional
 
 import torch
+from torch.utils._pytree import tree_map
 
 from shmlearn.config import TrainConfig
 from shmlearn.data import Dataset, load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
+from shmlearn.data.tree import TreeData, TreeLoader, rows_slice, tree_data
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
 from shmlearn.models import build_model
-from shmlearn.models.user import check_outputs, user_model
+from shmlearn.models.user import check_compute_loss, check_outputs, user_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
@@ -44,6 +46,20 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
     return _DATA_CACHE[key]
 
 
+def cached_tree_data(cfg: TrainConfig, given, device: torch.device) -> TreeData:
+    """The general contract's data (data/tree.py) on `device`: the object given (data=), or the
+    --dataset reference, collated once per process (a reference is cached as the built-in data is)."""
+    if given is not None:
+        return tree_data(given, "data=").to(device)
+    key = ("tree", cfg.dataset, str(device))
+    if key not in _DATA_CACHE:
+        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
+            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        _DATA_CACHE[key] = tree_data(resolve_ref(cfg.dataset, "--dataset"), f"--dataset {cfg.dataset}",
+                                     name=cfg.dataset).to(device)
+    return _DATA_CACHE[key]
+
+
 def preload_data(slot: int, datasets: list, cuda: bool) -> None:
     """Pool init (sweeps): load (name, data_dir, seed) onto this worker's device, into the cache."""
     device = torch.device("cuda", slot % torch.cuda.device_count()) if cuda else torch.device("cpu")
@@ -51,15 +67,35 @@ def preload_data(slot: int, datasets: list, cuda: bool) -> None:
         cached_dataset(name, data_dir, seed, device)
 
 
-def run_model(cfg: TrainConfig, parts: Parts, data) -> torch.nn.Module:
-    """The config's model by name, or the user's (checked once on two training samples)."""
+def run_model(cfg: TrainConfig, parts: Parts, data, compute_loss=None):
+    """(model, metric names): the config's model by name, or the user's, checked once on two
+    training samples: its outputs' shape, or with compute_loss, that the function gives a finite
+    scalar loss (and which metrics it reports)."""
     if parts.model is None and not is_ref(cfg.model):
-        return build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
-    what = "model=" if parts.model is not None else f"--model {cfg.model}"
-    obj = parts.model if parts.model is not None else resolve_ref(cfg.model, "--model")
-    model = user_model(obj, data.spec, what)
-    check_outputs(model, two_samples(data), data.spec, what)
-    return model
+        model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
+        what = f"--model {cfg.model}"
+    else:
+        what = "model=" if parts.model is not None else f"--model {cfg.model}"
+        obj = parts.model if parts.model is not None else resolve_ref(cfg.model, "--model")
+        model = user_model(obj, data.spec, what)
+    names: tuple = ()
+    if compute_loss is not None:
+        fn = "compute_loss=" if parts.compute_loss is not None else f"--compute-loss {cfg.compute_loss}"
+        names = check_compute_loss(model, compute_loss, two_batch(data), what, fn)
+    elif parts.model is not None or is_ref(cfg.model):
+        check_outputs(model, two_samples(data), data.spec, what)
+    return model, names
+
+
+def two_batch(data):
+    """The first two training samples on the CPU as the step gives them to compute_loss: the
+    tree's rows, or the (normalized inputs, targets) pair of built-in and array data."""
+    if isinstance(data, TreeData):
+        return tree_map(lambda t: t.cpu(), rows_slice(data.train, 0, 2))
+    if isinstance(data, StreamedData):
+        x, y = convert_batch(*first_item(data.train, data.what, "train"), data.spec.task)
+        return torch.stack([x] * 2), torch.stack([torch.as_tensor(y)] * 2)
+    return two_samples(data), data.train_y[:2].cpu()
 
 
 def two_samples(data) -> torch.Tensor:
@@ -75,6 +111,12 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
     """(this rank's loader, the parsed --augment): a StreamLoader for streamed data, else a
     ShardedLoader over the device-resident arrays. BadInput where --augment cannot run."""
     augment = Augment.parse(cfg.augment)
+    if isinstance(data, TreeData):
+        if augment.active:
+            raise BadInput(f"--augment {cfg.augment}: augmentation is for the built-in image data; with "
+                           f"compute_loss, augment in your function or Dataset")
+        return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
+                          seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate), augment
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
     if isinstance(data, StreamedData):
@@ -82,10 +124,11 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
             raise BadInput(f"--augment {cfg.augment}: augmentation runs on device-resident images; this "
                            f"data is streamed (augment in your Dataset, or --loader resident)")
         loader = StreamLoader(data, batch_size=cfg.batch_size, shard=shard, timeout_s=cfg.timeout,
-                              num_shards=num_shards, seed=cfg.seed, normalize=normalizer(data, device), device=device)
+                              num_shards=num_shards, seed=cfg.seed, normalize=normalizer(data, device), device=device,
+                              accumulate=cfg.accumulate)
     else:
         loader = ShardedLoader(data.train_x, data.train_y, batch_size=cfg.batch_size,
                                shard=shard, num_shards=num_shards, seed=cfg.seed,
                                normalize=normalizer(data, device), augment=augment,
-                               channels_last=cfg.channels_last)
+                               channels_last=cfg.channels_last, accumulate=cfg.accumulate)
     return loader, augment

@@ -34,6 +34,7 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
+from torch.utils._pytree import tree_flatten, tree_map
 
 from shmlearn.errors import BadInput
 
@@ -177,13 +178,16 @@ class NoiseMeter:
         """Forward and backward of the batch as two halves; `fb(x, y)` runs one and returns its
         (detached) mean loss. Leaves the batch's mean gradient in `grads` (sum / 2: equal halves)
         and returns the batch's mean loss. Costs one gradient-sized copy and two passes."""
-        h = len(x) // 2
+        h = len(tree_flatten(x)[0][0]) // 2  # x: inputs, or the batch's tree (compute_loss; y None)
+
+        def half(b, s: slice):
+            return None if b is None else tree_map(lambda t: t[s], b)
         if self._saved is None:
             self._saved = torch.empty_like(grads)
-        l1 = fb(x[:h], y[:h])
+        l1 = fb(half(x, slice(None, h)), half(y, slice(None, h)))
         sq_norm(grads, out=self._sq1)
         self._saved.copy_(grads)
-        l2 = fb(x[h:], y[h:])  # accumulates: grads = g1 + g2
+        l2 = fb(half(x, slice(h, None)), half(y, slice(h, None)))  # accumulates: grads = g1 + g2
         self._saved.sub_(grads)  # -g2
         sq_norm(self._saved, out=self._local).add_(self._sq1).mul_(0.5)
         grads.mul_(0.5)

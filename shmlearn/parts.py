@@ -1,6 +1,6 @@
 """What a run trains: the model, the data and the loss, by registered name, by reference
 (`FILE.py:NAME`, `pkg.module:NAME`) or as Python objects given to `shmlearn.train(cfg, model=,
-data=, loss=)`.
+data=, loss=, compute_loss=)`.
 
 Objects cross to spawned workers pickled, once per run: classes and functions travel by reference
 (module and name), so they must be defined at the top level of an importable file (the script
@@ -30,6 +30,8 @@ class Parts:
     """params or model -> torch.optim.Optimizer (recipe.py says which it is called with)."""
     scheduler: Any = None
     """optimizer -> LRScheduler."""
+    compute_loss: Any = None
+    """(model, batch) -> loss or (loss, metrics): the general contract (data/tree.py)."""
 
     def given(self) -> bool:
         return any(getattr(self, n) is not None for n in _NAMES)
@@ -41,7 +43,7 @@ class Parts:
             cfg = replace(cfg, model=label(self.model))
         if self.data is not None:
             cfg = replace(cfg, dataset=label(self.data), data_dir=None)
-        for name in ("loss", "optimizer", "scheduler"):
+        for name in ("loss", "optimizer", "scheduler", "compute_loss"):
             if getattr(self, name) is not None:
                 cfg = replace(cfg, **{name: label(getattr(self, name))})
         return cfg
@@ -74,12 +76,12 @@ class Parts:
             return pickle.loads(blob)
         except Exception as e:  # noqa: BLE001 - typically: class defined under `if __name__ == "__main__":`
             msg = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
-            raise BadInput(f"model=/data=/loss=/optimizer=/scheduler=: a worker process cannot rebuild what was passed ({msg}); "
+            raise BadInput(f"model=/data=/loss=/compute_loss=/optimizer=/scheduler=: a worker process cannot rebuild what was passed ({msg}); "
                            f"define classes and functions at the top level of the script, outside "
                            f"`if __name__ == \"__main__\":`") from None
 
 
-_NAMES = ("model", "data", "loss", "optimizer", "scheduler")
+_NAMES = ("model", "data", "loss", "optimizer", "scheduler", "compute_loss")
 
 
 def label(obj: Any) -> str:

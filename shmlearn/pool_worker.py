@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
 from shmlearn import listen
-from shmlearn.errors import BadInput, Diverged
+from shmlearn.errors import BadInput, Diverged, user_traceback
 from shmlearn.launch import DistEnv, HeldStderr, destroy_group, die_with_owner
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train", "shmlearn.data", "shmlearn.sync")
@@ -165,11 +165,14 @@ def _run_task(task: Task, slot: int, store, current, conn):
 
 
 def describe(e: BaseException) -> str:
-    """One line for a failure: 'OSError: [Errno 28] No space left on device (runs.py:71)'."""
+    """A failure: one line, 'OSError: [Errno 28] No space left on device (runs.py:71)', then, where
+    it passed through the user's own files (their model, loss, data), those frames as Python prints
+    them, innermost last (errors.user_traceback), so the user sees the cause in their own code."""
     last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
     where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
     text = str(e).splitlines()[0] if str(e) else ""
-    return f"{type(e).__name__}: {text}{where}"
+    mine = user_traceback(e)
+    return f"{type(e).__name__}: {text}{where}" + (f"\n  in your code:\n{mine}" if mine else "")
 
 
 def _join_group(task: Task, store) -> None:

@@ -4,8 +4,9 @@ Each comes from Python (`shmlearn.train(cfg, optimizer=, scheduler=, loss=)`) or
 (`--optimizer`, `--scheduler`, `--loss`), where it is
 
 * a torch class by name: `--optimizer Adadelta --optimizer-args lr=1.0` (any torch.optim
-  optimizer), `--scheduler StepLR --scheduler-args step_size=1,gamma=0.7` (any class of
-  torch.optim.lr_scheduler that steps without a metric);
+  optimizer), `--scheduler StepLR --scheduler-args step_size=1,gamma=0.7` (a class of
+  torch.optim.lr_scheduler; ReduceLROnPlateau steps after each evaluation on the validation
+  loss, or the test loss without a validation split: `OnEvaluation`);
 * your own, as FILE.py:NAME or pkg.module:NAME (refs.py), called with `--X-args` as keywords;
 * a built-in optimizer name (sgd, momentum, ..., optim.py), which reads --lr, --momentum,
   --weight-decay and the built-in --lr-schedule, as before.
@@ -18,7 +19,7 @@ What each is called with:
   its submodules. It returns a torch.optim.Optimizer (torch's or any third party's).
 * scheduler: called with the optimizer; returns an LRScheduler. It steps once per epoch by
   default (`--scheduler-interval epoch`, as pytorch/examples' StepLR does and Lightning's
-  default): an epoch is `steps_per_epoch` = training samples // (workers x batch size) steps.
+  default): an epoch is `steps_per_epoch` = training samples // (workers x batch size x --accumulate) steps.
   `--scheduler-interval step` steps it after every step, as the built-in schedule does.
 * loss: f(outputs, targets) -> mean loss, for training and evaluation's test_loss.
 
@@ -121,9 +122,9 @@ def validate(cfg) -> None:
     else:
         if not is_ref(cfg.scheduler):
             cls = torch_class(cfg.scheduler, "scheduler")
-            if cls is None or cls.__name__ in ("ReduceLROnPlateau", "ChainedScheduler", "SequentialLR"):
-                raise BadInput(f"--scheduler {cfg.scheduler}: choose a torch.optim.lr_scheduler class that steps "
-                               f"without a metric ({_torch_names('scheduler')}), or your own as FILE.py:NAME")
+            if cls is None or cls.__name__ in ("ChainedScheduler", "SequentialLR"):
+                raise BadInput(f"--scheduler {cfg.scheduler}: choose a torch.optim.lr_scheduler class "
+                               f"({_torch_names('scheduler')}), or your own as FILE.py:NAME")
         parse_args(cfg.scheduler_args, "--scheduler-args")
         if is_builtin_optimizer(cfg) and (cfg.warmup or cfg.warmup_fraction is not None):
             raise BadInput(f"--warmup: belongs to the built-in --lr-schedule; --scheduler {cfg.scheduler} "
@@ -133,6 +134,15 @@ def validate(cfg) -> None:
     if cfg.loss is not None and not is_ref(cfg.loss):
         raise BadInput(f"--loss {cfg.loss}: expected your own loss as FILE.py:NAME or pkg.module:NAME "
                        f"(f(outputs, targets) -> mean loss); leave it out for the task's")
+    if cfg.compute_loss is not None and not is_ref(cfg.compute_loss):
+        raise BadInput(f"--compute-loss {cfg.compute_loss}: expected your own function as FILE.py:NAME or "
+                       f"pkg.module:NAME (f(model, batch) -> loss or (loss, metrics))")
+    if cfg.compute_loss is not None and cfg.loss is not None:
+        raise BadInput(f"--compute-loss {cfg.compute_loss} and --loss {cfg.loss}: give one (compute_loss computes "
+                       f"the loss itself)")
+    if cfg.compute_loss is not None and cfg.label_smoothing:
+        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, which "
+                       f"--compute-loss replaces (smooth inside your function)")
 
 
 def check_refs(cfg, parts) -> None:
@@ -140,7 +150,8 @@ def check_refs(cfg, parts) -> None:
     `python:` label has its object passed again, and a torch class accepts its arguments."""
     for field, flag, given in (("optimizer", "--optimizer", parts.optimizer), ("scheduler", "--scheduler",
                                                                                parts.scheduler),
-                               ("loss", "--loss", parts.loss)):
+                               ("loss", "--loss", parts.loss),
+                               ("compute_loss", "--compute-loss", parts.compute_loss)):
         text = getattr(cfg, field)
         if given is None and text is not None and is_ref(text):
             resolve_ref(text, flag)
@@ -226,6 +237,31 @@ class EveryN:
         self.inner.load_state_dict(d["inner"])
 
 
+class OnEvaluation:
+    """A scheduler driven by a metric (torch's ReduceLROnPlateau): never stepped per step; after
+    each evaluation it steps with the validation loss, or the test loss where there is no
+    validation split (the loop calls `evaluated`). Every rank sees the same all-reduced value, so
+    every rank changes its learning rate at the same evaluation. Its patience counts evaluations
+    (--eval-points sets how many)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def step(self) -> None:
+        pass
+
+    def evaluated(self, row: dict) -> None:
+        value = row.get("val_loss") if row.get("val_loss") is not None else row.get("test_loss")
+        if value is not None:
+            self.inner.step(value)
+
+    def state_dict(self) -> dict:
+        return {"inner": self.inner.state_dict()}
+
+    def load_state_dict(self, d: dict) -> None:
+        self.inner.load_state_dict(d["inner"])
+
+
 class Constant:
     """No schedule: a user optimizer's learning rate is its own."""
 
@@ -250,7 +286,19 @@ def build_user_scheduler(cfg, given, optimizer, steps_per_epoch: int):
     if not callable(getattr(sched, "step", None)) or not callable(getattr(sched, "state_dict", None)):
         raise BadInput(f"{what}: returned {type(sched).__name__}, expected an LRScheduler "
                        f"(with step() and state_dict())")
+    if isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau):
+        return OnEvaluation(sched)
     return EveryN(sched, steps_per_epoch if cfg.scheduler_interval == "epoch" else 1)
+
+
+def resolve_compute_loss(cfg, given):
+    """The user's compute_loss(model, batch): the object given, or the --compute-loss reference; None
+    for the (outputs, targets) contract."""
+    if given is not None:
+        return given
+    if cfg.compute_loss is None:
+        return None
+    return resolve_ref(cfg.compute_loss, "--compute-loss")
 
 
 def resolve_loss(cfg, given):
@@ -263,4 +311,4 @@ def resolve_loss(cfg, given):
 
 
 __all__ = ["parse_args", "torch_class", "validate", "check_refs", "build_user_optimizer",
-           "build_user_scheduler", "resolve_loss", "EveryN", "Constant", "INTERVALS"]
+           "build_user_scheduler", "resolve_loss", "resolve_compute_loss", "EveryN", "Constant", "INTERVALS"]

@@ -102,9 +102,11 @@ def _entry(row: Dict[str, Any], swept: Sequence[str], target: Optional[float]) -
 
 
 def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_accuracy: Optional[float] = None,
-                 swept: Sequence[str] = (), root: Optional[str] = None) -> Dict[str, Any]:
+                 swept: Sequence[str] = (), root: Optional[str] = None, metric: Optional[str] = None,
+                 goal: Optional[str] = None) -> Dict[str, Any]:
     """Per worker count: the paper's rule (min loss <= threshold, then least loss area) and,
-    with a target, the least time to reach it; and the overall best of each across worker
+    with a target, the least time to reach it; with a metric (a summary.json key, --winner-metric),
+    the best value of it (by_metric, metric_winners); and the overall best of each across worker
     counts. Diverged runs are results but never winners. Ties: see sweep.py's module docstring.
     With root (the sweep directory the rows' run_dir are relative to): also 'curves' (add_curves),
     what the report and advise draw once the trial folders are gone."""
@@ -152,7 +154,69 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
     if target_accuracy is not None:
         out["by_target"] = targets
         out["overall_by_target"] = min(best_time, key=lambda kv: kv[0])[1] if best_time else None
+    if metric is not None:
+        out.update(metric_winners(rows, metric, goal or winner_goal(metric), swept))
     return out if root is None else add_curves(out, rows, root)
+
+
+def winner_goal(metric: str) -> str:
+    """--winner-goal's default: runs.metric_goal of the metric's name, read past a best_ prefix
+    (best_test_f1 is best when largest, as test_f1 is)."""
+    from shmlearn.runs import metric_goal  # lazy: runs.py imports config (torch); the report reads results without
+    return metric_goal(metric[len("best_"):] if metric.startswith("best_") else metric)
+
+
+def metric_value(row: Dict[str, Any], metric: str) -> Optional[float]:
+    """The row's summary value of `metric` when it is a finite number (not a bool), else None."""
+    v = row["summary"].get(metric)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Sequence[str] = ()) -> Dict[str, Any]:
+    """winners.json's metric verdict: per worker count the completed trial (not diverged, not
+    pruned) with the least (goal 'min') or most ('max') value of summary.json's `metric`, and
+    the overall best. Ties: the least loss area, then grid order (the row's index). Keys:
+    winner_metric, winner_goal, by_metric {workers: {winner, reason}}, overall_by_metric, and
+    metric_missing (one line naming the keys trials do report) when no completed trial reports it."""
+    sign = 1.0 if goal == "min" else -1.0
+    by_w: Dict[int, List[Tuple[tuple, Dict[str, Any]]]] = {}
+    groups: Dict[int, int] = {}  # completed trials per worker count
+    for i, r in enumerate(rows):
+        w = int(r["config"]["workers"])
+        groups[w] = groups.get(w, 0) + (r["status"] == "completed")
+        v = metric_value(r, metric) if r["status"] == "completed" else None
+        if v is not None:
+            area = r["summary"].get("loss_area")
+            by_w.setdefault(w, []).append(((sign * v, math.inf if area is None else area, i), r))
+    by_metric: Dict[str, Any] = {}
+    best = []
+    for w in sorted(groups):
+        if w in by_w:
+            key, r = min(by_w[w], key=lambda kr: kr[0])
+            e = {**_entry(r, swept, None), "metric_value": metric_value(r, metric)}
+            by_metric[str(w)] = {"winner": e, "reason": None}
+            best.append((key, e))
+        else:
+            by_metric[str(w)] = {"winner": None, "reason": f"no completed run reports {metric}" if groups[w]
+                                 else "no completed run"}
+    out = {"winner_metric": metric, "winner_goal": goal, "by_metric": by_metric,
+           "overall_by_metric": min(best, key=lambda kv: kv[0])[1] if best else None, "metric_missing": None}
+    done = [r for r in rows if r["status"] == "completed"]
+    if done and not best:
+        out["metric_missing"] = metric_missing(done, metric)
+    return out
+
+
+def metric_missing(done: List[Dict[str, Any]], metric: str) -> str:
+    """One line: no completed trial reports `metric`; the numbers they do report, evaluation's first."""
+    keys = set().union(*({k for k in r["summary"] if metric_value(r, k) is not None} for r in done))
+    first = sorted(k for k in keys if k.startswith(("val_", "test_", "best_")))
+    rest = sorted(k for k in keys if k in ("loss_area", "min_loss", "final_loss", "samples_per_s", "wall_time_s"))
+    return (f"--winner-metric {metric}: no completed trial reports it in summary.json; they report "
+            f"{', '.join(first + rest) or 'no number'}" + (" (and the other numbers of summary.json)"
+                                                           if len(keys) > len(first) + len(rest) else ""))
 
 
 # --- the curves a report and advise draw, kept in winners.json --------------------------------
@@ -204,6 +268,7 @@ def winner_ids(w: Dict[str, Any]) -> List[str]:
     """The ids of every winner in a winners dict (per worker count, and per target if any)."""
     ids = [i["winner"]["id"] for i in w["by_workers"].values() if i["winner"]]
     ids += [i["winner"]["id"] for i in (w.get("by_target") or {}).values() if i["winner"]]
+    ids += [i["winner"]["id"] for i in (w.get("by_metric") or {}).values() if i["winner"]]
     return list(dict.fromkeys(ids))
 
 
@@ -293,6 +358,34 @@ def winners_table(w: Dict[str, Any]) -> str:
         lines.append("Overall fastest to target: " + ("none" if o is None else
                      f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
                      f"({o['time_to_target_s']:.3f} s)"))
+    if w.get("by_metric") is not None:
+        lines += ["", metric_table(w)]
+    return "\n".join(lines)
+
+
+def metric_title(w: Dict[str, Any]) -> str:
+    """'least val_loss' or 'most test_accuracy': the metric verdict's name."""
+    return f"{'least' if w['winner_goal'] == 'min' else 'most'} {w['winner_metric']}"
+
+
+def metric_table(w: Dict[str, Any]) -> str:
+    """The metric verdict (--winner-metric) as its own table, after the paper's."""
+    m = w["winner_metric"]
+    col = max(10, len(m))
+    lines = [f"Winners: {metric_title(w)} (--winner-metric)",
+             f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {m:>{col}}  {'Loss area':>10}  Other"]
+    for k, info in w["by_metric"].items():
+        e = info["winner"]
+        if e is None:
+            lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>{col}}  {'-':>10}  {info['reason']}")
+            continue
+        other = " ".join(f"{a}={v}" for a, v in e["axes"].items())
+        lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {e['metric_value']:>{col}.6g}  "
+                     f"{fmt(e['loss_area'], '.4g'):>10}  {other}")
+    o = w["overall_by_metric"]
+    lines.append(f"Overall {metric_title(w)}: " + ("none" if o is None else
+                 f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
+                 f"({m} {o['metric_value']:.6g})"))
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from shmlearn.config import TrainConfig, save_yaml
 from shmlearn.errors import BadInput
+from shmlearn.metrics import metric_goal
 from shmlearn.tblog import TensorBoardLog
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
@@ -257,7 +258,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
               launcher: str, streamed: bool, start_lrs, builtin_optimizer: bool, budget: int, samples_per_step: int,
               planned_steps: int, setup_s, auto_eval: bool, start_step: int, phase_s, timing: str,
               step: Dict[str, Any], device: str, torch_version: str, strategy: Dict[str, Any],
-              noise: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+              noise: Optional[Dict[str, Any]], monitor: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """summary.json (DESIGN.md's output contract). history: the loop's step_times, step_losses
     (one per step done), evals (eval.jsonl's rows), eval_s and checkpoint_s; diverged: (step,
     rank, loss) or None; step: `step_fields`; timing: `phase_timing`; strategy: the strategy's
@@ -275,8 +276,8 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "scheduler": cfg.scheduler, "scheduler_args": cfg.scheduler_args,
         "scheduler_interval": cfg.scheduler_interval if cfg.scheduler else None,
         "lr_schedule": (cfg.lr_schedule if builtin_optimizer else "none") if not cfg.scheduler
-        else "scheduler", "loss": cfg.loss or "task", "start_lrs": start_lrs,
-        "batch_size": cfg.batch_size,
+        else "scheduler", "loss": cfg.compute_loss or cfg.loss or "task", "start_lrs": start_lrs,
+        "batch_size": cfg.batch_size, "accumulate": cfg.accumulate, "clip_grad_norm": cfg.clip_grad_norm,
         "lr": cfg.lr, "seed": cfg.seed, "budget_samples": budget,
         "samples_seen": steps_done * samples_per_step, "steps": steps_done,
         "planned_steps": planned_steps, "wall_time_s": wall, "eval_time_s": history["eval_s"],
@@ -300,6 +301,10 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "torch_version": torch_version,
         **strategy,  # strategy_params, and the strategy's own fields
     }
+    if cfg.compute_loss is not None and evals:
+        summary.update(eval_metrics(evals))
+    if monitor is not None:  # --monitor / --early-stop / --save-best (evaluation.Monitor)
+        summary.update(monitor)
     if noise is not None:
         summary.update(noise)
     if diverged is not None:
@@ -307,6 +312,19 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         summary.update(diverged_step=d_step, diverged_rank=d_rank)
     summary["weights"] = None
     return summary
+
+
+def eval_metrics(evals) -> Dict[str, Any]:
+    """The general contract's evaluation in summary.json: the last evaluation's val_/test_ loss and
+    metrics as they are, and the best value of each over the run (best_val_loss, best_test_NAME:
+    the least for a loss, the least or most for a metric as `metric_goal` says)."""
+    last = {k: v for k, v in evals[-1].items() if k.startswith(("test_", "val_")) and v is not None}
+    out = dict(last)
+    for k in last:
+        values = [e[k] for e in evals if e.get(k) is not None and math.isfinite(e[k])]
+        if values:
+            out[f"best_{k}"] = (max if metric_goal(k) == "max" else min)(values)
+    return out
 
 
 def write_results(rundir: RunDir, summary: Dict[str, Any], trace: Any, save_weights=None) -> None:

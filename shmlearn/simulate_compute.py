@@ -116,6 +116,8 @@ def load_compute(path: str, batch: Optional[int] = None) -> Compute:
         d = throughput_compute(d, batch, path)
     model = d.get("model")
     batch = d.get("batch_size") or d.get("batch")
+    if batch and d.get("accumulate", 1) > 1:  # a run's step computed N micro-batches (--accumulate)
+        batch *= d["accumulate"]
     if not model or not batch:
         raise BadInput(f"--compute {path}: needs 'model' and 'batch_size' (a shmlearn summary.json "
                        "or a throughput JSON {device, model, batch_size, step_s or samples_per_s})")

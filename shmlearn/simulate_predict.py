@@ -183,7 +183,7 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
             name, params = _strategy_of(s, p if os.path.isdir(p) else None)
             out.append({"name": s.get("name", p), "strategy": name, "workers": s["workers"],
                         "check_every": int(ce) if ce else None,
-                        "batch_size": s["batch_size"], "model": s.get("model"),
+                        "batch_size": s["batch_size"] * s.get("accumulate", 1), "model": s.get("model"),
                         "strategy_params": asdict(params),
                         "avg_period": _period(name, params),
                         "step_s": s.get("step_s") or s["wall_time_s"] / s["steps"],

@@ -31,7 +31,11 @@
   may stop a trial that would have won). A trial told to stop ends at its next step, 'pruned'.
 * The objective told to the study is the loss area (minimized); a diverged trial's is inf. TPE
   also gets the paper's threshold as a constraint (min loss <= threshold), so a fast run that
-  did not learn does not steer it.
+  did not learn does not steer it. With --winner-metric NAME the objective is NAME from the
+  trial's summary.json instead, in its --winner-goal's direction (a diverged trial, or one that
+  does not report NAME, gets the worst value, inf or -inf), with no threshold constraint (the
+  metric's verdict has none); median and halving then compare NAME at the eval points (a val_ or
+  test_ key: eval.jsonl has them), not the test loss.
 """
 from __future__ import annotations
 
@@ -52,7 +56,7 @@ from optuna.trial import TrialState
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
-from shmlearn.results import best_bounds
+from shmlearn.results import best_bounds, metric_value
 from shmlearn.runs import lock_dir, read_jsonl
 from shmlearn.study_book import BEAT_S, CLAIM_WAIT_S, HOST, LOOK_S, Owned, StudyBook  # noqa: F401 - re-exported
 from shmlearn.study_search import (SPEC, AreaPruner, distributions, finished_rows, make_pruner,  # noqa: F401
@@ -71,6 +75,14 @@ class StudySweep(TrialRunner):
             raise BadInput(f"--prune --pruner {sc.pruner}: --prune is the area pruner; give one of them")
         self.pruner_name = sc.pruner or ("area" if sc.prune else None)
         super().__init__(replace(sc, prune=self.pruner_name is not None))
+        self.eval_key = eval_key(sc.winner_metric)
+        """What median and halving compare at an eval point: test_loss, or --winner-metric's key in eval.jsonl."""
+        if self.pruner_name in ("median", "halving") and self.eval_key is None:
+            raise BadInput(f"--pruner {self.pruner_name} --winner-metric {sc.winner_metric}: the pruner compares the "
+                           f"metric at evaluation points, which report val_ and test_ keys only; give such a key "
+                           f"(val_loss, test_accuracy, best_val_loss, ...) or no pruner")
+        self.sign = -1.0 if self.goal() == "max" else 1.0
+        """+1 or -1: the objective's worst value is sign * inf."""
         self.book: Optional[StudyBook] = None
         """The study's trials as this process sees them (run_trials opens the study)."""
 
@@ -218,7 +230,7 @@ class StudySweep(TrialRunner):
 
     def _progress(self, running) -> None:
         """Report each new eval point to the study and ask its pruner. AreaPruner gets the loss
-        area so far (its rule); median and halving get the test loss there: Optuna's pruners
+        area so far (its rule); median and halving get the test loss (or --winner-metric) there: Optuna's pruners
         compare a trial's best value so far with its peers', which a growing area never is."""
         for o in running:
             if self.pruner_name is not None and not o.pruned:
@@ -242,7 +254,7 @@ class StudySweep(TrialRunner):
                 pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
                 value = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
             else:
-                value = evals[k].get("test_loss")
+                value = evals[k].get(self.eval_key)
             if value is None or not math.isfinite(value):
                 continue
             try:
@@ -256,9 +268,10 @@ class StudySweep(TrialRunner):
                 # same rule to the exact area at every step (the bound posted), and stops there.
                 continue
             if stop:
-                mine = [evals[j].get("test_loss") for j in range(k + 1) if evals[j].get("test_loss") is not None]
-                o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value, "metric": "test loss",
-                            "best_so_far": min(mine) if mine else value,
+                mine = [evals[j][self.eval_key] for j in range(k + 1) if evals[j].get(self.eval_key) is not None]
+                o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value,
+                            "metric": "test loss" if self.eval_key == "test_loss" else self.eval_key,
+                            "best_so_far": (max if self.sign < 0 else min)(mine) if mine else value,
                             "peers": self._peer_value(o, k + 1)}
                 post_bound(self.pool.store, self.prune_key(o.cfg, o.tid), -math.inf, target=False,
                            time_to_target=None)  # (-inf, -inf): stop at the next step
@@ -295,9 +308,13 @@ class StudySweep(TrialRunner):
         # its eval points, as every completed trial has.
         if self.pruner_name is not None and (not o.pruned or row["status"] != "pruned") and row.get("run_dir"):
             self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
-        area = s.get("loss_area")
-        ml = s.get("min_loss")
-        constraint = ml - self.sc.threshold if ml is not None and row["status"] == "completed" else math.inf
+        if self.sc.winner_metric is None:
+            area = s.get("loss_area")
+            ml = s.get("min_loss")
+            constraint = ml - self.sc.threshold if ml is not None and row["status"] == "completed" else math.inf
+        else:  # the metric's verdict: every completed trial that reports it counts
+            area = metric_value(row, self.sc.winner_metric) if row["status"] == "completed" else None
+            constraint = 0.0 if area is not None else math.inf
         try:
             o.trial.set_user_attr("row", row)
             o.trial.set_user_attr("shmlearn_constraint", constraint)
@@ -306,7 +323,7 @@ class StudySweep(TrialRunner):
             if row["status"] == "pruned":
                 self.book.study.tell(o.trial, state=TrialState.PRUNED)
             else:
-                value = area if row["status"] == "completed" and area is not None else math.inf
+                value = area if row["status"] == "completed" and area is not None else self.sign * math.inf
                 self.book.study.tell(o.trial, value)
         except UpdateFinishedTrialError:
             print(f"sweep: trial #{o.trial.number} ({o.tid}) finished here after another process took it as "
@@ -318,11 +335,13 @@ class StudySweep(TrialRunner):
         p = row.get("pruned") or {}
         peers = p.get("peers")
         if p.get("pruner") == "median" and p.get("step"):
-            return (f"median pruner at eval point {p['step']}: best test loss so far {p['best_so_far']:.4g}"
-                    + (f" > the others' median {peers:.4g}" if peers is not None else ""))
+            worse = "<" if self.sign < 0 else ">"
+            return (f"median pruner at eval point {p['step']}: best {p.get('metric', 'test loss')} so far "
+                    f"{p['best_so_far']:.4g}"
+                    + (f" {worse} the others' median {peers:.4g}" if peers is not None else ""))
         if p.get("pruner") == "halving" and p.get("step"):
-            return (f"successive-halving pruner at eval point {p['step']}: test loss {p['value']:.4g}, "
-                    f"not in the best third at its rung")
+            return (f"successive-halving pruner at eval point {p['step']}: {p.get('metric', 'test loss')} "
+                    f"{p['value']:.4g}, not in the best third at its rung")
         b = p.get("bound_area", peers)
         return (f"area so far {row['summary']['loss_area']:.4g} > best {b:.4g}" if b is not None
                 else f"area so far {row['summary']['loss_area']:.4g}")
@@ -386,6 +405,16 @@ def _refuse_another_sweeps(out: str, results: str, sc: SweepConfig) -> None:
         raise BadInput(f"--out {out}: holds study {spec.get('study')} on {spec.get('storage')} "
                        f"({count(n, 'result')} in results.jsonl), which this study would replace; give it "
                        f"another --out")
+
+
+def eval_key(metric: Optional[str]) -> Optional[str]:
+    """The eval.jsonl key median and halving compare: test_loss without --winner-metric; the
+    metric (less a best_ prefix: the pruner takes the best so far itself) when it is a val_ or
+    test_ key; else None (no eval point reports it)."""
+    if metric is None:
+        return "test_loss"
+    key = metric[len("best_"):] if metric.startswith("best_") else metric
+    return key if key.startswith(("val_", "test_")) else None
 
 
 LAUNCHER_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")

@@ -13,7 +13,7 @@ from optuna.trial import FrozenTrial, TrialState
 
 from shmlearn.errors import BadInput
 from shmlearn.pruning import cannot_win
-from shmlearn.results import best_bounds
+from shmlearn.results import best_bounds, winner_goal
 from shmlearn.study_storage import redact, why_not_opened
 from shmlearn.sweep_grid import SweepConfig, field_kind, ordered_axes
 
@@ -24,7 +24,17 @@ SPEC = "shmlearn"
 """Study user attr: what defines the study's trials (search, fixed values, axes)."""
 
 def study_spec(sc: SweepConfig) -> Dict[str, Any]:
-    return json.loads(json.dumps({"search": sc.search, "fixed": sc.fixed, "axes": sc.axes}))
+    """The study's definition; with --winner-metric also its objective (a study's values are one
+    objective's: another metric is another study). Without one, as before it existed."""
+    spec = {"search": sc.search, "fixed": sc.fixed, "axes": sc.axes}
+    if sc.winner_metric is not None:
+        spec["objective"] = {"metric": sc.winner_metric, "goal": objective_goal(sc)}
+    return json.loads(json.dumps(spec))
+
+
+def objective_goal(sc: SweepConfig) -> str:
+    """min or max: the study's direction (the loss area's min, or --winner-metric's goal)."""
+    return "min" if sc.winner_metric is None else sc.winner_goal or winner_goal(sc.winner_metric)
 
 
 def _spec_diff(theirs: Dict[str, Any], mine: Dict[str, Any]) -> str:
@@ -32,6 +42,10 @@ def _spec_diff(theirs: Dict[str, Any], mine: Dict[str, Any]) -> str:
         return ",".join(map(str, v)) if isinstance(v, list) else str(v)
     if theirs.get("search") != mine.get("search"):
         return f"--search {theirs.get('search')} there, {mine.get('search')} here"
+    if theirs.get("objective") != mine.get("objective"):
+        def show_objective(o):
+            return f"--winner-metric {o['metric']} --winner-goal {o['goal']}" if o else "the loss area"
+        return f"{show_objective(theirs.get('objective'))} there, {show_objective(mine.get('objective'))} here"
     for part in ("axes", "fixed"):
         a, b = theirs.get(part, {}), mine.get(part, {})
         for k in sorted(set(a) | set(b)):
@@ -141,15 +155,16 @@ def make_pruner(name: Optional[str], sc: SweepConfig):
 
 
 def open_study(sc: SweepConfig, storage, pruner) -> "optuna.Study":
+    direction = "maximize" if objective_goal(sc) == "max" else "minimize"
     try:
         study = optuna.create_study(storage=storage, study_name=sc.study, sampler=make_sampler(sc), pruner=pruner,
-                                    direction="minimize", load_if_exists=True)
+                                    direction=direction, load_if_exists=True)
     except Exception as e:  # noqa: BLE001 - e.g. a study of two objectives under that name
         raise BadInput(f"--study {sc.study}: cannot open it in {redact(sc.storage or '')} ({why_not_opened(e)})") from None
     mine = study_spec(sc)
     attrs = study.user_attrs
     if SPEC not in attrs:
-        if study.trials or len(study.directions) != 1 or study.direction != optuna.study.StudyDirection.MINIMIZE:
+        if study.trials or len(study.directions) != 1 or study.direction.name.lower() != direction:
             raise BadInput(f"--study {sc.study}: an Optuna study that shmlearn did not create; give another --study")
         study.set_user_attr(SPEC, mine)
         attrs = storage.get_study_user_attrs(study._study_id)  # two started at once: the last write holds

@@ -14,7 +14,9 @@
 * Winners by the paper's rule: per worker count, drop runs whose minimum training loss is above
   the threshold (1.8 in the paper), then take the least loss area (loss integrated over training
   seconds). Ties: lower minimum loss, then shorter training time, then grid order. Optionally,
-  the least training time to reach a test accuracy.
+  the least training time to reach a test accuracy, and (--winner-metric NAME, --winner-goal)
+  the best value of a summary.json key (val_loss, test_accuracy, a --compute-loss metric) among
+  completed trials; ties: least loss area, then grid order.
 """
 from __future__ import annotations
 

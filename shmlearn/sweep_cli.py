@@ -11,11 +11,14 @@ from shmlearn.config import load_yaml, options
 from shmlearn.errors import BadInput
 from shmlearn.flags import field_docs, help_group
 from shmlearn.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
+from shmlearn.sweep_grid import GOALS, check_winner
 
 
 def run_sweep(sc: SweepConfig) -> int:
-    """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed)."""
+    """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed; 2 if no
+    completed trial reports --winner-metric)."""
     check_search(sc)
+    check_winner(sc)
     if sc.storage is not None:
         try:
             from shmlearn.study import run_study  # lazy: study.py imports optuna (optional)
@@ -55,6 +58,10 @@ def register(sub) -> None:
                        default=fd.default if fd.default != "" else None,
                        help=field_docs(SweepConfig).get(name, "") +
                        (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
+    g.add_argument("--winner-metric", dest="sweep_winner_metric", metavar="NAME",
+                   help=field_docs(SweepConfig).get("winner_metric", ""))
+    g.add_argument("--winner-goal", dest="sweep_winner_goal", metavar="|".join(GOALS),
+                   help=field_docs(SweepConfig).get("winner_goal", ""))
     g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
     g.add_argument("--no-progress", dest="sweep_no_progress", action="store_true",
                    help="accepted for symmetry with train; trials never draw a progress bar")
@@ -89,7 +96,8 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
         return str(fixed.get(k, default)) if k not in axes else "+".join(map(str, axes[k]))
     out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
     return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
-                       target_accuracy=ns.sweep_target_accuracy, parallel=ns.sweep_parallel,
+                       target_accuracy=ns.sweep_target_accuracy, winner_metric=ns.sweep_winner_metric,
+                       winner_goal=ns.sweep_winner_goal, parallel=ns.sweep_parallel,
                        slots=ns.sweep_slots, out=out, report=ns.sweep_report,
                        prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
                        search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,

@@ -7,6 +7,7 @@ import hashlib
 import itertools
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Tuple
@@ -36,6 +37,13 @@ class SweepConfig:
     """Winners: drop runs whose minimum training loss is above this (the paper's 1.8)."""
     target_accuracy: Optional[float] = None
     """Winners also by the least training seconds to reach this test accuracy."""
+    winner_metric: Optional[str] = None
+    """Winners also by this summary.json key (val_loss, test_loss, best_val_loss, test_accuracy,
+    test_<metric> of --compute-loss, ...): per worker count the completed trial with its best
+    value; ties go to the least loss area. An Optuna study (--storage) optimizes it."""
+    winner_goal: Optional[str] = None
+    """min or max: which value of --winner-metric is best. Default: max for accuracy-like names
+    (accuracy, acc, f1, precision, recall, auc, ...), else min (a loss, perplexity, MSE)."""
     parallel: Optional[int] = None
     """Trials at once. Default: on GPUs, as many as there are free GPUs (1-worker trials fill
     every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, 1
@@ -200,11 +208,34 @@ def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool
             values["threads"] = 1
         cfg = TrainConfig(**values)
         validate(cfg)
-        if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size:
+        if cfg.samples is not None and cfg.samples < cfg.workers * cfg.batch_size * cfg.accumulate:
             raise BadInput(f"--samples {cfg.samples}: smaller than one step of {count(cfg.workers, 'worker')} "
-                           f"x {cfg.batch_size} samples")
+                           f"x {cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches"
+                                                            if cfg.accumulate > 1 else ""))
         trials.append(cfg)
     return trials
+
+GOALS = ("min", "max")
+METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def check_winner(sc: SweepConfig) -> None:
+    """--winner-metric and --winner-goal, before any trial: a summary.json key and min|max. An
+    area pruner stops trials that cannot win by loss area, which the metric's winner may be."""
+    if sc.winner_goal is not None and sc.winner_goal not in GOALS:
+        raise BadInput(f"--winner-goal {sc.winner_goal}: expected min or max")
+    if sc.winner_metric is None:
+        if sc.winner_goal is not None:
+            raise BadInput(f"--winner-goal {sc.winner_goal}: needs --winner-metric NAME")
+        return
+    if not METRIC_NAME.fullmatch(sc.winner_metric):
+        raise BadInput(f"--winner-metric {sc.winner_metric}: expected a summary.json key such as val_loss, "
+                       f"test_loss, best_val_loss or test_accuracy")
+    if sc.prune or sc.pruner == "area":
+        flag = "--prune" if sc.prune else "--pruner area"
+        raise BadInput(f"{flag} --winner-metric {sc.winner_metric}: {flag} stops trials that cannot win by loss "
+                       f"area, which may stop the {sc.winner_metric} winner; give one of them")
+
 
 SEARCHES = ("grid", "tpe", "random")
 PRUNERS = ("area", "median", "halving")

@@ -6,6 +6,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from shmlearn.errors import BadInput
+
 
 def loss_fn(task: str, out: torch.Tensor, y: torch.Tensor, reduction: str = "mean",
             label_smoothing: float = 0.0) -> torch.Tensor:
@@ -29,3 +31,15 @@ def correct(task: str, out: torch.Tensor, y: torch.Tensor) -> Optional[torch.Ten
     if task == "binary":
         return ((out >= 0).to(y.dtype) == y).sum()
     return None
+
+
+def split_result(out, what: str = "compute_loss"):
+    """compute_loss's result as (loss, {name: value}): a loss alone, or a (loss, metrics) pair.
+    Host checks only (isinstance), so the step may call it inside a captured CUDA graph."""
+    if isinstance(out, torch.Tensor):
+        return out, {}
+    if isinstance(out, (tuple, list)) and len(out) == 2 and isinstance(out[1], dict):
+        return out[0], out[1]
+    raise BadInput(f"{what}: returned a {type(out).__name__}; expected the loss (a tensor) or (loss, "
+                   f"{{name: value}})")
+

@@ -25,7 +25,7 @@ from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, check_present, normalizer
 from shmlearn.fast import StepOptions, Stepper
 # preload_data: sweep and study import it from here (a pool's init).
-from shmlearn.inputs import cached_dataset, preload_data, run_loader, run_model  # noqa: F401
+from shmlearn.inputs import cached_dataset, cached_tree_data, preload_data, run_loader, run_model  # noqa: F401
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
@@ -34,6 +34,7 @@ from shmlearn.guard import Fault, Heartbeat, check_agreement, check_replicas
 from shmlearn.launch import DistEnv, check_capacity, detect_env, free_port, init_process_group
 from shmlearn.launch import destroy_group as _destroy_group
 from shmlearn.limits import rank_threads
+from shmlearn.placement import backend_for, default_workers, device_type, set_determinism  # noqa: F401
 from shmlearn.models import apply_init
 from shmlearn.data.stream import StreamLoader, StreamedData
 from shmlearn.data.user import user_data
@@ -66,7 +67,8 @@ class RunResult:
 
 # --- entry point -----------------------------------------------------------------------------
 
-def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, scheduler=None) -> RunResult:
+def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None, optimizer=None,
+          scheduler=None) -> RunResult:
     """Train as the config says: spawn local workers, or be one rank under a launcher.
 
     model: an nn.Module (its weights are every rank's starting point), or a class or callable
@@ -74,6 +76,10 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
     given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
     default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
+    compute_loss: the general contract, f(model, batch) -> loss or (loss, {name: value}), for any
+    model and data: `data` is then (train, test) or (train, val, test) Datasets whose items have any
+    structure (data/tree.py), batch is a batch of them collated on the device, and evaluation
+    reports the mean loss and each metric (test_loss, test_NAME; val_loss, val_NAME).
     optimizer: a torch.optim.Optimizer class (called with the model's parameters) or a callable
     called with the model (parameter groups) returning an Optimizer; default the config's.
     scheduler: a callable optimizer -> LRScheduler, stepped per epoch or per step as
@@ -81,7 +87,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     the top level of your script (functools.partial of such is fine).
 
     Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
-    parts = Parts(model, data, loss, optimizer, scheduler)
+    parts = Parts(model, data, loss, optimizer, scheduler, compute_loss)
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
     recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
@@ -94,13 +100,13 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
         resolve_ref(cfg.dataset, "--dataset")
     elif data is None:  # a missing --data-dir or file: one line now, not after the workers start
         check_present(cfg.dataset, cfg.data_dir)
-    cuda = _device_type(cfg.device) == "cuda"
+    cuda = device_type(cfg.device) == "cuda"
     spec = registry.spec(cfg)
     if cfg.workers is None:
         cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, spec.servers))
     world = spec.processes(cfg.workers)
     noise.check(cfg, spec, cfg.workers)
-    backend = _backend(cfg, cuda)
+    backend = backend_for(cfg, cuda)
     if cuda and world > torch.cuda.device_count() and backend == "nccl":
         extra = f" + {count(spec.servers, 'server')}" if spec.servers else ""
         raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
@@ -133,14 +139,6 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, optimizer=None, sc
     return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
 
 
-def default_workers(cuda: bool, gpus: int, servers: int) -> int:
-    """--workers when not given, locally: 2, and on CUDA no more than the GPUs present hold (one
-    process per GPU; a strategy's serving ranks, e.g. a dedicated parameter server, take theirs)."""
-    if not cuda:
-        return 2
-    return max(1, min(2, gpus - int(servers)))
-
-
 def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
               parts: Optional[bytes] = None):
     """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
@@ -156,21 +154,6 @@ def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, wan
         torch.save(copy.deepcopy(result.model).cpu(), buf)
         blob = buf.getvalue()
     return result.summary, result.run_dir, blob
-
-
-def _backend(cfg: TrainConfig, cuda: bool) -> str:
-    """--backend: auto is NCCL on GPUs, Gloo on the CPU."""
-    if cfg.backend != "auto":
-        return cfg.backend
-    return "nccl" if cuda else "gloo"
-
-
-def _device_type(device: str) -> str:
-    if device == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise BadInput("--device cuda: no CUDA device is available (torch.cuda.is_available() is False)")
-    return device
 
 
 # --- one rank --------------------------------------------------------------------------------
@@ -206,23 +189,26 @@ def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = Non
 def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int, prune_key, t_entry,
               parts: Parts) -> RunResult:
 
-    device = torch.device(_device_type(cfg.device))
-    _set_determinism(cfg.deterministic, device)
+    device = torch.device(device_type(cfg.device))
+    set_determinism(cfg.deterministic, device)
     if device.type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
     torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
-    if parts.data is not None:
+    compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)
+    if compute_loss is not None and (parts.data is not None or is_ref(cfg.dataset)):
+        data = cached_tree_data(cfg, parts.data, device)  # any item structure, dtypes kept (data/tree.py)
+    elif parts.data is not None:
         data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
     else:
         data = cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
     budget = cfg.budget_samples(data.n_train)
-    steps = budget // (compute * cfg.batch_size)
+    steps = budget // (compute * cfg.batch_size * cfg.accumulate)  # --accumulate: micro-batches a step
     if steps == 0:
         raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
-                       f"{cfg.batch_size} samples")
+                       f"{cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else ""))
     if cfg.label_smoothing and data.spec.task != "classification":
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
                        f"{cfg.dataset} is a {data.spec.task} task")
@@ -234,15 +220,16 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
-    model = run_model(cfg, parts, data)
+    model, metric_names = run_model(cfg, parts, data, compute_loss)
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
     strategy.run_steps = steps
+    strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
     loader, augment = run_loader(cfg, data, shard=spec.shard(env.rank) or 0, num_shards=compute, device=device)
 
-    backend = _backend(cfg, device.type == "cuda")
+    backend = backend_for(cfg, device.type == "cuda")
     owns_group = not dist.is_initialized()
     if owns_group:
         init_process_group(backend, env, cfg.timeout)
@@ -260,12 +247,13 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                                               every=cfg.noise_every or noise.default_every(compute))
         check_replicas(strategy.params_flat, env.world_size)
         schedule = recipe.build_user_scheduler(cfg, parts.scheduler, optimizer,
-                                               max(1, data.n_train // (compute * cfg.batch_size)))
+                                               max(1, data.n_train // (compute * cfg.batch_size * cfg.accumulate)))
         if schedule is None:
             schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
         loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
                      loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=user_loss, spec=spec)
+                     t_entry=t_entry, loss=user_loss, spec=spec, compute_loss=compute_loss,
+                     metric_names=metric_names)
         loop.start_lrs = start_lrs
         return loop.run()
     finally:
@@ -276,20 +264,6 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
                 _destroy_group(env.rank)
             else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
                 dist.destroy_process_group()
-
-
-def _set_determinism(on: bool, device: torch.device) -> None:
-    """Set (or clear: a pool worker runs many configs) deterministic numerics for this run."""
-    if on and device.type == "cuda":
-        # cuBLAS reads this when it creates its handle (the process's first matrix product);
-        # without it, deterministic mode makes matrix products raise.
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-    # Only on a change: torch's setter imports Inductor's config (about 1 s of every worker's
-    # start-up on a CPU) even to clear a flag that is already clear.
-    if torch.are_deterministic_algorithms_enabled() != on or (
-            on and not torch.is_deterministic_algorithms_warn_only_enabled()):
-        torch.use_deterministic_algorithms(on, warn_only=True)
-    torch.backends.cudnn.deterministic = on
 
 
 # Fields that may differ between the original run and its resumption, or between ranks.
@@ -311,11 +285,13 @@ class _Loop:
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
                  loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None,
-                 loss=None, spec: Optional[registry.Spec] = None):
+                 loss=None, spec: Optional[registry.Spec] = None, compute_loss=None, metric_names=()):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
         self.spec = spec if spec is not None else registry.spec(cfg)
         self.loss = loss
         """The user's f(outputs, targets) -> mean loss, or None: the task's (tasks.loss_fn)."""
+        self.compute, self.metric_names = compute_loss, tuple(metric_names)
+        """The general contract: the user's compute_loss(model, batch) and the metrics it returns."""
         self.optimizer, self.schedule = optimizer, schedule
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
@@ -329,7 +305,7 @@ class _Loop:
         self.checkpoint_s = 0.0
         self.last_eval_s = 0.0
         self.last_ckpt_s = 0.0
-        self.samples_per_step = strategy.compute_ranks * cfg.batch_size
+        self.samples_per_step = strategy.compute_ranks * cfg.batch_size * cfg.accumulate
         self.auto_eval = cfg.eval_points is None and cfg.eval_every is None
         """Choose the evaluations so they stay under EVAL_SHARE of the run (`_auto_wants_eval`)."""
         eval_points = cfg.eval_points or (1 if self.auto_eval else None)
@@ -338,6 +314,11 @@ class _Loop:
         self.eval_cost_s: Optional[float] = None
         """The last evaluation's seconds on rank 0 (what `_auto_wants_eval` plans with)."""
         self.ckpt_every = checkpoint_period(cfg.checkpoint_every) if cfg.checkpoint_every else None
+        self.monitor = (evaluation.Monitor(cfg.monitor or ("val_loss" if getattr(data, "val", None) is not None
+                                                           else "test_loss"), cfg.early_stop)
+                        if cfg.monitor or cfg.early_stop or cfg.save_best else None)
+        self.stopped_early: Optional[int] = None
+        """The step at which --early-stop ended the run, or None."""
         self.t_entry = t_entry if t_entry is not None else time.perf_counter()
         self.setup_s = None
         self.area = 0.0
@@ -372,7 +353,7 @@ class _Loop:
         cfg = self.cfg
         if self.lead and self.budget % self.samples_per_step and self.start_step == 0:
             print(f"shmlearn: budget {self.budget} samples is not a multiple of "
-                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}; running {self.steps} steps = "
+                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}{f' x {cfg.accumulate}' * (cfg.accumulate > 1)}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)
         # After _resume (a graph captures the optimizer's tensors), before the clock starts.
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
@@ -388,7 +369,8 @@ class _Loop:
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
-                               reached=lambda step: setattr(self.heartbeat, "step", step))
+                               reached=lambda step: setattr(self.heartbeat, "step", step),
+                               compute_loss=self.compute)
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
         if self.lead:
@@ -439,6 +421,8 @@ class _Loop:
                 self._evaluate(step=done, train_s=train_s)
                 self.last_eval_s = train_s
                 self.eval_s += time.perf_counter() - e0
+            if self.stopped_early is not None:  # --early-stop: every rank saw the same rows
+                break
             if done < self.steps and (win.want_ckpt or ckpt_step):
                 self._checkpoint(done, train_s)
         if bar is not None:
@@ -526,24 +510,29 @@ class _Loop:
             return False
         return evaluation.due(steps=self.steps, done=done, train_s=train_s, cost_s=self.eval_cost_s,
                               test_per_rank=self.data.n_test / self.env.world_size,
-                              batch_size=self.cfg.batch_size, eval_steps=[e["step"] for e in self.evals])
+                              batch_size=self.cfg.batch_size * self.cfg.accumulate, eval_steps=[e["step"] for e in self.evals])
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
         """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
         all-reduced, so no sample is skipped or counted twice."""
         t0 = time.perf_counter()
+        row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step}
         with self.timer.phase("eval"), self.strategy.eval_weights():
-            sums = evaluation.test_pass(self.strategy.model, self.data, rank=self.env.rank,
-                                        world_size=self.env.world_size, device=self.device, normalize=self.normalize,
-                                        autocast=self.stepper.autocast, loss=self.loss, task=self.task,
-                                        timeout_s=self.cfg.timeout)
-        loss_sum, n_correct, n = sums.tolist()
+            row.update(evaluation.evaluate(
+                model=self.strategy.model, module=self.strategy.module, data=self.data, compute=self.compute,
+                names=self.metric_names, loss=self.loss, task=self.task, rank=self.env.rank,
+                world_size=self.env.world_size, device=self.device, normalize=self.normalize,
+                autocast=self.stepper.autocast, batch_size=self.cfg.eval_batch_size, timeout_s=self.cfg.timeout))
+            self.evals.append(row)
+            if self.monitor is not None:  # --monitor: the best weights while they are the model's
+                best, stop = self.monitor.update(self.evals)
+                self.stopped_early = step if stop and step < self.steps else None
+                if best and self.cfg.save_best and self.lead:
+                    weights.save(self.cfg.out, self.strategy.model, self.data.spec, stem="best")
         self.eval_cost_s = time.perf_counter() - t0
-        row = {"step": step, "time_s": train_s, "samples": step * self.samples_per_step,
-               "test_loss": loss_sum / n,
-               "test_accuracy": None if self.task == "regression" else n_correct / n}
-        self.evals.append(row)
+        if hasattr(self.schedule, "evaluated"):  # ReduceLROnPlateau (recipe.OnEvaluation)
+            self.schedule.evaluated(row)
         if self.lead:
             self.rundir.log_eval(row)
 
@@ -571,7 +560,8 @@ class _Loop:
             phase_s=self.timer.mean_per_step(), timing=runs.phase_timing(self.stepper, self.timer, self.device.type),
             step=step_fields, torch_version=torch.__version__,
             device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
-            strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None)
+            strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None,
+            monitor=self.monitor.summary(self.evals, self.stopped_early) if self.monitor is not None else None)
         if self.lead:
             save = cfg.save_model and status in ("completed", "pruned")
             runs.write_results(self.rundir, summary, chrome_trace(gathered),

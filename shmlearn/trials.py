@@ -28,7 +28,7 @@ from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
 from shmlearn.limits import usable_cores
 from shmlearn.pool import Pool
-from shmlearn.results import ResultStore, pick_winners, winners_table
+from shmlearn.results import ResultStore, pick_winners, winner_goal, winners_table
 from shmlearn.results import fmt as _fmt
 from shmlearn.runs import lock_dir, read_jsonl, write_json_atomic
 from shmlearn.sweep_grid import NOT_SWEPT, SweepConfig, expand_grid, ordered_axes, trial_id, trials_at_once
@@ -65,6 +65,8 @@ class TrialRunner(abc.ABC):
         self.ran_rows: List[Dict[str, Any]] = []
         self.pool = None
         self.report_failed = False
+        self.metric_missing: Optional[str] = None
+        """winners' metric_missing: no completed trial reports --winner-metric (exit_code says so)."""
         self.total = self.finished = 0
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
 
@@ -146,9 +148,15 @@ class TrialRunner(abc.ABC):
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
-            "target_accuracy": self.sc.target_accuracy, "parallel": self.parallel, "prune": self.sc.prune,
+            "target_accuracy": self.sc.target_accuracy, "winner_metric": self.sc.winner_metric,
+            "winner_goal": self.goal(), "parallel": self.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials], **(extra or {})})
+
+    def goal(self) -> Optional[str]:
+        """--winner-goal, or its default for --winner-metric (results.winner_goal); None without one."""
+        m = self.sc.winner_metric
+        return None if m is None else self.sc.winner_goal or winner_goal(m)
 
     # -- the pool --------------------------------------------------------------------------------
     def open_pool(self, configs: List[TrainConfig], widest: int, *, warm_report: bool = False) -> None:
@@ -318,9 +326,11 @@ class TrialRunner(abc.ABC):
         if extra:
             print(f"sweep: {extra} results in results.jsonl are from another grid; left out of the winners")
         w = pick_winners(rows, threshold=self.sc.threshold, target_accuracy=self.sc.target_accuracy,
-                         swept=ordered_axes(self.sc.axes), root=self.dir)  # with the winners' curves
+                         swept=ordered_axes(self.sc.axes), root=self.dir,  # with the winners' curves
+                         metric=self.sc.winner_metric, goal=self.goal())
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
+        self.metric_missing = w.get("metric_missing")
         if self.sc.report:
             try:
                 from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
@@ -337,15 +347,21 @@ class TrialRunner(abc.ABC):
             print(f"sweep: report {path}", flush=True)
 
     def exit_code(self, failed: str) -> int:
-        """0, or 1 when a trial failed (each listed, after `failed`) or the report could not be written."""
+        """0, or 1 when a trial failed (each listed, after `failed`) or the report could not be
+        written, or 2 when no completed trial reports --winner-metric (one line, the last, naming
+        the keys they do report: the name was bad input that only the trials could tell)."""
+        code = 0
         if self.report_failed and not self.failures:
-            return 1
+            code = 1
         if self.failures:
             print(f"sweep: {count(len(self.failures), 'trial')} {failed}:", file=sys.stderr)
             for tid, msg in self.failures:
                 print(f"  {tid}: {msg}", file=sys.stderr)
-            return 1
-        return 0
+            code = 1
+        if self.metric_missing:
+            print(f"sweep: {self.metric_missing}", file=sys.stderr, flush=True)
+            code = 2
+        return code
 
 
 def find_slots(sc: SweepConfig) -> Tuple[bool, int]:

@@ -39,11 +39,12 @@ def _has_safetensors() -> bool:
     return True
 
 
-def save(run_dir: str, model: torch.nn.Module, spec: DataSpec) -> str:
-    """Write the model's weights into run_dir; returns the file's name."""
+def save(run_dir: str, model: torch.nn.Module, spec: DataSpec, stem: str = "model") -> str:
+    """Write the model's weights into run_dir as STEM.safetensors or STEM.pt ("best": --save-best);
+    returns the file's name."""
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     meta = json.dumps(dataclasses.asdict(spec))
-    name = SAFETENSORS if _has_safetensors() else TORCH
+    name = (SAFETENSORS if _has_safetensors() else TORCH).replace("model.", f"{stem}.", 1)
     tmp = os.path.join(run_dir, name + ".tmp")
     try:
         if name == SAFETENSORS:
@@ -62,12 +63,14 @@ def save(run_dir: str, model: torch.nn.Module, spec: DataSpec) -> str:
     return name
 
 
-def read(run_dir: str):
-    """(state_dict, DataSpec) of a run directory's weights; BadInput naming the folder if none."""
-    st, pt = os.path.join(run_dir, SAFETENSORS), os.path.join(run_dir, TORCH)
+def read(run_dir: str, stem: str = "model"):
+    """(state_dict, DataSpec) of a run directory's weights (stem "best": --save-best's); BadInput
+    naming the folder if none."""
+    names = [n.replace("model.", f"{stem}.", 1) for n in (SAFETENSORS, TORCH)]
+    st, pt = (os.path.join(run_dir, n) for n in names)
     if os.path.isfile(st):
         if not _has_safetensors():
-            raise BadInput(f"{run_dir}: its weights are {SAFETENSORS}; install safetensors to read them")
+            raise BadInput(f"{run_dir}: its weights are {names[0]}; install safetensors to read them")
         from safetensors import safe_open  # deferred: an optional package
         with safe_open(st, framework="pt") as f:
             state = {k: f.get_tensor(k) for k in f.keys()}
@@ -75,6 +78,8 @@ def read(run_dir: str):
     elif os.path.isfile(pt):
         blob = torch.load(pt, map_location="cpu", weights_only=True)
         state, spec = blob["state_dict"], blob["data_spec"]
+    elif stem != "model":
+        raise BadInput(f"{run_dir}: no {names[0]} or {names[1]} (the run had no --save-best)")
     else:
         raise BadInput(f"{run_dir}: no {SAFETENSORS} or {TORCH} (a run before issue 41, one with "
                        f"--no-save-model, or not a run directory)")
@@ -82,8 +87,9 @@ def read(run_dir: str):
     return state, DataSpec(**spec)
 
 
-def load_model(run_dir: str, model: Optional[Any] = None) -> torch.nn.Module:
-    """The trained module of the run in run_dir, on the CPU, in eval mode.
+def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) -> torch.nn.Module:
+    """The trained module of the run in run_dir, on the CPU, in eval mode (best: the weights of
+    its best evaluation, --save-best).
 
     model: what to load the weights into instead of the run's --model (a module, or a class or
     callable building one, as train(model=) takes): needed for a model that was passed from
@@ -92,7 +98,7 @@ def load_model(run_dir: str, model: Optional[Any] = None) -> torch.nn.Module:
     if not os.path.isfile(path):
         raise BadInput(f"{run_dir}: no config.yaml; expected a run directory")
     cfg = TrainConfig.from_dict(load_yaml(path), source=path)
-    state, spec = read(run_dir)
+    state, spec = read(run_dir, "best" if best else "model")
     if model is not None:
         net = user_model(model, spec, "model=")
     elif is_ref(cfg.model):

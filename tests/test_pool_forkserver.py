@@ -163,3 +163,57 @@ def test_an_owner_killed_while_the_forkserver_imports_torch_does_not_leave_it_im
     finally:
         if _alive(pid):
             os.kill(pid, 9)
+
+
+SCRIPT = r"""
+import json, os, sys
+import shmlearn                      # a script's import starts the forkserver (forkserver.autostart)
+from multiprocessing import forkserver as mpf
+from shmlearn import forkserver
+
+
+def where(env):
+    return os.getppid()
+
+
+if __name__ == "__main__":
+    started = forkserver._started_env is not None
+    server = getattr(mpf._forkserver, "_forkserver_pid", None)
+    parents = []
+    if started and sys.argv[1:] == ["train"]:
+        from shmlearn.pool import Pool
+        with Pool(2) as pool:
+            parents = pool.run(where, slots=[0, 1], backend=None)
+        r = shmlearn.train(shmlearn.TrainConfig(workers=2, samples=640, device="cpu", progress=False,
+                                                out=sys.argv[0] + ".run"))
+        assert r.status == "completed", r.status
+    print(json.dumps({"started": started, "server": server, "parents": parents}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("env,args,started", [
+    ({}, ["train"], True),                                   # a script: on, its workers are the forkserver's forks
+    ({"SHMLEARN_FORKSERVER": "0"}, [], False),               # turned off
+    ({"RANK": "0", "WORLD_SIZE": "1"}, [], False),           # a launcher's rank starts no pool
+], ids=["script", "off", "launcher-rank"])
+def test_a_scripts_import_starts_the_forkserver_its_workers_fork_from(tmp_path, env, args, started):
+    path = tmp_path / "script_fs.py"
+    path.write_text(SCRIPT)
+    base = {k: v for k, v in os.environ.items() if k not in ("PYTEST_CURRENT_TEST", "RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, timeout=300,
+                       env=dict(base, PYTHONPATH=os.pathsep.join(sys.path), **env))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd"):
+        assert not out["started"]  # GPU hosts spawn
+        return
+    assert out["started"] is started
+    if started:
+        assert out["parents"] == [out["server"], out["server"]]
+
+
+def test_an_interactive_or_dash_c_session_starts_no_forkserver():
+    code = "import shmlearn; from shmlearn import forkserver; print(forkserver._started_env is None)"
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.stdout.strip() == "True", r.stderr

@@ -8,6 +8,11 @@ slice perm[t*W*B : (t+1)*W*B] and rank r takes its r-th block of B. So:
     strategy-equivalence tests rely on);
   * the batch at a step is a pure function of (seed, step), so a resumed run reads the same data;
   * the W*B-remainder of each epoch is skipped, a different one each epoch.
+With gradient accumulation (N micro-batches a training step, --accumulate) training step s reads
+loader steps s*N .. s*N+N-1, and an epoch holds a whole number of training steps (its loader steps
+a multiple of N, the W*N*B-remainder skipped): so the N micro-batches of step s on every rank are
+the slice perm[j*W*N*B : (j+1)*W*N*B] (j = s within its epoch), exactly the batch of W*N*B one
+process reads at step s, also past an epoch's end.
 Indexing a uint8 tensor and converting one batch costs one gather kernel; no DataLoader, no host.
 
 Two ways to read the same batches:
@@ -34,23 +39,39 @@ def epoch_permutation(n: int, seed: int, epoch: int) -> torch.Tensor:
     return torch.randperm(n, generator=g)
 
 
-def too_few(batch_size: int, n: int, num_shards: int) -> BadInput:
+def too_few(batch_size: int, n: int, num_shards: int, accumulate: int = 1) -> BadInput:
+    if accumulate > 1:
+        fit = n // (num_shards * accumulate)
+        return BadInput(f"--batch-size {batch_size} x --accumulate {accumulate}: more than a worker's shard "
+                        f"({n} training samples / {num_shards} workers = {n // num_shards}); expected a "
+                        f"batch size of at most {fit} at --accumulate {accumulate}")
     return BadInput(f"--batch-size {batch_size}: larger than a worker's shard "
                     f"({n} training samples / {num_shards} workers = {n // num_shards}); "
                     f"expected at most {n // num_shards}")
 
 
+def epoch_steps(n: int, global_batch: int, accumulate: int = 1) -> int:
+    """Loader steps in an epoch of n samples: whole training steps of `accumulate` loader steps
+    of `global_batch` samples each (the module docstring)."""
+    return n // (global_batch * accumulate) * accumulate
+
+
 class ShardedLoader:
     def __init__(self, x: torch.Tensor, y: torch.Tensor, *, batch_size: int, shard: int,
                  num_shards: int, seed: int, normalize: Callable[[torch.Tensor], torch.Tensor],
-                 augment: Optional[Augment] = None, channels_last: bool = False):
+                 augment: Optional[Augment] = None, channels_last: bool = False, accumulate: int = 1):
         n = len(x)
         self.x, self.y, self.normalize = x, y, normalize
         self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
         self.global_batch = batch_size * num_shards
-        self.steps_per_epoch = n // self.global_batch
+        self.accumulate = accumulate
+        """Micro-batches a training step reads (--accumulate): next_batch() calls after a prepare()."""
+        self.order_len = n
+        """Samples an epoch's order holds: the training set's (data/tree.py's loader may hold a
+        sampler's order of another length)."""
+        self.steps_per_epoch = epoch_steps(n, self.global_batch, accumulate)
         if self.steps_per_epoch == 0:
-            raise too_few(batch_size, n, num_shards)
+            raise too_few(batch_size, n, num_shards, accumulate)
         self.augment = augment if augment is not None and augment.active else None
         if self.augment is not None:
             self.xp = self.augment.pad(x)  # uint8, padded once
@@ -94,20 +115,26 @@ class ShardedLoader:
         start = i * self.global_batch + self.shard * self.batch_size
         idx = self._permutation(epoch)[start:start + self.batch_size]
         table = self._table[start:start + self.batch_size] if self._table is not None else None
+        return self._gather(idx, table)
+
+    def _gather(self, idx: torch.Tensor, table: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The samples `idx`: (normalized inputs, targets). Fixed-shape device ops only (the
+        device-counter read runs it inside a CUDA graph); data/tree.py's loader gathers a tree."""
         return self.normalize(self._read(idx, table)), self.y.index_select(0, idx)
 
     # -- the same batches from a device counter (CUDA-graph friendly) -------------------------
     def prepare(self, step: int) -> None:
-        """Host side, before the step that will call next_batch(): at an epoch boundary (or
-        when steps were skipped) load the epoch's permutation into the fixed device buffer and
-        set the position counter. Issues copies and fills only; never waits for the device."""
+        """Host side, before the training step that will call next_batch() `accumulate` times,
+        reading loader steps step, step + 1, ...: at an epoch boundary (or when steps were
+        skipped) load the epoch's permutation into the fixed device buffer and set the position
+        counter. Issues copies and fills only; never waits for the device."""
         epoch, i = divmod(step, self.steps_per_epoch)
         if step == self._next_step and i != 0:
-            self._next_step = step + 1
+            self._next_step = step + self.accumulate
             return
         dev = self.x.device
         if self._dev is None:
-            self._dev = {"perm": torch.empty(len(self.x), dtype=torch.int64, device=dev),
+            self._dev = {"perm": torch.empty(self.order_len, dtype=torch.int64, device=dev),
                          "pos": torch.zeros((), dtype=torch.int64, device=dev),
                          "ar": torch.arange(self.batch_size, dtype=torch.int64, device=dev),
                          "table": (torch.empty(len(self.x), dtype=torch.int64, device=dev)
@@ -120,7 +147,7 @@ class ShardedLoader:
         if d["table"] is not None:
             d["table"].copy_(self.augment.epoch_table(self.seed, epoch, len(self.x), dev))
         d["pos"].fill_(i * self.global_batch + self.shard * self.batch_size)
-        self._next_step = step + 1
+        self._next_step = step + self.accumulate
 
     def invalidate(self) -> None:
         """Forget the device counter (after warm-up steps moved it): the next prepare() resets it."""
@@ -133,7 +160,6 @@ class ShardedLoader:
         pos = d["pos"] + d["ar"]
         idx = d["perm"].index_select(0, pos)
         table = d["table"].index_select(0, pos) if d["table"] is not None else None
-        x = self._read(idx, table)
-        y = self.y.index_select(0, idx)
+        batch = self._gather(idx, table)
         d["pos"].add_(self.global_batch)
-        return self.normalize(x), y
+        return batch

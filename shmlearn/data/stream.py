@@ -18,7 +18,7 @@ import torch
 from torch.utils.data import DataLoader, Subset
 
 from shmlearn.data.base import DataSpec
-from shmlearn.data.loader import epoch_permutation, too_few
+from shmlearn.data.loader import epoch_permutation, epoch_steps, too_few
 from shmlearn.errors import BadInput
 from shmlearn.parent import die_with_parent
 from shmlearn.limits import usable_cores
@@ -167,7 +167,7 @@ class StreamLoader:
 
     def __init__(self, data: StreamedData, *, batch_size: int, shard: int, num_shards: int, seed: int,
                  normalize: Callable[[torch.Tensor], torch.Tensor], device: torch.device,
-                 num_workers: Optional[int] = None, timeout_s: float = 300.0):
+                 num_workers: Optional[int] = None, timeout_s: float = 300.0, accumulate: int = 1):
         self.data, self.normalize, self.device = data, normalize, device
         self.timeout_s = timeout_s
         """A batch that takes longer (a stuck __getitem__) fails the run instead of hanging it: the
@@ -175,13 +175,16 @@ class StreamLoader:
         self.n = data.n_train
         self.batch_size, self.shard, self.num_shards, self.seed = batch_size, shard, num_shards, seed
         self.global_batch = batch_size * num_shards
-        self.steps_per_epoch = self.n // self.global_batch
+        self.accumulate = accumulate
+        """Micro-batches a training step reads (--accumulate; ShardedLoader's docstring)."""
+        self.steps_per_epoch = epoch_steps(self.n, self.global_batch, accumulate)
         if self.steps_per_epoch == 0:
-            raise too_few(batch_size, self.n, num_shards)
+            raise too_few(batch_size, self.n, num_shards, accumulate)
         self.num_workers = _workers(num_workers)
         self._it: Optional[Iterator] = None
         self._next: Optional[int] = None
-        self._bufs: Optional[Tuple[torch.Tensor, torch.Tensor]] = None
+        self._bufs: List[Tuple[torch.Tensor, torch.Tensor]] = []
+        self._k = 0  # the buffer pair the next next_batch() returns
 
     def indices(self, step: int) -> List[int]:
         """The samples this shard reads at global step `step` (a pure function of seed and step)."""
@@ -229,19 +232,27 @@ class StreamLoader:
         return self.normalize(x.to(self.device, non_blocking=True)), y.to(self.device, non_blocking=True)
 
     def prepare(self, step: int) -> None:
-        """Host side: read the batch of `step` into the fixed device buffers next_batch() reads."""
-        x, y = self._fetch(step)
-        if self._bufs is None:
-            self._bufs = (torch.empty(x.shape, dtype=x.dtype, device=self.device),
-                          torch.empty(y.shape, dtype=y.dtype, device=self.device))
-        self._bufs[0].copy_(x, non_blocking=True)
-        self._bufs[1].copy_(y, non_blocking=True)
+        """Host side: read the batches of loader steps step .. step + accumulate - 1 (one training
+        step's micro-batches) into the fixed device buffers the next `accumulate` next_batch()
+        calls return, in order."""
+        for k in range(self.accumulate):
+            x, y = self._fetch(step + k)
+            if len(self._bufs) <= k:
+                self._bufs.append((torch.empty(x.shape, dtype=x.dtype, device=self.device),
+                                   torch.empty(y.shape, dtype=y.dtype, device=self.device)))
+            self._bufs[k][0].copy_(x, non_blocking=True)
+            self._bufs[k][1].copy_(y, non_blocking=True)
+        self._k = 0
 
     def invalidate(self) -> None:
         self._next = None
 
     def next_batch(self) -> Tuple[torch.Tensor, torch.Tensor]:
-        return self.normalize(self._bufs[0]), self._bufs[1]
+        """The next of the prepared micro-batches (a host counter: a captured step's calls read
+        buffers 0 .. accumulate - 1, as every eager step's do)."""
+        x, y = self._bufs[self._k]
+        self._k = (self._k + 1) % len(self._bufs)
+        return self.normalize(x), y
 
     def close(self) -> None:
         """Stop the DataLoader's worker processes (a pool worker runs many trials)."""

@@ -13,9 +13,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import keystr, tree_flatten_with_path
 
 from shmlearn.data.base import DataSpec
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, one_line, user_frame
+from shmlearn.tasks import split_result
 from shmlearn.refs import call_user
 
 
@@ -69,3 +71,45 @@ def check_outputs(model: nn.Module, sample: torch.Tensor, spec: DataSpec, what: 
                 else f"{spec.num_outputs} target value(s) per sample")
         raise BadInput(f"{what}: outputs have shape {tuple(out.shape)} for 2 samples, but the data has {kind}: "
                        f"expected {want}")
+
+
+def check_compute_loss(model: nn.Module, fn, batch, what: str, fn_what: str) -> tuple:
+    """compute_loss on two training samples (CPU, training mode, RNG and buffers untouched, no
+    backward): the loss must be a finite scalar that depends on the parameters, the metrics a dict
+    of scalars. Returns the metric names (evaluation reports each, in this order)."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}
+    try:
+        with torch.random.fork_rng(devices=[]):
+            out = fn(model, batch)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's function or model
+        raise BadInput(f"{fn_what}: on 2 training samples ({_shapes(batch)}) it raised {one_line(e)}"
+                       f"{user_frame(e)}") from None
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
+    loss, metrics = split_result(out, fn_what)
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        shape = tuple(loss.shape) if isinstance(loss, torch.Tensor) else type(loss).__name__
+        raise BadInput(f"{fn_what}: returned a loss of shape {shape}; expected the batch's mean loss, one number")
+    if not bool(torch.isfinite(loss.detach()).all()):
+        raise BadInput(f"{fn_what}: the loss on 2 training samples is {loss.item()}; expected a finite number")
+    if not loss.requires_grad:
+        raise BadInput(f"{fn_what}: the loss does not depend on {what}'s trainable parameters (no gradient "
+                       f"flows to them); compute it from the model's outputs")
+    for name, v in metrics.items():
+        if not isinstance(name, str) or not name.isidentifier():
+            raise BadInput(f"{fn_what}: metric name {name!r}; expected names like 'perplexity' (letters, digits, _)")
+        if not (isinstance(v, (int, float)) or isinstance(v, torch.Tensor) and v.numel() == 1):
+            raise BadInput(f"{fn_what}: metric '{name}' is a {type(v).__name__}; expected one number per batch")
+    return tuple(metrics)
+
+
+def _shapes(batch) -> str:
+    """'x: (2, 784) float32, y: (2,) int64' for a message (the first few tensors)."""
+    parts = [f"{keystr(path) or 'batch'}: {tuple(t.shape)} {str(t.dtype).replace('torch.', '')}"
+             for path, t in tree_flatten_with_path(batch)[0][:4] if isinstance(t, torch.Tensor)]
+    return ", ".join(parts)

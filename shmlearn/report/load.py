@@ -110,7 +110,8 @@ def load_sweep(path: str) -> SweepData:
         rows = [by_id[i] for i in order if i in by_id]
     swept = spec.get("axis_order") or []
     winners = pick_winners(rows, threshold=spec.get("threshold", 1.8),
-                           target_accuracy=spec.get("target_accuracy"), swept=swept)
+                           target_accuracy=spec.get("target_accuracy"), swept=swept,
+                           metric=spec.get("winner_metric"), goal=spec.get("winner_goal"))
     curves: Dict[str, Any] = {}
     try:
         with open(os.path.join(path, "winners.json")) as f:

@@ -6,6 +6,8 @@ import os
 import time
 from typing import Dict, List, Tuple
 
+from shmlearn.results import metric_title
+
 from . import run_figures as rf
 from . import sweep_figures as sf
 from .html import Page, fmt, rate, worker_count
@@ -75,6 +77,40 @@ def _group_key(row, others):
     return tuple(row["config"].get(a) for a in others)
 
 
+def _heatmaps(figs: Figs, by_w: Dict[int, list], others: List[str], name: str, draw, verdict) -> list:
+    """One heat map per worker count (and value of each other swept flag): draw(rows, winner id,
+    title) kept as figures/NAME-w<W>[-<flag><value>...].png, the winner that of `verdict`."""
+    items = []
+    for wk in sorted(by_w):
+        win = verdict[str(wk)]["winner"]
+        groups: Dict[tuple, list] = {}
+        for r in by_w[wk]:
+            groups.setdefault(_group_key(r, others), []).append(r)
+        for g, rs in groups.items():
+            tag = "".join(f"-{a}{v}" for a, v in zip(others, g))
+            extra = "".join(f", {a} {v}" for a, v in zip(others, g))
+            items.append((_keep(figs, f"{name}-w{wk}{tag}", draw(rs, win and win["id"], f"{worker_count(wk)}{extra}")),
+                          f"{worker_count(wk)}{extra}"))
+    return items
+
+
+def _metric_winners(page: Page, w) -> None:
+    """The winners by --winner-metric (results.metric_winners), under the paper's."""
+    m = w["winner_metric"]
+    page.h3(f"Winners: {metric_title(w)} (--winner-metric)")
+    page.table(["#Workers", "Batch Size", "Learn Rate", m, "loss area (loss x s)", "test accuracy"],
+               [[k, fmt((i["winner"] or {}).get("batch_size")), fmt((i["winner"] or {}).get("lr")),
+                 fmt(i["winner"]["metric_value"]) if i["winner"] else i["reason"],
+                 fmt((i["winner"] or {}).get("loss_area")), fmt((i["winner"] or {}).get("test_accuracy"))]
+                for k, i in w["by_metric"].items()], left=0)
+    o = w["overall_by_metric"]
+    page.p(f"Overall {metric_title(w)}: " + ("none" if not o else
+                                              f"{worker_count(o['workers'])}, batch {o['batch_size']}, "
+                                              f"lr {o['lr']:g} ({m} {o['metric_value']:.6g})."))
+    if w.get("metric_missing"):
+        page.p(w["metric_missing"], "note")
+
+
 def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     spec, w = sw.spec, sw.winners
     fixed = spec.get("fixed", {})
@@ -89,16 +125,21 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
            f"{w['threshold']:g}, then take the least loss area (training loss integrated over training seconds)."
            + (" Pruned trials were stopped early because they could no longer win (sweep --prune); their "
               "loss area is the area so far, a lower bound, and they are never winners."
-              if pruned and spec.get("pruner") in (None, "area") else ""), "note")
+              if pruned and spec.get("pruner") in (None, "area") else "")
+           + (f" Also, per worker count, the completed trial with the {metric_title(w)} (--winner-metric; "
+              f"ties: least loss area, then grid order)." if w.get("by_metric") is not None else ""), "note")
     if spec.get("study"):  # an Optuna study (study.py): its trials came from every process sharing it
         page.p(f"Optuna study {spec['study']} on {spec.get('storage')}: {spec.get('search')} search, "
                f"{spec.get('study_trials')} trials in the study; {len(spec.get('repeats') or [])} repeated "
-               f"trials dropped, {len(spec.get('lost') or [])} lost trials run again.", "note")
+               f"trials dropped, {len(spec.get('lost') or [])} lost trials run again. Its objective: "
+               + (f"{spec['winner_metric']} ({spec.get('winner_goal')}imized)." if spec.get("winner_metric")
+                  else "the loss area (minimized)."), "note")
     if pruned and spec.get("pruner") in ("median", "halving"):
+        what = (spec.get("pruned") or [{}])[0].get("metric") or "test loss"
         page.p(f"Pruned trials were stopped by Optuna's {spec['pruner']} pruner (--pruner {spec['pruner']}): their "
-               f"test loss at an evaluation point was worse than their peers'. Unlike --prune, such a trial might "
+               f"{what} at an evaluation point was worse than their peers'. Unlike --prune, such a trial might "
                f"have won. Their loss area is the area so far, a lower bound, and they are never winners.", "note")
-        page.table(["trial", "stopped at eval point", "its best test loss", "the others' median"],
+        page.table(["trial", "stopped at eval point", f"its best {what}", "the others' median"],
                    [[p.get("id"), fmt(p.get("step")), fmt(p.get("best_so_far")), fmt(p.get("peers"))]
                     for p in spec.get("pruned") or []])
     if spec.get("command"):
@@ -130,25 +171,25 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                      fmt((i["winner"] or {}).get("time_to_target_s"), ".3f") if i["winner"] else i["reason"],
                      fmt((i["winner"] or {}).get("test_accuracy"))] for k, i in w["by_target"].items()], left=0)
 
+    if w.get("by_metric") is not None:
+        _metric_winners(page, w)
+
     others = [a for a in spec.get("axis_order", []) if a not in ("workers", "batch_size", "lr")]
     by_w: Dict[int, list] = {}
     for r in sw.rows:
         by_w.setdefault(r["config"]["workers"], []).append(r)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
     page.p(sf.heat_note(sw.rows), "note")
-    items = []
-    for wk in sorted(by_w):
-        win = w["by_workers"][str(wk)]["winner"]
-        groups: Dict[tuple, list] = {}
-        for r in by_w[wk]:
-            groups.setdefault(_group_key(r, others), []).append(r)
-        for g, rs in groups.items():
-            tag = "".join(f"-{a}{v}" for a, v in zip(others, g))
-            extra = "".join(f", {a} {v}" for a, v in zip(others, g))
-            items.append((_keep(figs, f"heatmap-w{wk}{tag}", sf.heatmap(
-                rs, threshold=w["threshold"], winner_id=win and win["id"],
-                title=f"Loss area, {worker_count(wk)}{extra}")), f"{worker_count(wk)}{extra}"))
-    page.figures(items)
+    page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title: sf.heatmap(
+        rs, threshold=w["threshold"], winner_id=win, title=f"Loss area, {title}"), w["by_workers"]))
+    if w.get("by_metric") is not None:
+        m, goal = w["winner_metric"], w["winner_goal"]
+        page.h2(f"{m} by batch size and learning rate (--winner-metric)")
+        page.p(f"Each completed trial's {m} (summary.json); {'least' if goal == 'min' else 'most'} is best. "
+               f"Blank cells reading 'diverged' diverged; grey hatched cells were pruned; 'n/a': the trial does "
+               f"not report {m}. Red outline: the trial with the best {m} of its worker count.", "note")
+        page.figures(_heatmaps(figs, by_w, others, f"metric-{m}", lambda rs, win, title: sf.metric_heatmap(
+            rs, metric=m, goal=goal, winner_id=win, title=f"{m}, {title}"), w["by_metric"]))
     page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
     if pruned:
         page.p("After the completed runs: pruned runs, as hollow hatched bars of their loss area so far (a lower "
@@ -180,11 +221,13 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
         page.figures([(rf.own_plots(r), "loss, test accuracy and phases")])
 
     page.h2("All trials")
-    page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", "test acc",
+    m = [w["winner_metric"]] if w.get("by_metric") is not None and w["winner_metric"] != "test_accuracy" else []
+    page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", *m, "test acc",
                 "training s", "samples/s"],
                [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
                  *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
-                 _area(r["status"], r["summary"]), fmt(r["summary"].get("test_accuracy")),
+                 _area(r["status"], r["summary"]), *(fmt(r["summary"].get(k)) for k in m),
+                 fmt(r["summary"].get("test_accuracy")),
                  fmt(r["summary"].get("wall_time_s"), ".2f"), rate(r["summary"].get("samples_per_s"))]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")

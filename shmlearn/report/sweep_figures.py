@@ -1,12 +1,14 @@
 """A sweep's figures: per worker count the batch x lr heat map of loss areas (paper Fig. 5.5-5.8)
-and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker counts the winners' phase
-times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
+and of the --winner-metric, and the areas sorted by minimum loss (Fig. 5.1-5.4); across worker
+counts the winners' phase times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
 from __future__ import annotations
 
 from typing import Any, Dict, List, NamedTuple, Optional
 
 import numpy as np
 from matplotlib.patches import Rectangle
+
+from shmlearn.results import metric_value
 
 from .html import worker_count
 from .load import Run
@@ -100,6 +102,59 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
             ax.text(j, i, c.text + ("\noff scale" if off else ""), ha="center", va="center", fontsize=7,
                     color="red" if c.over else "black" if light else "white")
         if c.row["id"] == winner_id:
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
+    labels, style = lr_ticks(lrs)
+    ax.set_xticks(range(len(lrs)), labels, **style)
+    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+    ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
+    return png(fig)
+
+
+def metric_cells(rows: List[Row], metric: str):
+    """metric_heatmap without drawing: batch sizes, learning rates, the values (completed runs
+    that report the metric; NaN elsewhere: an empty cell) and each cell's (row, label): the value,
+    'n/a' (completed, no value), or the row's status ('diverged', 'pruned')."""
+    batches = sorted({r["config"]["batch_size"] for r in rows})
+    lrs = sorted({r["config"]["lr"] for r in rows})
+    vals = np.full((len(batches), len(lrs)), np.nan)
+    cells: Dict[tuple, tuple] = {}
+    for r in rows:
+        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+        v = metric_value(r, metric) if r["status"] == "completed" else None
+        if v is not None:
+            vals[i, j] = v
+        cells[i, j] = (r, f"{v:.4g}" if v is not None else "n/a" if r["status"] == "completed" else r["status"])
+    return batches, lrs, vals, cells
+
+
+def metric_heatmap(rows: List[Row], *, metric: str, goal: str, winner_id: Optional[str],
+                   title: str) -> Optional[bytes]:
+    """Batch size (rows) x learning rate (columns), cell = the completed trial's summary.json
+    `metric` (--winner-metric). The colours run from worst (dark) to best (yellow) by `goal`;
+    diverged runs are empty cells, pruned runs grey hatched (never metric winners), a completed
+    run without the metric reads 'n/a'. Red outline: the metric's winner."""
+    if not rows:
+        return None
+    batches, lrs, vals, cells = metric_cells(rows, metric)
+    fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
+    finite = vals[np.isfinite(vals)]
+    norm = None
+    if goal == "min" and _wide(finite) and (finite > 0).all():  # a loss that blew up: go log
+        from matplotlib.colors import LogNorm
+        norm = LogNorm(vmin=float(finite.min()), vmax=float(finite.max()))
+    im = ax.imshow(np.ma.masked_invalid(vals), cmap="viridis_r" if goal == "min" else "viridis",
+                   aspect="auto", norm=norm)
+    fig.colorbar(im, ax=ax, label=f"{metric} ({'least' if goal == 'min' else 'most'} is best)"
+                 + (", log scale" if norm is not None else ""))
+    for (i, j), (r, text) in cells.items():
+        if r["status"] == "pruned":
+            ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fc="0.92", ec="0.6", hatch="///", lw=0))
+        if np.isfinite(vals[i, j]):
+            best = im.norm(vals[i, j]) >= 0.5 if goal == "max" else im.norm(vals[i, j]) < 0.5
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="black" if best else "white")
+        else:
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color="0.4")
+        if r["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
     labels, style = lr_ticks(lrs)
     ax.set_xticks(range(len(lrs)), labels, **style)

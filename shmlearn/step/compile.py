@@ -79,9 +79,7 @@ class Compiler:
             module = torch.compile(self.strategy.module, mode=mode, options=options, dynamic=False)
 
             def compiled(x, y):
-                with dstep.autocast():
-                    out = module(x)
-                return dstep.loss(out.float(), y)
+                return dstep.forward_loss(module, x, y)
         else:
             compiled = torch.compile(dstep.eager_loss, mode=mode, options=options, dynamic=False)
         times = torch.zeros(3, dtype=torch.float64)  # eager, compiled (auto), ranks whose compile did not build

@@ -1,7 +1,14 @@
 """The device work of one step, the same whether it runs eagerly or is captured in a CUDA graph:
 the batch read, the forward and backward into the strategy's flat gradient buffer (whole gradients
 adopted, the noise meter's two half batches, the convolutions' updates in the backward), the loss
-into the device history, and the strategy's gated step."""
+into the device history, and the strategy's gated step.
+
+With --accumulate N (strategy.accumulate) a step reads N micro-batches and runs N forwards and
+backwards whose gradients add up in .grad (each loss scaled by 1/N, so the buffer holds their
+mean), the first N-1 under the strategy's no_sync; its loss is the micro-batches' mean loss. Its
+gradients are then never taken whole (SyncStrategy.adopts_grads is off: no deferred weight GEMMs,
+no update in the backward), and the buckets of the average (step/buckets.py) are armed for the
+last backward only, when each gradient is complete."""
 from __future__ import annotations
 
 import contextlib
@@ -11,6 +18,7 @@ import torch
 
 from shmlearn.nn import conv_overlap
 from shmlearn.sync.base import check_non_finite
+from shmlearn.tasks import split_result
 
 
 def autocast(device: torch.device, precision: str):
@@ -26,8 +34,10 @@ class DeviceStep:
     and the step counter on the device exist once `arm` has run (the fast step)."""
 
     def __init__(self, *, strategy, loader, loss, device: torch.device, opts, choice, fault, rank: int, reached,
-                 hist: torch.Tensor):
+                 hist: torch.Tensor, compute=None):
         self.strategy, self.loader, self.loss, self.device, self.opts = strategy, loader, loss, device, opts
+        self.compute = compute
+        """The user's compute_loss(model, batch), or None: `loss` on the model's outputs."""
         self.choice, self.fault, self.rank, self.reached, self.hist = choice, fault, rank, reached, hist
         self.train_loss = self.eager_loss
         """(x, y) -> the batch's mean loss, after the forward: `eager_loss`, or its torch.compile'd
@@ -55,10 +65,9 @@ class DeviceStep:
         """The fast step's device work (step None: captured or warming up, no fault, no heartbeat)."""
         s = self.strategy
         if s.computes:
-            with timer.phase("data"):
-                x, y = self.next_batch()
-            with timer.phase("compute"):
-                loss = self.gradients(x, y, overlap=True)
+            # N micro-batches read at the device counter, which each read advances by one global
+            # batch: loader steps t*N .. t*N+N-1 after FastStep's prepare(t*N).
+            loss = self.accumulated(timer, lambda k: self.next_batch(), overlap=True)
             if self.fault is not None and step is not None:
                 loss = self.fault.fire(self.rank, step, loss)
             self.hist.index_copy_(0, self.t, loss.reshape(1))
@@ -68,6 +77,46 @@ class DeviceStep:
             self.reached(step)
         s.gated_step(timer, loss, self.found_inf, round_)
         self.t.add_(1)
+
+    def accumulated(self, timer, read, overlap: bool = False) -> torch.Tensor:
+        """This rank's gradient of one training step in the strategy's buffer, and the step's mean
+        loss: read(k) -> (x, y) of micro-batch k (timed as `data`; forward and backward as
+        `compute`, both adding up over the micro-batches) for k < strategy.accumulate. overlap:
+        as in `gradients`, for the last micro-batch (the step's average starts with its backward)."""
+        s = self.strategy
+        n = s.accumulate
+        if n == 1:
+            with timer.phase("data"):
+                x, y = read(0)
+            with timer.phase("compute"):
+                return self.gradients(x, y, overlap=overlap)
+        total = None
+        for k in range(n):
+            with timer.phase("data"):
+                x, y = read(k)
+            with timer.phase("compute"):
+                if k == 0:
+                    s.zero_grad()
+                last = k == n - 1
+                buckets = s.buckets if overlap and last else None
+                with contextlib.nullcontext() if last else s.no_sync():
+                    total = self._micro(x, y, n, total, buckets)
+        return total / n
+
+    def _micro(self, x, y, n: int, total: Optional[torch.Tensor], buckets) -> torch.Tensor:
+        """One of a step's n micro-batches: its forward, and the backward of its loss / n, added
+        into .grad; returns `total` plus its mean loss (detached). buckets: the last micro-batch's,
+        armed before its backward with the step's mean loss (the control slot's value)."""
+        with conv_overlap.weight_copies(self.choice.copy is not None):
+            loss = self.train_loss(x, y)
+        mean = loss.detach()
+        total = mean if total is None else total + mean
+        if buckets is not None:
+            buckets.begin(total / n, False)
+        (loss / n).backward()
+        if buckets is not None:
+            buckets.end()  # the bucket hooks fired on complete gradients: .grad holds the sum
+        return total
 
     def gradients(self, x, y, overlap: bool = False) -> torch.Tensor:
         """This rank's gradients of the batch, in the strategy's flat buffer; the mean loss.
@@ -148,10 +197,19 @@ class DeviceStep:
                             s._zeros[i] = torch.zeros_like(s._grad_views[i])
                         s.flat_update.take(i, s._zeros[i])
 
-    def eager_loss(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    def eager_loss(self, x, y) -> torch.Tensor:
         """The batch's mean loss: the forward under autocast (--precision), the loss in fp32."""
+        return self.forward_loss(self.strategy.module, x, y)
+
+    def forward_loss(self, module, x, y) -> torch.Tensor:
+        """`module`'s mean loss on the batch: the user's compute_loss(module, batch) under autocast
+        (batch: the tree, or the (x, y) pair of built-in and array data), or the forward under
+        autocast and the loss (outputs, targets) in fp32."""
+        if self.compute is not None:
+            with self.autocast():
+                return split_result(self.compute(module, x if y is None else (x, y)))[0].float()
         with self.autocast():
-            out = self.strategy.module(x)
+            out = module(x)
         return self.loss(out.float(), y)
 
     def _forward_backward(self, x, y, gate: bool = False, buckets=None, adopt: bool = False) -> torch.Tensor:

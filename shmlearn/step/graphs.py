@@ -158,7 +158,7 @@ class Graphs:
             self.dstep.t.fill_(0)
             for i in range(n + 1):
                 if self.strategy.computes:
-                    self.loader.prepare(i)
+                    self.loader.prepare(i * self.strategy.accumulate)  # training step i's micro-batches
                 self.sync()
                 t0 = time.perf_counter()
                 graph.replay()

@@ -135,8 +135,9 @@ def keep_lr_tensors(optimizer, lr: GroupValues) -> List[str]:
 
 
 class ClassicStep:
-    """Data and compute only in run(); the loop reads the loss now, then update() syncs and updates.
-    A NaN is caught before any update. Every strategy and optimizer."""
+    """Data and compute only in run() (--accumulate N: N micro-batches, DeviceStep.accumulated); the
+    loop reads the loss now, then update() syncs, clips and updates (the strategy's step). A NaN is
+    caught before any update. Every strategy and optimizer."""
 
     def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, fault, rank: int, hist):
         self.strategy, self.optimizer, self.schedule, self.loader, self.timer = (strategy, optimizer, schedule,
@@ -147,10 +148,9 @@ class ClassicStep:
         s = self.strategy
         loss = None
         if s.computes:
-            with self.timer.phase("data"):
-                x, y = self.loader.batch(step)
-            with self.timer.phase("compute"):
-                loss = self.dstep.gradients(x, y)
+            # Micro-batch k of step `step` is loader step step*N + k (--accumulate N; data/loader.py).
+            n = s.accumulate
+            loss = self.dstep.accumulated(self.timer, lambda k: self.loader.batch(step * n + k))
         if self.fault is not None:
             loss = self.fault.fire(self.rank, step, loss)
         if loss is not None:
@@ -183,7 +183,7 @@ class FastStep:
             d.t.fill_(step)
         d.expected = step + 1
         if self.strategy.computes:
-            self.loader.prepare(step)
+            self.loader.prepare(step * self.strategy.accumulate)  # its N micro-batches follow (data/loader.py)
         round_ = self.strategy.next_round()
         sampled = g.graphs is None or step % g.sample_every == 0
         if sampled:
@@ -201,7 +201,8 @@ class FastStep:
 class FreeRunningStep:
     """A free-running strategy's step (async-ps): as many gradients as it asks for, each from the
     next batch of this rank's own sequence (its gradients, not the loop's steps, count the
-    batches), eagerly; free_hist[step] takes the strategy's step_loss()."""
+    batches; with --accumulate N a gradient reads N micro-batches), eagerly; free_hist[step]
+    takes the strategy's step_loss()."""
 
     def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, fault, rank: int, reached,
                  free_hist, lr: GroupValues):
@@ -220,12 +221,9 @@ class FreeRunningStep:
                 self.reached(step)
             s.gated_step(self.timer, d.zero, d.found_inf, False)
         while s.computes and s.wants_gradient():
-            self.loader.prepare(self.batches)
+            self.loader.prepare(self.batches * s.accumulate)  # this gradient's N micro-batches
             self.batches += 1
-            with self.timer.phase("data"):
-                x, y = self.loader.next_batch()
-            with self.timer.phase("compute"):
-                loss = d.gradients(x, y)
+            loss = d.accumulated(self.timer, lambda k: self.loader.next_batch())
             if self.fault is not None:
                 # A free-running worker may compute no gradient in a given loop step (it ran ahead
                 # earlier), so a fault counts this rank's gradients, which reach every number.

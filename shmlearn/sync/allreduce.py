@@ -31,7 +31,7 @@ class AllReduce(SyncStrategy):
     control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 
     @property
-    def updates_locally(self) -> bool:  # one worker: the average is its own gradient
+    def own_gradient(self) -> bool:  # one worker: the average is its own gradient
         return self.world_size == 1
 
     def step(self, timer: PhaseTimer) -> None:
@@ -45,7 +45,7 @@ class AllReduce(SyncStrategy):
                     self._average_(buf)
             self._record_noise()
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()  # clipped after the average (--clip-grad-norm)
 
     averages_in_buckets = True
 

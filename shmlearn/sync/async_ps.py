@@ -25,6 +25,10 @@ step `step` lasts until it holds version `step + 1`: it computes as many gradien
 collective (its loss reads, evaluation, the end) the server first answers every worker with the
 weights of that step (`plan_step(meets=True)`), so no rank waits on a message there.
 
+--clip-grad-norm: the server clips the averaged gradient of each update before applying it (with
+S = 0 what `ps --ps-dedicated` clips); --accumulate: each pushed gradient is a worker's mean over
+its N micro-batches (the step's FreeRunningStep reads them).
+
 Messages go point to point over a Gloo group of their own, from pinned host buffers: Gloo's
 receive from any source is what lets the server take gradients in arrival order (NCCL has no such
 receive), and the run's main group (NCCL on GPUs) keeps its collectives. Processes may share a
@@ -211,7 +215,7 @@ class AsyncPS(SyncStrategy):
             check_non_finite(losses.sum().reshape(1), found_inf, self._one)
         with timer.phase("update"):
             if not self._diverged:
-                self.optimizer.step()
+                self.update_params()  # clips the averaged gradient it applies (--clip-grad-norm)
         self.version += 1
         for v, r, _, _ in chosen:
             self.lags[r][u - v] += 1

@@ -11,7 +11,7 @@ are views into one flat weight buffer), so a sync is one collective, not one cal
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from typing import Dict, Optional
 
 import torch
@@ -65,7 +65,47 @@ def check_non_finite(values: torch.Tensor, found_inf: torch.Tensor, one: torch.T
     torch._amp_foreach_non_finite_check_and_unscale_([values], found_inf, one)
 
 
-class SyncStrategy(ABC):
+def clip_norm_(g: torch.Tensor, max_norm: float) -> None:
+    """g <- g * min(1, max_norm / (|g| + 1e-6)), |g| its L2 norm, as torch.nn.utils.clip_grad_norm_
+    scales. Device ops only (no host sync: capturable in the fast step's CUDA graph); one pass to
+    reduce and one to scale."""
+    norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+    g.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0).to(g.dtype))
+
+
+class GradientRules:
+    """What the run's --accumulate and --clip-grad-norm ask of every strategy (SyncStrategy's
+    concern apart from communication): train.py sets both before setup."""
+
+    accumulate: int = 1
+    """Backwards whose gradients add up in .grad before each step (--accumulate; the step, step/,
+    runs them, `no_sync` around all but the last)."""
+    clip_grad_norm: Optional[float] = None
+    """--clip-grad-norm: `update_params` clips the gradient it applies to this global L2 norm first
+    (`clip_`)."""
+
+    @property
+    def adopts_grads(self) -> bool:
+        """Whether `release_grads` / `adopt_grads` may stand in for `zero_grad` around a backward:
+        not where several backwards add up in .grad (--accumulate), nor where .grad is not this
+        class's flat buffer (DDP's buckets: a class attribute there)."""
+        return self.accumulate == 1
+
+    def no_sync(self):
+        """Around a backward whose gradient adds up with the next ones' (--accumulate, all but the
+        last of a step): nothing here, since strategies sync in `step`; DDP, which starts its
+        all-reduce in the backward, keeps those local."""
+        return nullcontext()
+
+    def clip_(self) -> None:
+        """--clip-grad-norm on the flat gradient buffer (its control slots left out): `clip_norm_`.
+        `update_params` calls it on the gradient it applies: after the average, so the clipped
+        gradient is one process's clipped gradient of the whole batch."""
+        if self.clip_grad_norm is not None:
+            clip_norm_(self.grads_flat, self.clip_grad_norm)
+
+
+class SyncStrategy(GradientRules, ABC):
     """Base class: flat buffers, the initial broadcast, and what every strategy shares."""
 
     name: str = "base"
@@ -150,10 +190,6 @@ class SyncStrategy(ABC):
         # Zero in place: set_to_none would cut the .grad views out of the flat buffer.
         self.grads_flat.zero_()
 
-    adopts_grads: bool = True
-    """Whether `release_grads` / `adopt_grads` may stand in for `zero_grad` around a backward
-    (False where .grad is not this class's flat buffer: DDP's buckets)."""
-
     def release_grads(self) -> None:
         """Before a backward whose gradients the step takes whole (no accumulation over several
         backwards): unset .grad, so that autograd's AccumulateGrad keeps the gradient tensor it
@@ -171,10 +207,15 @@ class SyncStrategy(ABC):
     and cat falls far behind (alexnet-small and resnet18: docs/performance.md, "Behind the
     code")."""
 
-    updates_locally: bool = False
-    """Whether this step's update reads this rank's own gradient alone (no collective before it),
-    so that a parameter may be updated as soon as the backward has made its gradient (the fast
-    step's update in the backward, fast.py)."""
+    own_gradient: bool = False
+    """Whether this step's update reads this rank's own gradient alone (no collective before it)."""
+
+    @property
+    def updates_locally(self) -> bool:
+        """Whether a parameter may be updated as soon as the backward has made its gradient (the
+        fast step's update in the backward, fast.py): the update reads this rank's own gradient
+        (`own_gradient`) and no clipping waits for the whole gradient's norm."""
+        return self.own_gradient and self.clip_grad_norm is None
 
     def adopt_grads(self, taken=frozenset()) -> None:
         """After the backward: write every gradient into the flat buffer in one kernel (zeros
@@ -228,7 +269,9 @@ class SyncStrategy(ABC):
     where it can run), else None."""
 
     def update_params(self) -> None:
-        """gated_step's update: the flat kernel where bound, else the optimizer's step()."""
+        """Every strategy's update (step and gated_step): the gradient clipped (`clip_`), then the
+        flat kernel where bound (the fast step), else the optimizer's step()."""
+        self.clip_()
         if self.flat_update is not None:
             self.flat_update()
         else:

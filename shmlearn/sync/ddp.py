@@ -10,6 +10,9 @@ bucket is copied once into the longer buffer), and sums the bucket's mean local 
 averaged gradient's norm; `step` records the sums. On steps that do not measure (`noise.on`,
 every --noise-every steps) the hook is torch's own allreduce_hook, what DDP does without one. At 1 worker it is refused: the half batches
 are measured in the flat buffer, which DDP does not use.
+
+--accumulate: the step's first N-1 backwards run under DDP's no_sync (`no_sync`), the last one
+all-reduces the sum. --clip-grad-norm: torch's clip_grad_norm_ on the averaged .grad (`clip_`).
 """
 from __future__ import annotations
 
@@ -93,7 +96,18 @@ class DDP(SyncStrategy):
             if self.rank == 0:
                 self._noise.record(small, big)
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()  # clipped first (--clip-grad-norm): DDP averaged in the backward
+
+    def clip_(self) -> None:
+        """--clip-grad-norm on the .grad tensors, which DDP's buckets hold (averaged by the
+        backward's all-reduce): torch's clip_grad_norm_, device ops only (no host sync)."""
+        if self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self._trainable, self.clip_grad_norm)
+
+    def no_sync(self):
+        """All but the last backward of a step (--accumulate): DDP's own no_sync, so that its
+        buckets all-reduce once a step, the sum of the micro-batches' gradients."""
+        return self._ddp.no_sync() if self._ddp is not None else super().no_sync()
 
     def finish(self) -> None:
         # Drop DDP's reducer now, while its process group is alive: left to the interpreter's

@@ -84,12 +84,12 @@ class ParameterServer(SyncStrategy):
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size == 1:
             with timer.phase("update"):
-                self.optimizer.step()
+                self.update_params()
             return
         self._gather_average(timer)
         if self.rank == 0:
             with timer.phase("update"):
-                self.optimizer.step()
+                self.update_params()  # the server clips the averaged gradient (--clip-grad-norm)
         with timer.phase("broadcast"):
             dist.broadcast(self.params_flat, src=0, group=self.group)
 

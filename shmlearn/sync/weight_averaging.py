@@ -8,6 +8,9 @@ averaged by one all-reduce of the flat weight buffer:
 K=1 is the paper's scheme: with plain SGD it equals gradient averaging exactly (Eq. 2.3).
 K>1 is local SGD: N-fold less communication, at the price of replicas drifting between rounds.
 
+--clip-grad-norm: there is no averaged gradient, so each worker clips its own gradient before its
+local update (with SGD and K=1 that is not the same as clipping the average of the gradients).
+
 Optimizer state (momentum, Adam moments) stays local and is NOT averaged: averaging it would
 double the traffic of every round, and momentum is linear in the gradients, so with heavy-ball
 SGD and K=1 the averaged weights still follow gradient-averaged momentum SGD exactly. Adaptive
@@ -47,7 +50,7 @@ class Params:
 class WeightAveraging(SyncStrategy):
     name = "weight-avg"
     gated = True
-    updates_locally = True  # each replica steps on its own gradient; the weights are averaged after
+    own_gradient = True  # each replica steps on its own gradient; the weights are averaged after
 
     def __init__(self, *, rank: int, world_size: int, group=None, period: int = 1):
         super().__init__(rank=rank, world_size=world_size, group=group)
@@ -67,7 +70,7 @@ class WeightAveraging(SyncStrategy):
 
     def step(self, timer: PhaseTimer) -> None:
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()  # --clip-grad-norm clips this worker's own gradient: there is no average
         self.local_steps += 1
         if self.world_size > 1 and self.in_sync:
             with timer.phase("allreduce"):

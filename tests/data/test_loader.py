@@ -73,3 +73,30 @@ def test_compiled_next_batch_reads_the_eager_batches(augment, channels_last, dev
             assert torch.equal(xc, xe) and xc.dtype == torch.float32
             assert xc.is_contiguous(memory_format=torch.channels_last) == xe.is_contiguous(
                 memory_format=torch.channels_last)
+
+
+@pytest.mark.parametrize("n,world,batch,acc", [(1437, 2, 24, 2), (103, 3, 4, 3), (100, 1, 8, 4)])
+def test_accumulated_micro_batches_are_the_single_process_batch_across_epochs(n, world, batch, acc):
+    """--accumulate N: training step s reads loader steps s*N .. s*N+N-1 on every rank; their union is
+    the batch of W*N*B one process reads at step s, also past an epoch's end, where an epoch of
+    W*B-batches would not be whole steps (1437 // 48 = 29 loader steps, 14 training steps of 96).
+    The device counter (prepare, then N next_batch) reads the same."""
+    x = torch.arange(n)
+    loaders = [ShardedLoader(x, x, batch_size=batch, shard=r, num_shards=world, seed=3, normalize=lambda t: t,
+                             accumulate=acc) for r in range(world)]
+    single = _loaders(n, 1, world * batch * acc)[0]
+    assert loaders[0].steps_per_epoch == single.steps_per_epoch * acc
+    for step in range(2 * single.steps_per_epoch + 2):
+        micro = [ld.batch(step * acc + k)[0] for ld in loaders for k in range(acc)]
+        assert sorted(torch.cat(micro).tolist()) == sorted(single.batch(step)[0].tolist()), f"step {step}"
+        for ld in loaders:
+            ld.prepare(step * acc)
+            got = torch.cat([ld.next_batch()[0] for _ in range(acc)])
+            want = torch.cat([ld.batch(step * acc + k)[0] for k in range(acc)])
+            assert torch.equal(got, want), f"step {step}, shard {ld.shard}: the device counter differs"
+
+
+def test_accumulated_batch_larger_than_shard_is_bad_input():
+    x = torch.arange(100)
+    with pytest.raises(BadInput, match="--batch-size 30 x --accumulate 2"):
+        ShardedLoader(x, x, batch_size=30, shard=0, num_shards=2, seed=0, normalize=lambda t: t, accumulate=2)

@@ -65,11 +65,11 @@ def _both(arrays):
     return resident, streamed
 
 
-def _loaders(resident, streamed, shard, *, batch=8, shards=2, seed=3, workers=0):
+def _loaders(resident, streamed, shard, *, batch=8, shards=2, seed=3, workers=0, accumulate=1):
     a = ShardedLoader(resident.train_x, resident.train_y, batch_size=batch, shard=shard, num_shards=shards,
-                      seed=seed, normalize=normalizer(resident, CPU))
+                      seed=seed, normalize=normalizer(resident, CPU), accumulate=accumulate)
     b = StreamLoader(streamed, batch_size=batch, shard=shard, num_shards=shards, seed=seed,
-                     normalize=normalizer(streamed, CPU), device=CPU, num_workers=workers)
+                     normalize=normalizer(streamed, CPU), device=CPU, num_workers=workers, accumulate=accumulate)
     return a, b
 
 
@@ -109,6 +109,24 @@ def test_stream_batches_with_loader_workers_and_through_prepare():
             b2.prepare(step)
             _same(b2.next_batch(), a2.next_batch(), f"prepared step {step}")
         b2.close()
+    finally:
+        b.close()
+
+
+def test_stream_micro_batches_are_the_resident_ones_through_prepare():
+    """--accumulate 2: an epoch is whole training steps (103 // 28 = 3 steps of two micro-batches:
+    6 loader steps, not 103 // 14 = 7), and prepare(s*N) readies the N micro-batches the next N
+    next_batch() calls return, as the resident loader's device counter does."""
+    resident, streamed = _both(_features())
+    a, b = _loaders(resident, streamed, 1, batch=7, accumulate=2)
+    assert a.steps_per_epoch == b.steps_per_epoch == 6
+    try:
+        for step in range(7):  # past two epochs' ends
+            a.prepare(step * 2)
+            b.prepare(step * 2)
+            for k in range(2):
+                _same(b.next_batch(), a.next_batch(), f"step {step} micro-batch {k}")
+                _same(b.batch(step * 2 + k), a.batch(step * 2 + k), f"step {step} micro-batch {k}, eagerly")
     finally:
         b.close()
 

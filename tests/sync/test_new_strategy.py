@@ -56,7 +56,7 @@ class AllReduceHalf(SyncStrategy):
                     self._average_(piece)
                     self.calls += 1
         with timer.phase("update"):
-            self.optimizer.step()
+            self.update_params()
 
 
 ENTRY = register(Entry(name="allreduce-half", cls=AllReduceHalf, help="gradient all-reduce in pieces (a toy)",

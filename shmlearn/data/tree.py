@@ -1,0 +1,288 @@
+"""The user's data of any structure, for the general contract (`compute_loss(model, batch)`).
+
+    data=(train, test)          map-style torch Datasets whose items are whatever the user's
+    data=(train, val, test)     model takes: a tensor, a tuple/list or a dict of tensors (an item
+                                may have no label), numbers and numpy arrays included
+    data=(train_x, train_y, test_x, test_y)   arrays: the batch is the pair (x, y), as given
+
+Each split is collated once with torch's `default_collate` (what a DataLoader does to a batch, done
+to the whole split) into one tree of (N, ...) tensors and kept on the training device, so a batch
+is one gather per tensor: the same sharded, device-resident, CUDA-graph-capturable loading as the
+built-in data (data/loader.py; `TreeLoader`). dtypes are kept: token ids stay int64, uint8 images
+stay uint8. Nothing is normalized (the data is the user's).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterator, List
+
+import numpy as np
+import torch
+from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
+from torch.utils.data import default_collate
+
+from shmlearn.data.base import DataSpec
+from shmlearn.data.loader import ShardedLoader, epoch_steps
+from shmlearn.errors import BadInput
+from shmlearn.refs import call_user
+
+CUSTOM = "custom"
+"""The task of data trained through compute_loss: the user's function says what the outputs mean."""
+COLLATE_CHUNK = 4096
+"""Items collated at a time (each chunk's tensors are concatenated): default_collate of a whole
+split at once would hold every item's tensors and the stacked copy together."""
+
+
+@dataclass
+class TreeData:
+    """Every split as one tree of (N, ...) tensors (the same structure in each split)."""
+
+    spec: DataSpec
+    train: Any
+    test: Any
+    val: Any = None
+    sampler: Any = None
+    """The train DataLoader's sampler, whose order the loader follows (TreeLoader), or None."""
+    mean = None  # nothing to normalize (data/base.py normalizer reads these)
+    std = None
+
+    @property
+    def n_train(self) -> int:
+        return rows(self.train)
+
+    @property
+    def n_test(self) -> int:
+        return rows(self.test)
+
+    @property
+    def n_val(self) -> int:
+        return rows(self.val) if self.val is not None else 0
+
+    def to(self, device: torch.device) -> "TreeData":
+        move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
+        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler)
+
+    def split(self, name: str):
+        return {"train": self.train, "val": self.val, "test": self.test}[name]
+
+    def fingerprint_parts(self) -> list:
+        """What guard.data_fingerprint compares between ranks: sizes and a sample of every tensor."""
+        out: List[Any] = [self.spec, self.n_train, self.n_test, self.n_val]
+        for tree in (self.train, self.val, self.test):
+            if tree is None:
+                continue
+            for leaf in tree_flatten(tree)[0]:
+                flat = leaf.reshape(-1)
+                idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat)), dtype=torch.float64).long()
+                out += [tuple(leaf.shape), str(leaf.dtype), flat[idx].double().sum().item() if len(flat) else 0.0]
+        return out
+
+
+def rows(tree) -> int:
+    return len(tree_flatten(tree)[0][0])
+
+
+def take(tree, idx: torch.Tensor):
+    """The rows `idx` of every tensor of the tree: one gather each (index_select: see loader.py)."""
+    return tree_map(lambda t: t.index_select(0, idx), tree)
+
+
+def rows_slice(tree, start: int, stop: int):
+    return tree_map(lambda t: t[start:stop], tree)
+
+
+def tree_data(obj: Any, what: str, *, name: str = "user") -> TreeData:
+    """TreeData from what the user gave for the general contract; BadInput naming `what`."""
+    if callable(obj) and not isinstance(obj, (tuple, list, torch.utils.data.Dataset)):
+        obj = call_user(obj, (), what)
+    if isinstance(obj, (tuple, list)) and len(obj) == 4 and not any(
+            isinstance(d, torch.utils.data.Dataset) for d in obj):
+        trx, tr_y, tex, te_y = (_as_tensor(a, label, what) for a, label in
+                                zip(obj, ("train_x", "train_y", "test_x", "test_y")))
+        for x, y, split in ((trx, tr_y, "train"), (tex, te_y, "test")):
+            if len(x) != len(y):
+                raise BadInput(f"{what}: {split}_x has {len(x)} samples but {split}_y has {len(y)}")
+        return _checked(name, (trx, tr_y), None, (tex, te_y), what)
+    if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
+            isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
+        names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
+        trees, sampler = {}, None
+        for n, d in zip(names, obj):
+            collate = None
+            if isinstance(d, torch.utils.data.DataLoader):
+                d, collate, s = _unwrap(d, what, n)
+                sampler = s if n == "train" else sampler
+            trees[n] = collate_split(d, what, n, collate=collate)
+        data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
+        data.sampler = sampler
+        return data
+    got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
+    raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
+                   f"(train_x, train_y, test_x, test_y) arrays, or a callable returning one; got {got}")
+
+
+def _as_tensor(a, label: str, what: str) -> torch.Tensor:
+    try:
+        return (a if isinstance(a, torch.Tensor) else torch.as_tensor(np.asarray(a))).detach().cpu()
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise BadInput(f"{what}: {label} is not a numeric array ({str(e).splitlines()[0][:120]})") from None
+
+
+def _unwrap(loader, what: str, split: str):
+    """(dataset, collate_fn or None for the default, the train split's sampler or None) of a
+    DataLoader the user built. Its batch_size, num_workers and pinning are not used: --batch-size
+    is per worker, and the split is collated once."""
+    if not isinstance(loader.dataset, torch.utils.data.IterableDataset) and loader.batch_sampler is not None \
+            and type(loader.batch_sampler) is not torch.utils.data.BatchSampler:
+        raise BadInput(f"{what}: the {split} DataLoader has a batch_sampler of its own "
+                       f"({type(loader.batch_sampler).__name__}); give a sampler of indices instead (shmlearn "
+                       f"cuts its order into batches of --batch-size per worker)")
+    collate = None if loader.collate_fn is default_collate else loader.collate_fn
+    sampler = None
+    if split == "train" and not isinstance(loader.dataset, torch.utils.data.IterableDataset):
+        sampler = loader.sampler
+        if hasattr(sampler, "set_epoch"):  # DistributedSampler-like: one replica's share is not an epoch
+            raise BadInput(f"{what}: a {type(sampler).__name__} shards for its own ranks; give the Dataset's own "
+                           f"sampler (or none): shmlearn shards the batches across its ranks itself")
+    return loader.dataset, collate, sampler
+
+
+def collate_split(ds, what: str, split: str, collate=None):
+    """The whole split as one collated tree on the CPU (COLLATE_CHUNK items at a time with torch's
+    default_collate; in one call with a DataLoader's own collate_fn, which may pad to the longest
+    item). A finite IterableDataset is read once, in order."""
+    if isinstance(ds, torch.utils.data.IterableDataset):
+        items = []
+        try:
+            for item in ds:
+                items.append(item)
+        except BadInput:
+            raise
+        except Exception as e:  # noqa: BLE001 - the user's iterator
+            raise BadInput(f"{what}: the {split} IterableDataset raised {type(e).__name__}: "
+                           f"{str(e).splitlines()[0][:200] if str(e) else ''} after {len(items)} items") from None
+        ds = items
+    try:
+        n = len(ds)
+    except TypeError:
+        raise BadInput(f"{what}: the {split} Dataset has no len(); a map-style Dataset "
+                       f"(__len__ and __getitem__) is needed") from None
+    if n == 0:
+        raise BadInput(f"{what}: the {split} Dataset is empty")
+    chunks, spec0 = [], None
+    step = n if collate is not None else COLLATE_CHUNK
+    for start in range(0, n, step):
+        items = [call_user(ds.__getitem__, (i,), f"{what} ({split} Dataset[{i}])")
+                 for i in range(start, min(n, start + step))]
+        try:
+            batch = (collate or default_collate)(items)
+        except Exception as e:  # noqa: BLE001 - default_collate's refusal, or the user's collate_fn
+            raise BadInput(f"{what}: the {split} Dataset's items {start}..{start + len(items) - 1} cannot be batched "
+                           f"({str(e).splitlines()[0][:200]}); every item needs the same structure, tensors of "
+                           f"one shape") from None
+        leaves, spec = tree_flatten(batch)
+        if spec0 is None:
+            spec0 = spec
+        elif spec != spec0:
+            raise BadInput(f"{what}: the {split} Dataset's item {start} has another structure than item 0")
+        for leaf in leaves:
+            if not isinstance(leaf, torch.Tensor):
+                raise BadInput(f"{what}: the {split} Dataset's items hold a {type(leaf).__name__}; only tensors, "
+                               f"numbers and numpy arrays can be batched on the device (drop it from the item)")
+        chunks.append(leaves)
+    leaves = [torch.cat(parts) if len(chunks) > 1 else parts[0] for parts in zip(*chunks)]
+    return tree_unflatten(leaves, spec0)
+
+
+def _checked(name: str, train, val, test, what: str) -> TreeData:
+    structure = tree_flatten(train)[1]
+    for tree, split in ((val, "val"), (test, "test")):
+        if tree is None:
+            continue
+        if tree_flatten(tree)[1] != structure:
+            raise BadInput(f"{what}: the {split} items have another structure than the train items")
+        for a, b in zip(tree_flatten(train)[0], tree_flatten(tree)[0]):
+            if a.shape[1:] != b.shape[1:] or a.dtype != b.dtype:
+                raise BadInput(f"{what}: a {split} tensor is {tuple(b.shape[1:])} {b.dtype} where the train one is "
+                               f"{tuple(a.shape[1:])} {a.dtype}")
+    for tree, split in ((train, "train"), (val, "val"), (test, "test")):
+        if tree is None:
+            continue
+        leaves = tree_flatten(tree)[0]
+        if not leaves:
+            raise BadInput(f"{what}: the {split} items hold no tensor")
+        if any(len(v) != len(leaves[0]) for v in leaves):
+            raise BadInput(f"{what}: the {split} tensors have different numbers of rows")
+        if len(leaves[0]) == 0:
+            raise BadInput(f"{what}: the {split} set is empty")
+    first = tree_flatten(train)[0][0]
+    spec = DataSpec(name=name, task=CUSTOM, input_shape=tuple(first.shape[1:]), num_outputs=0)
+    return TreeData(spec, train, test, val)
+
+
+def eval_batches(tree, rank: int, world: int, size: int) -> Iterator[Any]:
+    """Rank r's contiguous r-th of W slices of a split, `size` rows at a time (as evaluation of
+    the built-in data splits its test set: no row skipped or counted twice)."""
+    n = rows(tree)
+    bounds = torch.arange(n).tensor_split(world)[rank]
+    if len(bounds) == 0:
+        return
+    lo, hi = int(bounds[0]), int(bounds[-1]) + 1
+    for start in range(lo, hi, size):
+        yield rows_slice(tree, start, min(hi, start + size))
+
+
+class TreeLoader(ShardedLoader):
+    """ShardedLoader's batches (the same permutation, shards and device counter) of every
+    tensor of a tree: `batch(step)` and `next_batch()` return (tree batch, None). sampler: the
+    user's (a train DataLoader's), whose order replaces the permutation: drawn once per epoch,
+    seeded by (seed, epoch) on every rank alike, and cut into global batches as the permutation
+    is (rank r takes the r-th block of B of each)."""
+
+    def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int, sampler=None,
+                 accumulate: int = 1):
+        leaves = tree_flatten(tree)[0]
+        super().__init__(leaves[0], None, batch_size=batch_size, shard=shard, num_shards=num_shards, seed=seed,
+                         normalize=lambda x: x, accumulate=accumulate)
+        self.tree, self.sampler = tree, sampler
+        if sampler is not None:
+            self.order_len = len(sampler)
+            self.steps_per_epoch = epoch_steps(self.order_len, self.global_batch, accumulate)
+            if self.steps_per_epoch == 0:
+                raise BadInput(f"--batch-size {batch_size}: the sampler gives {self.order_len} samples an epoch, "
+                               f"fewer than one step of {num_shards} x {batch_size} x {accumulate} (--accumulate)")
+
+    def _permutation_cpu(self, epoch: int) -> torch.Tensor:
+        if self.sampler is None:
+            return super()._permutation_cpu(epoch)
+        return sampler_order(self.sampler, self.seed, epoch, rows(self.tree))
+
+    def _gather(self, idx: torch.Tensor, table) -> tuple:
+        return take(self.tree, idx), None
+
+
+def sampler_order(sampler, seed: int, epoch: int, n: int) -> torch.Tensor:
+    """One epoch of the user's sampler as int64 indices, the same on every rank: its generator (a
+    RandomSampler's, a WeightedRandomSampler's) and torch's global one are seeded by (seed,
+    epoch) while it is drawn, and put back after."""
+    g = torch.Generator().manual_seed(seed * 1_000_003 + epoch)
+    had = getattr(sampler, "generator", None)
+    try:
+        if hasattr(sampler, "generator"):
+            sampler.generator = g
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed * 1_000_003 + epoch)
+            order = torch.as_tensor([int(i) for i in sampler], dtype=torch.int64)
+            if len(order) != len(sampler):
+                raise BadInput(f"data=: the sampler gave {len(order)} indices in epoch {epoch}, not its len() "
+                               f"{len(sampler)}; every epoch must have the same length")
+    finally:
+        if hasattr(sampler, "generator"):
+            sampler.generator = had
+    if len(order) and (int(order.min()) < 0 or int(order.max()) >= n):
+        raise BadInput(f"data=: the sampler gave index {int(order.max()) if int(order.max()) >= n else int(order.min())}"
+                       f" for a training set of {n} items")
+    return order
+
+
+__all__ = ["TreeData", "TreeLoader", "tree_data", "collate_split", "eval_batches", "rows", "take", "CUSTOM"]
