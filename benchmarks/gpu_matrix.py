@@ -166,15 +166,16 @@ def cells(workers: int) -> list:
 def config(cell: dict, args, over: dict):
     from shmlearn.config import TrainConfig
     w = cell["workers"]
-    extra = {}
+    extra = {"lr": 0.02}  # a cell's maths may set its own (ADAMW)
     if cell["strategy"] == "async-ps":  # its server is a process of its own: it shares a GPU over Gloo
         extra["backend"] = "gloo"
+    extra.update(over)
     return TrainConfig(model=cell["model"], dataset=NATURAL[cell["model"]], data_dir=args.data_dir
                        if NATURAL[cell["model"]] == "fashion-mnist" else None,
                        workers=w, device=args.device, strategy=cell["strategy"], precision=cell["precision"],
                        batch_size=args.batch, samples=args.steps * args.batch * w * over.get("accumulate", 1),
-                       lr=0.02, eval_points=1,
-                       progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0, timeout=240.0, **extra, **over)
+                       eval_points=1, progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0,
+                       timeout=240.0, **extra)
 
 
 def reference(cell: dict) -> dict:
