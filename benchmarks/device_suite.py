@@ -723,6 +723,18 @@ def part_commands(p: str, workers: str) -> dict:
             600),
         "matrix-w2": (_py(os.path.join(HERE, "gpu_matrix.py"), "--workers", "2",
                           "--out", os.path.join(p("matrix-w2"), "gpu-matrix-w2.json")), 600),
+        # Issue 51: the user's recipe cells of the matrix (AdamW in the fast step, clipping,
+        # accumulation) at 1 worker and at 2.
+        "matrix-51": (["bash", "-c", "; ".join(
+            f"{sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --workers {w} --only /adamw,/clip,/accumulate "
+            f"--out {p('matrix-51')}/gpu-matrix-51-w{w}.json" for w in (1, 2))], 900),
+        # Issue 51: a user's ViT-tiny and GPT-style LM with AdamW (the LM clipped) through shmlearn.train
+        # against DDP and DDP + compile at 1, 2 and 4 GPUs (as many as the machine has); or one workload a part.
+        "user-workloads": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4",
+                               "--out", os.path.join(p("user-workloads"), "user_workloads.json")), 1800),
+        **{f"user-workloads-{w}": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4", "--workloads", w,
+                                       "--out", os.path.join(p(f"user-workloads-{w}"), f"user_workloads_{w}.json")), 900)
+           for w in ("vit", "lm")},
         "tput-36": (_gpu_bench(p("tput-36"), [
             (m, "3x32x32", b, "graph", "allreduce:compile") for b in (128, 1024) for m in ("alexnet-small", "resnet18")]),
             600),

@@ -91,6 +91,27 @@ whatever the means: one bad run widens the spread that would excuse it (fashion-
 --compile at W=2 ended one run at 1.879 against 0.425, 2026-11-27, and passed on that spread)."""
 REFERENCE = dict(compile="off", cuda_graph="off", conv_pool="off", mlp_head="off", image_conv="cudnn",
                  max_pool="aten", conv_overlap="off", update_in_backward="off", weight_copy="off", check_every=1)
+ADAMW = {"adamw": {"optimizer": "adamw", "lr": 1e-3},
+         "adamw+clip+accumulate=2": {"optimizer": "adamw", "lr": 1e-3, "clip_grad_norm": 0.5, "accumulate": 2}}
+"""Issue 51: the built-in AdamW in the fast step (torch's fused AdamW reading the skip flag,
+captured in the step's graph), alone and with clipping and accumulation: what it trains (`maths`)
+goes to the reference's classic step too."""
+ADAMW_CELLS = (("adamw", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adamw", "alexnet-small", "fp32", "allreduce", "default"),
+               ("adamw", "alexnet-small", "bf16", "allreduce", "no-graph"),
+               ("adamw", "alexnet-small", "bf16", "allreduce", "compile"),
+               ("adamw", "resnet18", "bf16", "allreduce", "default"),
+               ("adamw", "fashion-net", "fp32", "ps", "default"),
+               ("adamw", "lenet", "fp32", "weight-avg", "default"),
+               ("adamw+clip+accumulate=2", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adamw+clip+accumulate=2", "resnet18", "bf16", "allreduce", "compile"))
+"""(maths, model, precision, strategy, step) of the AdamW cells."""
+
+
+def adamw_cells() -> list:
+    """The AdamW cells (ADAMW_CELLS), with the cell's maths in its reference (`reference`)."""
+    return [dict(model=m, precision=p, strategy=s, step=st, variant=k if st == "default" else f"{k}+{st}",
+                 over=dict(ADAMW[k], **STEPS[st]), maths=ADAMW[k]) for k, m, p, s, st in ADAMW_CELLS]
 
 
 def all_pairs(factors: dict) -> list:
@@ -114,7 +135,7 @@ def all_pairs(factors: dict) -> list:
 
 def cells(workers: int) -> list:
     """The matrix's cells at this worker count: (name, config overrides)."""
-    out = []
+    out = adamw_cells()
     for r in all_pairs({"model": list(NATURAL), "precision": list(PRECISIONS), "strategy": list(STRATEGIES),
                         "step": list(STEPS)}):
         out.append(dict(r, variant=r["step"], over=dict(STEPS[r["step"]])))
@@ -145,15 +166,16 @@ def cells(workers: int) -> list:
 def config(cell: dict, args, over: dict):
     from shmlearn.config import TrainConfig
     w = cell["workers"]
-    extra = {}
+    extra = {"lr": 0.02}  # a cell's maths may set its own (ADAMW)
     if cell["strategy"] == "async-ps":  # its server is a process of its own: it shares a GPU over Gloo
         extra["backend"] = "gloo"
+    extra.update(over)
     return TrainConfig(model=cell["model"], dataset=NATURAL[cell["model"]], data_dir=args.data_dir
                        if NATURAL[cell["model"]] == "fashion-mnist" else None,
                        workers=w, device=args.device, strategy=cell["strategy"], precision=cell["precision"],
                        batch_size=args.batch, samples=args.steps * args.batch * w * over.get("accumulate", 1),
-                       lr=0.02, eval_points=1,
-                       progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0, timeout=240.0, **extra, **over)
+                       eval_points=1, progress=False, out=tempfile.mkdtemp(prefix="cell-", dir=args.runs), seed=0,
+                       timeout=240.0, **extra)
 
 
 def reference(cell: dict) -> dict:
@@ -269,7 +291,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--data-dir", default="/usr/share/datasets/fashion-mnist")
     ap.add_argument("--shard", default="0/1", help="i/n: this process runs every n-th cell from i")
-    ap.add_argument("--only", default=None, help="run the cells whose name contains this")
+    ap.add_argument("--only", default=None, help="run the cells whose name contains this (or one of a,b,...)")
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--rerun", default=None, help="a matrix JSON: run again only its cells that did not pass")
     ap.add_argument("--runs", default=None, help="where the cells' run directories go (default: a temporary folder)")
@@ -284,7 +306,7 @@ def main(argv=None) -> int:
         return 0
     todo = cells(a.workers)
     if a.only:
-        todo = [c for c in todo if a.only in c["name"]]
+        todo = [c for c in todo if any(part in c["name"] for part in a.only.split(","))]
     if a.rerun:
         again = {r["name"] for r in json.load(open(a.rerun))["cells"] if r["verdict"] != "ok"}
         todo = [c for c in todo if c["name"] in again]

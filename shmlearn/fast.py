@@ -21,8 +21,11 @@ Two ways to run a step, chosen once per run (`resolve_mode`):
   other workers learn of a bad rank only at the next round, so their own replicas may take up to
   K - 1 more local steps before the run stops (the diverged run writes no checkpoint, and the
   reported step is the first bad one).
-  Needs: a strategy with `gated_step` (allreduce, ps, weight-avg) and an SGD-family optimizer
-  (sgd, momentum, nesterov); anything else runs classic.
+  Needs: a strategy with `gated_step` (allreduce, ps, weight-avg) and an optimizer whose torch
+  class has a fused implementation that reads the skip flag (SGD, Adam, AdamW; Adagrad on the CPU:
+  options.FUSED_SKIPPING), stepped with the user's hyperparameters; anything else, and a subclass
+  that overrides step(), runs classic with a note (options.optimizer_note). Step hooks run: the
+  fast step then calls the optimizer's step() every step, eagerly.
 
 Phase timing in graph mode: a replayed step is one launch and is not split into phases. One step
 in every `sample_every` runs eagerly instead (same kernels, same result) with CUDA events around
@@ -46,7 +49,8 @@ from shmlearn.step.modes import ClassicStep, FastStep, FreeRunningStep, arm_fast
 # The options and constants live with the step's parts; callers import them from here too.
 from shmlearn.step.options import (ADOPT_GRADS, COMBO, COMBO_MAX_PIXELS, COMPILE, CUDA_GRAPH,  # noqa: F401
                                    DEFAULT_CHECK_EVERY, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, SAMPLE_COST, SAMPLE_EVERY,
-                                   WEIGHT_COPY, StepOptions, Window, combo_kernels, fast_capable, sample_period)
+                                   WEIGHT_COPY, StepOptions, Window, combo_kernels, fast_capable, optimizer_note,
+                                   sample_period, step_hooks)
 from shmlearn.tasks import loss_fn
 
 
@@ -75,12 +79,19 @@ class Stepper:
         self.rank, self.world_size, self.fault = rank, world_size, fault
         self.loss = loss or (lambda out, y: loss_fn(task, out, y))
         self.check_every = opts.check_every or DEFAULT_CHECK_EVERY.get(device.type, 1)
-        why_not = fast_capable(strategy, optimizer)
+        why_not = fast_capable(strategy, optimizer, device)
         # A free-running strategy (async-ps) always takes the fast path's loop (its ranks read
-        # the losses every check_every steps), with fused SGD when the optimizer is SGD.
+        # the losses every check_every steps), with torch's fused update where the optimizer has one.
         self.fast = strategy.free_running or (why_not is None and self.check_every > 1)
-        # Say why only when --check-every was asked for; the default just falls back.
-        self.note = why_not if (why_not and (opts.check_every or 1) > 1 and not strategy.free_running) else None
+        self.own_step = self.fast and step_hooks(optimizer) > 0
+        """The update is the optimizer's step() at every step, eagerly: its step hooks run
+        (options.step_hooks; no flat kernel, no CUDA graph, which would run them once, at capture)."""
+        # The user's optimizer is always accounted for (honoured or refused, options.optimizer_note);
+        # a strategy without a fast step is named only when --check-every asked for one.
+        self._opt_note = None if strategy.free_running or self.check_every <= 1 or not strategy.gated else \
+            optimizer_note(optimizer, why_not, self.fast, device)
+        self.note = self._opt_note or (why_not if (why_not and (opts.check_every or 1) > 1
+                                                   and not strategy.free_running) else None)
         self.hist = torch.zeros(total_steps + 1, dtype=torch.float32, device=device)
         """This rank's loss at every step (fast: written on the device, read every K steps)."""
         self.free_hist = torch.zeros(total_steps + 1, dtype=torch.float64) if strategy.free_running else None
@@ -104,10 +115,11 @@ class Stepper:
         """The step mode (step/modes.py): classic here; `_setup_fast` makes it fast or free-running."""
         if self.fast:
             self._setup_fast(fused=why_not is None)
-            if device.type == "cuda" and opts.cuda_graph == "auto" and fault is None and not strategy.free_running:
+            if (device.type == "cuda" and opts.cuda_graph == "auto" and fault is None and not strategy.free_running
+                    and not self.own_step):
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
-                self.note = "fault injection runs eagerly (no CUDA graph)"
+                self._say("fault injection runs eagerly (no CUDA graph)")
 
     def _setup_fast(self, fused: bool = True) -> None:
         """The fast step's mode (modes.arm_fast; fused=False: a free-running strategy with an
@@ -127,8 +139,9 @@ class Stepper:
         self.capture.capture_all_ranks()
 
     def _say(self, line: str, join: bool = False) -> None:
-        """The parts' note: replaces the one before, or with join is added to it."""
-        self.note = "; ".join(filter(None, [self.note, line])) if join else line
+        """The parts' note: replaces the one before, or with join is added to it (the optimizer's
+        note stays first either way)."""
+        self.note = "; ".join(filter(None, [self.note if join else self._opt_note, line]))
 
     # What summary.json, the bench and the tests read, kept by the parts.
     kernels, kernel_notes = _part("choice", "kernels"), _part("choice", "kernel_notes")

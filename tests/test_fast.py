@@ -91,9 +91,10 @@ def test_nan_is_never_applied_and_reported_at_its_step():
     assert torch.isfinite(fast.strategy.params_flat).all()
 
 
-def test_other_optimizers_and_ddp_stay_classic_and_say_why():
-    st = _stepper(8, optimizer="adam")
-    assert st.mode == "classic" and "SGD" in st.note
+def test_optimizers_without_a_fused_step_stay_classic_and_say_why():
+    st = _stepper(8, optimizer="rmsprop")
+    assert st.mode == "classic" and "no fused RMSprop" in st.note and "Adam, AdamW" in st.note
+    assert _stepper(8, optimizer="adam").mode == "fast-eager"  # torch's fused Adam reads the skip flag
 
 
 def test_new_flags_are_validated():

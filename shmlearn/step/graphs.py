@@ -84,6 +84,13 @@ class Graphs:
         else:
             self.say(f"CUDA graph capture failed ({err or 'on another rank'}); running eagerly")
 
+    def release(self, why: str) -> None:
+        """Stop replaying: every later step runs eagerly (the same maths, reading the optimizer's
+        param groups afresh), and the note says why."""
+        self.sync()  # a graph holds the memory its last replay still uses
+        self.graphs = None
+        self.say(why, join=True)
+
     def _capture(self):
         """Warm up on a side stream (allocator, cuDNN autotuning, NCCL communicators), capture one
         graph per kind of step, and put back everything the warm-up touched. The graphs share one

@@ -15,7 +15,7 @@ from shmlearn.errors import BadInput
 from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.step import buckets
 from shmlearn.step.device import autocast
-from shmlearn.step.options import ADOPT_GRADS
+from shmlearn.step.options import ADOPT_GRADS, step_hooks
 
 
 class KernelChoice:
@@ -197,8 +197,12 @@ class KernelChoice:
     def flat_why_not(self) -> Optional[str]:
         """None if the update will be the flat SGD kernel (flat_sgd.bind), else why not (one line)."""
         s = self.strategy
-        why = "--flat-sgd is off" if not self.opts.flat_sgd else flat_sgd.why_not(self.optimizer, s._trainable,
-                                                                                  s.params_flat)
+        if not self.opts.flat_sgd:
+            why = "--flat-sgd is off"
+        elif step_hooks(self.optimizer):  # the kernel would update without calling step(), whose hooks run
+            why = "the optimizer has step hooks, which run in its step()"
+        else:
+            why = flat_sgd.why_not(self.optimizer, s._trainable, s.params_flat)
         return f"the update is not the flat SGD kernel ({why})" if why else None
 
     def copy_why_not(self, fast_why_not: Optional[str]) -> Optional[str]:
@@ -215,12 +219,13 @@ class KernelChoice:
         return self.flat_why_not()
 
     def bind_update(self, found_inf: torch.Tensor) -> None:
-        """The fast step's update, once the optimizer is torch's fused SGD: the flat SGD kernel
-        where it can run (with the convolutions' updates in the backward and the weight copy where
-        chosen), and what it could not bind put back."""
+        """The fast step's update, once the optimizer runs torch's fused implementation: for SGD
+        the flat SGD kernel where it can run (with the convolutions' updates in the backward and the
+        weight copy where chosen), and what it could not bind put back; otherwise, and with step
+        hooks, the optimizer's own step() (sync/base.py update_params)."""
         self.update_kernel = "torch-fused"
         s = self.strategy
-        if self.opts.flat_sgd and not s.free_running:
+        if self.flat_why_not() is None and not s.free_running:
             early = [i for w, b, _ in self.slots.values() for i in (w, b) if i is not None]
             update, _ = flat_sgd.bind(self.optimizer, s._trainable, s.params_flat, s.grads_flat, found_inf,
                                       early=early, copy=self.copy)

@@ -10,40 +10,103 @@ device: eager, or CUDA-graph replays with one eager step in `sample_every`) and 
 kernel for the last two."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import torch
 
+from shmlearn.step.options import torch_class
 
-def arm_fast(*, optimizer, strategy, choice, dstep, fused: bool) -> List[torch.Tensor]:
-    """The fast step's device state (dstep.arm) and, fused: torch's fused SGD reading its learning
-    rate from the device and skipping on the flag, then the update kernel (choice.bind_update).
-    fused=False (a free-running strategy with another optimizer): the flags only; the strategy
-    then skips the update itself (async-ps's server sees the losses on the host). Returns the
-    learning-rate tensors the step reads (`keep_lr_tensors`)."""
+
+HYPERPARAMETERS = ("momentum", "dampening", "nesterov", "weight_decay", "betas", "eps", "amsgrad", "maximize",
+                   "lr_decay")
+"""The param-group values besides lr that torch's fused SGD, Adam, AdamW and Adagrad read at each
+step() (`GroupValues` watches them)."""
+
+
+class GroupValues:
+    """The learning rates the fast step reads and the other hyperparameters it was armed with.
+    lr: one device tensor per param group (None: the group keeps a float, which its step() reads
+    each time: Adam, AdamW and Adagrad on the CPU, where nothing is captured)."""
+
+    def __init__(self, optimizer, lr: List[Optional[torch.Tensor]]):
+        self.lr = lr
+        self._armed = [self._others(g) for g in optimizer.param_groups]
+
+    @staticmethod
+    def _others(group: dict) -> dict:
+        return {k: group[k] for k in HYPERPARAMETERS if k in group}
+
+    def __iter__(self):
+        return iter(self.lr)
+
+    def __len__(self) -> int:
+        return len(self.lr)
+
+    def changed(self, optimizer) -> List[str]:
+        """The hyperparameters besides lr that differ from those armed (a scheduler's momentum or
+        betas: OneCycleLR cycles them), each once: the armed values then follow."""
+        out = []
+        for i, g in enumerate(optimizer.param_groups):
+            now = self._others(g)
+            out += [k for k in now if now[k] != self._armed[i].get(k) and k not in out]
+            self._armed[i] = now
+        return out
+
+
+def _device_state(optimizer, cls: type, dev: torch.device) -> None:
+    """The state the first step() would create lazily, created now on the device (zeros, and
+    the step count a float32 device tensor, as torch's fused path keeps it), so that a CUDA graph
+    captures tensors that stay. Existing state (a resumed run) keeps its values."""
+    adam = issubclass(cls, torch.optim.Adam) or cls is torch.optim.AdamW
+    for g in optimizer.param_groups:
+        for p in g["params"]:
+            st = optimizer.state[p]
+            if cls is torch.optim.SGD:
+                # Zero buffers give the first step buf = 0*m + g = g, as torch's first-step
+                # clone does.
+                if g["momentum"] != 0 and st.get("momentum_buffer") is None:
+                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                continue
+            step = st.get("step", 0.0)
+            if not (isinstance(step, torch.Tensor) and step.device == p.device and step.dtype == torch.float32):
+                st["step"] = torch.tensor(float(step), dtype=torch.float32, device=p.device)
+            keys = (("exp_avg", "exp_avg_sq") + (("max_exp_avg_sq",) if g.get("amsgrad") else ())) if adam else ()
+            for k in keys:
+                if st.get(k) is None:
+                    st[k] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
+def arm_fast(*, optimizer, strategy, choice, dstep, fused: bool) -> GroupValues:
+    """The fast step's device state (dstep.arm) and, fused: torch's fused implementation of the
+    optimizer's class (options.FUSED_SKIPPING) reading its learning rate from the device and
+    skipping on the flag, then the update kernel (choice.bind_update). The user's hyperparameters
+    stay as they are; only the implementation changes (fused, no foreach; capturable on CUDA,
+    which a CUDA graph's capture asks of Adam). fused=False (a free-running strategy with another
+    optimizer): the flags only; the strategy then skips the update itself (async-ps's server sees
+    the losses on the host). Returns what `keep_lr_tensors` keeps."""
     dstep.arm()
     if not fused:
-        return []
+        return GroupValues(optimizer, [])
     dev = dstep.device
+    cls = torch_class(optimizer)
+    lr: List[Optional[torch.Tensor]] = []
     for g in optimizer.param_groups:
-        # fused SGD: one kernel for all parameters, a learning rate read from the device (the
-        # schedule fills it in place), and found_inf to skip a step without a host sync.
+        # One kernel for all parameters, a learning rate read from the device (the schedule fills
+        # it in place), and found_inf to skip a step without a host sync.
         g["fused"], g["foreach"] = True, False
-        if not isinstance(g["lr"], torch.Tensor):
+        if "capturable" in g and dev.type == "cuda":
+            g["capturable"] = True
+        # A tensor lr where a graph may read it (CUDA) and for SGD everywhere (flat_sgd reads it);
+        # Adam, AdamW and Adagrad on the CPU keep the float their step() reads each time.
+        if (dev.type == "cuda" or cls is torch.optim.SGD) and not isinstance(g["lr"], torch.Tensor):
             g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=dev)
-        if g["momentum"] != 0:
-            for p in g["params"]:
-                # Zero buffers give the first step buf = 0*m + g = g, as torch's first-step
-                # clone does, and keep the tensors fixed for the graph.
-                st = optimizer.state[p]
-                if st.get("momentum_buffer") is None:
-                    st["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
-    lr = [g["lr"] for g in optimizer.param_groups]
+        lr.append(g["lr"] if isinstance(g["lr"], torch.Tensor) else None)
+    _device_state(optimizer, cls, dev)
     optimizer.found_inf = dstep.found_inf
     choice.bind_update(dstep.found_inf)
     if strategy.noise is not None:
         strategy.noise.bind(dstep.t)  # its history is indexed by the step, as the losses are
-    return lr
+    return GroupValues(optimizer, lr)
 
 
 def step_schedule(optimizer, schedule) -> None:
@@ -55,17 +118,20 @@ def step_schedule(optimizer, schedule) -> None:
     schedule.step()
 
 
-def keep_lr_tensors(optimizer, lr: List[torch.Tensor]) -> None:
+def keep_lr_tensors(optimizer, lr: GroupValues) -> List[str]:
     """Recent torch schedulers fill a tensor learning rate in place; older ones assign a
-    float. Either way the value ends up in the tensor the graph and fused SGD read."""
+    float. Either way the value ends up in the tensor the graph and the fused step read. Returns
+    the other hyperparameters a scheduler changed since the last call (GroupValues.changed): an
+    eager step reads them at its next step(), a CUDA graph keeps the values it captured."""
     for g, t in zip(optimizer.param_groups, lr):
         v = g["lr"]
-        if v is not t:
+        if t is not None and v is not t:
             if isinstance(v, torch.Tensor):
                 t.copy_(v)
             else:
                 t.fill_(float(v))
             g["lr"] = t
+    return lr.changed(optimizer) if isinstance(lr, GroupValues) else []
 
 
 class ClassicStep:
@@ -101,13 +167,18 @@ class FastStep:
     when captured) or, one step in graphs.sample_every and without a graph, the same device work
     eagerly with its phases timed. update() has nothing left to do."""
 
-    def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, graphs, lr: List[torch.Tensor]):
+    def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, graphs, lr: GroupValues):
         self.strategy, self.optimizer, self.schedule, self.loader, self.timer = (strategy, optimizer, schedule,
                                                                                  loader, timer)
         self.dstep, self.graphs, self.lr = dstep, graphs, lr
 
     def run(self, step: int, meets: bool, measuring: bool) -> None:
         d, g = self.dstep, self.graphs
+        # Before the step: what the scheduler (after the last step) or anything between steps (a
+        # metric-based scheduler at evaluation) changed reaches this step's update.
+        changed = keep_lr_tensors(self.optimizer, self.lr)
+        if changed and g.graphs is not None:  # a graph would step on with the captured values
+            g.release(f"{', '.join(changed)} changed before step {step} (a scheduler?): the rest runs eagerly")
         if step != d.expected:
             d.t.fill_(step)
         d.expected = step + 1
@@ -121,7 +192,6 @@ class FastStep:
             g.graphs[g.key(round_, measuring)].replay()
         self.strategy.host_step(round_)
         step_schedule(self.optimizer, self.schedule)
-        keep_lr_tensors(self.optimizer, self.lr)
         self.timer.step_done(timed=sampled)
 
     def update(self) -> None:
@@ -135,7 +205,7 @@ class FreeRunningStep:
     takes the strategy's step_loss()."""
 
     def __init__(self, *, strategy, optimizer, schedule, loader, timer, dstep, fault, rank: int, reached,
-                 free_hist, lr: List[torch.Tensor]):
+                 free_hist, lr: GroupValues):
         self.strategy, self.optimizer, self.schedule, self.loader, self.timer = (strategy, optimizer, schedule,
                                                                                  loader, timer)
         self.dstep, self.fault, self.rank, self.reached, self.free_hist, self.lr = (dstep, fault, rank, reached,

@@ -3,7 +3,7 @@ the small rules the step's parts share (shmlearn/fast.py says how a step runs)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -175,10 +175,109 @@ class Window:
     """Rank 0 asks every rank to stop here (a pruned sweep trial, pruning.py)."""
 
 
-def fast_capable(strategy, optimizer) -> Optional[str]:
-    """None if the fast step can run this strategy and optimizer, else why not."""
+FUSED_SKIPPING = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
+"""torch.optim classes whose fused implementation reads the optimizer's `found_inf` in step() and
+skips the update on the device while it is 1 (the fast step's skip flag, fast.py), with their step
+counters put back. Which of them has a fused kernel on a device depends on torch (Adagrad's is
+CPU-only in torch 2.13): `fused_why_not` asks the installed torch once per class and device."""
+
+
+def torch_class(optimizer) -> type:
+    """The torch.optim class that `optimizer` is, or the nearest one it derives from."""
+    for cls in type(optimizer).__mro__:
+        if cls.__module__.startswith("torch.optim"):
+            return cls
+    return torch.optim.Optimizer
+
+
+def step_hooks(optimizer) -> int:
+    """How many step hooks run around `optimizer.step()`: its own pre and post hooks
+    (register_step_pre_hook, register_step_post_hook) and torch's global ones
+    (torch.optim.optimizer.register_optimizer_step_pre_hook / _post_hook)."""
+    from torch.optim import optimizer as torch_optimizer
+    own = (len(getattr(optimizer, "_optimizer_step_pre_hooks", ()))
+           + len(getattr(optimizer, "_optimizer_step_post_hooks", ())))
+    return own + len(torch_optimizer._global_optimizer_pre_hooks) + len(torch_optimizer._global_optimizer_post_hooks)
+
+
+def overrides_step(optimizer) -> bool:
+    """Whether a subclass of a torch.optim class defines its own step(). torch wraps step() (its
+    hooks, the profiler) on the class of the first instance, also where a subclass only inherits
+    it, so the functions under the wrappers are compared."""
+    import inspect
+    mine = inspect.unwrap(type(optimizer).step)
+    return mine is not inspect.unwrap(torch_class(optimizer).step)
+
+
+_PROBED: Dict[Tuple[type, str], Optional[str]] = {}
+
+
+def fused_why_not(cls: type, device: torch.device) -> Optional[str]:
+    """None if torch's fused `cls` runs on `device` and skips its update while found_inf is 1,
+    else why not (one line). Asked of the installed torch once per class and device type: a step
+    of a 4-value parameter with the flag set (it must not move), then cleared (it must)."""
+    key = (cls, device.type)
+    if key not in _PROBED:
+        try:
+            p = torch.nn.Parameter(torch.ones(4, device=device))
+            p.grad = torch.ones(4, device=device)
+            opt = cls([p], lr=0.5, fused=True)
+            opt.found_inf = torch.ones((), dtype=torch.float32, device=device)
+            opt.step()
+            skipped = bool(torch.equal(p.detach(), torch.ones_like(p)))
+            opt.found_inf.zero_()
+            opt.step()
+            moved = not torch.equal(p.detach(), torch.ones_like(p))
+            _PROBED[key] = None if skipped and moved else \
+                f"torch {torch.__version__}'s fused {cls.__name__} does not skip its update on found_inf"
+        except (RuntimeError, TypeError, ValueError, NotImplementedError) as e:
+            first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            _PROBED[key] = f"torch {torch.__version__} has no fused {cls.__name__} on {device.type} ({first[:120]})"
+    return _PROBED[key]
+
+
+def optimizer_why_not(optimizer, device: torch.device) -> Optional[str]:
+    """None if the fast step can update with `optimizer` (torch's fused implementation of its
+    class, reading the skip flag, with the user's hyperparameters), else why not (one line)."""
+    name = type(optimizer).__name__
+    cls = torch_class(optimizer)
+    if cls not in FUSED_SKIPPING:
+        return (f"optimizer {name}: torch has no fused {cls.__name__} that skips a step on a device flag "
+                f"(the fast step's are {', '.join(c.__name__ for c in FUSED_SKIPPING)})")
+    if overrides_step(optimizer):
+        return f"optimizer {name} overrides step(): the classic step calls it as written"
+    groups = optimizer.param_groups
+    if any(g.get("differentiable") for g in groups):
+        return f"optimizer {name}: differentiable=True has no fused implementation"
+    params = [p for g in groups for p in g["params"]]
+    if any(not p.is_floating_point() or p.is_sparse or p.device.type != device.type for p in params):
+        return f"optimizer {name}: parameters that are not dense floating point on {device}"
+    return fused_why_not(cls, device)
+
+
+def fast_capable(strategy, optimizer, device: Optional[torch.device] = None) -> Optional[str]:
+    """None if the fast step can run this strategy and optimizer, else why not (one line)."""
     if not strategy.gated:
         return f"strategy {strategy.name} has no fast step"
-    if type(optimizer) is not torch.optim.SGD:
-        return f"optimizer {type(optimizer).__name__}: the fast step needs SGD (fused, with a skip flag)"
+    if device is None:
+        device = next((p.device for g in optimizer.param_groups for p in g["params"]), torch.device("cpu"))
+    return optimizer_why_not(optimizer, device)
+
+
+def optimizer_note(optimizer, why_not: Optional[str], fast: bool, device: torch.device) -> Optional[str]:
+    """The one line summary.json's step_note and the console give about the user's optimizer in
+    this run, or None where there is nothing to say (SGD in the fast step, as always).
+    why_not: optimizer_why_not's answer."""
+    name = type(optimizer).__name__
+    if why_not is not None:
+        return f"{why_not}; it runs the classic step"
+    if not fast:
+        return None
+    hooks = step_hooks(optimizer)
+    if hooks:
+        return (f"optimizer {name} has {hooks} step hook{'s' * (hooks > 1)}: the fast step calls its step() every "
+                f"step, eagerly (no flat kernel, no CUDA graph), so they run")
+    if torch_class(optimizer) is not torch.optim.SGD:
+        how = "fused=True, capturable=True" if device.type == "cuda" else "fused=True"
+        return f"optimizer {name} runs torch's fused implementation in the fast step ({how}), with its hyperparameters"
     return None
