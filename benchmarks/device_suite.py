@@ -219,6 +219,20 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
+def _uw(folder: str, lanes) -> str:
+    """Parts uw-12 and uw-4: benchmarks/user_workloads.py, the ViT then the LM, in each lane
+    (CUDA_VISIBLE_DEVICES, GPU count), the lanes side by side."""
+    uw = os.path.join(HERE, "user_workloads.py")
+    jobs = []
+    for devices, n in lanes:
+        runs = [f"CUDA_VISIBLE_DEVICES={devices} {sys.executable} {uw} --gpus {n} --workloads {w} --repeats 3 "
+                f"--steps 200 --warmup 50 --out {folder}/uw-{w}-{n}gpu.json > {folder}/uw-{w}-{n}gpu.log 2>&1"
+                for w in ("vit", "lm")]
+        jobs.append("(" + "; ".join(runs) + ")")
+    return " & ".join(jobs) + " & wait; tail -n 25 " + " ".join(
+        f"{folder}/uw-{w}-{n}gpu.log" for _, n in lanes for w in ("vit", "lm"))
+
+
 def _duo(folder: str) -> str:
     """Part `duo`: two 2-GPU jobs side by side (GPUs 0,1 and 2,3), each a chain of commands."""
     sh = ["-m", "shmlearn"]
@@ -732,6 +746,10 @@ def part_commands(p: str, workers: str) -> dict:
         # against DDP and DDP + compile at 1, 2 and 4 GPUs (as many as the machine has); or one workload a part.
         "user-workloads": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4",
                                "--out", os.path.join(p("user-workloads"), "user_workloads.json")), 1800),
+        # Issue 51 in one lease: the workloads at 1 GPU (GPU 0) and 2 GPUs (GPUs 1,2) side by side
+        # (uw-12), then at 4 (uw-4); each side 3 windows of 200 steps after 50 of warm-up.
+        "uw-12": (["bash", "-c", _uw(p("uw-12"), [("0", "1"), ("1,2", "2")])], 900),
+        "uw-4": (["bash", "-c", _uw(p("uw-4"), [("0,1,2,3", "4")])], 900),
         **{f"user-workloads-{w}": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4", "--workloads", w,
                                        "--out", os.path.join(p(f"user-workloads-{w}"), f"user_workloads_{w}.json")), 900)
            for w in ("vit", "lm")},
