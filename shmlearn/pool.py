@@ -145,29 +145,12 @@ class Pool:
     def _spawn(self, slot: int) -> _Worker:
         ctx = forkserver.context(self.cuda)
         parent, child = ctx.Pipe(duplex=True)
-        # The worker imports the user's script itself, up to its shmlearn.train call (user_main.py),
-        # unless the pool's init comes from that script: unpickling it needs the script first.
-        main = user_main.main_reference() if getattr(self.init and self.init[0], "__module__", "") != "__main__" \
-            else None
+        main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
         p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
                         args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main),
                         daemon=False)
-        # Started with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C during its
-        # interpreter's start and imports stays pending until _worker_main ignores it, instead of
-        # a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
-        # multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT
-        # blocked and then UNBLOCKS it, which would undo our block for that first worker: start
-        # the tracker first, so that p.start finds it running. A fork of the forkserver has the
-        # forkserver's mask, blocked as well (forkserver.start); p.start waits for its imports.
-        from multiprocessing import resource_tracker
-        resource_tracker.ensure_running()
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
-        try:
-            with user_main.no_main_import() if main is not None else contextlib.nullcontext():
-                p.start()
-        finally:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+        _start(p, main)
         child.close()
         w = _Worker(slot, p, parent, t_spawn=t0)
         self.workers[slot] = w
@@ -416,6 +399,25 @@ class Pool:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _start(p, main) -> None:
+    """Start worker process p with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C
+    during its interpreter's start and imports stays pending until _worker_main ignores it, instead
+    of a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
+    multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT blocked and
+    then UNBLOCKS it, which would undo our block for that first worker: start the tracker first, so
+    that p.start finds it running. A fork of the forkserver has the forkserver's mask, blocked as
+    well (forkserver.start); p.start waits for its imports. main: the script the worker imports
+    itself (user_main.py), left out of multiprocessing's own start."""
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        with user_main.no_main_import() if main is not None else contextlib.nullcontext():
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
 
 def _kill(proc) -> None:

@@ -63,7 +63,7 @@ from shmlearn.study_search import (SPEC, AreaPruner, distributions, finished_row
                                    make_sampler, open_study, space_size, study_spec)
 from shmlearn.study_storage import open_storage, redact, unwritable
 from shmlearn.sweep_grid import SweepConfig, expand_grid, trial_id
-from shmlearn.trials import TrialRunner, raise_interrupt
+from shmlearn.trials import TrialRunner, raise_interrupt, sweep_goal
 
 
 class StudySweep(TrialRunner):
@@ -81,7 +81,7 @@ class StudySweep(TrialRunner):
             raise BadInput(f"--pruner {self.pruner_name} --winner-metric {sc.winner_metric}: the pruner compares the "
                            f"metric at evaluation points, which report val_ and test_ keys only; give such a key "
                            f"(val_loss, test_accuracy, best_val_loss, ...) or no pruner")
-        self.sign = -1.0 if self.goal() == "max" else 1.0
+        self.sign = -1.0 if sweep_goal(sc) == "max" else 1.0
         """+1 or -1: the objective's worst value is sign * inf."""
         self.book: Optional[StudyBook] = None
         """The study's trials as this process sees them (run_trials opens the study)."""

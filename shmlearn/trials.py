@@ -149,14 +149,9 @@ class TrialRunner(abc.ABC):
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
             "target_accuracy": self.sc.target_accuracy, "winner_metric": self.sc.winner_metric,
-            "winner_goal": self.goal(), "parallel": self.parallel, "prune": self.sc.prune,
+            "winner_goal": sweep_goal(self.sc), "parallel": self.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials], **(extra or {})})
-
-    def goal(self) -> Optional[str]:
-        """--winner-goal, or its default for --winner-metric (results.winner_goal); None without one."""
-        m = self.sc.winner_metric
-        return None if m is None else self.sc.winner_goal or winner_goal(m)
 
     # -- the pool --------------------------------------------------------------------------------
     def open_pool(self, configs: List[TrainConfig], widest: int, *, warm_report: bool = False) -> None:
@@ -327,7 +322,7 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {extra} results in results.jsonl are from another grid; left out of the winners")
         w = pick_winners(rows, threshold=self.sc.threshold, target_accuracy=self.sc.target_accuracy,
                          swept=ordered_axes(self.sc.axes), root=self.dir,  # with the winners' curves
-                         metric=self.sc.winner_metric, goal=self.goal())
+                         metric=self.sc.winner_metric, goal=sweep_goal(self.sc))
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
         self.metric_missing = w.get("metric_missing")
@@ -362,6 +357,12 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {self.metric_missing}", file=sys.stderr, flush=True)
             code = 2
         return code
+
+
+def sweep_goal(sc: SweepConfig) -> Optional[str]:
+    """--winner-goal, or its default for --winner-metric (results.winner_goal); None without one."""
+    m = sc.winner_metric
+    return None if m is None else sc.winner_goal or winner_goal(m)
 
 
 def find_slots(sc: SweepConfig) -> Tuple[bool, int]:

@@ -49,11 +49,14 @@ def stop_if_importing() -> None:
         raise MainStop()
 
 
-def main_reference() -> Optional[Tuple[str, str]]:
+def main_reference(init=None) -> Optional[Tuple[str, str]]:
     """("path", FILE) or ("name", MODULE) of the script a worker must import, as multiprocessing
     decides it (spawn.get_preparation_data), or None: no file (an interactive session, `python
     -c`), or a package's __main__ (`python -m shmlearn`, `python -m pytest`), which multiprocessing
-    never imports either."""
+    never imports either; None too where the pool's init (fn, args) comes from the script, which
+    the worker unpickles before it could run the script: multiprocessing imports it then."""
+    if getattr(init[0] if init else None, "__module__", "") == "__main__":
+        return None
     main = sys.modules.get("__main__")
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
