@@ -163,6 +163,7 @@ def check_refs(cfg, parts) -> None:
     probe = [torch.nn.Parameter(torch.zeros(2))]
     opt = None
     if parts.optimizer is None and torch_class(cfg.optimizer, "optimizer") is not None:
+        check_closure(torch_class(cfg.optimizer, "optimizer"), f"--optimizer {cfg.optimizer}")
         opt = _construct(torch_class(cfg.optimizer, "optimizer"), probe, cfg.optimizer_args, "--optimizer")
     if parts.scheduler is None and cfg.scheduler is not None and not is_ref(cfg.scheduler):
         opt = opt or torch.optim.SGD(probe, lr=0.1)
@@ -216,7 +217,21 @@ def build_user_optimizer(cfg, given, model: torch.nn.Module) -> Optional[torch.o
                        f"(build it from the model it is given)")
     if not held:
         raise BadInput(f"{what}: the optimizer holds no parameters")
+    check_closure(type(opt), what)
     return opt
+
+
+def check_closure(cls, what: str) -> None:
+    """An optimizer whose step() needs a closure (LBFGS: it re-evaluates the loss several times a
+    step) is refused in one line: every strategy calls step() once, after the gradient's average."""
+    import inspect
+    try:
+        closure = inspect.signature(cls.step).parameters.get("closure")
+    except (TypeError, ValueError):
+        return
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise BadInput(f"{what}: {cls.__name__}.step() needs a closure that re-evaluates the loss; shmlearn's "
+                       f"step calls step() once per step, after the gradient's average (choose another optimizer)")
 
 
 class EveryN:

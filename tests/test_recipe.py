@@ -139,6 +139,7 @@ def test_scheduler_steps_per_epoch_by_default():
     ({"scheduler": "ReduceLROnPlateau", "scheduler_args": "mode=sideways"},
      "--scheduler ReduceLROnPlateau --scheduler-args mode=sideways: ValueError"),
     ({"scheduler": "SequentialLR"}, "--scheduler SequentialLR: choose"),
+    ({"optimizer": "LBFGS"}, "--optimizer LBFGS: LBFGS.step() needs a closure"),
     ({"scheduler_args": "gamma=0.5"}, "--scheduler-args gamma=0.5: needs --scheduler"),
     ({"scheduler": "StepLR", "scheduler_args": "step_size=1", "scheduler_interval": "hour"},
      "--scheduler-interval hour: choose"),
