@@ -27,6 +27,12 @@ _DATA_CACHE: Dict[tuple, Dataset] = {}
 _DATA_CACHE_SIZE = 2
 
 
+def _make_room() -> None:
+    """Drop the oldest cached datasets until one more fits (_DATA_CACHE_SIZE)."""
+    while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
+        _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+
+
 def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.device, *,
                    task: Optional[str] = None, loader: str = "auto"):
     """The dataset on `device`, loaded once per process: a pool worker keeps it between a
@@ -35,8 +41,7 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
     reference to the user's own data (FILE.py:NAME)."""
     key = (name, os.path.abspath(data_dir) if data_dir else None, seed, str(device), task, loader)
     if key not in _DATA_CACHE:
-        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
-            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        _make_room()
         if is_ref(name):
             ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
                            device=device, name=name)
@@ -53,8 +58,7 @@ def cached_tree_data(cfg: TrainConfig, given, device: torch.device) -> TreeData:
         return tree_data(given, "data=").to(device)
     key = ("tree", cfg.dataset, str(device))
     if key not in _DATA_CACHE:
-        while len(_DATA_CACHE) >= _DATA_CACHE_SIZE:
-            _DATA_CACHE.pop(next(iter(_DATA_CACHE)))
+        _make_room()
         _DATA_CACHE[key] = tree_data(resolve_ref(cfg.dataset, "--dataset"), f"--dataset {cfg.dataset}",
                                      name=cfg.dataset).to(device)
     return _DATA_CACHE[key]

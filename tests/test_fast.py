@@ -13,6 +13,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from inductor import ran_eagerly, skip_if_ran_eagerly, skip_unbuilt
+from stepping import run_steps
 from shmlearn import checkpoint as ckpt
 from shmlearn.config import TrainConfig, validate
 from shmlearn.data import load_dataset, normalizer
@@ -56,23 +57,11 @@ def _stepper(check_every, *, fault=None, strategy="allreduce", optimizer="moment
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps, fault=fault)
 
 
-def _train(st, steps):
-    """The loop's protocol: run, read when due, update (classic) unless the read found a NaN."""
-    for step in range(steps):
-        st.run(step)
-        if st.due(step + 1) or step + 1 == steps:
-            win = st.read(step + 1)
-            if win.bad is not None:
-                return win
-            st.update()
-    return None
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "momentum", "nesterov"])
 def test_fast_step_equals_classic_step(optimizer):
     classic, fast = _stepper(1, optimizer=optimizer), _stepper(6, optimizer=optimizer)
     assert (classic.mode, fast.mode) == ("classic", "fast-eager")
-    _train(classic, 40), _train(fast, 40)
+    run_steps(classic, 40), run_steps(fast, 40)
     torch.testing.assert_close(fast.strategy.params_flat, classic.strategy.params_flat, rtol=1e-5, atol=1e-6)
     # the schedule drove the device-resident learning rate
     assert float(fast.optimizer.param_groups[0]["lr"]) == pytest.approx(classic.optimizer.param_groups[0]["lr"])
@@ -82,11 +71,11 @@ def test_nan_is_never_applied_and_reported_at_its_step():
     """Loss NaN at step 6, read at step 8: the weights are those after steps 0-5, exactly as the
     classic step (which stops before applying step 6) leaves them."""
     fast = _stepper(4, fault=Fault("nan", 0, 6))
-    win = _train(fast, 12)
+    win = run_steps(fast, 12)
     assert win is not None and win.bad == (6, 0) and len(win.losses) == 2  # steps 4 and 5 were fine
     assert float(fast.found_inf) == 1.0
     classic = _stepper(1)
-    _train(classic, 6)
+    run_steps(classic, 6)
     torch.testing.assert_close(fast.strategy.params_flat, classic.strategy.params_flat, rtol=1e-5, atol=1e-6)
     assert torch.isfinite(fast.strategy.params_flat).all()
 
@@ -224,7 +213,7 @@ def test_graph_protocol_gives_the_eager_result(monkeypatch):
     graph = _stepper(5, model="bn", sample_every=4)
     graph._capture_all_ranks()
     assert graph.mode == "cuda-graph" and graph.note is None
-    _train(eager, 40), _train(graph, 40)
+    run_steps(eager, 40), run_steps(graph, 40)
     assert graph.graphs[False].replays == 30 and graph.timer.timed_steps == 10  # steps 0, 4, 8, ...
     torch.testing.assert_close(graph.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
     for a, b in zip(graph.model.buffers(), eager.model.buffers()):
@@ -239,7 +228,7 @@ def test_failed_capture_falls_back_to_eager_from_the_same_state(monkeypatch):
     eager, fell = _stepper(5, model="bn"), _stepper(5, model="bn")
     fell._capture_all_ranks()
     assert fell.mode == "fast-eager" and "capture failed (RuntimeError: operation not permitted" in fell.note
-    _train(eager, 20), _train(fell, 20)
+    run_steps(eager, 20), run_steps(fell, 20)
     torch.testing.assert_close(fell.strategy.params_flat, eager.strategy.params_flat, rtol=0, atol=0)
 
 
@@ -257,7 +246,7 @@ def _graph_worker(rank, world, port, out, cases):
                 st._capture_all_ranks()
                 assert st.mode == "cuda-graph", st.note
                 assert len(st.graphs) == (2 if period > 1 else 1)
-            _train(st, 40)
+            run_steps(st, 40)
             res.append(st.strategy.params_flat.clone())
         torch.save(res, os.path.join(out, f"case{i}-rank{rank}.pt"))
     dist.destroy_process_group()
@@ -343,7 +332,7 @@ def test_adopted_and_accumulated_gradients_train_the_same_weights_and_auto_accum
     steppers = {a: _stepper(4, adopt_grads=a, model="bn") for a in ("on", "auto")}
     assert steppers["on"]._adopts and not steppers["auto"]._adopts
     for st in steppers.values():
-        assert _train(st, 12) is None
+        assert run_steps(st, 12) is None
     assert torch.equal(steppers["on"].strategy.params_flat, steppers["auto"].strategy.params_flat)
     assert torch.equal(steppers["on"].hist, steppers["auto"].hist)
     with pytest.raises(BadInput, match=r"^adopt_grads 'yes': choose one of auto, on, off$"):
@@ -459,7 +448,7 @@ def test_update_in_backward_is_the_update_after_it_bit_for_bit(monkeypatch):
             continue
         assert early.early_update and early.update_kernel == "flat" and len(early._slots) == 3
         assert not late.early_update and not late._slots
-        wins = [_train(st, _steps(kw)) for st in (early, late)]
+        wins = [run_steps(st, _steps(kw)) for st in (early, late)]
         if "nan_at" in kw:
             assert wins[0].bad == wins[1].bad == (6, 0)
         for a, b in ((early.strategy.params_flat, late.strategy.params_flat),
@@ -479,7 +468,7 @@ def test_update_in_backward_refuses_a_convolution_run_twice_or_a_weight_used_out
         st = _early_stepper(monkeypatch, "on", extra=extra)
         before = st.strategy.params_flat.clone()
         with pytest.raises(RuntimeError, match=message):
-            _train(st, 2)
+            run_steps(st, 2)
         if extra == "outside":  # caught before any update was applied? no: eagerly, in the first step
             assert not torch.equal(before, st.strategy.params_flat)
 
@@ -517,7 +506,7 @@ def test_the_weight_copy_gives_the_steps_of_autocasts_cast_bit_for_bit(monkeypat
             continue
         assert runs["on"].weight_copy and not runs["off"].weight_copy
         assert runs["on"].early_update == (mode == "on")
-        wins = {c: _train(st, _steps(kw)) for c, st in runs.items()}
+        wins = {c: run_steps(st, _steps(kw)) for c, st in runs.items()}
         if "nan_at" in kw:
             assert wins["on"].bad == wins["off"].bad == (6, 0)
         on, off = runs["on"], runs["off"]
@@ -556,7 +545,7 @@ def _copy_worker(rank, world, port, out):
             st = _early_stepper(None, mode, strategy=strategy, rank=rank, world=world, avg_period=3,
                                 precision="bf16", weight_copy=c)
             assert st.weight_copy == (c == "on")
-            _train(st, 7)
+            run_steps(st, 7)
             res[strategy, c] = st.strategy.params_flat.clone()
             if c == "on":
                 res[strategy, "copy"] = st.strategy.flat_update.copy.clone()
@@ -587,7 +576,7 @@ def _early_worker(rank, world, port, out):
     for mode in ("on", "off"):
         st = _early_stepper(None, mode, strategy="weight-avg", rank=rank, world=world, avg_period=3)
         assert st.early_update == (mode == "on")
-        _train(st, 7)
+        run_steps(st, 7)
         res.append(st.strategy.params_flat.clone())
     try:
         _early_stepper(None, "on", strategy="allreduce", rank=rank, world=world)

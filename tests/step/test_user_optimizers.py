@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import shmlearn
+from stepping import run_steps
 from shmlearn.config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
@@ -227,27 +228,16 @@ def _stepper(optimizer, check_every, fault=None, steps=12):
                    timer=PhaseTimer(torch.device("cpu")), rank=0, world_size=1, total_steps=steps, fault=fault)
 
 
-def _train(st, steps):
-    for step in range(steps):
-        st.run(step)
-        if st.due(step + 1) or step + 1 == steps:
-            win = st.read(step + 1)
-            if win.bad is not None:
-                return win
-            st.update()
-    return None
-
-
 def test_a_nan_in_the_fast_step_with_adamw_is_never_applied():
     """Loss NaN at step 6, read at step 8: the weights and AdamW's state are those after steps
     0-5, as the classic step (which stops before applying step 6) leaves them."""
     fast = _stepper(adamw, 4, fault=Fault("nan", 0, 6))
     assert fast.mode == "fast-eager"
-    win = _train(fast, 12)
+    win = run_steps(fast, 12)
     assert win is not None and win.bad == (6, 0) and len(win.losses) == 2
     classic = _stepper(adamw, 1)
     assert classic.mode == "classic"
-    _train(classic, 6)
+    run_steps(classic, 6)
     torch.testing.assert_close(fast.strategy.params_flat, classic.strategy.params_flat, rtol=1e-5, atol=1e-6)
     p = next(iter(fast.optimizer.state))
     q = next(iter(classic.optimizer.state))
