@@ -14,7 +14,7 @@ from shmlearn.data import Dataset, load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
-from shmlearn.data.tree import TreeData, TreeLoader, rows_slice, tree_data
+from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows_slice, tree_data
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
 from shmlearn.models import build_model
@@ -51,17 +51,39 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
     return _DATA_CACHE[key]
 
 
-def cached_tree_data(cfg: TrainConfig, given, device: torch.device) -> TreeData:
+def cached_tree_data(cfg: TrainConfig, given, device: torch.device, rank: int = 0, world: int = 1) -> TreeData:
     """The general contract's data (data/tree.py) on `device`: the object given (data=), or the
-    --dataset reference, collated once per process (a reference is cached as the built-in data is)."""
+    --dataset reference, collated once per process (a reference is cached as the built-in data is,
+    once whole). Rank `rank` of `world` collates its part of each large split; the run completes
+    them with gathered_loader once its process group exists."""
     if given is not None:
-        return tree_data(given, "data=").to(device)
+        return tree_data(given, "data=", rank=rank, world=world).to(device)
     key = ("tree", cfg.dataset, str(device))
-    if key not in _DATA_CACHE:
+    if key in _DATA_CACHE:
+        return _DATA_CACHE[key]
+    data = tree_data(resolve_ref(cfg.dataset, "--dataset"), f"--dataset {cfg.dataset}", name=cfg.dataset,
+                     rank=rank, world=world).to(device)
+    if not data.pending:
         _make_room()
-        _DATA_CACHE[key] = tree_data(resolve_ref(cfg.dataset, "--dataset"), f"--dataset {cfg.dataset}",
-                                     name=cfg.dataset).to(device)
-    return _DATA_CACHE[key]
+        _DATA_CACHE[key] = data
+    return data
+
+
+def gathered_loader(cfg: TrainConfig, data, given, loader, augment, *, shard: int, num_shards: int,
+                    device: torch.device, world: int):
+    """(loader, augment) once the process group exists: in a run of several ranks, general-contract
+    data some rank collated in parts is gathered (every rank takes part: data/tree.py
+    gather_parts) and a --dataset reference's cached whole; its loader is built now where
+    run_loader could not build it on a part."""
+    if isinstance(data, TreeData) and world > 1:
+        gather_parts(data, "data=" if given is not None else f"--dataset {cfg.dataset}")
+        key = ("tree", cfg.dataset, str(device))
+        if given is None and key not in _DATA_CACHE:
+            _make_room()
+            _DATA_CACHE[key] = data
+    if loader is None:
+        return run_loader(cfg, data, shard=shard, num_shards=num_shards, device=device)
+    return loader, augment
 
 
 def preload_data(slot: int, datasets: list, cuda: bool) -> None:
@@ -113,12 +135,15 @@ def two_samples(data) -> torch.Tensor:
 
 def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: torch.device):
     """(this rank's loader, the parsed --augment): a StreamLoader for streamed data, else a
-    ShardedLoader over the device-resident arrays. BadInput where --augment cannot run."""
+    ShardedLoader over the device-resident arrays (None for a tree held in parts, until
+    gathered_loader). BadInput where --augment cannot run."""
     augment = Augment.parse(cfg.augment)
     if isinstance(data, TreeData):
         if augment.active:
             raise BadInput(f"--augment {cfg.augment}: augmentation is for the built-in image data; with "
                            f"compute_loss, augment in your function or Dataset")
+        if data.pending:  # a part of the split: gathered_loader builds it once the parts are gathered
+            return None, augment
         return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
                           seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate), augment
     if augment.active and not data.spec.is_image:

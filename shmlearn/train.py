@@ -25,7 +25,8 @@ from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, check_present, normalizer
 from shmlearn.fast import StepOptions, Stepper
 # preload_data: sweep and study import it from here (a pool's init).
-from shmlearn.inputs import cached_dataset, cached_tree_data, preload_data, run_loader, run_model  # noqa: F401
+from shmlearn.inputs import (cached_dataset, cached_tree_data, gathered_loader, preload_data, run_loader,  # noqa: F401
+                             run_model)
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
@@ -200,7 +201,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     # Everything that can fail on bad input happens here, before any collective, on every rank.
     compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)
     if compute_loss is not None and (parts.data is not None or is_ref(cfg.dataset)):
-        data = cached_tree_data(cfg, parts.data, device)  # any item structure, dtypes kept (data/tree.py)
+        data = cached_tree_data(cfg, parts.data, device, env.rank, env.world_size)  # any structure (data/tree.py)
     elif parts.data is not None:
         data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
     else:
@@ -228,13 +229,16 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     strategy.run_steps = steps
     strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
-    loader, augment = run_loader(cfg, data, shard=spec.shard(env.rank) or 0, num_shards=compute, device=device)
+    shard = spec.shard(env.rank) or 0
+    loader, augment = run_loader(cfg, data, shard=shard, num_shards=compute, device=device)
 
     backend = backend_for(cfg, device.type == "cuda")
     owns_group = not dist.is_initialized()
     if owns_group:
         init_process_group(backend, env, cfg.timeout)
     try:
+        loader, augment = gathered_loader(cfg, data, parts.data, loader, augment, shard=shard, num_shards=compute,
+                                          device=device, world=env.world_size)
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)
         optimizer = recipe.build_user_optimizer(cfg, parts.optimizer, model) or build_optimizer(

@@ -10,14 +10,20 @@ to the whole split) into one tree of (N, ...) tensors and kept on the training d
 is one gather per tensor: the same sharded, device-resident, CUDA-graph-capturable loading as the
 built-in data (data/loader.py; `TreeLoader`). dtypes are kept: token ids stay int64, uint8 images
 stay uint8. Nothing is normalized (the data is the user's).
+
+In a run of W ranks a large split (SHARD_MIN items or more, torch's default_collate) is read and
+collated in W parts, rank r the r-th, and the parts are all-gathered once the process group
+exists (`gather_parts`): each rank calls the Dataset's `__getitem__` for 1/W of the items, as a
+DDP rank reads 1/W of them in an epoch, not for all of them before its first step.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Iterator, List
+from dataclasses import dataclass, field
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
@@ -31,6 +37,9 @@ CUSTOM = "custom"
 COLLATE_CHUNK = 4096
 """Items collated at a time (each chunk's tensors are concatenated): default_collate of a whole
 split at once would hold every item's tensors and the stacked copy together."""
+SHARD_MIN = 4096
+"""Splits of at least this many items are collated in parts, one a rank, and gathered: below it
+a rank's whole read costs less than a gather's start (tens of ms)."""
 
 
 @dataclass
@@ -43,24 +52,39 @@ class TreeData:
     val: Any = None
     sampler: Any = None
     """The train DataLoader's sampler, whose order the loader follows (TreeLoader), or None."""
+    parts: Dict[str, int] = field(default_factory=dict)
+    """Splits this rank holds a part of, until gather_parts: name -> the whole split's items."""
+    shardable: Tuple[str, ...] = ()
+    """Splits collated with default_collate from a map-style Dataset: those a run of W ranks may
+    collate in parts (part_bounds decides from the split's length)."""
     mean = None  # nothing to normalize (data/base.py normalizer reads these)
     std = None
 
+    def _n(self, name: str) -> int:
+        tree = self.split(name)
+        return self.parts[name] if name in self.parts else rows(tree) if tree is not None else 0
+
     @property
     def n_train(self) -> int:
-        return rows(self.train)
+        return self._n("train")
 
     @property
     def n_test(self) -> int:
-        return rows(self.test)
+        return self._n("test")
 
     @property
     def n_val(self) -> int:
-        return rows(self.val) if self.val is not None else 0
+        return self._n("val")
+
+    @property
+    def pending(self) -> bool:
+        """Whether this rank holds only its part of a split (gather_parts completes it)."""
+        return bool(self.parts)
 
     def to(self, device: torch.device) -> "TreeData":
         move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
-        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler)
+        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler,
+                        dict(self.parts), self.shardable)
 
     def split(self, name: str):
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -83,8 +107,10 @@ def rows_slice(tree, start: int, stop: int):
     return tree_map(lambda t: t[start:stop], tree)
 
 
-def tree_data(obj: Any, what: str, *, name: str = "user") -> TreeData:
-    """TreeData from what the user gave for the general contract; BadInput naming `what`."""
+def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: int = 1) -> TreeData:
+    """TreeData from what the user gave for the general contract; BadInput naming `what`. rank,
+    world: a rank of a run of `world` collates its part of each large split (part_bounds); the
+    run completes them with gather_parts once its process group exists."""
     if callable(obj) and not isinstance(obj, (tuple, list, torch.utils.data.Dataset)):
         obj = call_user(obj, (), what)
     if isinstance(obj, (tuple, list)) and len(obj) == 4 and not any(
@@ -98,15 +124,20 @@ def tree_data(obj: Any, what: str, *, name: str = "user") -> TreeData:
     if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
             isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
         names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
-        trees, sampler = {}, None
+        trees, sampler, parts, shardable = {}, None, {}, []
         for n, d in zip(names, obj):
             collate = None
             if isinstance(d, torch.utils.data.DataLoader):
                 d, collate, s = _unwrap(d, what, n)
                 sampler = s if n == "train" else sampler
-            trees[n] = collate_split(d, what, n, collate=collate)
+            if collate is None and not isinstance(d, torch.utils.data.IterableDataset):
+                shardable.append(n)  # a collate_fn may pad to the split's longest item: whole only
+            trees[n], total = collate_part(d, what, n, collate=collate, rank=rank,
+                                           world=world if n in shardable else 1)
+            if total is not None:
+                parts[n] = total
         data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
-        data.sampler = sampler
+        data.sampler, data.parts, data.shardable = sampler, parts, tuple(shardable)
         return data
     got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
     raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
@@ -139,10 +170,26 @@ def _unwrap(loader, what: str, split: str):
     return loader.dataset, collate, sampler
 
 
+def part_bounds(n: int, rank: int, world: int) -> Optional[Tuple[int, int]]:
+    """Rank r's items [lo, hi) of a split of n collated in W parts of ceil(n / W) (equal parts but
+    the last: the gather's unit), or None where the split stays whole: fewer than SHARD_MIN
+    items, one rank, or a rank that would get none."""
+    b = -(-n // world)
+    if world < 2 or n < SHARD_MIN or (world - 1) * b >= n:
+        return None
+    return rank * b, min(n, (rank + 1) * b)
+
+
 def collate_split(ds, what: str, split: str, collate=None):
-    """The whole split as one collated tree on the CPU (COLLATE_CHUNK items at a time with torch's
-    default_collate; in one call with a DataLoader's own collate_fn, which may pad to the longest
-    item). A finite IterableDataset is read once, in order."""
+    """The whole split as one collated tree on the CPU (see collate_part)."""
+    return collate_part(ds, what, split, collate=collate)[0]
+
+
+def collate_part(ds, what: str, split: str, collate=None, rank: int = 0, world: int = 1):
+    """(tree, the split's items or None): the split collated on the CPU (COLLATE_CHUNK items at a
+    time with torch's default_collate; in one call with a DataLoader's own collate_fn, which may
+    pad to the longest item), or where part_bounds(n, rank, world) cuts it, only rank's part and
+    the split's length. A finite IterableDataset is read once, in order."""
     if isinstance(ds, torch.utils.data.IterableDataset):
         items = []
         try:
@@ -161,11 +208,13 @@ def collate_split(ds, what: str, split: str, collate=None):
                        f"(__len__ and __getitem__) is needed") from None
     if n == 0:
         raise BadInput(f"{what}: the {split} Dataset is empty")
+    bounds = part_bounds(n, rank, world)
+    lo, hi = bounds or (0, n)
     chunks, spec0 = [], None
     step = n if collate is not None else COLLATE_CHUNK
-    for start in range(0, n, step):
+    for start in range(lo, hi, step):
         items = [call_user(ds.__getitem__, (i,), f"{what} ({split} Dataset[{i}])")
-                 for i in range(start, min(n, start + step))]
+                 for i in range(start, min(hi, start + step))]
         try:
             batch = (collate or default_collate)(items)
         except Exception as e:  # noqa: BLE001 - default_collate's refusal, or the user's collate_fn
@@ -183,7 +232,58 @@ def collate_split(ds, what: str, split: str, collate=None):
                                f"numbers and numpy arrays can be batched on the device (drop it from the item)")
         chunks.append(leaves)
     leaves = [torch.cat(parts) if len(chunks) > 1 else parts[0] for parts in zip(*chunks)]
-    return tree_unflatten(leaves, spec0)
+    return tree_unflatten(leaves, spec0), (n if bounds else None)
+
+
+def _layout(tree) -> tuple:
+    leaves, spec = tree_flatten(tree)
+    return str(spec), tuple((tuple(v.shape[1:]), str(v.dtype)) for v in leaves)
+
+
+def gather_parts(data: TreeData, what: str) -> None:
+    """Complete, in place, every split some rank holds in parts (TreeData.parts): a collective of
+    the default process group, called by every rank of the run. Each rank's part goes out as
+    bytes (any dtype; one all-gather a tensor, on the GPU under NCCL). A rank holding the whole
+    split (a pool worker's cached data) sends its own part of it. First the ranks compare the
+    splits' lengths, structure and dtypes, so that a Dataset whose items differ between the parts
+    is one line on every rank (BadInput), not a failed or hung gather."""
+    world, rank = dist.get_world_size(), dist.get_rank()
+    names = [n for n in ("train", "val", "test") if data.split(n) is not None]
+    mine = (sorted(data.parts), {n: (data._n(n), _layout(data.split(n))) for n in names})
+    metas: List[Any] = [None] * world
+    dist.all_gather_object(metas, mine)
+    pending = sorted({n for m in metas for n in m[0]}, key=("train", "val", "test").index)
+    for n in pending:
+        for r, m in enumerate(metas):
+            if m[1].get(n) != metas[0][1].get(n):
+                raise BadInput(f"{what}: the {n} items of rank {r}'s part are {m[1].get(n)} (items, (structure, "
+                               f"(shape, dtype) a tensor)) where rank 0's are {metas[0][1].get(n)}; every item "
+                               f"needs the same structure and tensors of one shape and dtype")
+        total = metas[0][1][n][0]
+        lo, hi = part_bounds(total, rank, world)
+        tree = data.split(n)
+        piece = tree if n in data.parts else rows_slice(tree, lo, hi)
+        full = tree_map(lambda v: _gather_leaf(v, total, world), piece)
+        setattr(data, n, full)
+    data.parts = {}
+
+
+def _gather_leaf(piece: torch.Tensor, n: int, world: int) -> torch.Tensor:
+    """The n rows of one tensor from the ranks' equal parts of ceil(n / W) rows (the last padded)."""
+    b = -(-n // world)
+    comm = piece.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    p = piece.to(comm)
+    if len(p) < b:
+        p = torch.cat([p, p.new_zeros((b - len(p), *p.shape[1:]))])
+    flat = p.contiguous().reshape(-1).view(torch.uint8)
+    if comm.type == "cuda":
+        out = torch.empty(world * flat.numel(), dtype=torch.uint8, device=comm)
+        dist.all_gather_into_tensor(out, flat)
+    else:
+        bufs = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(bufs, flat)
+        out = torch.cat(bufs)
+    return out.view(piece.dtype).reshape(world * b, *piece.shape[1:])[:n].to(piece.device)
 
 
 def _checked(name: str, train, val, test, what: str) -> TreeData:
@@ -277,4 +377,5 @@ def sampler_order(sampler, seed: int, epoch: int, n: int) -> torch.Tensor:
     return order
 
 
-__all__ = ["TreeData", "TreeLoader", "tree_data", "collate_split", "eval_batches", "rows", "take", "CUSTOM"]
+__all__ = ["TreeData", "TreeLoader", "tree_data", "collate_split", "collate_part", "gather_parts", "part_bounds",
+           "eval_batches", "rows", "take", "CUSTOM"]
