@@ -763,6 +763,13 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 36: the one W=1 matrix cell that missed (resnet18 fp32 ps --compile default), with
         # each of the step's defaults undone alone, several at once over the GPUs.
         "r18-diag": (["bash", "-c", _r18_diag(p("r18-diag"), big)], 400),
+        # Issue 55: the W=1 matrix cell that drifted once (fashion-net fp32 ps --compile default),
+        # run 10 times, each its own process, over the GPUs (Inductor's cache warm after the first).
+        "fn-10": (["bash", "-c", " & ".join(
+            f"CUDA_VISIBLE_DEVICES={i % int(big)} {sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --workers 1 "
+            f"--only fashion-net/fp32/ps/W1/compile --out {p('fn-10')}/run{i}.json > {p('fn-10')}/run{i}.log 2>&1"
+            for i in range(10)) + " & wait; grep -h -o '\"verdict\": \"[a-z-]*\"' " + p("fn-10") + "/run*.json | sort | uniq -c"],
+                  400),
         # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
         # W=2: two shards a pair of GPUs), then merged.
         "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
