@@ -219,14 +219,16 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
-def _uw(folder: str, lanes) -> str:
-    """Parts uw-12 and uw-4: benchmarks/user_workloads.py, the ViT then the LM, in each lane
-    (CUDA_VISIBLE_DEVICES, GPU count), the lanes side by side."""
+def _uw(folder: str, lanes, variants: str = "off,default") -> str:
+    """Parts uw-12 and uw-4 (uw-c12, uw-c4: shmlearn compiled only, beside both baselines):
+    benchmarks/user_workloads.py, the ViT then the LM, in each lane (CUDA_VISIBLE_DEVICES, GPU
+    count), the lanes side by side."""
     uw = os.path.join(HERE, "user_workloads.py")
     jobs = []
     for devices, n in lanes:
         runs = [f"CUDA_VISIBLE_DEVICES={devices} {sys.executable} {uw} --gpus {n} --workloads {w} --repeats 3 "
-                f"--steps 200 --warmup 50 --out {folder}/uw-{w}-{n}gpu.json > {folder}/uw-{w}-{n}gpu.log 2>&1"
+                f"--steps 200 --warmup 50 --variants {variants} --out {folder}/uw-{w}-{n}gpu.json "
+                f"> {folder}/uw-{w}-{n}gpu.log 2>&1"
                 for w in ("vit", "lm")]
         jobs.append("(" + "; ".join(runs) + ")")
     return " & ".join(jobs) + " & wait; tail -n 25 " + " ".join(
@@ -750,6 +752,9 @@ def part_commands(p: str, workers: str) -> dict:
         # (uw-12), then at 4 (uw-4); each side 3 windows of 200 steps after 50 of warm-up.
         "uw-12": (["bash", "-c", _uw(p("uw-12"), [("0", "1"), ("1,2", "2")])], 900),
         "uw-4": (["bash", "-c", _uw(p("uw-4"), [("0,1,2,3", "4")])], 900),
+        # Issue 51: the same with shmlearn compiled only (step/regions.py: block by block at 2 GPUs and more).
+        "uw-c12": (["bash", "-c", _uw(p("uw-c12"), [("0", "1"), ("1,2", "2")], "default")], 900),
+        "uw-c4": (["bash", "-c", _uw(p("uw-c4"), [("0,1,2,3", "4")], "default")], 900),
         **{f"user-workloads-{w}": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4", "--workloads", w,
                                        "--out", os.path.join(p(f"user-workloads-{w}"), f"user_workloads_{w}.json")), 900)
            for w in ("vit", "lm")},
