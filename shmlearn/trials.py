@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn import jsonl
+from shmlearn import jsonl, winners
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
@@ -31,7 +31,8 @@ from shmlearn.pool import Pool
 from shmlearn.results import ResultStore, pick_winners, winner_goal, winners_table
 from shmlearn.results import fmt as _fmt
 from shmlearn.runs import lock_dir, read_jsonl, write_json_atomic
-from shmlearn.sweep_grid import NOT_SWEPT, SweepConfig, expand_grid, ordered_axes, trial_id, trials_at_once
+from shmlearn.sweep_grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_grid, ordered_axes, trial_id,
+                                 trials_at_once, with_repeats)
 from shmlearn.sync import registry
 from shmlearn.train import preload_data, rank_main
 
@@ -69,6 +70,8 @@ class TrialRunner(abc.ABC):
         """winners' metric_missing: no completed trial reports --winner-metric (exit_code says so)."""
         self.total = self.finished = 0
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.point_of: Dict[str, Tuple[str, int]] = {}
+        """--repeats: trial id -> (its grid point's id, repeat k); results rows carry both."""
 
     # -- hooks: a driver overrides these -------------------------------------------------------
     @abc.abstractmethod
@@ -118,10 +121,15 @@ class TrialRunner(abc.ABC):
             raise BadInput(f"--slots {self.sc.slots}: expected a whole number > 0")
         if os.path.exists(self.dir) and not os.path.isdir(self.dir):
             raise BadInput(f"--out {self.dir}: exists and is not a directory")
+        check_verdict(self.sc)
         self.cuda, self.nslots = find_slots(self.sc)
         self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
         """Trials at once (SweepConfig.parallel, resolved for this machine)."""
         trials = expand_grid(self.sc.fixed, self.sc.axes, cuda=self.cuda)
+        if self.sc.repeats > 1:  # each grid point N times (seed + k): the verdict merges them (winners.py)
+            grid = with_repeats(trials, self.sc.repeats)
+            self.point_of = {trial_id(c): (point, k) for c, point, k in grid}
+            trials = [c for c, _, _ in grid]
         if self.cuda:
             import torch
             big = max(self.procs(c) for c in trials)
@@ -148,7 +156,8 @@ class TrialRunner(abc.ABC):
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
-            "target_accuracy": self.sc.target_accuracy, "winner_metric": self.sc.winner_metric,
+            "target_accuracy": self.sc.target_accuracy, "target_share": self.sc.target_share,
+            "time_axis": self.sc.time_axis, "repeats": self.sc.repeats, "winner_metric": self.sc.winner_metric,
             "winner_goal": sweep_goal(self.sc), "parallel": self.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials], **(extra or {})})
@@ -279,6 +288,8 @@ class TrialRunner(abc.ABC):
                # The trial's wall time in the sweep (start to recorded); minus the summary's
                # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
                "elapsed_s": elapsed, "group_s": group_s, "slots": min(self.need(cfg), self.nslots)}
+        if tid in self.point_of:
+            row["point"], row["repeat"] = self.point_of[tid]
         if summary["status"] == "pruned":
             bound = self.bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
@@ -291,7 +302,9 @@ class TrialRunner(abc.ABC):
             self.done_now += 1
             self.finished += 1
             s = summary
+            fell = winners.collapsed(s) if s["status"] == "completed" else None
             res = (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
+                   + (f", COLLAPSED ({fell})" if fell else "")
                    if s["status"] == "completed" else
                    f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({self.pruned_why(row)})"
                    if s["status"] == "pruned" else
@@ -322,7 +335,8 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {extra} results in results.jsonl are from another grid; left out of the winners")
         w = pick_winners(rows, threshold=self.sc.threshold, target_accuracy=self.sc.target_accuracy,
                          swept=ordered_axes(self.sc.axes), root=self.dir,  # with the winners' curves
-                         metric=self.sc.winner_metric, goal=sweep_goal(self.sc))
+                         metric=self.sc.winner_metric, goal=sweep_goal(self.sc), time_axis=self.sc.time_axis,
+                         target_share=self.sc.target_share)
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
         self.metric_missing = w.get("metric_missing")
