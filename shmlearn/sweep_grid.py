@@ -275,14 +275,20 @@ def check_verdict(sc: SweepConfig) -> None:
                        f"train seeds seed..seed+{sc.repeats - 1}; give one --seed")
 
 
-def with_repeats(trials: List[TrainConfig], repeats: int) -> List[Tuple[TrainConfig, str, int]]:
-    """Each trial and its repeats, (config, point id, repeat k): repeat k trains with seed + k, so
-    its id differs; the point id is repeat 0's (the trial's id without --repeats)."""
-    out = []
+def with_repeats(trials: List[TrainConfig], repeats: int) -> Tuple[List[TrainConfig], Dict[str, Tuple[str, int]]]:
+    """Each trial and its repeats, and {trial id: (its grid point's id, repeat k)} (empty for one
+    repeat): repeat k trains with seed + k, so its id differs; the point id is repeat 0's (the
+    trial's id without --repeats)."""
+    if repeats <= 1:
+        return trials, {}
+    out, point_of = [], {}
     for cfg in trials:
         point = trial_id(cfg)
-        out += [(cfg if k == 0 else dataclasses.replace(cfg, seed=cfg.seed + k), point, k) for k in range(repeats)]
-    return out
+        for k in range(repeats):
+            c = cfg if k == 0 else dataclasses.replace(cfg, seed=cfg.seed + k)
+            out.append(c)
+            point_of[trial_id(c)] = (point, k)
+    return out, point_of
 
 
 SEARCHES = ("grid", "tpe", "random")

@@ -70,8 +70,7 @@ class TrialRunner(abc.ABC):
         """winners' metric_missing: no completed trial reports --winner-metric (exit_code says so)."""
         self.total = self.finished = 0
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
-        self.point_of: Dict[str, Tuple[str, int]] = {}
-        """--repeats: trial id -> (its grid point's id, repeat k); results rows carry both."""
+        self.point_of: Dict[str, Tuple[str, int]] = {}  # --repeats: trial id -> (its point's id, repeat k)
 
     # -- hooks: a driver overrides these -------------------------------------------------------
     @abc.abstractmethod
@@ -126,10 +125,7 @@ class TrialRunner(abc.ABC):
         self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
         """Trials at once (SweepConfig.parallel, resolved for this machine)."""
         trials = expand_grid(self.sc.fixed, self.sc.axes, cuda=self.cuda)
-        if self.sc.repeats > 1:  # each grid point N times (seed + k): the verdict merges them (winners.py)
-            grid = with_repeats(trials, self.sc.repeats)
-            self.point_of = {trial_id(c): (point, k) for c, point, k in grid}
-            trials = [c for c, _, _ in grid]
+        trials, self.point_of = with_repeats(trials, self.sc.repeats)  # the verdict merges them (winners.py)
         if self.cuda:
             import torch
             big = max(self.procs(c) for c in trials)
@@ -280,16 +276,8 @@ class TrialRunner(abc.ABC):
                 elapsed, group_s = times.get("elapsed_s"), times.get("group_s")
             except (OSError, ValueError, AttributeError):
                 pass
-        row = {"id": tid, "status": summary["status"],
-               "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
-               "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
-               "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-               # The trial's wall time in the sweep (start to recorded); minus the summary's
-               # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
-               "elapsed_s": elapsed, "group_s": group_s, "slots": min(self.need(cfg), self.nslots)}
-        if tid in self.point_of:
-            row["point"], row["repeat"] = self.point_of[tid]
+        row = result_row(cfg, tid, summary, os.path.relpath(run_dir, self.dir), evals, elapsed, group_s,
+                         min(self.need(cfg), self.nslots), self.point_of.get(tid))
         if summary["status"] == "pruned":
             bound = self.bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
@@ -301,16 +289,9 @@ class TrialRunner(abc.ABC):
         if not adopted:
             self.done_now += 1
             self.finished += 1
-            s = summary
-            fell = winners.collapsed(s) if s["status"] == "completed" else None
-            res = (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
-                   + (f", COLLAPSED ({fell})" if fell else "")
-                   if s["status"] == "completed" else
-                   f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({self.pruned_why(row)})"
-                   if s["status"] == "pruned" else
-                   f"DIVERGED at step {s.get('diverged_step')}")
-            print(f"[{self.finished}/{self.total}] {tid}: {res}, {s['wall_time_s']:.2f} s training"
-                  + (f", {elapsed:.1f} s in all" if elapsed else ""), flush=True)
+            print(f"[{self.finished}/{self.total}] {tid}: {outcome(row, self.pruned_why)}, "
+                  f"{summary['wall_time_s']:.2f} s training" + (f", {elapsed:.1f} s in all" if elapsed else ""),
+                  flush=True)
         else:
             print(f"sweep: {tid} had finished before the last sweep was stopped; recorded it", flush=True)
         return True
@@ -371,6 +352,37 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {self.metric_missing}", file=sys.stderr, flush=True)
             code = 2
         return code
+
+
+def result_row(cfg: TrainConfig, tid: str, summary: Dict[str, Any], run_dir: str, evals: List[Dict[str, Any]],
+               elapsed: Optional[float], group_s: Optional[float], slots: int,
+               point: Optional[Tuple[str, int]]) -> Dict[str, Any]:
+    """A finished trial's results.jsonl line (run_dir relative to the sweep directory; point:
+    (its grid point's id, repeat k) under --repeats)."""
+    row = {"id": tid, "status": summary["status"],
+           "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
+           "summary": summary, "run_dir": run_dir,
+           "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           # The trial's wall time in the sweep (start to recorded); minus the summary's
+           # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
+           "elapsed_s": elapsed, "group_s": group_s, "slots": slots}
+    if point is not None:
+        row["point"], row["repeat"] = point
+    return row
+
+
+def outcome(row: Dict[str, Any], pruned_why) -> str:
+    """A finished trial's progress line, after its id: its area, or why it has none; COLLAPSED and
+    why where the verdict will skip it (winners.collapsed)."""
+    s = row["summary"]
+    if s["status"] == "completed":
+        fell = winners.collapsed(s)
+        return (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
+                + (f", COLLAPSED ({fell})" if fell else ""))
+    if s["status"] == "pruned":
+        return f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({pruned_why(row)})"
+    return f"DIVERGED at step {s.get('diverged_step')}"
 
 
 def sweep_goal(sc: SweepConfig) -> Optional[str]:

@@ -101,10 +101,10 @@ def test_repeats_are_merged_on_their_median_and_their_spread_joins_the_noise():
 def test_repeats_train_seed_plus_k_under_the_points_id_and_refuse_what_cannot_merge_them():
     from shmlearn.config import TrainConfig
     cfg = TrainConfig(dataset="digits", model="mlp", workers=1, batch_size=16, lr=0.1, seed=3)
-    grid = with_repeats([cfg], 3)
-    assert [(c.seed, point, k) for c, point, k in grid] == [(3, trial_id(cfg), 0), (4, trial_id(cfg), 1),
-                                                           (5, trial_id(cfg), 2)]
-    assert len({trial_id(c) for c, _, _ in grid}) == 3
+    trials, point_of = with_repeats([cfg], 3)
+    assert [c.seed for c in trials] == [3, 4, 5] and len({trial_id(c) for c in trials}) == 3
+    assert [point_of[trial_id(c)] for c in trials] == [(trial_id(cfg), 0), (trial_id(cfg), 1), (trial_id(cfg), 2)]
+    assert with_repeats([cfg], 1) == ([cfg], {})
     for sc, flag in ((SweepConfig(repeats=2, prune=True), "--repeats 2 --prune"),
                      (SweepConfig(time_axis="steps", prune=True), "--prune --time-axis steps"),
                      (SweepConfig(repeats=2, axes={"seed": [1, 2]}), "--repeats 2 --seed 1,2"),
@@ -214,3 +214,23 @@ def test_overall_names_each_worker_counts_accuracy_and_why_one_lags_with_the_tim
             "runs (least area), and this budget leaves 4 workers under-trained. The time-to-accuracy winner there: "
             "batch 64, lr 0.1 (test accuracy 0.8500).") in text
     assert "Winners: least training time to test accuracy 0.792" in text
+
+
+def test_a_sweep_with_repeats_on_the_steps_axis_merges_each_points_runs(tmp_path, monkeypatch, capfd):
+    out = tmp_path / "s"
+    r = run_main(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "2048", "--workers", "1",
+                  "--batch-size", "32", "--lr", "0.1,0.5", "--eval-points", "1", "--repeats", "2", "--time-axis",
+                  "steps", "--device", "cpu", "--no-report", "--out", str(out)], monkeypatch, capfd)
+    assert r.returncode == 0, r.stdout + r.stderr
+    rows = [json.loads(x) for x in open(out / "results.jsonl")]
+    assert sorted((x["config"]["lr"], x["config"]["seed"], x["repeat"]) for x in rows) == [
+        (0.1, 0, 0), (0.1, 1, 1), (0.5, 0, 0), (0.5, 1, 1)]
+    assert all(x["point"] == x["id"] for x in rows if x["repeat"] == 0)
+    spec = json.load(open(out / "sweep.json"))
+    assert (spec["time_axis"], spec["repeats"]) == ("steps", 2)
+    w = json.load(open(out / "winners.json"))
+    e = w["by_workers"]["1"]["winner"]
+    assert w["time_axis"] == "steps" and e["repeats"] == 2 and len(e["repeat_areas"]) == 2
+    areas = sorted(winners.area(x["summary"], "steps") for x in rows if x["config"]["lr"] == e["lr"])
+    assert e["area"] == pytest.approx(sum(areas) / 2)  # the median of two
+    assert "least loss area (median step time x steps)" in r.stdout and "median of 2 repeats" in r.stdout
