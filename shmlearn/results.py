@@ -118,7 +118,8 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
         pruned = sum(r["status"] == "pruned" for r in runs)
         fell = sum(winners.status(r) == "collapsed" for r in runs)
         survivors = sorted((p for p in done if p.survives(threshold)), key=winners.Point.key)
-        info: Dict[str, Any] = {"trials": len(runs), "completed": sum(r["status"] == "completed" for r in runs),
+        info: Dict[str, Any] = {"trials": len(runs), "points": len(group),
+                                "completed": sum(r["status"] == "completed" for r in runs),
                                 "diverged": diverged, "pruned": pruned, "collapsed": fell,
                                 "survivors": len(survivors), "reason": None,
                                 **winners.ranked_verdict([(winners.entry(p, swept, AXIS_ORDER, target_accuracy),
@@ -333,7 +334,7 @@ def winners_table(w: Dict[str, Any]) -> str:
              f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  {'Pruned':>6}  Other"]
     for k, info in w["by_workers"].items():
         e = info["winner"]
-        surv = f"{info['survivors']}/{info['trials']}"
+        surv = f"{info['survivors']}/{info.get('points', info['trials'])}"  # grid points (repeats merged)
         surv = f"{surv:>9}  {info.get('pruned', 0):>6}"
         if e is None:
             lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv}  "

@@ -201,10 +201,11 @@ def chance_accuracy(spec) -> Optional[float]:
 def step_clock(step_times: List[float], step_losses: List[float]) -> Dict[str, Any]:
     """summary.json's step clock (issue 55), what a verdict that does not drift with machine load
     reads: start_loss (the first step's loss, the collapse rule's reference), loss_area_steps
-    (trapezoid area of the training loss over the step index: loss x steps; times the median
-    step time it is the area on `--time-axis steps`) and step_time_s {median, p25, p75, n}: the
-    seconds of each step (steps read together on the device share their window's time), whose
-    spread is the run's timing noise."""
+    (trapezoid area of the training loss over the step index: loss x steps; times the p10 step
+    time it is the area on `--time-axis steps`) and step_time_s {p10, p25, median, p75, n}: the
+    quantiles of the steps' seconds (steps read together on the device share their window's
+    time); p10 is a step that the machine's other work hardly slowed, the interquartile spread
+    the run's timing noise (winners.py)."""
     finite = [x for x in step_losses if math.isfinite(x)]
     out: Dict[str, Any] = {"start_loss": finite[0] if finite else None,
                            "loss_area_steps": loss_area(list(range(len(step_losses) + 1)),
@@ -216,7 +217,7 @@ def step_clock(step_times: List[float], step_losses: List[float]) -> Dict[str, A
             x = p * (len(d) - 1)
             i = int(x)
             return d[i] + (d[min(i + 1, len(d) - 1)] - d[i]) * (x - i)
-        out["step_time_s"] = {"median": q(0.5), "p25": q(0.25), "p75": q(0.75), "n": len(d)}
+        out["step_time_s"] = {"p10": q(0.1), "p25": q(0.25), "median": q(0.5), "p75": q(0.75), "n": len(d)}
     return out
 
 

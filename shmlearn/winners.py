@@ -15,14 +15,16 @@ rule.
   survivor: the winner rule, the pruning bound and the study's constraint skip it.
 * **Time axis** (`--time-axis`): `wall`, the paper's, integrates the loss over training seconds
   as the clock measured them; `steps` integrates it over the step index and multiplies by the
-  run's median step time (summary.json loss_area_steps x step_time_s.median), which a burst of
-  load on a shared machine barely moves.
-* **Noise**: each area carries a relative half-width. On `wall`, half the interquartile spread
-  of the run's step times over their median (how far the machine's load moved a step); on
-  `steps`, the standard error of the median step time (0.93 x IQR / median / sqrt(steps)). With
-  `--repeats N` (the same grid point trained N times, seeds seed..seed+N-1) the area is the median
-  of the repeats and the half-width is at least half their range over the median. Two areas are
-  **tied within noise** when their intervals area x (1 +- half-width) overlap.
+  run's 10th-percentile step time (summary.json loss_area_steps x step_time_s.p10): a step the
+  machine's other work hardly slowed. The median step time (what issue 55 first proposed) moved
+  with sustained load: 3 reruns of the README's digits sweep on a CPU at load average 14-24 named
+  3 different overall winners on it; on p10 3 reruns named the same one twice and called the third
+  a tie (benchmarks/results/sweep-digits/NOTES.md).
+* **Noise**: each area carries a relative half-width, half the interquartile spread of the run's
+  step times over their median (how far the machine's load moved a step). With `--repeats N`
+  (the same grid point trained N times, seeds seed..seed+N-1) the area is the median of the
+  repeats and the half-width is at least half their range over the median. Two areas are **tied
+  within noise** when their intervals area x (1 +- half-width) overlap.
 """
 from __future__ import annotations
 
@@ -42,8 +44,6 @@ or more below the best trial's."""
 TARGET_SHARE = 0.9
 """Experiments' default time-to-accuracy target: this share of the best test accuracy any
 surviving trial reached (rounded to 4 digits; `--target-accuracy` fixes it instead)."""
-SE_MEDIAN = 1.2533 / 1.349
-"""Standard error of a median = 1.2533 sigma / sqrt(n); sigma = IQR / 1.349 for a normal spread."""
 
 
 # --- one run ----------------------------------------------------------------------------------
@@ -87,36 +87,41 @@ def constraint(row: Dict[str, Any], threshold: float) -> float:
     return s["min_loss"] - threshold
 
 
+def step_time(summary: Dict[str, Any]) -> Optional[float]:
+    """The steps axis's seconds per step: summary step_time_s p10 (its median where a run kept no p10)."""
+    st = summary.get("step_time_s") or {}
+    return st.get("p10", st.get("median"))
+
+
 def clock_scale(summary: Dict[str, Any], axis: str) -> Optional[float]:
-    """Seconds on `axis` per wall-clock training second: 1 on wall; median step x steps / wall
-    time on steps (None where the run predates step times)."""
+    """Seconds on `axis` per wall-clock training second: 1 on wall; p10 step x steps / wall time
+    on steps (None where the run predates step times)."""
     if axis == "wall":
         return 1.0
-    st, steps, wall = summary.get("step_time_s") or {}, summary.get("steps"), summary.get("wall_time_s")
-    if st.get("median") is None or not steps or not wall:
+    st, steps, wall = step_time(summary), summary.get("steps"), summary.get("wall_time_s")
+    if st is None or not steps or not wall:
         return None
-    return st["median"] * steps / wall
+    return st * steps / wall
 
 
 def area(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
     """The loss area on `axis`: wall, summary loss_area (loss x s); steps, loss_area_steps x the
-    median step time (loss x s). A run from before step times were kept: its wall area."""
+    p10 step time (loss x s). A run from before step times were kept: its wall area."""
     if axis == "steps":
-        st, a = summary.get("step_time_s") or {}, summary.get("loss_area_steps")
-        if a is not None and st.get("median") is not None and summary.get("loss_area") is not None:
-            return a * st["median"]
+        st, a = step_time(summary), summary.get("loss_area_steps")
+        if a is not None and st is not None and summary.get("loss_area") is not None:
+            return a * st
     return summary.get("loss_area")
 
 
 def step_noise(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
-    """The area's relative half-width from the run's own step times (module docstring); None
-    where they were not kept."""
+    """The area's relative half-width from the run's own step times, on either axis (module
+    docstring); None where they were not kept."""
     st = summary.get("step_time_s") or {}
-    med, q1, q3, n = st.get("median"), st.get("p25"), st.get("p75"), st.get("n")
-    if not med or q1 is None or q3 is None or not n:
+    med, q1, q3 = st.get("median"), st.get("p25"), st.get("p75")
+    if not med or q1 is None or q3 is None:
         return None
-    spread = (q3 - q1) / med
-    return spread / 2 if axis == "wall" else SE_MEDIAN * spread / math.sqrt(n)
+    return (q3 - q1) / med / 2
 
 
 def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall") -> Optional[float]:
@@ -214,7 +219,7 @@ def entry(p: Point, swept: Sequence[str], axes_order: Sequence[str], target: Opt
          "loss_area": s.get("loss_area"), "area": p.area, "noise": p.noise, "repeats": p.repeats,
          "repeat_areas": p.areas if p.repeats > 1 else None, "min_loss": s.get("min_loss"),
          "final_loss": s.get("final_loss"), "test_accuracy": s.get("test_accuracy"),
-         "wall_time_s": s.get("wall_time_s"), "step_time_s": (s.get("step_time_s") or {}).get("median"),
+         "wall_time_s": s.get("wall_time_s"), "step_time_s": step_time(s),
          "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
          "axes": {a: c.get(a) for a in swept if a not in axes_order}}
     if target is not None:
@@ -295,7 +300,7 @@ def margin_text(m: Optional[Dict[str, Any]], runner: Optional[Dict[str, Any]], n
 
 
 def axis_name(axis: str) -> str:
-    return "wall-clock seconds" if axis == "wall" else "median step time x steps"
+    return "wall-clock seconds" if axis == "wall" else "p10 step time x steps"
 
 
 def verdict_lines(w: Dict[str, Any]) -> List[str]:

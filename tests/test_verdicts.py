@@ -149,8 +149,8 @@ def test_steps_axis_names_the_same_winners_when_load_moves_the_wall_clock():
 def test_step_clock_is_the_loops_steps_and_their_quartiles():
     s = step_clock([0.1, 0.3, 0.4, 0.8], [2.0, 1.0, 1.0, 3.0])  # steps of 0.1, 0.2, 0.1, 0.4 s
     assert s["start_loss"] == 2.0 and s["loss_area_steps"] == pytest.approx(2.0 + 1.5 + 1.0 + 2.0)
-    assert s["step_time_s"] == pytest.approx({"median": 0.15, "p25": 0.1, "p75": 0.25, "n": 4})
-    assert winners.area({**s, "loss_area": 9.9}, "steps") == pytest.approx(6.5 * 0.15)
+    assert s["step_time_s"] == pytest.approx({"p10": 0.1, "p25": 0.1, "median": 0.15, "p75": 0.25, "n": 4})
+    assert winners.area({**s, "loss_area": 9.9}, "steps") == pytest.approx(6.5 * 0.1)
     assert winners.area({**s, "loss_area": 9.9}, "wall") == 9.9
 
 
@@ -233,4 +233,4 @@ def test_a_sweep_with_repeats_on_the_steps_axis_merges_each_points_runs(tmp_path
     assert w["time_axis"] == "steps" and e["repeats"] == 2 and len(e["repeat_areas"]) == 2
     areas = sorted(winners.area(x["summary"], "steps") for x in rows if x["config"]["lr"] == e["lr"])
     assert e["area"] == pytest.approx(sum(areas) / 2)  # the median of two
-    assert "least loss area (median step time x steps)" in r.stdout and "median of 2 repeats" in r.stdout
+    assert "least loss area (p10 step time x steps)" in r.stdout and "median of 2 repeats" in r.stdout

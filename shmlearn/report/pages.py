@@ -126,7 +126,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
            f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
            f"{w['threshold']:g}, then take the least loss area (training loss integrated over "
            + ("training seconds" if w.get("time_axis", "wall") == "wall" else
-              "the steps, times the run's median step time (--time-axis steps)") + "). "
+              "the steps, times the run's 10th-percentile step time (--time-axis steps)") + "). "
            "Collapsed runs (the loss came back to within 10% of its start after falling far below it, or "
            "the test accuracy ended at chance) are never survivors. Each verdict names its runner-up and the "
            "margin; 'tied within noise' where the margin is within the timing noise (half the spread of the "
@@ -168,7 +168,8 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
         rows.append([k, fmt(e.get("batch_size")), fmt(e.get("lr")), fmt(e.get("area", e.get("loss_area"))),
                      fmt(e.get("min_loss")),
                      fmt(e.get("test_accuracy")), fmt(e.get("wall_time_s"), ".2f"),
-                     f"{info['survivors']}/{info['trials']}" + (f" ({info['reason']})" if info["reason"] else "")])
+                     f"{info['survivors']}/{info.get('points', info['trials'])}"
+                     + (f" ({info['reason']})" if info["reason"] else "")])
     page.table(header, rows, left=0)
     for line in verdict_lines(w) if "overall_margin" in w else [old_overall_line(w)]:
         page.p(line, "note" if line.startswith("collapsed") else None)

@@ -98,7 +98,7 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
         lo = float(finite[finite > 0].min()) if log else None
         norm = (LogNorm if log else Normalize)(vmin=lo, vmax=top, clip=True)
     im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm=norm)
-    fig.colorbar(im, ax=ax, label="loss area (loss x s" + (", median step x steps" if axis == "steps" else "")
+    fig.colorbar(im, ax=ax, label="loss area (loss x s" + (", p10 step time x steps" if axis == "steps" else "")
                  + ")" + (", log scale" if log else ""))
     for (i, j), c in cells.items():
         if c.kind == "pruned":
@@ -260,7 +260,7 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
     win = (f"winner: batch {winner['batch_size']}, lr {winner['lr']:g} (area {winner['loss_area']:.3g})"
            if winner else "no winner")
     ax.set(title=f"{worker_count(workers)}: {win}",
-           xlabel=f"runs sorted by minimum training loss, lowest first (grey: min loss > {threshold:g}; "
+           xlabel=f"runs sorted by minimum training loss, lowest first\n(grey: min loss > {threshold:g}; "
                   f"red: collapsed)",
            ylabel="loss area (loss x s)" + (", log scale" if ax.get_yscale() == "log" else ""))
     ax.grid(axis="y", alpha=0.3)
