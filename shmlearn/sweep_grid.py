@@ -266,10 +266,11 @@ def check_verdict(sc: SweepConfig) -> None:
     if prune and sc.time_axis != "wall":
         raise BadInput(f"{prune} --time-axis {sc.time_axis}: pruning stops a trial by its wall-clock area so far; "
                        f"the steps area is known only at its end; give one of them")
-    if sc.repeats > 1 and (prune or sc.storage):
-        what = prune or f"--storage {sc.storage}"
-        raise BadInput(f"--repeats {sc.repeats} {what}: repeats are merged by the pooled sweep's verdict; "
-                       f"run them without {what.split()[0]}")
+    if sc.repeats > 1 and prune:
+        raise BadInput(f"--repeats {sc.repeats} {prune}: pruning bounds one run's area, the verdict judges a "
+                       f"point's median of its repeats; give one of them")
+    if sc.repeats > 1 and sc.storage:
+        raise BadInput(f"--repeats {sc.repeats} --storage: an Optuna study runs each point once; give one of them")
     if sc.repeats > 1 and "seed" in sc.axes:
         raise BadInput(f"--repeats {sc.repeats} --seed {','.join(map(str, sc.axes['seed']))}: repeats already "
                        f"train seeds seed..seed+{sc.repeats - 1}; give one --seed")

@@ -105,7 +105,8 @@ def test_repeats_train_seed_plus_k_under_the_points_id_and_refuse_what_cannot_me
     assert [c.seed for c in trials] == [3, 4, 5] and len({trial_id(c) for c in trials}) == 3
     assert [point_of[trial_id(c)] for c in trials] == [(trial_id(cfg), 0), (trial_id(cfg), 1), (trial_id(cfg), 2)]
     assert with_repeats([cfg], 1) == ([cfg], {})
-    for sc, flag in ((SweepConfig(repeats=2, prune=True), "--repeats 2 --prune"),
+    for sc, flag in ((SweepConfig(repeats=2, prune=True), "--repeats 2 --prune: pruning bounds one run's area"),
+                     (SweepConfig(repeats=3, storage="sqlite:///x.db", study="s"), "--repeats 3 --storage: an Optuna"),
                      (SweepConfig(time_axis="steps", prune=True), "--prune --time-axis steps"),
                      (SweepConfig(repeats=2, axes={"seed": [1, 2]}), "--repeats 2 --seed 1,2"),
                      (SweepConfig(time_axis="cpu"), "--time-axis cpu: expected one of wall, steps"),
