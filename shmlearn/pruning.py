@@ -1,7 +1,7 @@
 """Exact pruning of sweep trials (`sweep --prune`): stop a trial only when it can no longer win.
 
-The paper's winner of a worker count is the least loss area among the finished runs whose minimum
-loss is <= the threshold. A training loss is >= 0, so a run's area (loss integrated over training
+The paper's winner of a worker count is the least loss area among the finished survivors (minimum
+loss <= the threshold, not collapsed: winners.py states the rule; its best_bounds gives the bound). A training loss is >= 0, so a run's area (loss integrated over training
 seconds) only grows with time: once a running trial's area so far exceeds the area of the best
 finished survivor of its worker count, its final area will too, and it cannot win. With
 --target-accuracy the sweep also ranks by training time to that accuracy; a trial can lose that

@@ -8,8 +8,9 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from shmlearn import jsonl
+from shmlearn import jsonl, winners
 from shmlearn.errors import BadInput, count
+from shmlearn.winners import best_bounds, time_to_accuracy  # noqa: F401 - re-exported
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
 """Grid order, outermost first: trials of one worker count run together and pack the slots."""
@@ -74,86 +75,89 @@ class ResultStore:
         jsonl.append_or_cut_back(self.path, (json.dumps(row) + "\n").encode())
 
 
-# --- winners --------------------------------------------------------------------------------
-
-def _area_key(row: Dict[str, Any], index: int):
-    s = row["summary"]
-    return (s["loss_area"], s["min_loss"], s.get("wall_time_s") or math.inf, index)
-
-
-def time_to_accuracy(row: Dict[str, Any], target: float) -> Optional[float]:
-    """Training seconds at the first evaluation whose test accuracy reached `target`."""
-    for t, acc in row.get("eval_curve") or []:
-        if acc is not None and acc >= target:
-            return t
-    return None
-
+# --- winners (the rule and its uncertainty: winners.py) -----------------------------------------
 
 def _entry(row: Dict[str, Any], swept: Sequence[str], target: Optional[float]) -> Dict[str, Any]:
-    s, c = row["summary"], row["config"]
-    e = {"id": row["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
-         "loss_area": s.get("loss_area"), "min_loss": s.get("min_loss"), "final_loss": s.get("final_loss"),
-         "test_accuracy": s.get("test_accuracy"), "wall_time_s": s.get("wall_time_s"),
-         "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
-         "axes": {a: c.get(a) for a in swept if a not in AXIS_ORDER}}
-    if target is not None:
-        e["time_to_target_s"] = time_to_accuracy(row, target)
-    return e
+    return winners.entry(winners.Point([(0, row)], "wall"), swept, AXIS_ORDER, target)
 
 
 def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_accuracy: Optional[float] = None,
                  swept: Sequence[str] = (), root: Optional[str] = None, metric: Optional[str] = None,
-                 goal: Optional[str] = None) -> Dict[str, Any]:
-    """Per worker count: the paper's rule (min loss <= threshold, then least loss area) and,
-    with a target, the least time to reach it; with a metric (a summary.json key, --winner-metric),
-    the best value of it (by_metric, metric_winners); and the overall best of each across worker
-    counts. Diverged runs are results but never winners. Ties: see sweep.py's module docstring.
-    With root (the sweep directory the rows' run_dir are relative to): also 'curves' (add_curves),
-    what the report and advise draw once the trial folders are gone."""
-    by_w: Dict[int, List[Tuple[int, Dict[str, Any]]]] = {}
-    for i, r in enumerate(rows):
-        by_w.setdefault(int(r["config"]["workers"]), []).append((i, r))
-    out: Dict[str, Any] = {"threshold": threshold, "target_accuracy": target_accuracy,
-                           "by_workers": {}, "overall": None, "by_target": None, "overall_by_target": None}
-    best_area, best_time = [], []
+                 goal: Optional[str] = None, time_axis: str = "wall",
+                 target_share: Optional[float] = None) -> Dict[str, Any]:
+    """Per worker count: the paper's rule (winners.py: survivors, not collapsed, least loss area on
+    `time_axis`; a grid point's --repeats merged on their median), its runner-up and the margin
+    ('tied within noise' when the areas' noise intervals overlap) and, with a target accuracy (or
+    target_share: that share of the best surviving accuracy), the least time to reach it; with a
+    metric (a summary.json key, --winner-metric), the best value of it (metric_winners); and the
+    overall best of each across worker counts, with each worker count's accuracy, the best trial
+    and the worker counts whose winner lags it ('lagging'). Diverged and collapsed runs are results
+    but never winners. Ties: see sweep.py's module docstring. With root (the sweep directory the
+    rows' run_dir are relative to): also 'curves' (add_curves), what the report and advise draw
+    once the trial folders are gone."""
+    if time_axis not in winners.TIME_AXES:
+        raise BadInput(f"--time-axis {time_axis}: expected one of {', '.join(winners.TIME_AXES)}")
+    best = winners.best_accuracy(rows, threshold)
+    if target_accuracy is None and target_share is not None and best is not None:
+        target_accuracy = round(target_share * best["test_accuracy"], 4)
+    pts = winners.points(rows, time_axis)
+    by_w: Dict[int, List[winners.Point]] = {}
+    for p in pts:
+        by_w.setdefault(int(p.row["config"]["workers"]), []).append(p)
+    out: Dict[str, Any] = {"threshold": threshold, "target_accuracy": target_accuracy, "target_share": target_share,
+                           "time_axis": time_axis, "repeats": max((p.repeats for p in pts), default=1),
+                           "by_workers": {}, "overall": None, "overall_runner_up": None, "overall_margin": None,
+                           "best_trial": best, "lagging": [], "by_target": None, "overall_by_target": None}
+    firsts, fastest = [], []
     targets: Dict[str, Any] = {}
     for w in sorted(by_w):
         group = by_w[w]
-        done = [(i, r) for i, r in group if r["status"] == "completed" and r["summary"].get("loss_area") is not None]
-        diverged = sum(r["status"] == "diverged" for _, r in group)
-        pruned = sum(r["status"] == "pruned" for _, r in group)
-        survivors = [(i, r) for i, r in done if r["summary"].get("min_loss") is not None
-                     and r["summary"]["min_loss"] <= threshold]
-        info: Dict[str, Any] = {"trials": len(group), "completed": len(done), "diverged": diverged, "pruned": pruned,
-                                "survivors": len(survivors), "winner": None, "reason": None}
+        runs = [r for p in group for r in p.rows]
+        done = [p for p in group if p.row["status"] == "completed" and p.area is not None]
+        diverged = sum(r["status"] == "diverged" for r in runs)
+        pruned = sum(r["status"] == "pruned" for r in runs)
+        fell = sum(winners.status(r) == "collapsed" for r in runs)
+        survivors = sorted((p for p in done if p.survives(threshold)), key=winners.Point.key)
+        info: Dict[str, Any] = {"trials": len(runs), "points": len(group),
+                                "completed": sum(r["status"] == "completed" for r in runs),
+                                "diverged": diverged, "pruned": pruned, "collapsed": fell,
+                                "survivors": len(survivors), "reason": None,
+                                **winners.ranked_verdict([(winners.entry(p, swept, AXIS_ORDER, target_accuracy),
+                                                          p.area, p.noise) for p in survivors])}
         if survivors:
-            i, r = min(survivors, key=lambda ir: _area_key(ir[1], ir[0]))
-            info["winner"] = _entry(r, swept, target_accuracy)
-            best_area.append((_area_key(r, i), info["winner"]))
+            firsts.append((survivors[0].key(), info["winner"], survivors[0].noise))
         elif not done:
-            info["reason"] = f"all {len(group)} diverged" if diverged == len(group) else "no completed run"
+            info["reason"] = f"all {len(runs)} diverged" if diverged == len(runs) else "no completed run"
             # (pruning never leaves a worker count without a completed run: the bound comes from one)
+        elif any(p.row["summary"]["min_loss"] <= threshold for p in done):
+            info["reason"] = (f"every run that reached min loss <= {threshold:g} collapsed" if fell else
+                              f"every point that reached min loss <= {threshold:g} had a repeat that did not")
         else:
-            best = min(r["summary"]["min_loss"] for _, r in done)
-            info["reason"] = f"no run reached min loss <= {threshold:g} (best {best:.4g})"
+            low = min(p.row["summary"]["min_loss"] for p in done)
+            info["reason"] = f"no run reached min loss <= {threshold:g} (best {low:.4g})"
         out["by_workers"][str(w)] = info
         if target_accuracy is not None:
-            reached = [(time_to_accuracy(r, target_accuracy), i, r) for i, r in group
-                       if r["status"] == "completed"]
-            reached = [(t, i, r) for t, i, r in reached if t is not None]
+            reached = [(winners.time_to_accuracy(p.row, target_accuracy, time_axis), p) for p in done
+                       if not p.collapsed]
+            reached = sorted(((t, p) for t, p in reached if t is not None),
+                             key=lambda tp: (tp[0], -(tp[1].row["summary"].get("test_accuracy") or 0), tp[1].key()))
+            targets[str(w)] = {"reason": None, **winners.ranked_verdict(
+                [(winners.entry(p, swept, AXIS_ORDER, target_accuracy), t, winners.step_noise(p.row["summary"], time_axis))
+                 for t, p in reached])}
             if reached:
-                t, i, r = min(reached, key=lambda x: (x[0], -(x[2]["summary"].get("test_accuracy") or 0),
-                                                      _area_key(x[2], x[1])))
-                targets[str(w)] = {"winner": _entry(r, swept, target_accuracy), "reason": None}
-                best_time.append(((t, i), targets[str(w)]["winner"]))
+                fastest.append(((reached[0][0], reached[0][1].index), targets[str(w)]["winner"], reached[0][1]))
             else:
-                targets[str(w)] = {"winner": None, "reason": f"no completed run reached test accuracy "
-                                                             f"{target_accuracy:g}"}
-    if best_area:
-        out["overall"] = min(best_area, key=lambda kv: kv[0][:3])[1]
+                targets[str(w)]["reason"] = f"no completed run reached test accuracy {target_accuracy:g}"
+    firsts.sort(key=lambda kv: kv[0][:3])
+    if firsts:
+        v = winners.ranked_verdict([(e, k[0], n) for k, e, n in firsts])
+        out["overall"], out["overall_runner_up"], out["overall_margin"] = v["winner"], v["runner_up"], v["margin"]
+    out["lagging"] = winners.lagging(out["by_workers"], best)
+    out["collapsed"] = [{"id": r["id"], "why": winners.collapsed(r["summary"])} for r in rows
+                        if winners.status(r) == "collapsed"]
     if target_accuracy is not None:
         out["by_target"] = targets
-        out["overall_by_target"] = min(best_time, key=lambda kv: kv[0])[1] if best_time else None
+        out["overall_by_target"] = min(fastest, key=lambda kv: kv[0])[1] if fastest else None
     if metric is not None:
         out.update(metric_winners(rows, metric, goal or winner_goal(metric), swept))
     return out if root is None else add_curves(out, rows, root)
@@ -186,7 +190,7 @@ def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Se
     for i, r in enumerate(rows):
         w = int(r["config"]["workers"])
         groups[w] = groups.get(w, 0) + (r["status"] == "completed")
-        v = metric_value(r, metric) if r["status"] == "completed" else None
+        v = metric_value(r, metric) if winners.status(r) == "completed" else None  # never a collapsed run
         if v is not None:
             area = r["summary"].get("loss_area")
             by_w.setdefault(w, []).append(((sign * v, math.inf if area is None else area, i), r))
@@ -323,25 +327,24 @@ def fmt(v, spec: str) -> str:
 def winners_table(w: Dict[str, Any]) -> str:
     """The winners as the paper's Table 5.1 (#Workers, Batch Size, Learn Rate), with the
     numbers that chose them."""
-    lines = [f"Winners: least loss area among runs with min loss <= {w['threshold']:g} (paper Table 5.1)",
+    axis = w.get("time_axis", "wall")
+    lines = [f"Winners: least loss area ({winners.axis_name(axis)}) among runs with min loss <= {w['threshold']:g} "
+             f"that did not collapse (paper Table 5.1)",
              f"{'#Workers':>8}  {'Batch Size':>10}  {'Learn Rate':>10}  {'Loss area':>10}  {'Min loss':>8}  "
              f"{'Test acc':>8}  {'Train s':>8}  {'Survivors':>9}  {'Pruned':>6}  Other"]
     for k, info in w["by_workers"].items():
         e = info["winner"]
-        surv = f"{info['survivors']}/{info['trials']}"
+        surv = f"{info['survivors']}/{info.get('points', info['trials'])}"  # grid points (repeats merged)
         surv = f"{surv:>9}  {info.get('pruned', 0):>6}"
         if e is None:
             lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>10}  {'-':>8}  {'-':>8}  {'-':>8}  {surv}  "
                          f"{info['reason']}")
             continue
         other = " ".join(f"{a}={v}" for a, v in e["axes"].items())
-        lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {fmt(e['loss_area'], '.4g'):>10}  "
+        lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {fmt(e.get('area', e['loss_area']), '.4g'):>10}  "
                      f"{fmt(e['min_loss'], '.4f'):>8}  {fmt(e['test_accuracy'], '.4f'):>8}  "
                      f"{fmt(e['wall_time_s'], '.2f'):>8}  {surv}  {other}")
-    o = w["overall"]
-    lines.append("Overall best: " + ("none" if o is None else
-                 f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
-                 f"(loss area {o['loss_area']:.4g}, test accuracy {fmt(o['test_accuracy'], '.4f')})"))
+    lines += winners.verdict_lines(w) if "overall_margin" in w else [old_overall_line(w)]
     if w.get("by_target") is not None:
         a = w["target_accuracy"]
         lines += ["", f"Winners: least training time to test accuracy {a:g}",
@@ -353,7 +356,9 @@ def winners_table(w: Dict[str, Any]) -> str:
                 lines.append(f"{k:>8}  {'-':>10}  {'-':>10}  {'-':>16}  {'-':>9}  {info['reason']}")
             else:
                 lines.append(f"{k:>8}  {e['batch_size']:>10}  {e['lr']:>10g}  {e['time_to_target_s']:>16.3f}  "
-                             f"{fmt(e['test_accuracy'], '.4f'):>9}")
+                             f"{fmt(e['test_accuracy'], '.4f'):>9}  " + winners.margin_text(
+                                 info.get("margin"), info.get("runner_up"),
+                                 winners.point_name(info["runner_up"]) if info.get("runner_up") else "", "s"))
         o = w["overall_by_target"]
         lines.append("Overall fastest to target: " + ("none" if o is None else
                      f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
@@ -361,6 +366,14 @@ def winners_table(w: Dict[str, Any]) -> str:
     if w.get("by_metric") is not None:
         lines += ["", metric_table(w)]
     return "\n".join(lines)
+
+
+def old_overall_line(w: Dict[str, Any]) -> str:
+    """The overall line of a winners.json written before verdicts had margins."""
+    o = w["overall"]
+    return "Overall best: " + ("none" if o is None else
+                               f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
+                               f"(loss area {o['loss_area']:.4g}, test accuracy {fmt(o['test_accuracy'], '.4f')})")
 
 
 def metric_title(w: Dict[str, Any]) -> str:
@@ -387,24 +400,3 @@ def metric_table(w: Dict[str, Any]) -> str:
                  f"{count(o['workers'], 'worker')}, batch {o['batch_size']}, lr {o['lr']:g} "
                  f"({m} {o['metric_value']:.6g})"))
     return "\n".join(lines)
-
-
-def best_bounds(rows: List[Dict[str, Any]], threshold: float,
-                target: Optional[float]) -> Dict[int, Tuple[float, Optional[float]]]:
-    """The pruning bounds (pruning.py) per worker count: the least area of a finished survivor
-    (min loss <= threshold) and, with a target accuracy, the least time to reach it."""
-    best: Dict[int, Tuple[float, Optional[float]]] = {}
-    for row in rows:
-        s = row["summary"]
-        if row["status"] != "completed" or s.get("loss_area") is None:
-            continue
-        w = int(row["config"]["workers"])
-        area, t = best.get(w, (math.inf, None))
-        if s.get("min_loss") is not None and s["min_loss"] <= threshold:
-            area = min(area, s["loss_area"])
-        if target is not None:
-            tt = time_to_accuracy(row, target)
-            if tt is not None and (t is None or tt < t):
-                t = tt
-        best[w] = (area, t)
-    return {w: v for w, v in best.items() if math.isfinite(v[0])}

@@ -190,6 +190,37 @@ def loss_area(times: List[float], losses: List[float]) -> Optional[float]:
     return sum((t1 - t0) * (l0 + l1) / 2 for t0, t1, l0, l1 in zip(times, times[1:], losses, losses[1:]))
 
 
+def chance_accuracy(spec) -> Optional[float]:
+    """The test accuracy of guessing (a data.DataSpec's): 1/classes, 0.5 for a binary task, None
+    for regression. A run whose accuracy ends there collapsed (winners.collapsed)."""
+    if spec.task == "classification" and spec.num_outputs > 1:
+        return 1.0 / spec.num_outputs
+    return 0.5 if spec.task == "binary" else None
+
+
+def step_clock(step_times: List[float], step_losses: List[float]) -> Dict[str, Any]:
+    """summary.json's step clock (issue 55), what a verdict that does not drift with machine load
+    reads: start_loss (the first step's loss, the collapse rule's reference), loss_area_steps
+    (trapezoid area of the training loss over the step index: loss x steps; times the p10 step
+    time it is the area on `--time-axis steps`) and step_time_s {p10, p25, median, p75, n}: the
+    quantiles of the steps' seconds (steps read together on the device share their window's
+    time); p10 is a step that the machine's other work hardly slowed, the interquartile spread
+    the run's timing noise (winners.py)."""
+    finite = [x for x in step_losses if math.isfinite(x)]
+    out: Dict[str, Any] = {"start_loss": finite[0] if finite else None,
+                           "loss_area_steps": loss_area(list(range(len(step_losses) + 1)),
+                                                        step_losses[:1] + step_losses) if finite else None,
+                           "step_time_s": None}
+    d = sorted(t1 - t0 for t0, t1 in zip([0.0] + step_times, step_times))
+    if d:
+        def q(p: float) -> float:  # linear interpolation between order statistics (numpy's default)
+            x = p * (len(d) - 1)
+            i = int(x)
+            return d[i] + (d[min(i + 1, len(d) - 1)] - d[i]) * (x - i)
+        out["step_time_s"] = {"p10": q(0.1), "p25": q(0.25), "median": q(0.5), "p75": q(0.75), "n": len(d)}
+    return out
+
+
 @contextmanager
 def _naming(path: str) -> Iterator[None]:
     """An OSError while writing (a full disk) names the file: a write error carries no path."""
@@ -289,6 +320,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "min_loss": min(finite) if finite else None,
         "loss_area": loss_area([0.0] + step_times, step_losses[:1] + step_losses)
         if status in ("completed", "pruned") else None,
+        **step_clock(step_times, step_losses),
         "test_loss": evals[-1]["test_loss"] if evals else None,
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "best_test_accuracy": max(accs) if accs else None,

@@ -56,7 +56,9 @@ from optuna.trial import TrialState
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
-from shmlearn.results import best_bounds, metric_value
+from shmlearn import winners
+from shmlearn.results import metric_value
+from shmlearn.winners import best_bounds
 from shmlearn.runs import lock_dir, read_jsonl
 from shmlearn.study_book import BEAT_S, CLAIM_WAIT_S, HOST, LOOK_S, Owned, StudyBook  # noqa: F401 - re-exported
 from shmlearn.study_search import (SPEC, AreaPruner, distributions, finished_rows, make_pruner,  # noqa: F401
@@ -308,12 +310,11 @@ class StudySweep(TrialRunner):
         # its eval points, as every completed trial has.
         if self.pruner_name is not None and (not o.pruned or row["status"] != "pruned") and row.get("run_dir"):
             self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
-        if self.sc.winner_metric is None:
-            area = s.get("loss_area")
-            ml = s.get("min_loss")
-            constraint = ml - self.sc.threshold if ml is not None and row["status"] == "completed" else math.inf
+        if self.sc.winner_metric is None:  # the paper's rule (winners.py): the area on --time-axis
+            area = winners.area(s, self.sc.time_axis)
+            constraint = winners.constraint(row, self.sc.threshold)
         else:  # the metric's verdict: every completed trial that reports it counts
-            area = metric_value(row, self.sc.winner_metric) if row["status"] == "completed" else None
+            area = metric_value(row, self.sc.winner_metric) if winners.status(row) == "completed" else None
             constraint = 0.0 if area is not None else math.inf
         try:
             o.trial.set_user_attr("row", row)

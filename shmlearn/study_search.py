@@ -13,7 +13,8 @@ from optuna.trial import FrozenTrial, TrialState
 
 from shmlearn.errors import BadInput
 from shmlearn.pruning import cannot_win
-from shmlearn.results import best_bounds, winner_goal
+from shmlearn.results import winner_goal
+from shmlearn.winners import best_bounds
 from shmlearn.study_storage import redact, why_not_opened
 from shmlearn.sweep_grid import SweepConfig, field_kind, ordered_axes
 

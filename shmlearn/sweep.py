@@ -11,9 +11,12 @@
   killed sweep loses only the trials in flight; the same command again skips every trial whose
   id (a hash of its config) has a line, adopts any trial that finished but had no line yet, and
   runs the rest. A trial publishes its run directory (DIR/trials/<id>/) by one rename when done.
-* Winners by the paper's rule: per worker count, drop runs whose minimum training loss is above
-  the threshold (1.8 in the paper), then take the least loss area (loss integrated over training
-  seconds). Ties: lower minimum loss, then shorter training time, then grid order. Optionally,
+* Winners by the paper's rule (winners.py states it): per worker count, drop runs whose minimum
+  training loss is above the threshold (1.8 in the paper) and runs that collapsed, then take the
+  least loss area (loss integrated over training seconds, or with --time-axis steps over the
+  steps times the p10 step time). Ties: lower minimum loss, then shorter training time, then grid
+  order. Each verdict names its runner-up and margin, tied within noise or not; --repeats N
+  trains each point N times and judges the median. Optionally,
   the least training time to reach a test accuracy, and (--winner-metric NAME, --winner-goal)
   the best value of a summary.json key (val_loss, test_accuracy, a --compute-loss metric) among
   completed trials; ties: least loss area, then grid order.
@@ -30,11 +33,12 @@ from typing import Any, Dict, List, Optional, Tuple
 from shmlearn.config import TrainConfig
 from shmlearn.errors import count
 from shmlearn.pruning import bound_key, post_bound
-from shmlearn.results import ResultStore, best_bounds, pick_winners, winners_table  # noqa: F401 - re-exported
+from shmlearn.results import ResultStore, pick_winners, winners_table  # noqa: F401 - re-exported
 from shmlearn.sweep_grid import (MAX_TRIALS, NOT_SWEPT, PRUNERS, SEARCHES, SweepConfig,  # noqa: F401 - re-exported
                                  check_search, expand_grid, field_kind, ordered_axes, parse_values, split_axes,
                                  trial_id, trials_at_once)
 from shmlearn.trials import TRIAL_TIMES, Running, TrialRunner, raise_interrupt  # noqa: F401 - re-exported
+from shmlearn.winners import best_bounds
 
 
 class Sweep(TrialRunner):

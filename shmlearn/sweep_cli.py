@@ -51,9 +51,10 @@ def register(sub) -> None:
             shown = "{" + ",".join(map(str, o.choices)) + "}[,...]" if o.choices else "V[,V...]|A:B:S"
             where.add_argument(o.flag, dest=o.name, default=argparse.SUPPRESS, metavar=shown, help=o.help)
     g = p.add_argument_group("sweep")
-    for name in ("threshold", "target_accuracy", "parallel", "slots", "out"):
+    for name in ("threshold", "target_accuracy", "target_share", "time_axis", "repeats", "parallel", "slots", "out"):
         fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)
-        typ = float if name in ("threshold", "target_accuracy") else int if name in ("parallel", "slots") else str
+        typ = float if name in ("threshold", "target_accuracy", "target_share") else \
+            int if name in ("parallel", "slots", "repeats") else str
         g.add_argument("--" + name.replace("_", "-"), dest=f"sweep_{name}", type=typ,
                        default=fd.default if fd.default != "" else None,
                        help=field_docs(SweepConfig).get(name, "") +
@@ -97,6 +98,7 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
     return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
                        target_accuracy=ns.sweep_target_accuracy, winner_metric=ns.sweep_winner_metric,
+                       time_axis=ns.sweep_time_axis, repeats=ns.sweep_repeats, target_share=ns.sweep_target_share,
                        winner_goal=ns.sweep_winner_goal, parallel=ns.sweep_parallel,
                        slots=ns.sweep_slots, out=out, report=ns.sweep_report,
                        prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,

@@ -3,6 +3,7 @@ trials in order, and each trial's id (a hash of its config). Nothing here runs a
 sweep.py, study.py do)."""
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -15,6 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from shmlearn.config import TrainConfig, options, validate
 from shmlearn.errors import BadInput, count
 from shmlearn.results import AXIS_ORDER
+from shmlearn.winners import TIME_AXES
 
 NOT_SWEPT = ("out", "progress", "resume")
 """Set by the sweep: each trial writes its own run directory, fresh, with no progress bar."""
@@ -37,6 +39,19 @@ class SweepConfig:
     """Winners: drop runs whose minimum training loss is above this (the paper's 1.8)."""
     target_accuracy: Optional[float] = None
     """Winners also by the least training seconds to reach this test accuracy."""
+    time_axis: str = "wall"
+    """The clock the loss area is integrated over: wall (the paper's: training seconds as measured)
+    or steps (the step index times the run's 10th-percentile step time, a step the machine's other
+    work hardly slowed: a busy machine moves it far less, so a rerun reaches the same verdict). Every verdict names its runner-up and margin, and says
+    'tied within noise' where the margin is within the timing noise (docs/sweeps.md)."""
+    repeats: int = 1
+    """Train each grid point this many times (seeds seed, seed+1, ...): the verdict takes the
+    median area of a point's repeats, and their spread joins the noise that decides 'tied within
+    noise'. A point is a survivor only when every repeat is."""
+    target_share: Optional[float] = None
+    """Without --target-accuracy: also rank by the least time to this share of the best test
+    accuracy a surviving trial reached (0.9: 90% of it), known once the trials are done (so not
+    used by --prune). Experiments set it to 0.9."""
     winner_metric: Optional[str] = None
     """Winners also by this summary.json key (val_loss, test_loss, best_val_loss, test_accuracy,
     test_<metric> of --compute-loss, ...): per worker count the completed trial with its best
@@ -235,6 +250,46 @@ def check_winner(sc: SweepConfig) -> None:
         flag = "--prune" if sc.prune else "--pruner area"
         raise BadInput(f"{flag} --winner-metric {sc.winner_metric}: {flag} stops trials that cannot win by loss "
                        f"area, which may stop the {sc.winner_metric} winner; give one of them")
+
+
+def check_verdict(sc: SweepConfig) -> None:
+    """--time-axis, --repeats and --target-share before any trial: pruning bounds one run's
+    wall-clock area, so it goes with neither --time-axis steps nor --repeats; a study runs each
+    point once."""
+    if sc.time_axis not in TIME_AXES:
+        raise BadInput(f"--time-axis {sc.time_axis}: expected one of {', '.join(TIME_AXES)}")
+    if not isinstance(sc.repeats, int) or sc.repeats < 1:
+        raise BadInput(f"--repeats {sc.repeats}: expected a whole number >= 1")
+    if sc.target_share is not None and not 0 < sc.target_share <= 1:
+        raise BadInput(f"--target-share {sc.target_share}: expected a fraction in (0, 1]")
+    prune = "--prune" if sc.prune else f"--pruner {sc.pruner}" if sc.pruner else None
+    if prune and sc.time_axis != "wall":
+        raise BadInput(f"{prune} --time-axis {sc.time_axis}: pruning stops a trial by its wall-clock area so far; "
+                       f"the steps area is known only at its end; give one of them")
+    if sc.repeats > 1 and prune:
+        raise BadInput(f"--repeats {sc.repeats} {prune}: pruning bounds one run's area, the verdict judges a "
+                       f"point's median of its repeats; give one of them")
+    if sc.repeats > 1 and sc.storage:
+        raise BadInput(f"--repeats {sc.repeats} --storage: an Optuna study runs each point once; give one of them")
+    if sc.repeats > 1 and "seed" in sc.axes:
+        raise BadInput(f"--repeats {sc.repeats} --seed {','.join(map(str, sc.axes['seed']))}: repeats already "
+                       f"train seeds seed..seed+{sc.repeats - 1}; give one --seed")
+
+
+def with_repeats(trials: List[TrainConfig], repeats: int) -> Tuple[List[TrainConfig], Dict[str, Tuple[str, int]]]:
+    """Each trial and its repeats, and {trial id: (its grid point's id, repeat k)} (empty for one
+    repeat): repeat k trains with seed + k, so its id differs; the point id is repeat 0's (the
+    trial's id without --repeats)."""
+    if repeats <= 1:
+        return trials, {}
+    out, point_of = [], {}
+    for cfg in trials:
+        point = trial_id(cfg)
+        for k in range(repeats):
+            c = cfg if k == 0 else dataclasses.replace(cfg, seed=cfg.seed + k)
+            out.append(c)
+            point_of[trial_id(c)] = (point, k)
+    return out, point_of
 
 
 SEARCHES = ("grid", "tpe", "random")

@@ -575,6 +575,7 @@ class _Loop:
             strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None,
             monitor=self.monitor.summary(self.evals, self.stopped_early) if self.monitor is not None else None)
         summary["train_start_unix"] = getattr(self, "train_start_unix", None)  # the clock's start, Unix seconds
+        summary["chance_accuracy"] = runs.chance_accuracy(self.data.spec)  # the collapse rule's "ends at chance"
         if self.lead:
             save = cfg.save_model and status in ("completed", "pruned")
             runs.write_results(self.rundir, summary, chrome_trace(gathered),

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn import jsonl
+from shmlearn import jsonl, winners
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
@@ -31,7 +31,8 @@ from shmlearn.pool import Pool
 from shmlearn.results import ResultStore, pick_winners, winner_goal, winners_table
 from shmlearn.results import fmt as _fmt
 from shmlearn.runs import lock_dir, read_jsonl, write_json_atomic
-from shmlearn.sweep_grid import NOT_SWEPT, SweepConfig, expand_grid, ordered_axes, trial_id, trials_at_once
+from shmlearn.sweep_grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_grid, ordered_axes, trial_id,
+                                 trials_at_once, with_repeats)
 from shmlearn.sync import registry
 from shmlearn.train import preload_data, rank_main
 
@@ -69,6 +70,7 @@ class TrialRunner(abc.ABC):
         """winners' metric_missing: no completed trial reports --winner-metric (exit_code says so)."""
         self.total = self.finished = 0
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+        self.point_of: Dict[str, Tuple[str, int]] = {}  # --repeats: trial id -> (its point's id, repeat k)
 
     # -- hooks: a driver overrides these -------------------------------------------------------
     @abc.abstractmethod
@@ -118,10 +120,12 @@ class TrialRunner(abc.ABC):
             raise BadInput(f"--slots {self.sc.slots}: expected a whole number > 0")
         if os.path.exists(self.dir) and not os.path.isdir(self.dir):
             raise BadInput(f"--out {self.dir}: exists and is not a directory")
+        check_verdict(self.sc)
         self.cuda, self.nslots = find_slots(self.sc)
         self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
         """Trials at once (SweepConfig.parallel, resolved for this machine)."""
         trials = expand_grid(self.sc.fixed, self.sc.axes, cuda=self.cuda)
+        trials, self.point_of = with_repeats(trials, self.sc.repeats)  # the verdict merges them (winners.py)
         if self.cuda:
             import torch
             big = max(self.procs(c) for c in trials)
@@ -148,7 +152,8 @@ class TrialRunner(abc.ABC):
         write_json_atomic(os.path.join(self.dir, "sweep.json"), {
             "command": sys.argv, "fixed": self.sc.fixed, "axes": self.sc.axes,
             "axis_order": ordered_axes(self.sc.axes), "threshold": self.sc.threshold,
-            "target_accuracy": self.sc.target_accuracy, "winner_metric": self.sc.winner_metric,
+            "target_accuracy": self.sc.target_accuracy, "target_share": self.sc.target_share,
+            "time_axis": self.sc.time_axis, "repeats": self.sc.repeats, "winner_metric": self.sc.winner_metric,
             "winner_goal": sweep_goal(self.sc), "parallel": self.parallel, "prune": self.sc.prune,
             "slots": self.nslots, "device": "cuda" if self.cuda else "cpu",
             "trials": [trial_id(c) for c in trials], **(extra or {})})
@@ -271,14 +276,8 @@ class TrialRunner(abc.ABC):
                 elapsed, group_s = times.get("elapsed_s"), times.get("group_s")
             except (OSError, ValueError, AttributeError):
                 pass
-        row = {"id": tid, "status": summary["status"],
-               "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
-               "summary": summary, "run_dir": os.path.relpath(run_dir, self.dir),
-               "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
-               "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
-               # The trial's wall time in the sweep (start to recorded); minus the summary's
-               # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
-               "elapsed_s": elapsed, "group_s": group_s, "slots": min(self.need(cfg), self.nslots)}
+        row = result_row(cfg, tid, summary, os.path.relpath(run_dir, self.dir), evals, elapsed, group_s,
+                         min(self.need(cfg), self.nslots), self.point_of.get(tid))
         if summary["status"] == "pruned":
             bound = self.bounds().get(int(cfg.workers))
             row["pruned"] = {"area_so_far": summary.get("loss_area"), "time_s": summary.get("wall_time_s"),
@@ -290,14 +289,9 @@ class TrialRunner(abc.ABC):
         if not adopted:
             self.done_now += 1
             self.finished += 1
-            s = summary
-            res = (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
-                   if s["status"] == "completed" else
-                   f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({self.pruned_why(row)})"
-                   if s["status"] == "pruned" else
-                   f"DIVERGED at step {s.get('diverged_step')}")
-            print(f"[{self.finished}/{self.total}] {tid}: {res}, {s['wall_time_s']:.2f} s training"
-                  + (f", {elapsed:.1f} s in all" if elapsed else ""), flush=True)
+            print(f"[{self.finished}/{self.total}] {tid}: {outcome(row, self.pruned_why)}, "
+                  f"{summary['wall_time_s']:.2f} s training" + (f", {elapsed:.1f} s in all" if elapsed else ""),
+                  flush=True)
         else:
             print(f"sweep: {tid} had finished before the last sweep was stopped; recorded it", flush=True)
         return True
@@ -322,7 +316,8 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {extra} results in results.jsonl are from another grid; left out of the winners")
         w = pick_winners(rows, threshold=self.sc.threshold, target_accuracy=self.sc.target_accuracy,
                          swept=ordered_axes(self.sc.axes), root=self.dir,  # with the winners' curves
-                         metric=self.sc.winner_metric, goal=sweep_goal(self.sc))
+                         metric=self.sc.winner_metric, goal=sweep_goal(self.sc), time_axis=self.sc.time_axis,
+                         target_share=self.sc.target_share)
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
         self.metric_missing = w.get("metric_missing")
@@ -357,6 +352,37 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {self.metric_missing}", file=sys.stderr, flush=True)
             code = 2
         return code
+
+
+def result_row(cfg: TrainConfig, tid: str, summary: Dict[str, Any], run_dir: str, evals: List[Dict[str, Any]],
+               elapsed: Optional[float], group_s: Optional[float], slots: int,
+               point: Optional[Tuple[str, int]]) -> Dict[str, Any]:
+    """A finished trial's results.jsonl line (run_dir relative to the sweep directory; point:
+    (its grid point's id, repeat k) under --repeats)."""
+    row = {"id": tid, "status": summary["status"],
+           "config": {k: v for k, v in cfg.to_dict().items() if k not in NOT_SWEPT},
+           "summary": summary, "run_dir": run_dir,
+           "eval_curve": [[e["time_s"], e.get("test_accuracy")] for e in evals],
+           "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+           # The trial's wall time in the sweep (start to recorded); minus the summary's
+           # wall_time_s, eval_time_s and checkpoint_time_s, what the sweep spent around it.
+           "elapsed_s": elapsed, "group_s": group_s, "slots": slots}
+    if point is not None:
+        row["point"], row["repeat"] = point
+    return row
+
+
+def outcome(row: Dict[str, Any], pruned_why) -> str:
+    """A finished trial's progress line, after its id: its area, or why it has none; COLLAPSED and
+    why where the verdict will skip it (winners.collapsed)."""
+    s = row["summary"]
+    if s["status"] == "completed":
+        fell = winners.collapsed(s)
+        return (f"area {s['loss_area']:.4g}, min loss {s['min_loss']:.4f}, acc {_fmt(s.get('test_accuracy'), '.4f')}"
+                + (f", COLLAPSED ({fell})" if fell else ""))
+    if s["status"] == "pruned":
+        return f"PRUNED at step {s.get('steps')}/{s.get('planned_steps')} ({pruned_why(row)})"
+    return f"DIVERGED at step {s.get('diverged_step')}"
 
 
 def sweep_goal(sc: SweepConfig) -> Optional[str]:

@@ -111,7 +111,8 @@ def load_sweep(path: str) -> SweepData:
     swept = spec.get("axis_order") or []
     winners = pick_winners(rows, threshold=spec.get("threshold", 1.8),
                            target_accuracy=spec.get("target_accuracy"), swept=swept,
-                           metric=spec.get("winner_metric"), goal=spec.get("winner_goal"))
+                           metric=spec.get("winner_metric"), goal=spec.get("winner_goal"),
+                           time_axis=spec.get("time_axis", "wall"), target_share=spec.get("target_share"))
     curves: Dict[str, Any] = {}
     try:
         with open(os.path.join(path, "winners.json")) as f:

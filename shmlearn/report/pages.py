@@ -6,7 +6,8 @@ import os
 import time
 from typing import Dict, List, Tuple
 
-from shmlearn.results import metric_title
+from shmlearn.results import old_overall_line, metric_title
+from shmlearn.winners import margin_text, point_name, points, status, verdict_lines
 
 from . import run_figures as rf
 from . import sweep_figures as sf
@@ -116,13 +117,21 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     fixed = spec.get("fixed", {})
     page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
     figs: Figs = {}
-    n = {s: sum(r["status"] == s for r in sw.rows) for s in ("completed", "pruned", "diverged")}
+    n = {s: sum(status(r) == s for r in sw.rows) for s in ("completed", "collapsed", "pruned", "diverged")}
     pruned = n["pruned"] > 0
-    counts = f"{n['completed']} completed, " + (f"{n['pruned']} pruned, " if pruned else "") + f"{n['diverged']} diverged"
+    counts = (f"{n['completed']} completed, " + (f"{n['collapsed']} collapsed, " if n["collapsed"] else "")
+              + (f"{n['pruned']} pruned, " if pruned else "") + f"{n['diverged']} diverged")
     page.p(f"{len(sw.rows)} of {len(spec.get('trials', sw.rows))} trials finished ({counts}) on "
            f"{spec.get('device', '?')}, {spec.get('parallel', '?')} at a time. "
            f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
-           f"{w['threshold']:g}, then take the least loss area (training loss integrated over training seconds)."
+           f"{w['threshold']:g}, then take the least loss area (training loss integrated over "
+           + ("training seconds" if w.get("time_axis", "wall") == "wall" else
+              "the steps, times the run's 10th-percentile step time (--time-axis steps)") + "). "
+           "Collapsed runs (the loss came back to within 10% of its start after falling far below it, or "
+           "the test accuracy ended at chance) are never survivors. Each verdict names its runner-up and the "
+           "margin; 'tied within noise' where the margin is within the timing noise (half the spread of the "
+           "runs' step times" + (f", and of their {w['repeats']} repeats" if w.get("repeats", 1) > 1 else "")
+           + ")."
            + (" Pruned trials were stopped early because they could no longer win (sweep --prune); their "
               "loss area is the area so far, a lower bound, and they are never winners."
               if pruned and spec.get("pruner") in (None, "area") else "")
@@ -156,32 +165,39 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     rows = []
     for k, info in w["by_workers"].items():
         e = info["winner"] or {}
-        rows.append([k, fmt(e.get("batch_size")), fmt(e.get("lr")), fmt(e.get("loss_area")), fmt(e.get("min_loss")),
+        rows.append([k, fmt(e.get("batch_size")), fmt(e.get("lr")), fmt(e.get("area", e.get("loss_area"))),
+                     fmt(e.get("min_loss")),
                      fmt(e.get("test_accuracy")), fmt(e.get("wall_time_s"), ".2f"),
-                     f"{info['survivors']}/{info['trials']}" + (f" ({info['reason']})" if info["reason"] else "")])
+                     f"{info['survivors']}/{info.get('points', info['trials'])}"
+                     + (f" ({info['reason']})" if info["reason"] else "")])
     page.table(header, rows, left=0)
-    o = w["overall"]
-    page.p("Overall best: " + ("none" if not o else f"{worker_count(o['workers'])}, batch {o['batch_size']}, lr {o['lr']:g} "
-                                                    f"(loss area {o['loss_area']:.4g})."))
+    for line in verdict_lines(w) if "overall_margin" in w else [old_overall_line(w)]:
+        page.p(line, "note" if line.startswith("collapsed") else None)
     if w.get("by_target") is not None:
         a = w["target_accuracy"]
         page.h3(f"Least training time to test accuracy {a:g}")
-        page.table(["#Workers", "Batch Size", "Learn Rate", f"seconds to {a:g}", "final test accuracy"],
+        if w.get("target_share") is not None and w.get("target_accuracy") is not None:
+            page.p(f"Target: {w['target_share']:g} x the best surviving test accuracy.", "note")
+        page.table(["#Workers", "Batch Size", "Learn Rate", f"seconds to {a:g}", "final test accuracy", "runner-up"],
                    [[k, fmt((i["winner"] or {}).get("batch_size")), fmt((i["winner"] or {}).get("lr")),
                      fmt((i["winner"] or {}).get("time_to_target_s"), ".3f") if i["winner"] else i["reason"],
-                     fmt((i["winner"] or {}).get("test_accuracy"))] for k, i in w["by_target"].items()], left=0)
+                     fmt((i["winner"] or {}).get("test_accuracy")),
+                     margin_text(i.get("margin"), i.get("runner_up"),
+                                 point_name(i["runner_up"]) if i.get("runner_up") else "", "s")]
+                    for k, i in w["by_target"].items()], left=0)
 
     if w.get("by_metric") is not None:
         _metric_winners(page, w)
 
     others = [a for a in spec.get("axis_order", []) if a not in ("workers", "batch_size", "lr")]
     by_w: Dict[int, list] = {}
-    for r in sw.rows:
-        by_w.setdefault(r["config"]["workers"], []).append(r)
+    axis = w.get("time_axis", "wall")
+    for p in points(sw.rows, axis):  # a grid point's repeats: the one of median area stands for it
+        by_w.setdefault(p.row["config"]["workers"], []).append(p.row)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
     page.p(sf.heat_note(sw.rows), "note")
     page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title: sf.heatmap(
-        rs, threshold=w["threshold"], winner_id=win, title=f"Loss area, {title}"), w["by_workers"]))
+        rs, threshold=w["threshold"], winner_id=win, title=f"Loss area, {title}", axis=axis), w["by_workers"]))
     if w.get("by_metric") is not None:
         m, goal = w["winner_metric"], w["winner_goal"]
         page.h2(f"{m} by batch size and learning rate (--winner-metric)")
@@ -224,7 +240,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
     m = [w["winner_metric"]] if w.get("by_metric") is not None and w["winner_metric"] != "test_accuracy" else []
     page.table(["trial", "status", "workers", "batch", "lr", *others, "min loss", "loss area", *m, "test acc",
                 "training s", "samples/s"],
-               [[r["id"], r["status"], r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
+               [[r["id"], status(r), r["config"]["workers"], r["config"]["batch_size"], fmt(r["config"]["lr"]),
                  *(r["config"].get(a) for a in others), fmt(r["summary"].get("min_loss")),
                  _area(r["status"], r["summary"]), *(fmt(r["summary"].get(k)) for k in m),
                  fmt(r["summary"].get("test_accuracy")),

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import numpy as np
 from matplotlib.patches import Rectangle
 
+from shmlearn import winners
 from shmlearn.results import metric_value
 
 from .html import worker_count
@@ -25,12 +26,18 @@ def _wide(values: np.ndarray) -> bool:
 
 
 def run_kind(r: Row) -> str:
-    """'completed' (a full loss area), 'pruned' (stopped early by `sweep --prune` once it could
-    no longer win: its area is the area so far, a lower bound), or the row's status otherwise
-    ('diverged', ...). Only 'completed' areas are drawn on the loss-area scale."""
+    """'completed' (a full loss area), 'collapsed' (completed, then its loss came back up or its
+    accuracy ended at chance: winners.collapsed; a full area, never a survivor), 'pruned' (stopped
+    early by `sweep --prune` once it could no longer win: its area is the area so far, a lower
+    bound), or the row's status otherwise ('diverged', ...). Only completed and collapsed areas
+    are drawn on the loss-area scale."""
     if r["status"] == "completed" and r["summary"].get("loss_area") is not None:
-        return "completed"
+        return winners.status(r)
     return r["status"]
+
+
+FULL = ("completed", "collapsed")
+"""Kinds with a full loss area."""
 
 
 def area_so_far(r: Row) -> Optional[float]:
@@ -49,9 +56,10 @@ class Cell(NamedTuple):
     """a completed run whose minimum loss is above the threshold"""
 
 
-def heat_cells(rows: List[Row], *, threshold: float):
-    """The heat map without drawing: batch sizes, learning rates, the colored areas (completed
-    runs only, NaN elsewhere) and each cell's Cell. Pruned cells read 'pruned' and '>area so far'."""
+def heat_cells(rows: List[Row], *, threshold: float, axis: str = "wall"):
+    """The heat map without drawing: batch sizes, learning rates, the colored areas on `axis`
+    (completed and collapsed runs only, NaN elsewhere) and each cell's Cell. Pruned cells read
+    'pruned' and '>area so far'; collapsed cells read 'collapsed' under their area."""
     batches = sorted({r["config"]["batch_size"] for r in rows})
     lrs = sorted({r["config"]["lr"] for r in rows})
     area = np.full((len(batches), len(lrs)), np.nan)
@@ -59,10 +67,11 @@ def heat_cells(rows: List[Row], *, threshold: float):
     for r in rows:
         i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
         kind = run_kind(r)
-        if kind == "completed":
-            area[i, j] = r["summary"]["loss_area"]
-            over = not _under(r, threshold)
-            cells[i, j] = Cell(r, kind, f"{area[i, j]:.3g}" + ("\n>thr" if over else ""), over)
+        if kind in FULL:
+            area[i, j] = winners.area(r["summary"], axis)
+            over = not _under(r, threshold) or kind == "collapsed"
+            cells[i, j] = Cell(r, kind, f"{area[i, j]:.3g}" + ("\ncollapsed" if kind == "collapsed" else
+                                                                "\n>thr" if over else ""), over)
         elif kind == "pruned":
             a = area_so_far(r)
             cells[i, j] = Cell(r, kind, "pruned" + (f"\n>{a:.3g}" if a is not None else ""), False)
@@ -71,13 +80,14 @@ def heat_cells(rows: List[Row], *, threshold: float):
     return batches, lrs, area, cells
 
 
-def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str) -> Optional[bytes]:
-    """Batch size (rows) x learning rate (columns), cell = loss area. Diverged runs are empty
-    cells, as in the paper; pruned runs are grey hatched cells with their partial area; runs above
-    the loss threshold are shown but marked."""
+def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], title: str,
+            axis: str = "wall") -> Optional[bytes]:
+    """Batch size (rows) x learning rate (columns), cell = loss area on `axis`. Diverged runs are
+    empty cells, as in the paper; pruned runs are grey hatched cells with their partial area; runs
+    above the loss threshold and collapsed runs are shown but marked (red text)."""
     if not rows:
         return None
-    batches, lrs, area, cells = heat_cells(rows, threshold=threshold)
+    batches, lrs, area, cells = heat_cells(rows, threshold=threshold, axis=axis)
     fig, ax = figure(max(5.0, 1.0 + 0.9 * len(lrs)), max(3.2, 1.2 + 0.55 * len(batches)))
     finite = area[np.isfinite(area)]
     log = _wide(finite)
@@ -88,13 +98,14 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
         lo = float(finite[finite > 0].min()) if log else None
         norm = (LogNorm if log else Normalize)(vmin=lo, vmax=top, clip=True)
     im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm=norm)
-    fig.colorbar(im, ax=ax, label="loss area (loss x s)" + (", log scale" if log else ""))
+    fig.colorbar(im, ax=ax, label="loss area (loss x s" + (", p10 step time x steps" if axis == "steps" else "")
+                 + ")" + (", log scale" if log else ""))
     for (i, j), c in cells.items():
         if c.kind == "pruned":
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fc="0.92", ec="0.6", hatch="///", lw=0))
             ax.text(j, i, c.text, ha="center", va="center", fontsize=7, color="0.3",
                     bbox=dict(fc="0.92", ec="none", pad=1))
-        elif c.kind != "completed":
+        elif c.kind not in FULL:
             ax.text(j, i, c.text, ha="center", va="center", fontsize=7, color="0.4")
         else:
             light = im.norm(area[i, j]) < 0.5  # viridis_r: small areas are yellow, large dark
@@ -198,7 +209,8 @@ def heat_note(rows: List[Row]) -> str:
                                                            "did not pick that batch size and learning rate together)"
                                                            if sparse else "")
             + ". Grey hatched cells were pruned: '>area' is the loss area so far, a lower bound, not on the color "
-              "scale. Red outline: the winner. '>thr': minimum loss above the threshold. 'off scale': an area over "
+              "scale. Red outline: the winner. '>thr': minimum loss above the threshold; 'collapsed': the loss came back "
+              "to within 10% of its start, or the accuracy ended at chance (never a survivor). 'off scale': an area over "
               f"{OFF_SCALE:g} times the least (a run that blew up), drawn in the darkest colour.")
 
 
@@ -211,9 +223,9 @@ def histogram_order(rows: List[Row]) -> List[Row]:
     """Completed runs by minimum loss, then pruned runs (by minimum loss so far), then the rest."""
     def by_min_loss(rs):
         return sorted(rs, key=lambda r: (r["summary"].get("min_loss") is None, r["summary"].get("min_loss") or 0))
-    return (by_min_loss(r for r in rows if run_kind(r) == "completed")
+    return (by_min_loss(r for r in rows if run_kind(r) in FULL)
             + by_min_loss(r for r in rows if run_kind(r) == "pruned")
-            + [r for r in rows if run_kind(r) not in ("completed", "pruned")])
+            + [r for r in rows if run_kind(r) not in (*FULL, "pruned")])
 
 
 def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[str, Any]], workers: int) -> Optional[bytes]:
@@ -226,12 +238,12 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
     kinds = [run_kind(r) for r in order]
     fig, ax = figure(max(6.0, 1.5 + 0.32 * len(order)), 4.4)
     x = np.arange(len(order))
-    full = [(xi, r) for xi, r, k in zip(x, order, kinds) if k == "completed"]
+    full = [(xi, r) for xi, r, k in zip(x, order, kinds) if k in FULL]
     part = [(xi, area_so_far(r)) for xi, r, k in zip(x, order, kinds) if k == "pruned" and area_so_far(r)]
     if full:
         ax.bar([xi for xi, _ in full], [r["summary"]["loss_area"] for _, r in full],
-               color=["tab:orange" if winner and r["id"] == winner["id"] else
-                      "tab:blue" if _under(r, threshold) else "0.7" for _, r in full])
+               color=["tab:orange" if winner and r["id"] == winner["id"] else "tab:red"
+                      if run_kind(r) == "collapsed" else "tab:blue" if _under(r, threshold) else "0.7" for _, r in full])
     if part:
         ax.bar([xi for xi, _ in part], [a for _, a in part], fill=False, hatch="///", ec="0.55", lw=0.8,
                label="pruned: loss area so far (a lower bound)")
@@ -239,7 +251,7 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
     if _wide(np.array([r["summary"]["loss_area"] for _, r in full] + [a for _, a in part])):
         ax.set_yscale("log")
     for xi, r, k in zip(x, order, kinds):
-        if k != "completed":
+        if k != "completed":  # collapsed, pruned, diverged: say so on the bar
             # y in axes units: on a log scale y=0 in data units would be off the plot
             ax.text(xi, 0.01, k, rotation=90, ha="center", va="bottom", fontsize=7, color="0.4",
                     transform=ax.get_xaxis_transform(), bbox=dict(fc="white", ec="none", pad=1))
@@ -248,7 +260,8 @@ def area_histogram(rows: List[Row], *, threshold: float, winner: Optional[Dict[s
     win = (f"winner: batch {winner['batch_size']}, lr {winner['lr']:g} (area {winner['loss_area']:.3g})"
            if winner else "no winner")
     ax.set(title=f"{worker_count(workers)}: {win}",
-           xlabel=f"runs sorted by minimum training loss, lowest first (grey: min loss > {threshold:g})",
+           xlabel=f"runs sorted by minimum training loss, lowest first\n(grey: min loss > {threshold:g}; "
+                  f"red: collapsed)",
            ylabel="loss area (loss x s)" + (", log scale" if ax.get_yscale() == "log" else ""))
     ax.grid(axis="y", alpha=0.3)
     return png(fig)

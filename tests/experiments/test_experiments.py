@@ -1,5 +1,6 @@
 """Every experiment's --quick run, with its result checked (issue 4, acceptance 1)."""
 import csv
+import json
 import os
 
 import pytest
@@ -80,6 +81,13 @@ def test_alexnet_sweep_writes_winners_and_report(tmp_path):
     table = run_experiment("alexnet-sweep", quick=True, device="cpu", out=str(tmp_path), axes={"samples": [6400]})
     assert "Winners" in table
     assert (tmp_path / "winners.json").exists() and (tmp_path / "report.html").exists()
+    # beside the paper's rule, by default: each winner's runner-up and the time-to-accuracy winners,
+    # the target 90% of the best surviving accuracy (issue 55)
+    w = json.loads((tmp_path / "winners.json").read_text())
+    assert w["target_share"] == 0.9 and w["target_accuracy"] == round(0.9 * w["best_trial"]["test_accuracy"], 4)
+    assert f"Winners: least training time to test accuracy {w['target_accuracy']:g}" in table
+    assert "Test accuracy of each worker count's winner: 1 worker " in table
+    assert "runner-up" in table or "no runner-up" in table
     with open(tmp_path / "results.jsonl") as f:
         assert sum(1 for _ in f) == 8
 

@@ -19,7 +19,7 @@ STRATEGY_PARAMS = {  # (config fields, the strategy_params summary.json records)
     "ps": ({}, {"dedicated": False}),
     "weight-avg": ({"avg_period": 4}, {"period": 4}),
     "ddp": ({}, {}),
-    "async-ps": ({"staleness": 1}, {"staleness": 1}),
+    "async-ps": ({"staleness": 1}, {"staleness": 1, "staleness_lr": 2.0}),
 }
 
 
