@@ -42,7 +42,7 @@ def workers(r: Running, n: int = 2) -> List[int]:
     every poll would take CPU from the run it times."""
     if len(r.state.get("workers", [])) < n:
         r.state["workers"] = workers_of(r.proc.pid)
-    return r.state["workers"]
+    return r.state.get("workers", [])
 
 
 def signal_rank(rank: int, sig: int):
