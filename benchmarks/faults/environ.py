@@ -13,6 +13,8 @@ from benchmarks.faults.registry import out_of
 
 case = functools.partial(registry.case, klass="environ")
 W1 = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+LAUNCHED = TINY[:TINY.index("--workers")] + TINY[TINY.index("--workers") + 2:]
+"""TINY without --workers: under a launcher the world size is the worker count."""
 
 BAD = [  # (name, environment, the variable the line must name)
     ("world-size-0", {"RANK": "0", "WORLD_SIZE": "0"}, "WORLD_SIZE"),
@@ -39,7 +41,7 @@ BAD = [  # (name, environment, the variable the line must name)
 ]
 for _name, _env, _var in BAD:
     case(f"env-{_name}", "53", " ".join(f"{k}={v}" for k, v in _env.items()) + " shmlearn train")(
-        lambda t, env=_env, var=_var: [Cmd(TINY + ["--out", out_of(t)], 2, env=env, says=[var], limit=60)])
+        lambda t, env=_env, var=_var: [Cmd(LAUNCHED + ["--out", out_of(t)], 2, env=env, says=[var], limit=60)])
 
 
 def free_port() -> int:
@@ -65,7 +67,7 @@ TIMEOUT = ["--timeout", "10"]
       "it never exited)")
 def _(t):
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": str(free_port())}
-    return [Cmd(TINY + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True, says=["no-such-host.invalid"],
+    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True, says=["no-such-host.invalid"],
                 limit=60)]
 
 
@@ -74,28 +76,29 @@ def _(t):
       "cannot help (it never exited)")
 def _(t):
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": str(free_port())}
-    return [Cmd(TINY + ["--out", out_of(t)], {1, 2}, env=env, one_line=True, says=["no-such-host.invalid"], limit=90)]
+    return [Cmd(LAUNCHED + ["--out", out_of(t)], {1, 2}, env=env, one_line=True, says=["no-such-host.invalid"],
+                limit=90)]
 
 
 @case("env-master-addr-unresolvable-rank1", "53", "RANK=1 WORLD_SIZE=2 MASTER_ADDR=no-such-host.invalid "
       "(--timeout 10)")
 def _(t):
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": str(free_port())}
-    return [Cmd(TINY[:-5] + ["--no-progress"] + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
+    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
                 says=["no-such-host.invalid"], limit=60)]
 
 
 @case("env-rank0-alone-of-2", "53", "RANK=0 WORLD_SIZE=2 and no rank 1 (--timeout 10)")
 def _(t):
     env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return [Cmd(TINY[:-5] + ["--no-progress"] + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
+    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
                 limit=60)]
 
 
 @case("env-rank1-alone-of-2", "53", "RANK=1 WORLD_SIZE=2 and no rank 0 listening (--timeout 10)")
 def _(t):
     env = {"RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
-    return [Cmd(TINY[:-5] + ["--no-progress"] + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
+    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
                 limit=60)]
 
 
@@ -108,6 +111,5 @@ for _listen in (False, True):
             s = held_port(listen)
             env = {"RANK": "0", "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                    "MASTER_PORT": str(s.getsockname()[1])}
-            args = TINY if world == 1 else TINY[:-5] + ["--no-progress"]
-            return [Cmd(args + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
+            return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
                         says=[str(s.getsockname()[1])], hold=[s], limit=60)]
