@@ -212,6 +212,18 @@ def _hup(cmd: str, t: str):
     return once_training(out_of(t), hup, rows_needed=3, n_workers=COMMANDS[cmd][1] if cmd != "train-w1" else 0)
 
 
+for _cmd in ("train-w2", "train-w1"):
+    @case(f"hup-{_cmd}-launcher-only", "53", f"SIGHUP to {_cmd}'s launcher alone once training (kill -HUP PID; "
+          f"it exited 0)", check=_intact)
+    def _(t, cmd=_cmd):
+        def hup(r: Running) -> None:
+            r.proc.send_signal(signal.SIGHUP)
+            r.fault("SIGHUP of the launcher once training")
+        n = COMMANDS[cmd][1]
+        return [Cmd(COMMANDS[cmd][0](t), HUP_CODES, during=once_training(out_of(t), hup, n_workers=n if n > 1 else 0),
+                    poll_s=0.01)]
+
+
 @case("hup-train-w2-at-0.5s", "53", "SIGHUP to a training run's process group 0.5 s after start")
 def _(t):
     return [Cmd(COMMANDS["train-w2"][0](t), HUP_CODES, during=after(0.5, signal_group(signal.SIGHUP)))]

@@ -54,11 +54,11 @@ def _(t):
 
 # --resume of a stopped run (checkpoints at 20, 40, 60) whose files are links to the user's files
 for _n in ("metrics.jsonl", "eval.jsonl", "summary.json", "config.yaml"):
-    @case(f"link-resume-{_n.split('.')[0]}", "53", f"--resume of a stopped run whose {_n} is a link to a file "
-          f"outside RUN (--resume truncated it)")
+    @case(f"link-resume-{_n.split('.')[0]}", "53", f"--resume of a stopped run whose {_n} was moved out of RUN "
+          f"and linked back (--resume truncated the file outside)")
     def _(t, n=_n):
         run = fixture(t, "ckpt")
-        os.remove(os.path.join(run, n))
+        os.replace(os.path.join(run, n), _outside(t, n))  # rows past the checkpoint: --resume would cut them
         os.symlink(_outside(t, n), os.path.join(run, n))
         return [Cmd(registry.FIXTURES["ckpt"] + ["--resume", "--out", run], EITHER)]
 

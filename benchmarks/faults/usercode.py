@@ -9,7 +9,7 @@ import os
 from typing import Dict, List
 
 from benchmarks.faults import registry
-from benchmarks.faults.core import BASE, TINY, Cmd
+from benchmarks.faults.core import BASE, REPO, TINY, Cmd
 from benchmarks.faults.registry import FIXTURES, fixture, out_of, write
 from benchmarks.faults.written import changes, completed, digest, run_dir_problems
 
@@ -62,23 +62,51 @@ def _completed(t, results):
 
 SHADOWS = {"runs": ["runs"], "bare": [], "sync": ["sync", "report"]}
 """Folders inside the `shmlearn/` folder of the cwd (the clone's parent folder, or a user's)."""
+EDITABLE = """import sys
+from importlib.machinery import PathFinder
+
+
+class Editable:
+    \"\"\"What `pip install -e` installs: shmlearn found by name, not through sys.path, so a
+    folder named shmlearn on sys.path (the cwd) is taken for a namespace package first.\"\"\"
+    @classmethod
+    def find_spec(cls, fullname, path=None, target=None):
+        return PathFinder.find_spec(fullname, path=[{repo!r}]) if fullname == "shmlearn" else None
+
+
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
+"""
+CONSOLE = "from shmlearn.cli import entry\nentry()\n"
+"""The `shmlearn` console script: its folder, not the cwd, is sys.path[0] in the launcher."""
+
+
+def installed(t: str, cwd: str, args: List[str], expect=0, **kw) -> Cmd:
+    """`shmlearn ARGS` run from `cwd` as an editable install of this tree runs it."""
+    site = out_of(t, "site")
+    write(os.path.join(site, "sitecustomize.py"), EDITABLE.format(repo=REPO))
+    script = write(out_of(t, "bin/shmlearn"), CONSOLE)
+    return Cmd(args, expect, argv=[script, *args], cwd=cwd, env={"PYTHONPATH": site}, **kw)
+
+
 for _shadow, _subs in SHADOWS.items():
     for _w in ((1, 2) if _shadow == "runs" else (2,)):
-        @case(f"cwd-shmlearn-folder-{_shadow}-w{_w}", "53", f"train --workers {_w} from a folder holding "
-              f"shmlearn/{'/'.join(_subs)} (every worker died: cannot import RunDir)", check=_completed)
+        @case(f"cwd-shmlearn-folder-{_shadow}-w{_w}", "53", f"shmlearn train --workers {_w} (an editable install) "
+              f"from a folder holding shmlearn/{'/'.join(_subs)} (every worker died: cannot import RunDir)",
+              check=_completed)
         def _(t, subs=_subs, w=_w):
             cwd = out_of(t, "here")
             os.makedirs(os.path.join(cwd, "shmlearn", *subs), exist_ok=True)
             args = TINY[:-5] + ["--workers", str(w), "--eval-points", "1", "--no-progress", "--out", out_of(t)]
-            return [Cmd(args, 0, cwd=cwd, limit=150)]
+            return [installed(t, cwd, args, limit=150)]
 
 
 @case("cwd-shmlearn-folder-sweep", "53", "a sweep from a folder holding shmlearn/runs/")
 def _(t):
     cwd = out_of(t, "here")
     os.makedirs(os.path.join(cwd, "shmlearn", "runs"))
-    return [Cmd(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "1024", "--workers", "2",
-                 "--lr", "0.1,0.2", "--no-report", "--no-progress", "--out", out_of(t, "s")], 0, cwd=cwd, limit=150)]
+    return [installed(t, cwd, ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "1024", "--workers",
+                               "2", "--lr", "0.1,0.2", "--no-report", "--no-progress", "--out", out_of(t, "s")],
+                      limit=150)]
 
 
 API = """import shmlearn
@@ -117,11 +145,13 @@ def _said_main_guard(res) -> List[str]:
     return probs + (["misleading: 'another run is writing there'"] if "another run is writing" in res["stderr"] else [])
 
 
-for _w in (1, 2):
-    @case(f"script-without-main-guard-w{_w}", "53", f"python script.py calling shmlearn.train at top level, "
-          f"{_w} worker{'s' if _w > 1 else ''}: runs, or one line naming the guard")
-    def _(t, w=_w):
-        script = write(out_of(t, "script.py"), api(out_of(t), w, guard=False))
+for _w, _out in ((1, True), (2, True), (2, False)):
+    @case(f"script-without-main-guard-w{_w}{'' if _out else '-default-out'}", "53", f"python script.py calling "
+          f"shmlearn.train at top level, {_w} worker{'s' if _w > 1 else ''}"
+          f"{'' if _out else ', the default run directory'}: runs, or one line naming the guard (it said 'another "
+          f"run is writing there')")
+    def _(t, w=_w, out=_out):
+        script = write(out_of(t, "script.py"), api(out_of(t) if out else None, w, guard=False))
         return [Cmd([], {0, 1, 2}, argv=[script], verify=_said_main_guard, limit=150)]
 
 
