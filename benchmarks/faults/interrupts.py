@@ -11,7 +11,7 @@ import signal
 
 from benchmarks.faults import registry
 from benchmarks.faults.core import LONG, Cmd, Running, workers_of
-from benchmarks.faults.during import after, once_training, signal_group, when_exists
+from benchmarks.faults.during import after, once_training, signal_group, signal_rank, when_exists
 from benchmarks.faults.registry import fixture, out_of, write
 from benchmarks.faults.written import run_dir_problems, tmp_leftovers
 
@@ -221,6 +221,14 @@ for _cmd in ("train-w2", "train-w1"):
             r.fault("SIGHUP of the launcher once training")
         n = COMMANDS[cmd][1]
         return [Cmd(COMMANDS[cmd][0](t), HUP_CODES, during=once_training(out_of(t), hup, n_workers=n if n > 1 else 0),
+                    poll_s=0.01)]
+
+
+for _rank in (0, 1):
+    @case(f"hup-train-w2-rank{_rank}", "53", f"SIGHUP to rank {_rank} of a 2-worker run once training",
+          check=_intact)
+    def _(t, rank=_rank):
+        return [Cmd(COMMANDS["train-w2"][0](t), HUP_CODES, during=once_training(out_of(t), signal_rank(rank, signal.SIGHUP)),
                     poll_s=0.01)]
 
 

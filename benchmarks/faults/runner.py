@@ -174,17 +174,19 @@ def write_readme(doc: Dict[str, Any], json_name: str) -> str:
           + " |" for label, t in [*_class_totals(doc), ("**all**", tot)]),
         "",
         "A run is a *hang* if it did not exit within the campaign's limit "
-        f"({doc['limit_s']:g} s; 90 s for the cases beyond the issue, 10x their --timeout), an *orphan* if any process it started was alive {SETTLE_S:g} s after "
-        "it exited, a *traceback* if stderr held one (or C++ frames), *lost* if a row, summary or "
-        "result already written was lost or torn, *wrong* if the exit code or message was not the "
-        "promised one (exit 2: one line naming the input).",
+        f"({doc['limit_s']:g} s, or the case's own bound: 60-180 s), an *orphan* if any process it started "
+        f"was alive {SETTLE_S:g} s after it exited, *outside* if anything changed in the sentinel folder beside "
+        "its --out, a *traceback* if stderr held one (or C++ frames, or Python's 'Exception ignored' at exit), "
+        "*lost* if a row, summary or result already written was lost or torn (or a temporary file left), "
+        "*wrong* if the exit code or message was not the promised one (exit 2: one line naming the input), "
+        "*error* if the case's fixture could not be built.",
         "",
         "*Fault to exit*: from the fault (a worker seen stopped, the signal sent, or for a hang the last "
         "metrics row before it, an upper bound) to the exit; for a killed launcher, from the kill to "
         "the end of its last process. The worst run is shown.",
         "",
-        "| case | item | fault | runs | exit (expected) | wall s | fault to exit s | verdict |",
-        "|---|---|---|---|---|---|---|---|",
+        "| case | class | item | fault | runs | exit (expected) | wall s | fault to exit s | verdict |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for rec in recs:
         for_runs = rec["runs"]
@@ -201,10 +203,9 @@ def write_readme(doc: Dict[str, Any], json_name: str) -> str:
         if verdicts != ["survived"]:
             why = "; ".join(sorted({p for run in for_runs for p in _why(run)}))[:300]
             v = f"**{v}**: {why}"
-        lines.append(f"| {rec['name']} | {rec['item']} | {rec['what']} | {len(for_runs)} | {' / '.join(exits)} "
-                     f"({exp}) | {max(walls):.1f} | {max(fte):.2f} | {v} |" if fte else
-                     f"| {rec['name']} | {rec['item']} | {rec['what']} | {len(for_runs)} | {' / '.join(exits)} "
-                     f"({exp}) | {max(walls):.1f} | | {v} |")
+        what, v = rec["what"].replace("|", "\\|"), v.replace("|", "\\|")
+        lines.append(f"| {rec['name']} | {rec.get('class', '')} | {rec['item']} | {what} | {len(for_runs)} | "
+                     f"{' / '.join(exits)} ({exp}) | {max(walls):.1f} | {f'{max(fte):.2f}' if fte else ''} | {v} |")
     lines += ["", "## Bounds measured (worst run)", ""]
     for label, b in doc["bounds"].items():
         if b["kind"] == "timeout":

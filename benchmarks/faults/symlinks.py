@@ -63,6 +63,16 @@ for _n in ("metrics.jsonl", "eval.jsonl", "summary.json", "config.yaml"):
         return [Cmd(registry.FIXTURES["ckpt"] + ["--resume", "--out", run], EITHER)]
 
 
+for _n in ("metrics.jsonl", "eval.jsonl"):
+    @case(f"link-resume-finished-{_n.split('.')[0]}", "53", f"--resume of a finished run without checkpoints whose "
+          f"{_n} was moved out of RUN and linked back (it trained again and truncated the file outside)")
+    def _(t, n=_n):
+        run = fixture(t, "run")
+        os.replace(os.path.join(run, n), _outside(t, n))
+        os.symlink(_outside(t, n), os.path.join(run, n))
+        return [Cmd(registry.FIXTURES["run"] + ["--resume", "--out", run], EITHER)]
+
+
 # a sweep's own files
 for _n, _target in (("results.jsonl", "new-results.jsonl"), ("sweep.json", "new-sweep.json"), ("trials", "dir"),
                     ("report.html", "report.html"), ("figures", "dir")):

@@ -145,14 +145,15 @@ def _said_main_guard(res) -> List[str]:
     return probs + (["misleading: 'another run is writing there'"] if "another run is writing" in res["stderr"] else [])
 
 
-for _w, _out in ((1, True), (2, True), (2, False)):
-    @case(f"script-without-main-guard-w{_w}{'' if _out else '-default-out'}", "53", f"python script.py calling "
-          f"shmlearn.train at top level, {_w} worker{'s' if _w > 1 else ''}"
-          f"{'' if _out else ', the default run directory'}: runs, or one line naming the guard (it said 'another "
-          f"run is writing there')")
-    def _(t, w=_w, out=_out):
+for _w, _out, _spawn in ((1, True, False), (2, True, False), (2, False, False), (2, True, True), (2, False, True)):
+    @case(f"script-without-main-guard-w{_w}{'' if _out else '-default-out'}{'-spawn' if _spawn else ''}", "53",
+          f"python script.py calling shmlearn.train at top level, {_w} worker{'s' if _w > 1 else ''}"
+          f"{'' if _out else ', the default run directory'}{', spawned workers (SHMLEARN_FORKSERVER=0)' if _spawn else ''}"
+          f": runs, or one line naming the guard (it said 'another run is writing there')")
+    def _(t, w=_w, out=_out, spawn=_spawn):
         script = write(out_of(t, "script.py"), api(out_of(t) if out else None, w, guard=False))
-        return [Cmd([], {0, 1, 2}, argv=[script], verify=_said_main_guard, limit=150)]
+        return [Cmd([], {0, 1, 2}, argv=[script], verify=_said_main_guard, env={"SHMLEARN_FORKSERVER": "0"} if spawn
+                    else {}, limit=150)]
 
 
 LOSSES = {
