@@ -67,7 +67,8 @@ TIMEOUT = ["--timeout", "10"]
       "it never exited)")
 def _(t):
     env = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "no-such-host.invalid", "MASTER_PORT": str(free_port())}
-    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True, says=["no-such-host.invalid"],
+    return [Cmd(LAUNCHED + TIMEOUT + ["--out", out_of(t)], {1, 2}, env=env, one_line=True,
+                says=["no-such-host.invalid"],
                 limit=60)]
 
 

@@ -228,8 +228,8 @@ for _rank in (0, 1):
     @case(f"hup-train-w2-rank{_rank}", "53", f"SIGHUP to rank {_rank} of a 2-worker run once training",
           check=_intact)
     def _(t, rank=_rank):
-        return [Cmd(COMMANDS["train-w2"][0](t), HUP_CODES, during=once_training(out_of(t), signal_rank(rank, signal.SIGHUP)),
-                    poll_s=0.01)]
+        hup = signal_rank(rank, signal.SIGHUP)
+        return [Cmd(COMMANDS["train-w2"][0](t), HUP_CODES, during=once_training(out_of(t), hup), poll_s=0.01)]
 
 
 @case("hup-train-w2-at-0.5s", "53", "SIGHUP to a training run's process group 0.5 s after start")

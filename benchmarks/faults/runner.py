@@ -279,7 +279,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not cases:
         raise SystemExit(f"--only {a.only}: no such case; cases: {', '.join(c.name for c in CASES)}")
     doc: Dict[str, Any] = {"environment": environment("gloo"),
-                           "code": {"head": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "shmlearn"))},
+                           "code": {"head": git("rev-parse", "HEAD"),
+                                    "dirty": bool(git("status", "--porcelain", "shmlearn"))},
                            "limit_s": a.limit, "settle_s": SETTLE_S, "cases": []}
     work = tempfile.mkdtemp(prefix="shmlearn-faults-")
     t_start = time.monotonic()

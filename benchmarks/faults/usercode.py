@@ -148,7 +148,8 @@ def _said_main_guard(res) -> List[str]:
 for _w, _out, _spawn in ((1, True, False), (2, True, False), (2, False, False), (2, True, True), (2, False, True)):
     @case(f"script-without-main-guard-w{_w}{'' if _out else '-default-out'}{'-spawn' if _spawn else ''}", "53",
           f"python script.py calling shmlearn.train at top level, {_w} worker{'s' if _w > 1 else ''}"
-          f"{'' if _out else ', the default run directory'}{', spawned workers (SHMLEARN_FORKSERVER=0)' if _spawn else ''}"
+          f"{'' if _out else ', the default run directory'}"
+          f"{', spawned workers (SHMLEARN_FORKSERVER=0)' if _spawn else ''}"
           f": runs, or one line naming the guard (it said 'another run is writing there')")
     def _(t, w=_w, out=_out, spawn=_spawn):
         script = write(out_of(t, "script.py"), api(out_of(t) if out else None, w, guard=False))
@@ -159,7 +160,8 @@ for _w, _out, _spawn in ((1, True, False), (2, True, False), (2, False, False), 
 LOSSES = {
     "sys-exit-3": "import sys\nimport torch.nn.functional as F\n\n\ndef loss(out, y):\n    sys.exit(3)\n",
     "sys-exit-0": "import sys\n\n\ndef loss(out, y):\n    sys.exit(0)\n",
-    "returns-float": "import torch.nn.functional as F\n\n\ndef loss(out, y):\n    return float(F.cross_entropy(out, y))\n",
+    "returns-float": "import torch.nn.functional as F\n\n\ndef loss(out, y):\n"
+                     "    return float(F.cross_entropy(out, y))\n",
     "non-scalar": "import torch.nn.functional as F\n\n\ndef loss(out, y):\n"
                   "    return F.cross_entropy(out, y, reduction='none')\n",
 }

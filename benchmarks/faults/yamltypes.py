@@ -38,7 +38,9 @@ def names(field: str) -> List[str]:
 
 def _names_field(field: str):
     def verify(res: Dict[str, Any]) -> List[str]:
-        return [] if any(n in res["stderr"] for n in names(field)) else [f"stderr names neither {' nor '.join(names(field))}"]
+        if any(n in res["stderr"] for n in names(field)):
+            return []
+        return [f"stderr names neither {' nor '.join(names(field))}"]
     return verify
 
 
