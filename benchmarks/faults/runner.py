@@ -54,8 +54,9 @@ def run_case(c: Case, tmp: str, logdir: str, limit: float) -> Dict[str, Any]:
             if i == 0 and c.between is not None:
                 c.between(tmp)
     lost = c.check(tmp, results) if c.check and not any(r["hang"] for r in results) else []
-    for p, before in kept.items():
-        lost += [f"{os.path.basename(p)}/{x}" for x in changes(before, digest(p), added_ok=True)]
+    for p, before in kept.items():  # a sweep's trials/.tmp is its scratch space, not a result
+        lost += [f"{os.path.basename(p)}/{x}" for x in changes(before, digest(p), added_ok=True)
+                 if not x.startswith("trials/.tmp")]
     moved = [f"outside --out: {x}" for x in changes(seen, digest(outside))]
     for r in results:
         r.pop("first_rows", None)
