@@ -23,8 +23,10 @@ for _flag, _value in SIMULATE:
         return [Cmd(args + [flag, value], 2, says=[flag], limit=120)]
 
 
-ADVISE = [("--workers", "1-1000000000"), ("--workers", "1-100000000000000"), ("--workers", "1,1000000000000"),
-          ("--workers", "0"), ("--workers", "-2"), ("--target-loss", "nan"), ("--target-loss", "inf")]
+ADVISE = [("--workers", "1-100000000000000"), ("--workers", "1,1000000000000"), ("--workers", "0"),
+          ("--workers", "-2"), ("--target-loss", "nan"), ("--target-loss", "inf")]
+"""1-1e14: the list of worker counts cannot be allocated (MemoryError at once). A range of 1e9 is
+left out on purpose: before the fix it allocated gigabytes on a shared machine."""
 for _flag, _value in ADVISE:
     @case(f"num-advise{_flag}={_value}", "53", f"advise RUN {_flag} {_value}")
     def _(t, flag=_flag, value=_value):
