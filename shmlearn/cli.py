@@ -20,7 +20,7 @@ import difflib
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 # shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
 # advise numpy: this module imports them in the functions that build the parser or run, after
@@ -33,6 +33,9 @@ from shmlearn.flags import Option, choice_error, help_group, read_table, write_t
 from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
 from shmlearn.report.cli import register as register_report
+
+if TYPE_CHECKING:
+    from shmlearn.config import TrainConfig
 
 
 class _LiteralHelp(argparse.HelpFormatter):
@@ -246,14 +249,18 @@ def precheck(argv: List[str]) -> None:
 
 
 def prestart(argv: List[str]) -> None:
-    """Start the forkserver a local CPU `train`'s workers fork from (forkserver.py), before this
-    process imports torch, so that both import at once. Not for --workers 1 (it runs here), nor
-    under a launcher, nor where a GPU may be used (GPU pools spawn: it would import for nothing)."""
-    if not argv or argv[0] != "train" or "-h" in argv or "--help" in argv or detect_env() is not None:
+    """Start the forkserver the local CPU workers of `train`, `sweep` and `experiment run` fork
+    from (forkserver.py), before this process imports torch, so that both import at once. Not
+    for a train of --workers 1 (it runs here), nor under a launcher, nor where a GPU may be used
+    (GPU pools spawn: it would import for nothing)."""
+    if (not argv or argv[0] not in ("train", "sweep", "experiment") or "-h" in argv or "--help" in argv
+            or (argv[0] == "experiment" and argv[1:2] != ["run"]) or detect_env() is not None):
         return
     given = _flag_values(argv[1:], ("--workers", "--device"))
     gpu = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")  # NVIDIA or ROCm driver
-    if given.get("--workers") != "1" and (given.get("--device") == "cpu" or not gpu):
+    if argv[0] == "train" and given.get("--workers") == "1":
+        return
+    if given.get("--device") == "cpu" or not gpu:
         forkserver.start()
 
 
