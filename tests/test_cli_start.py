@@ -159,3 +159,23 @@ def test_a_default_budget_in_epochs_prints_no_note(tmp_path, capfd, monkeypatch)
         s = json.load(f)
     assert (s["budget_samples"], s["steps"]) == (28740, 898)
     assert "shmlearn: budget" not in r.stdout and "not a multiple" not in r.stdout, r.stdout
+
+
+def test_the_program_leaves_without_teardown_but_runs_its_exit_handlers():
+    """cli.leave: the exit handlers (pools, the forkserver, multiprocessing's finalizers) run,
+    unflushed output is written, the exit code is kept; a reader that closed the pipe is no error."""
+    code = ("import atexit, sys; from shmlearn.cli import leave; "
+            "atexit.register(lambda: print('handler ran', end='')); print('last line ', end=''); "
+            "sys.stderr.write('err '); leave(3)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert (r.returncode, r.stdout, r.stderr) == (3, "last line handler ran", "err ")
+    # the output waits in its buffer (a pipe) until the reader has gone, then leave() flushes it
+    p = subprocess.Popen([sys.executable, "-c", "import sys; from shmlearn.cli import leave; "
+                          "sys.stdin.readline(); print('unread'); leave(0)"],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"})
+    p.stdout.close()  # `| head -0`
+    p.stdin.write(b"go\n")
+    p.stdin.close()
+    assert p.wait(timeout=120) == 0
+    assert p.stderr.read() == b""
