@@ -206,6 +206,28 @@ def acceptance(table: Dict[str, Any], temp: str) -> Dict[str, Any]:
     return acc
 
 
+def combine(paths: List[str], out: str, note: str) -> int:
+    """One summary of several runs' rows (each run's environment kept): interleaving short runs of
+    two trees spreads a shared machine's drift over both."""
+    docs = []
+    for path in paths:
+        with open(path) as f:
+            docs.append(json.load(f))
+    rows = [r for d in docs for r in d["rows"]]
+    temps = sorted({r["temp"] for r in rows}, key=["cold", "warm"].index)
+    table = summarize(rows)
+    doc = {"benchmark": "start", "issue": 52, "note": note, "combined": paths,
+           "env": [d["env"] for d in docs], "rev": sorted({d["rev"] for d in docs}),
+           "config": docs[0]["config"], "summary": table, "acceptance": [acceptance(table, t) for t in temps],
+           "rows": rows}
+    with open(out, "w") as f:
+        json.dump(doc, f, indent=1)
+    for acc in doc["acceptance"]:
+        print(json.dumps(acc))
+    print(f"wrote {out}")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -215,7 +237,12 @@ def main() -> int:
     ap.add_argument("--timeout", type=float, default=600.0, help="seconds per process")
     ap.add_argument("--note", default="", help="recorded in the JSON (what changed, the machine's state)")
     ap.add_argument("--out", default="start.json")
+    ap.add_argument("--combine", nargs="+", metavar="FILE.json",
+                    help="summarize the rows of these earlier outputs (runs interleaved with another tree's) "
+                         "into --out, instead of running")
     a = ap.parse_args()
+    if a.combine:
+        return combine(a.combine, a.out, a.note)
     temps = [t for t in a.temps.split(",") if t]
     cases = [c for c in a.cases.split(",") if c]
     if set(temps) - {"cold", "warm"} or set(cases) - {"floor", "train", "trial", "sweep", "api"} or a.repeats < 1:
