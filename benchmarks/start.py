@@ -3,19 +3,21 @@ runs it: time to the first line, to the first step, the process's wall time and 
 and what a sweep adds per trial; each against the floor measured in the same run.
 
     python benchmarks/start.py [--device cpu|cuda] [--repeats 3] [--temps cold,warm] [--out FILE.json]
+    python benchmarks/start.py --combine A.json B.json ... --out ALL.json   # one summary of several runs
 
 Cases, each a fresh process (`python -m shmlearn ...` or a script), run interleaved repeat by
 repeat so that drift on a shared machine hits all alike:
   floor   `python -c "import torch"` (on CUDA also a CUDA context: torch.zeros(1, device="cuda"))
-  train   the README's first command, `shmlearn train` (on CUDA: --device cuda --model alexnet-small,
-          issue 52's GPU acceptance 2)
+  train   the README's first command, `shmlearn train` (--no-progress; on CUDA: --device cuda --model
+          alexnet-small, issue 52's GPU acceptance 2)
   trial   one `train` of a sweep trial's settings (2 workers, digits, mlp, 8,192 samples)
   sweep   the 8-trial digits sweep of benchmarks/sweep_overhead.py, report included
   api     the same trial as `shmlearn.train(TrainConfig(...))` from a script
 cold: SHMLEARN_CACHE_DIR, TRITON_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR in a fresh temporary folder;
 warm: the same case again with the folders the cold run filled.
 
-Each row records the wall time, the first and last line's time and the first step's (from
+Each row records the wall time, the CPU seconds of the process and the children it waited for,
+the first and last line's time and the first step's (from
 summary.json's train_start_unix: the launch's own clock, both unix seconds on one machine), and
 the run's own phases (summary.json: setup, compile, train, eval; a sweep's timing.json: training,
 evaluation, overhead per trial). The JSON ends with issue 52's CPU acceptance figures:
@@ -27,6 +29,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -72,6 +75,7 @@ def timed(cmd: List[str], env: Dict[str, str], timeout_s: float) -> Dict[str, An
     """Run cmd; wall seconds, the first and last output line's (stdout or stderr, whichever
     comes first), exit code, and the output's tail."""
     lines: List[tuple] = []
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0_unix = time.time()
     t0 = time.perf_counter()
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=REPO, text=True)
@@ -91,7 +95,11 @@ def timed(cmd: List[str], env: Dict[str, str], timeout_s: float) -> Dict[str, An
     for r in readers:
         r.join(5)
     lines.sort()
-    return {"rc": rc, "wall_s": wall, "start_unix": t0_unix,
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    # CPU seconds of the process and of the descendants it waited for (not the forkserver's
+    # forks, which the forkserver reaps): on a shared machine a steadier figure than the wall's.
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return {"rc": rc, "wall_s": wall, "cpu_s": cpu, "start_unix": t0_unix,
             "first_line_s": lines[0][0] if lines else None, "last_line_s": lines[-1][0] if lines else None,
             "tail": [f"{n}: {text}" for _, n, text in lines[-4:]]}
 
@@ -170,7 +178,7 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Per case and temperature: n, median and spread of each figure; then the acceptance."""
     from shmlearn.bench.common import stats
     out: Dict[str, Any] = {}
-    keys = ("wall_s", "first_line_s", "last_line_s", "first_step_s", "setup_s", "compile_s", "train_s", "eval_s")
+    keys = ("wall_s", "cpu_s", "first_line_s", "last_line_s", "first_step_s", "setup_s", "compile_s", "train_s", "eval_s")
     for r in rows:
         out.setdefault(f"{r['case']}/{r['temp']}", []).append(r)
     table = {}
