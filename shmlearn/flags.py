@@ -145,6 +145,8 @@ def options_of(cls, *, names: Optional[Dict[str, str]] = None, strategies: Tuple
 # digest of the sources it was read from, written by any process that read the options live.
 
 TABLE_PREFIX = "flags-"
+KEEP_TABLES = 8
+"""Tables kept for other sources (other checkouts, installs, edits) beside the newest; older ones go."""
 
 
 def cache_dir() -> str:
@@ -216,9 +218,10 @@ def read_table() -> Optional[List[Option]]:
 
 
 def write_table(options: Sequence[Option]) -> None:
-    """Keep `options` (read live) for the next parser of these sources; the tables of other
-    sources (an edited tree, an older install) are removed. A cache that cannot be written (a
-    read-only home) only leaves the next parser to read the options live again."""
+    """Keep `options` (read live) for the next parser of these sources; of the tables of other
+    sources (other checkouts, an edited tree, an older install) the KEEP_TABLES newest stay. A
+    cache that cannot be written (a read-only home) only leaves the next parser to read the
+    options live again."""
     rows = [_row(o) for o in options]
     try:
         text = json.dumps(rows)
@@ -236,6 +239,7 @@ def write_table(options: Sequence[Option]) -> None:
             os.remove(tmp)
         return
     with contextlib.suppress(OSError):
-        for name in os.listdir(os.path.dirname(path)):
-            if name.startswith(TABLE_PREFIX) and name.endswith(".json") and name != os.path.basename(path):
-                os.remove(os.path.join(os.path.dirname(path), name))
+        folder = os.path.dirname(path)
+        tables = [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(TABLE_PREFIX) and n.endswith(".json")]
+        for old in sorted(tables, key=os.path.getmtime, reverse=True)[KEEP_TABLES:]:
+            os.remove(old)

@@ -77,16 +77,20 @@ def test_the_table_parses_every_kind_of_flag_as_the_live_options_do(tmp_path):
 
 
 def test_a_table_that_cannot_be_read_is_rebuilt(tmp_path):
-    from shmlearn.flags import TABLE_PREFIX, source_digest
+    from shmlearn.flags import KEEP_TABLES, TABLE_PREFIX, source_digest
     cache = tmp_path / "cache"
     cache.mkdir()
     (cache / f"{TABLE_PREFIX}{source_digest()}.json").write_text('[{"name": "lr"')  # cut short
-    (cache / f"{TABLE_PREFIX}0000.json").write_text("[]")  # another tree's: removed
+    others = [cache / f"{TABLE_PREFIX}{i:04d}.json" for i in range(KEEP_TABLES + 2)]  # other trees'
+    for i, other in enumerate(others):
+        other.write_text("[]")
+        os.utime(other, (1e9 + i, 1e9 + i))  # older first
     out, _, seen = probe(["train", "--help"], cache)
     assert seen["code"] == 0 and seen["torch"] and "--batch-size" in out
     _, _, again = probe(["train", "--help"], cache)
     assert again["code"] == 0 and not again["torch"]
-    assert [p.name for p in cache.iterdir()] == [f"{TABLE_PREFIX}{source_digest()}.json"]
+    kept = sorted(p.name for p in cache.iterdir())
+    assert kept == sorted([f"{TABLE_PREFIX}{source_digest()}.json"] + [o.name for o in others[-(KEEP_TABLES - 1):]])
 
 
 def _parsers(p):
