@@ -20,9 +20,11 @@ def say(env, text):
     return os.getppid()
 
 
-def test_a_forked_workers_output_goes_where_the_owners_goes_now(capfd):
+def test_a_forked_workers_output_goes_where_the_owners_goes_now(capfd, monkeypatch):
     """capfd puts its own files on fd 1 and 2 for this test, after the session's forkserver
     started (conftest): a fork that kept the forkserver's wrote past it."""
+    monkeypatch.delenv("SHMLEARN_FORKSERVER", raising=False)  # SHMLEARN_TEST_SPAWN=1 sessions
+    assert forkserver.start()  # the session's (conftest), or one for this test
     assert forkserver.context(False).get_start_method() == "forkserver"
     with Pool(1) as pool:
         (parent,) = pool.run(say, ("worker 0",), slots=[0], backend=None)
