@@ -49,8 +49,8 @@ HELP_GROUPS = {"basics": ("dataset", "model", "workers", "strategy", "batch_size
                "GPU kernels and the fast step (auto picks well)": (
                    "image_conv", "conv_pool", "mlp_head", "conv_overlap", "combo_kernels", "update_in_backward",
                    "grad_buckets", "weight_copy", "max_pool", "cuda_graph", "cudnn_benchmark")}
-"""`train --help`'s groups: the basics first, in this order, then the other fields in theirs, each
-strategy's parameters, and the GPU kernels' choices last (cli.py)."""
+"""`train --help`'s groups (cli.py): the basics first, then the fields in no group, each strategy's
+parameters, and the GPU kernels' choices last; within a group the fields' own order."""
 OnOff = Literal["on", "off"]
 # A Literal over a tuple another module owns (Literal[LOADERS]) is that tuple's values: the
 # choices are written once, where the code that acts on them lives (the step's, the layers').
