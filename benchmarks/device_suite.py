@@ -370,6 +370,13 @@ def part_commands(p: str, workers: str) -> dict:
         "analyze": (_py(os.path.join(HERE, "sweep_overhead.py"), "analyze", os.path.join(p("grid"), "sweep"),
                         os.path.join(p("grid-prune"), "sweep"), "--tag", "h100-grid",
                         "--out", os.path.join(p("analyze"), "sweep_overhead.json")), 60),
+        # Issue 52, "Measure first": time to the first line and step, wall and phases of `train`
+        # (alexnet-small), a digits trial, its 8-trial sweep and the Python API, against import
+        # torch + a CUDA context; cold (empty shmlearn, Triton and Inductor caches) then warm.
+        "startup": (_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
+                      "--out", os.path.join(p("startup"), "start-gpu.json")), 570),
+        "startup-warm": (_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "5", "--temps", "warm",
+                           "--out", os.path.join(p("startup-warm"), "start-gpu-warm.json")), 480),
         # Issue 16: torchvision's ResNet-18 passed in as the user's model vs the built-in resnet18.
         "own-model": (_py(os.path.join(HERE, "own_model.py"), "--device", "cuda", "--runs", "3",
                           "--out", os.path.join(p("own-model"), "own_model.json")), 300),

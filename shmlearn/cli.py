@@ -16,10 +16,11 @@ them too; moving them into field metadata would let them be read without the sou
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import sys
-from typing import Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 # shmlearn.config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
 # advise numpy: this module imports them in the functions that build the parser or run, after
@@ -28,10 +29,13 @@ from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn import forkserver
-from shmlearn.flags import choice_error, help_group
+from shmlearn.flags import Option, choice_error, help_group, read_table, write_table
 from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
 from shmlearn.report.cli import register as register_report
+
+if TYPE_CHECKING:
+    from shmlearn.config import TrainConfig
 
 
 class _LiteralHelp(argparse.HelpFormatter):
@@ -45,6 +49,8 @@ class _LiteralHelp(argparse.HelpFormatter):
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs):
         kwargs.setdefault("formatter_class", _LiteralHelp)
+        # `--worker 1` is a typo, not --workers: a prefix taken silently changes what runs (53).
+        kwargs.setdefault("allow_abbrev", False)
         super().__init__(*args, **kwargs)
         # A word starting "-<digit>" or "-.<digit>" is a value, not an option: "--lr -1e-3",
         # "sweep --lr -1,0.1" (argparse takes only "-1" and "-0.5" so, and no flag of ours
@@ -52,7 +58,21 @@ class _Parser(argparse.ArgumentParser):
         self._negative_number_matcher = re.compile(r"-\.?\d")
 
     def error(self, message: str):  # one line, exit 2, no usage dump
-        self.exit(2, f"shmlearn: error: {message} (see `{self.prog} --help`)\n")
+        self.exit(2, f"shmlearn: error: {message}{self._did_you_mean(message)} (see `{self.prog} --help`)\n")
+
+    def _did_you_mean(self, message: str) -> str:
+        """For an unknown --flag: the closest flag of this parser or a subcommand's (an
+        unrecognized argument is reported by the top parser, after the subcommand's parsed)."""
+        if not message.startswith("unrecognized arguments: --"):
+            return ""
+        word = message.split()[2].split("=")[0]
+        known, parsers = [], [self]
+        while parsers:
+            p = parsers.pop()
+            known += [o for o in p._option_string_actions if o.startswith("--")]
+            parsers += [c for a in p._actions if isinstance(a, argparse._SubParsersAction) for c in a.choices.values()]
+        close = difflib.get_close_matches(word, known, n=1)
+        return f"; did you mean {close[0]}?" if close else ""
 
     def _check_value(self, action, value):
         # A flag's value outside its choices (a Literal's): the line config.validate gives for
@@ -62,14 +82,30 @@ class _Parser(argparse.ArgumentParser):
         super()._check_value(action, value)
 
 
+def _train_options() -> List[Option]:
+    """config.options(), from the flag table where this process has not imported config (the
+    table is plain data: no torch, flags.read_table); read live otherwise, and kept as the table
+    for the next process. A process that imported config reads it live: what it registered
+    since (a strategy a test adds) is in no table."""
+    if "shmlearn.config" not in sys.modules:
+        table = read_table()
+        if table is not None:
+            return table
+    from shmlearn.config import options  # lazy: torch, after the CLI's cheap checks
+    live = list(options().values())
+    write_table(live)
+    return live
+
+
 def _add_config_flags(p: argparse.ArgumentParser) -> None:
     """One flag per option of TrainConfig (config.options): the type from its annotation, the
-    choices from its Literal, the help from its docstring, a strategy's own parameters grouped
-    under that strategy."""
-    from shmlearn.config import options  # lazy: torch, after the CLI's cheap checks
-    made: Dict[tuple, argparse._ArgumentGroup] = {}
-    for o in options().values():
-        where = help_group(p, o, made)
+    choices from its Literal, the help from its docstring; in --help the basics first, then the
+    other settings, a strategy's own parameters under that strategy, the GPU kernels last
+    (config.HELP_GROUPS)."""
+    made: Dict[Any, argparse._ArgumentGroup] = {"basics": p.add_argument_group("basics")}
+    rest = p.add_argument_group("training, evaluation and the run directory")
+    for o in _train_options():
+        where = rest if not o.group and not o.strategies else help_group(p, o, made)
         # A --no-X flag's default is X on; "[default: True]" beside --no-X reads backwards.
         shown = o.default is not None and o.default is not True
         help_ = o.help + (f" [default: {o.default}]" if shown else "")
@@ -86,7 +122,7 @@ def _add_config_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _register_train(sub) -> None:
-    t = sub.add_parser("train", help="train one model on N workers",
+    t = sub.add_parser("train", help=COMMANDS["train"],
                        description="Train one model on N workers with a synchronization strategy; "
                                    "writes a run directory (config, metrics, eval, summary, trace).")
     t.add_argument("--config", metavar="FILE.yaml", help="YAML file of any of these flags; flags win")
@@ -94,22 +130,49 @@ def _register_train(sub) -> None:
     t.set_defaults(func=cmd_train)
 
 
-def _registrars():
+COMMANDS = {"train": "train one model on N workers",
+            "bench": "benchmarks (communication, parameter-server simulation, ...)",
+            "sweep": "sweep any train flags; pick the best per worker count",
+            "report": "one self-contained HTML page for runs or a sweep",
+            "experiment": "rerun one of the seed experiments",
+            "simulate": "predict step time and scaling to 1024 workers from measured costs",
+            "advise": "workers and batch size from the measured gradient noise scale"}
+"""The subcommands and their one-line help, in --help's order: `shmlearn --help` lists them
+without building their parsers (several import torch or numpy); tests/test_cli_start.py checks
+each line against the one its register() gives."""
+
+
+def _registrar(name: str):
     """Each subcommand registers itself: register(subparsers) adds a parser with
-    set_defaults(func=handler), handler(namespace) -> exit code. One line per subcommand here."""
-    from shmlearn.advise import register as register_advise  # lazy: numpy, after the CLI's cheap checks
-    from shmlearn.experiments.cli import register as register_experiment  # lazy: torch, after the CLI's cheap checks
-    from shmlearn.simulate import register as register_simulate  # lazy: torch, after the CLI's cheap checks
-    from shmlearn.sweep_cli import register as register_sweep  # lazy: torch, after the CLI's cheap checks
-    return [_register_train, register_bench, register_sweep, register_report, register_experiment,
-            register_simulate, register_advise]
+    set_defaults(func=handler), handler(namespace) -> exit code."""
+    if name == "train":
+        return _register_train
+    if name == "bench":
+        return register_bench
+    if name == "report":
+        return register_report
+    if name == "advise":
+        from shmlearn.advise import register  # lazy: numpy, after the CLI's cheap checks
+    elif name == "experiment":
+        from shmlearn.experiments.cli import register  # lazy: torch, after the CLI's cheap checks
+    elif name == "simulate":
+        from shmlearn.simulate import register  # lazy: torch, after the CLI's cheap checks
+    else:
+        from shmlearn.sweep_cli import register  # lazy: torch, after the CLI's cheap checks
+    return register
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
+    """The whole parser; with `argv`, only the subcommand argv names is built in full, the others
+    listed by name and help line (COMMANDS), so that `--help` and a typo answer at once."""
     p = _Parser(prog="shmlearn", description="Data-parallel training, and the tools to study it.")
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    for register in _registrars():
-        register(sub)
+    chosen = argv[0] if argv else None
+    for name, help_ in COMMANDS.items():
+        if argv is None or name == chosen:
+            _registrar(name)(sub)
+        else:
+            sub.add_parser(name, help=help_)
     return p
 
 
@@ -186,14 +249,18 @@ def precheck(argv: List[str]) -> None:
 
 
 def prestart(argv: List[str]) -> None:
-    """Start the forkserver a local CPU `train`'s workers fork from (forkserver.py), before this
-    process imports torch, so that both import at once. Not for --workers 1 (it runs here), nor
-    under a launcher, nor where a GPU may be used (GPU pools spawn: it would import for nothing)."""
-    if not argv or argv[0] != "train" or "-h" in argv or "--help" in argv or detect_env() is not None:
+    """Start the forkserver the local CPU workers of `train`, `sweep` and `experiment run` fork
+    from (forkserver.py), before this process imports torch, so that both import at once. Not
+    for a train of --workers 1 (it runs here), nor under a launcher, nor where a GPU may be used
+    (GPU pools spawn: it would import for nothing)."""
+    if (not argv or argv[0] not in ("train", "sweep", "experiment") or "-h" in argv or "--help" in argv
+            or (argv[0] == "experiment" and argv[1:2] != ["run"]) or detect_env() is not None):
         return
     given = _flag_values(argv[1:], ("--workers", "--device"))
     gpu = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")  # NVIDIA or ROCm driver
-    if given.get("--workers") != "1" and (given.get("--device") == "cpu" or not gpu):
+    if argv[0] == "train" and given.get("--workers") == "1":
+        return
+    if given.get("--device") == "cpu" or not gpu:
         forkserver.start()
 
 
@@ -206,7 +273,7 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
         return e.exit_code
     if early_workers:
         prestart(sys.argv[1:] if argv is None else argv)
-    ns = build_parser().parse_args(argv)
+    ns = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return ns.func(ns)
     except BadInput as e:
@@ -234,7 +301,23 @@ def entry() -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
-    sys.exit(code)
+    leave(code)
+
+
+def leave(code: int) -> None:
+    """End the program without the interpreter's teardown: it frees torch's modules and objects
+    one by one (0.3-1 s of a core, measured by benchmarks/start.py as the time from the last line
+    to the exit) when everything is written and closed. The exit handlers still run first (the
+    pools' close, the forkserver's end, multiprocessing's finalizers: atexit), then the output is
+    flushed; a reader that closed the pipe is no error here."""
+    import atexit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed by the reader (`| head -1`), or already closed
+            pass
+    os._exit(code if isinstance(code, int) else 1)
 
 
 if __name__ == "__main__":

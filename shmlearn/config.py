@@ -45,6 +45,12 @@ ALTERNATIVES = (("samples", "epochs"), ("warmup", "warmup_fraction"), ("eval_eve
 """Fields that say one thing two ways (give one of each pair): a flag on the command line
 replaces its pair in a --config file, so `--config recipe.yaml --samples 2048` overrides the
 recipe's epochs instead of being refused as a second budget."""
+HELP_GROUPS = {"basics": ("dataset", "model", "workers", "strategy", "batch_size", "lr", "samples", "epochs", "out"),
+               "GPU kernels and the fast step (auto picks well)": (
+                   "image_conv", "conv_pool", "mlp_head", "conv_overlap", "combo_kernels", "update_in_backward",
+                   "grad_buckets", "weight_copy", "max_pool", "cuda_graph", "cudnn_benchmark")}
+"""`train --help`'s groups (cli.py): the basics first, then the fields in no group, each strategy's
+parameters, and the GPU kernels' choices last; within a group the fields' own order."""
 OnOff = Literal["on", "off"]
 # A Literal over a tuple another module owns (Literal[LOADERS]) is that tuple's values: the
 # choices are written once, where the code that acts on them lives (the step's, the layers').
@@ -292,8 +298,9 @@ class TrainFields:
     out: Optional[str] = None
     """Run directory. Default runs/<date>-<model>-<dataset>-<strategy>-w<workers>."""
     save_model: bool = True
-    """Save the final weights in the run directory: model.safetensors (with the safetensors
-    package) or model.pt; shmlearn.load_model(RUN_DIR) returns the trained module."""
+    """The final weights are saved in the run directory, by default: model.safetensors (with the
+    safetensors package) or model.pt, which shmlearn.load_model(RUN_DIR) returns as the trained
+    module; --no-save-model skips them."""
     monitor: Optional[str] = None
     """What --early-stop and --save-best watch: a key of eval.jsonl's rows (val_loss, test_loss,
     test_accuracy, val_NAME for a metric of --compute-loss). Default val_loss where the data has a
@@ -428,7 +435,8 @@ def options() -> Dict[str, Option]:
         elif name == "strategy":
             named = "; ".join(f"{n}: {e.help}" for n, e in registry.entries().items())
             o = dataclasses.replace(o, help=f"{o.help} {named}.", choices=tuple(registry.entries()))
-        out[name] = o
+        group = next((g for g, names in HELP_GROUPS.items() if name in names), "")
+        out[name] = dataclasses.replace(o, group=group) if group else o
         if name == "strategy":
             out.update(theirs)
     return out

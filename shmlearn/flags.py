@@ -10,12 +10,16 @@ module imports nothing of shmlearn but its errors, so everything above can read 
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
+import hashlib
 import inspect
+import json
+import os
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from shmlearn.errors import BadInput
 
@@ -86,6 +90,8 @@ class Option:
     """A strategy's parameter: the strategies that take it (--help groups it under them)."""
     choices: Optional[Tuple[Any, ...]] = None
     """The allowed values: the Literal's, or given (--strategy: the registry's names)."""
+    group: str = ""
+    """Where --help lists it (config.HELP_GROUPS: "basics", "GPU kernels"); "" the general flags."""
 
     @property
     def flag(self) -> str:
@@ -106,8 +112,12 @@ class Option:
 
 def help_group(parser, option: Option, made: Dict[tuple, Any]):
     """Where a flag goes in --help: a strategy's parameter in the argument group of the
-    strategies that take it ("--strategy ps"), made once per set of strategies in `made`; the
-    others in `parser` itself."""
+    strategies that take it ("--strategy ps"), made once per set of strategies in `made`; one of
+    a named group (Option.group) in that group; the others in `parser` itself."""
+    if option.group and not option.strategies:
+        if option.group not in made:
+            made[option.group] = parser.add_argument_group(option.group)
+        return made[option.group]
     if not option.strategies:
         return parser
     if option.strategies not in made:
@@ -126,3 +136,110 @@ def options_of(cls, *, names: Optional[Dict[str, str]] = None, strategies: Tuple
         out.append(Option(name=(names or {}).get(f.name, f.name), type=hints[f.name], default=default,
                           help=docs.get(f.name, ""), strategies=strategies, choices=literal_choices(hints[f.name])))
     return out
+
+
+# --- the flag table: the train flags without importing torch --------------------------------------
+# config.options() imports the modules that own the choices (models, nn, step, every strategy),
+# which import torch (~2-6 s): `shmlearn train --help` or a misspelled flag waited for it (issue 53).
+# What the parser needs of each option is plain data; it is kept in the user's cache, keyed by a
+# digest of the sources it was read from, written by any process that read the options live.
+
+TABLE_PREFIX = "flags-"
+KEEP_TABLES = 8
+"""Tables kept for other sources (other checkouts, installs, edits) beside the newest; older ones go."""
+
+
+def cache_dir() -> str:
+    """shmlearn's cache folder: $SHMLEARN_CACHE_DIR, else $XDG_CACHE_HOME/shmlearn, else
+    ~/.cache/shmlearn."""
+    own = os.environ.get("SHMLEARN_CACHE_DIR")
+    if own:
+        return own
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "shmlearn")
+
+
+def _source_files() -> List[str]:
+    """Every .py file the options can come from: the package, and the strategy folders of
+    SHMLEARN_STRATEGY_PATH (shmlearn/sync/__init__.py imports their files too)."""
+    package = os.path.dirname(os.path.abspath(__file__))
+    roots = [package] + [os.path.abspath(d) for d in os.environ.get("SHMLEARN_STRATEGY_PATH", "").split(os.pathsep) if d]
+    out = []
+    for root in roots:
+        for dirpath, dirnames, filenames in os.walk(root):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__" and not d.startswith("."))
+            out += [os.path.join(dirpath, f) for f in sorted(filenames) if f.endswith(".py")]
+    return out
+
+
+def source_digest() -> str:
+    """sha256 over the sources' paths and bytes (~2 MB read, a few ms): any edit, added or removed
+    file (a new strategy) makes another table."""
+    h = hashlib.sha256()
+    for path in _source_files():
+        h.update(path.encode() + b"\0")
+        try:
+            with open(path, "rb") as f:
+                h.update(f.read())
+        except OSError:  # removed while walking: the digest differs from any table's anyway
+            h.update(b"\1")
+    return h.hexdigest()
+
+
+_KINDS = {"bool": bool, "int": int, "float": float, "str": str}
+
+
+def _row(o: Option) -> Dict[str, Any]:
+    optional = _unwrap(o.type) is not o.type
+    return {"name": o.name, "kind": o.kind.__name__, "optional": optional, "default": o.default,
+            "help": o.help, "strategies": list(o.strategies),
+            "choices": None if o.choices is None else list(o.choices), "group": o.group}
+
+
+def _option(row: Dict[str, Any]) -> Option:
+    kind = _KINDS[row["kind"]]
+    return Option(name=row["name"], type=Optional[kind] if row["optional"] else kind, default=row["default"],
+                  help=row["help"], strategies=tuple(row["strategies"]),
+                  choices=None if row["choices"] is None else tuple(row["choices"]), group=row["group"])
+
+
+def _table_path(digest: str) -> str:
+    return os.path.join(cache_dir(), f"{TABLE_PREFIX}{digest}.json")
+
+
+def read_table() -> Optional[List[Option]]:
+    """The options as the table for these sources has them; None where there is none (or it is
+    unreadable: it is rebuilt from the live options)."""
+    try:
+        with open(_table_path(source_digest()), encoding="utf-8") as f:
+            return [_option(r) for r in json.load(f)]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def write_table(options: Sequence[Option]) -> None:
+    """Keep `options` (read live) for the next parser of these sources; of the tables of other
+    sources (other checkouts, an edited tree, an older install) the KEEP_TABLES newest stay. A
+    cache that cannot be written (a read-only home) only leaves the next parser to read the
+    options live again."""
+    rows = [_row(o) for o in options]
+    try:
+        text = json.dumps(rows)
+    except (TypeError, ValueError):  # a default JSON cannot hold: read live every time
+        return
+    path = _table_path(source_digest())
+    tmp = f"{path}.{os.getpid()}.tmp"
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)  # atomic: a parser reading at the same time sees all or nothing
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        return
+    with contextlib.suppress(OSError):
+        folder = os.path.dirname(path)
+        tables = [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(TABLE_PREFIX) and n.endswith(".json")]
+        for old in sorted(tables, key=os.path.getmtime, reverse=True)[KEEP_TABLES:]:
+            os.remove(old)

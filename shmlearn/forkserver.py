@@ -1,5 +1,5 @@
 """How a pool starts its workers: spawned fresh, or forked from a forkserver that has imported
-torch once (the `shmlearn` program's CPU runs).
+torch once (every CPU pool: train, sweeps, experiments, the Python API).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
@@ -7,9 +7,10 @@ paid both while the owner imported torch for itself: on a 2-core machine three p
 the cores before the first step (issue 41; measured in docs/performance.md). `start()`, called by
 the program before it imports torch (cli.main), starts multiprocessing's forkserver, which imports
 THIRD_PARTY while the owner does its own imports and checks; a CPU pool's workers are then forks
-of it. The program starts one, and so does `import shmlearn` in a script (`autostart`), never a
-notebook or pytest: it lives as long as its owner, and a long-lived owner would keep torch's
-import-time state of its start for every later pool.
+of it. The program starts one for train, sweep and experiment (cli.prestart), and so does
+`import shmlearn` in a script (`autostart`); a notebook, pytest or `python -c` start theirs with
+their first CPU pool (`context`), not at import. It lives as long as its owner: where the
+owner's import-time environment has changed since (IMPORT_ENV), its pools spawn.
 
 What stays as a spawned worker had it:
 * only third-party modules are preloaded: shmlearn's own modules, the user's script (__main__)
@@ -17,6 +18,8 @@ What stays as a spawned worker had it:
   file added after the forkserver started is found (tests/sync/test_new_strategy.py).
 * CUDA: importing torch does not initialize it, and the forkserver runs nothing else; GPU pools,
   and any pool once this process has initialized CUDA, spawn as before.
+* stdout and stderr: a worker takes its owner's file descriptors 1 and 2 at its start
+  (pool_worker.OwnerStdio), not the forkserver's: pytest's capture and a notebook's cell see it.
 * the environment: a worker takes its owner's os.environ at its start (pool_worker); what
   torch reads while it imports comes from the forkserver's start, so where such a variable
   (IMPORT_ENV) changed since, the pool spawns.
@@ -102,9 +105,10 @@ def autostart() -> bool:
     torchrun's (docs/ports.md). Only where it pays and is safe: a script file (not an interactive
     session, `python -c` or pytest, which would keep the forkserver's import-time state for every
     later pool), not a multiprocessing child (the workers import the script too), not a rank of a
-    launcher, no GPU driver (GPU pools spawn), and not turned off (SHMLEARN_FORKSERVER=0)."""
+    launcher, no GPU driver (GPU pools spawn), and not turned off (SHMLEARN_FORKSERVER=0). Elsewhere
+    the first CPU pool starts it (context)."""
     main = sys.modules.get("__main__")
-    if (os.environ.get("SHMLEARN_FORKSERVER", "1") == "0" or not getattr(main, "__file__", None)
+    if (_turned_off() or not getattr(main, "__file__", None)
             or "pytest" in sys.modules or mp.parent_process() is not None
             or any(k in os.environ for k in LAUNCHER_ENV)
             or os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
@@ -130,10 +134,21 @@ def _cuda_initialized() -> bool:
     return torch is not None and torch.cuda.is_initialized()
 
 
+def _turned_off() -> bool:
+    return os.environ.get("SHMLEARN_FORKSERVER", "1") == "0"
+
+
 def context(cuda: bool):
-    """The multiprocessing context a pool starts a worker with: the forkserver start() started,
-    for a CPU pool of a process without CUDA whose import-time environment is unchanged; else
-    spawn."""
-    if _started_env is None or cuda or _cuda_initialized() or _import_env() != _started_env:
+    """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU pool of
+    a process without CUDA whose import-time environment is unchanged since the forkserver
+    started; else spawn. The first CPU pool of a process that has none (the Python API in a
+    notebook, pytest or `python -c`, where autostart starts none at import) starts it here: it
+    imports torch once, where each spawned worker imported it, and every later pool, and every
+    worker a pool replaces, forks ready. SHMLEARN_FORKSERVER=0: every pool spawns."""
+    if cuda or _turned_off() or _cuda_initialized():
+        return mp.get_context("spawn")
+    if _started_env is None and (mp.parent_process() is not None or not start()):
+        return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here
+    if _import_env() != _started_env:
         return mp.get_context("spawn")
     return mp.get_context("forkserver")

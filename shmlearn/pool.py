@@ -36,7 +36,7 @@ from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tupl
 from shmlearn import forkserver, listen, user_main
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 # describe and worker_store are imported from here by train.py and the tests (the worker side moved)
-from shmlearn.pool_worker import LEAVE, Task, _worker_main, describe, worker_store  # noqa: F401
+from shmlearn.pool_worker import LEAVE, OwnerStdio, Task, _worker_main, describe, worker_store  # noqa: F401
 
 
 # --- the pool (parent side) ----------------------------------------------------------------------
@@ -147,7 +147,8 @@ class Pool:
         parent, child = ctx.Pipe(duplex=True)
         main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
         p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
-                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main),
+                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main,
+                              OwnerStdio()),
                         daemon=False)
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         _start(p, main)

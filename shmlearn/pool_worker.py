@@ -59,11 +59,40 @@ def worker_store():
     return _store
 
 
+class OwnerStdio:
+    """The owner's stdout and stderr (file descriptors 1 and 2) as they are when a worker starts,
+    handed to that worker: put in a Process's args, pickling it passes both descriptors with the
+    process (multiprocessing's DupFd, as it passes a socket) and unpickling it in the worker puts
+    them in place of the worker's own 1 and 2. A fork of the forkserver otherwise writes where
+    the forkserver's went when it started: not into pytest's capture of the test that runs now,
+    nor into a notebook's cell. A spawned worker already has them: the same descriptors."""
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        try:
+            os.fstat(1), os.fstat(2)
+        except OSError:  # an owner started with either closed: the worker keeps what it has
+            return _take_stdio, (None, None)
+        return _take_stdio, (reduction.DupFd(1), reduction.DupFd(2))
+
+
+def _take_stdio(out, err) -> None:
+    """OwnerStdio's other half, in the worker: the owner's descriptors become its 1 and 2 (the
+    argument it was in is None)."""
+    if out is None:
+        return
+    for fd, passed in ((1, out), (2, err)):
+        got = passed.detach()
+        if got != fd:  # a spawned worker's are the inherited ones themselves
+            os.dup2(got, fd)
+            os.close(got)
+
+
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str],
-                 main: Optional[Tuple[str, str]] = None) -> None:
+                 main: Optional[Tuple[str, str]] = None, stdio: None = None) -> None:
     """One pool worker's life: its imports, the user's script up to its shmlearn.train call
     (main: user_main.main_reference(), which multiprocessing did not import), then jobs until told
-    to leave."""
+    to leave. stdio: an OwnerStdio where it was passed, which its unpickling has put in place."""
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
     # unblocked (Pool._spawn, or the forkserver, started this process with it blocked: one
@@ -94,7 +123,8 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     store = _store = dist.TCPStore(listen.LOOPBACK, store_port, is_master=False,
                                    timeout=datetime.timedelta(seconds=60))
     current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
-    conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1}))
+    conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1,
+                                            "forked": os.getppid() != parent_pid}))
     while True:
         try:
             task: Task = conn.recv()

@@ -356,7 +356,9 @@ class _Loop:
 
     def _run(self) -> RunResult:
         cfg = self.cfg
-        if self.lead and self.budget % self.samples_per_step and self.start_step == 0:
+        # Only for a --samples the user gave: a budget in epochs (the default's or --epochs) is
+        # rounded down to whole steps as any epoch loop drops its last partial batch.
+        if self.lead and cfg.samples is not None and self.budget % self.samples_per_step and self.start_step == 0:
             print(f"shmlearn: budget {self.budget} samples is not a multiple of "
                   f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}{f' x {cfg.accumulate}' * (cfg.accumulate > 1)}; running {self.steps} steps = "
                   f"{self.steps * self.samples_per_step} samples", flush=True)

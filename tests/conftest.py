@@ -51,17 +51,17 @@ def pytest_configure(config):
     tests/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns. Under
     -n, each worker starts its own; xdist's controller, which runs no test, none."""
     import os
-    if not os.environ.get("SHMLEARN_TEST_SPAWN") and not _xdist_controller(config):
+    if os.environ.get("SHMLEARN_TEST_SPAWN"):
+        os.environ["SHMLEARN_FORKSERVER"] = "0"  # else the first pool would start it (forkserver.context)
+    elif not _xdist_controller(config):
         from shmlearn import forkserver
         forkserver.start()
 
 
 @pytest.fixture
 def spawned_workers(monkeypatch):
-    """This test's pools spawn: a worker forked from the forkserver writes to the forkserver's
-    stdout, not to the file descriptors pytest's capfd put in place after it started."""
-    from shmlearn import forkserver
-    monkeypatch.setattr(forkserver, "_started_env", None)
+    """This test's pools spawn (SHMLEARN_FORKSERVER=0: forkserver.context)."""
+    monkeypatch.setenv("SHMLEARN_FORKSERVER", "0")
 
 
 @pytest.fixture

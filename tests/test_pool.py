@@ -254,8 +254,10 @@ def test_every_worker_starts_with_ctrl_c_blocked_also_the_one_that_starts_the_re
     traceback). multiprocessing starts its resource tracker on the first spawn, with SIGINT blocked
     and then UNBLOCKED, which undid Pool._spawn's block: the first worker started with Ctrl-C live
     (CI: one KeyboardInterrupt traceback from spawn_main). A fresh interpreter: no tracker yet."""
+    # spawned workers (SHMLEARN_FORKSERVER=0): a pool of `python -c` would start the forkserver,
+    # whose forks start with its mask (tests/test_pool_forkserver.py)
     r = subprocess.run([sys.executable, "-c", SPAWN_MASK], capture_output=True, text=True, timeout=300,
-                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), SHMLEARN_FORKSERVER="0"))
     assert r.returncode == 0, r.stderr
     seen, after = eval(r.stdout.strip().rsplit("] ", 1)[0] + "]"), r.stdout.strip().endswith("False")
     workers = [blocked for is_worker, blocked in seen if is_worker]

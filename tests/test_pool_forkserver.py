@@ -98,8 +98,12 @@ def test_forked_workers_die_with_their_owner(probe):
 
 def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_environment(monkeypatch):
     monkeypatch.setattr(forkserver, "_started_env", None)
-    assert forkserver.context(False) is mp.get_context("spawn")  # not started: spawn, as before
-    monkeypatch.setattr(forkserver, "_started_env", forkserver._import_env())
+    monkeypatch.setenv("SHMLEARN_FORKSERVER", "0")
+    assert forkserver.context(False) is mp.get_context("spawn")  # turned off: spawn, as before
+    assert forkserver._started_env is None
+    monkeypatch.delenv("SHMLEARN_FORKSERVER")
+    assert forkserver.context(False) is mp.get_context("forkserver")  # not started: the first pool starts it
+    assert forkserver._started_env == forkserver._import_env()
     assert forkserver.context(False) is mp.get_context("forkserver")
     assert forkserver.context(True) is mp.get_context("spawn")  # a GPU pool
     monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: True)
@@ -114,8 +118,10 @@ def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_
 
 @pytest.mark.parametrize("argv,started", [
     (["train", "--workers", "2"], True), (["train"], True), (["train", "--workers", "1"], False),
-    (["train", "--help"], False), (["sweep", "--workers", "2"], False), (["train", "--device", "cpu"], True)])
-def test_the_program_starts_it_early_for_a_local_cpu_train_only(monkeypatch, argv, started):
+    (["train", "--help"], False), (["sweep", "--workers", "2"], True), (["sweep", "--workers", "1"], True),
+    (["train", "--device", "cpu"], True), (["experiment", "run", "cnn"], True), (["experiment", "list"], False),
+    (["sweep", "--help"], False), (["report", "runs/x"], False)])
+def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv, started):
     calls = []
     monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
     monkeypatch.setattr(os.path, "exists", lambda p: False)  # no GPU driver
