@@ -118,6 +118,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
         check_capacity(world, cfg.threads, cfg.oversubscribe)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers, claim=True))
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
+        if cfg.resume and (done := ckpt.finished(cfg.out)) is not None:  # never rewritten
+            return RunResult(status="completed", run_dir=cfg.out, summary=done)
         if world == 1 and current_pool() is None:
             caller_threads = torch.get_num_threads()  # the rank sets its own; the caller keeps its
             try:
@@ -235,6 +237,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if owns_group:
         init_process_group(backend, env, cfg.timeout)
     try:
+        if cfg.resume and (done := ckpt.finished(cfg.out, env.rank, env.world_size)) is not None:
+            return RunResult(status="completed", run_dir=cfg.out, summary=done, rank=env.rank)
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
         model.to(device)
         optimizer = recipe.build_user_optimizer(cfg, parts.optimizer, model) or build_optimizer(
