@@ -69,12 +69,20 @@ def check_out_dir(path: str) -> None:
     lost. lexists: a link in --out counts as there, even one whose target is missing."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise BadInput(f"--out {path}: exists and is not a directory")
+    check_links(path)
     if os.path.isdir(path) and any(os.path.lexists(os.path.join(path, f)) for f in RUN_FILES):
         raise BadInput(f"--out {path}: already holds a run; choose another directory")
     held = [f for f in SWEEP_FILES if os.path.lexists(os.path.join(path, f))]
     if held:
         raise BadInput(f"--out {path}: holds a sweep, study or experiment ({held[0]}); a run writes into a "
                        f"folder of its own: choose another directory")
+
+
+def check_links(path: str) -> None:
+    """BadInput naming it where a file a run writes in --out is a symlink leading out of --out:
+    said before any worker starts, rather than when rank 0 opens the file."""
+    for name in RUN_FILES + ("checkpoints", ".lock", "tensorboard"):
+        safe_write.check(os.path.join(path, name), path)
 
 
 def check_sweep_out(path: str) -> None:
@@ -129,8 +137,7 @@ def lock_out_dir(path: str) -> Iterator[None]:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
-    for name in RUN_FILES + ("checkpoints",):  # a link planted in --out: refused before any worker starts
-        safe_write.check(os.path.join(path, name), path)
+    check_links(path)
     f = lock_dir(path, f"--out {path}: another run is writing there; choose another directory")
     try:
         yield
