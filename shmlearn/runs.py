@@ -168,11 +168,10 @@ class RunDir:
         they are dropped (a crash between log and checkpoint must not leave duplicates)."""
         self.path = path
         os.makedirs(path, exist_ok=True)
-        # Every file below is checked first: a link planted in --out that leads out is refused
-        # (BadInput, exit 2) before anything is written or truncated.
+        # A link planted in --out that leads out is refused (BadInput, exit 2) before anything
+        # is written or truncated.
+        check_links(path)
         files = {n: os.path.join(path, n) for n in RUN_FILES}
-        for f in files.values():
-            safe_write.check(f, path)
         safe_write.write(files["config.yaml"], yaml.safe_dump(cfg.to_dict(), sort_keys=False), root=path)
         if keep_until is not None:
             for name in ("metrics.jsonl", "eval.jsonl"):

@@ -156,6 +156,13 @@ def write_json(path: str, obj: Any, *, root: Optional[str] = None, indent: Optio
     write(path, json.dumps(obj, indent=indent, **kw), root=root)
 
 
+def save_figure(fig, path: str, *, root: Optional[str] = None, **kw) -> None:
+    """A matplotlib figure saved to `path` whole or not at all; the format is the path's
+    extension (the temporary name has none); kw: savefig's (dpi=...)."""
+    with atomic_file(path, "wb", root=root, fsync=False) as f:
+        fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", **kw)
+
+
 def makedirs(path: str, *, root: Optional[str] = None) -> None:
     """os.makedirs(path, exist_ok=True), refusing a symlinked part that leads out of `root`."""
     if root is not None:

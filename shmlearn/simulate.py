@@ -142,8 +142,7 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
                  f"network: {doc['network']['name']}", fontsize=10)
     fig.tight_layout()
     try:
-        with safe_write.atomic_file(path, "wb") as f:  # whole or as it was
-            fig.savefig(f, dpi=110, format="png")
+        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
     finally:
         plt.close(fig)
     return path

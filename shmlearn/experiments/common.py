@@ -127,8 +127,7 @@ def save(fig, path: str) -> None:
     import matplotlib.pyplot as plt
     fig.tight_layout()
     try:
-        with safe_write.atomic_file(path, "wb") as f:  # whole or as it was
-            fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png")
+        safe_write.save_figure(fig, path)  # whole or as it was
     finally:
         plt.close(fig)
 
