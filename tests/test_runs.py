@@ -97,3 +97,13 @@ def test_finished_is_a_run_that_completed_or_diverged(tmp_path):
     assert finished(rd.path) is None
     rd.close()
     assert not [n for n in os.listdir(rd.path) if ".tmp" in n]
+
+
+def test_an_experiment_is_not_claimed_into_a_training_run(tmp_path):
+    """`experiment --out RUN` wrote its experiment.json into a training run's folder."""
+    from shmlearn.experiments import _claim
+    run = tmp_path / "run"
+    RunDir(str(run), TrainConfig(out=str(run))).close()
+    with pytest.raises(BadInput, match="holds a training run"):
+        _claim(str(run), {"experiment": "linreg", "quick": True})
+    assert not (run / "experiment.json").exists()
