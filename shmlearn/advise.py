@@ -26,6 +26,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from shmlearn import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.limits import usable_cores
 from shmlearn.results import ResultStore
@@ -304,8 +305,7 @@ def plot(doc: Dict[str, Any], out: str) -> Optional[str]:
            title="time to the target")
     a1.legend(fontsize=7)
     a2.legend(fontsize=7, ncol=2)
-    with open(out, "wb") as f:
-        f.write(png(fig))
+    safe_write.write(out, png(fig))  # whole or as it was
     return out
 
 
@@ -335,9 +335,9 @@ def cmd_advise(ns) -> int:
     doc = advise(ns.path, target_loss=ns.target_loss, workers=parse_int_list(ns.workers, flag="--workers"),
                  comm=ns.comm, comm_after_compute=ns.comm_after_compute)
     out = ns.out or os.path.join(ns.path, "advise")
-    os.makedirs(out, exist_ok=True)
-    with open(os.path.join(out, "advise.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+    with safe_write.cli_output("advise"):  # a full disk, a read-only folder: one line, earlier files kept
+        os.makedirs(out, exist_ok=True)
+        safe_write.write_json(os.path.join(out, "advise.json"), doc, indent=1)
     fit = f"; a free fit to the measured steps gives {doc['b_crit_fit']:.0f}" if doc["b_crit_fit"] else ""
     print(f"target loss {doc['target_loss']:.4g} ({doc['target_from']}); B_simple at the target {doc['b_simple']:.1f} "
           f"(= predicted critical batch){fit}; S_min {doc['s_min']:.0f} steps")
@@ -359,6 +359,7 @@ def cmd_advise(ns) -> int:
               + ("" if r["measured"] else " (predicted from the noise scale and step times; no run above "
                                           "measured this setup: train it to check)"))
     print(f"wrote {os.path.join(out, 'advise.json')}")
-    png = plot(doc, os.path.join(out, "advise.png"))
+    with safe_write.cli_output("advise"):
+        png = plot(doc, os.path.join(out, "advise.png"))
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0

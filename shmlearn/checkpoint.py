@@ -7,7 +7,8 @@ Layout under the run directory:
                                                             file is durable (a barrier)
 
 A file is  MAGIC | sha256(payload) | len(payload) | payload  (payload = torch.save bytes),
-written to a temp name, fsynced, renamed, and the directory fsynced. A reader checks magic,
+written to a temp name (safe_write: removed on any error, a full disk included; never through
+a symlink out of the run directory), fsynced, renamed, and the directory fsynced. A reader checks magic,
 length and checksum, so a truncated file, a flipped byte or a rename that never happened (only
 the temp file exists) is detected; resume then falls back to the previous good checkpoint.
 The payload is read with torch.load(weights_only=True): tensors and plain values only (dicts,
@@ -35,7 +36,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from shmlearn.errors import BadInput
+from shmlearn import runs, safe_write
+from shmlearn.errors import BadInput, Diverged
 
 MAGIC = b"SHMLCKPT"
 _HEADER = struct.Struct(">8s32sQ")
@@ -61,29 +63,15 @@ def step_dir(run_dir: str, step: int) -> str:
     return os.path.join(root(run_dir), f"step-{step:08d}")
 
 
-def _fsync_dir(path: str) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_file(path: str, state: Any) -> None:
+def write_file(path: str, state: Any, root: Optional[str] = None) -> None:
+    """`state` as a checkpoint file at `path`, whole or not at all (root: the run directory, out
+    of which no symlink is followed; default the file's folder)."""
     buf = io.BytesIO()
     torch.save(state, buf)
     payload = buf.getvalue()
-    tmp = f"{path}.tmp"
-    with open(tmp, "wb") as f:
+    with safe_write.atomic_file(path, "wb", root=root, sync_dir=True) as f:
         f.write(_HEADER.pack(MAGIC, hashlib.sha256(payload).digest(), len(payload)))
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(os.path.dirname(path))
 
 
 def read_file(path: str, map_location=None) -> Any:
@@ -145,14 +133,9 @@ def any_started(run_dir: str) -> bool:
 
 
 def mark_complete(run_dir: str, step: int, world_size: int) -> None:
-    d = step_dir(run_dir, step)
-    tmp = os.path.join(d, "COMPLETE.tmp")
-    with open(tmp, "w") as f:
+    with safe_write.atomic_file(os.path.join(step_dir(run_dir, step), "COMPLETE"), "w", root=run_dir,
+                                sync_dir=True) as f:
         f.write(f"{world_size}\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, os.path.join(d, "COMPLETE"))
-    _fsync_dir(d)
 
 
 def prune(run_dir: str, keep: int = KEEP) -> None:
@@ -209,8 +192,8 @@ def restore(state: dict, *, strategy, optimizer, schedule, device: torch.device)
 def save(run_dir: str, step: int, rank: int, world_size: int, state: dict, fault=None) -> None:
     """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete (and
     prunes the old ones). fault: the injected fault (guard.Fault) that may strike mid-checkpoint."""
-    os.makedirs(step_dir(run_dir, step), exist_ok=True)
-    write_file(os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt"), state)
+    safe_write.makedirs(step_dir(run_dir, step), root=run_dir)
+    write_file(os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt"), state, root=run_dir)
     if fault is not None:
         fault.in_checkpoint(rank, step)
     if world_size > 1:
@@ -261,6 +244,29 @@ def resume(run_dir: str, rank: int, world_size: int, device: torch.device, field
         print(f"shmlearn: --resume: no complete checkpoint in {run_dir}{removed}; "
               f"starting from step 0", flush=True)
     return 0, None
+
+
+def finished(run_dir: str, rank: int = 0, world_size: int = 1) -> Optional[dict]:
+    """--resume on a run that already ended, before anything in its folder is touched: its
+    summary (rank 0 says so, and where the results are) for a completed run; Diverged for a run
+    that diverged (resuming would only replay it); None for a run to continue. Collective where
+    world_size > 1 (rank 0 reads summary.json, every rank learns what it found)."""
+    got = [runs.finished(run_dir) if rank == 0 else None]
+    if world_size > 1:
+        dist.broadcast_object_list(got, src=0)
+    summary = got[0]
+    if summary is None:
+        return None
+    where = os.path.join(run_dir, "summary.json")
+    if summary["status"] == "diverged":
+        step, bad_rank = summary.get("diverged_step"), summary.get("diverged_rank")
+        raise Diverged(f"--resume: {run_dir} already ended: it diverged at step {step} on rank {bad_rank}, and "
+                       f"resuming would replay that; nothing was changed (its results are in {where})",
+                       step=step if isinstance(step, int) else -1, rank=bad_rank if isinstance(bad_rank, int) else -1)
+    if rank == 0:
+        print(f"shmlearn: --resume: {run_dir} already completed ({summary.get('steps')} steps); nothing to "
+              f"resume, nothing was changed; its results are in {where}", flush=True)
+    return summary
 
 
 def _mismatch(state: dict, world_size: int, fields: dict) -> str:

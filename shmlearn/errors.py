@@ -28,6 +28,11 @@ class WorkerFailed(Exception):
     exit_code = 1
 
 
+class WriteFailed(WorkerFailed):
+    """An output file could not be written (a full disk, an I/O error): exit code 1, one line
+    naming the file (safe_write.cli_output); what was written before is kept."""
+
+
 def count(n: int, noun: str) -> str:
     """A count in a message: '1 worker', '2 workers' (nouns with a plain -s plural)."""
     return f"{n} {noun}{'' if n == 1 else 's'}"

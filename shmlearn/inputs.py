@@ -51,6 +51,17 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
     return _DATA_CACHE[key]
 
 
+def run_data(cfg: TrainConfig, parts: Parts, compute_loss, device: torch.device, rank: int, world: int):
+    """This rank's data: the general contract's tree of the user's Datasets or --dataset reference
+    (rank's part of each large split until gathered_loader), the user's arrays or Datasets, or the
+    built-in dataset by name (cached)."""
+    if compute_loss is not None and (parts.data is not None or is_ref(cfg.dataset)):
+        return cached_tree_data(cfg, parts.data, device, rank, world)
+    if parts.data is not None:
+        return user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
+    return cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
+
+
 def cached_tree_data(cfg: TrainConfig, given, device: torch.device, rank: int = 0, world: int = 1) -> TreeData:
     """The general contract's data (data/tree.py) on `device`: the object given (data=), or the
     --dataset reference, collated once per process (a reference is cached as the built-in data is,

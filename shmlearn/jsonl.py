@@ -5,17 +5,21 @@ usually not valid JSON). The next append would go on after those bytes, turning 
 one bad line in the middle of the file, for good. So before such a file is read for appending,
 its tail is mended (`mend_tail`): a whole record missing only its newline gets it; a torn one is
 moved to FILE.torn and the file cut back to the end of its last whole line. sweep.py's
-results.jsonl and study.py's journal storage both go through here.
+results.jsonl and study.py's journal storage both go through here. Every write here is refused
+through a symlink that leads out of the file's folder (safe_write), and opened with O_NOFOLLOW.
 """
 from __future__ import annotations
 
-import errno
 import json
 import os
 from typing import Callable, Optional, Tuple
 
-FULL = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
-"""The errnos of a full disk (EFBIG: a file past RLIMIT_FSIZE, as the tests make one; EDQUOT: a quota)."""
+from shmlearn import safe_write
+
+FULL = safe_write.FULL
+"""The errnos of a full disk (safe_write.FULL), as the sweeps and study storage test them."""
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 
 def is_json(line: bytes) -> bool:
@@ -50,16 +54,20 @@ def mend_tail(path: str, start: int, tail: bytes, whole: bool) -> None:
     newline where it is a whole record (whole=True), else append it to PATH.torn and cut the file
     back to `start`. The caller holds whatever lock its writers take."""
     if whole:
-        with open(path, "ab") as f:
+        with safe_write.open_log(path, binary=True) as f:
             f.write(b"\n")
             f.flush()
             os.fsync(f.fileno())
         return
-    with open(path + ".torn", "ab") as f:
+    with safe_write.open_log(path + ".torn", binary=True) as f:
         f.write(tail + b"\n")
-    with open(path, "r+b") as f:
-        f.truncate(start)
-        os.fsync(f.fileno())
+    safe_write.check(path)
+    fd = os.open(path, os.O_WRONLY | _NOFOLLOW)
+    try:
+        os.ftruncate(fd, start)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def mend(path: str, whole: Callable[[bytes], bool] = is_json) -> Optional[str]:
@@ -81,7 +89,8 @@ def mend(path: str, whole: Callable[[bytes], bool] = is_json) -> Optional[str]:
 def append_or_cut_back(path: str, data: bytes) -> None:
     """Append `data` (whole lines) and fsync; where the write fails (a full disk), cut the file
     back to its size before, so that no torn line stays behind, and raise the OSError."""
-    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    safe_write.check(path)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
     try:
         size = os.fstat(fd).st_size
         try:

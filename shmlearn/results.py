@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from shmlearn import jsonl, winners
+from shmlearn import jsonl, safe_write, winners
 from shmlearn.errors import BadInput, count
 from shmlearn.winners import best_bounds, time_to_accuracy  # noqa: F401 - re-exported
 
@@ -303,10 +303,7 @@ def keep_curves(sweep_dir: str, *, source: Optional[str] = None) -> Dict[str, An
     src = source or sweep_dir
     w = add_curves(w, ResultStore(os.path.join(src, "results.jsonl")).load(repair=False), src)
     w["curves"] = {**kept, **w["curves"]}  # a trial whose folder is already gone keeps its curves
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(winners_text(w))
-    os.replace(tmp, path)
+    safe_write.write(path, winners_text(w), root=sweep_dir)
     return w
 
 

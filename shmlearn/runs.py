@@ -8,8 +8,10 @@
     trace.json     Chrome trace of every rank's phases (opens in Perfetto)
     tensorboard/   with --tensorboard: the same curves as TensorBoard event files (tblog.py)
 
-Only rank 0 writes. JSONL lines are flushed as they are written, so a killed run keeps its curve.
-summary.json is written last, atomically (temp file + rename): a reader never sees half of one.
+Only rank 0 writes, through safe_write: no file is written through a symlink that leads out of
+the run directory, and whole files (config.yaml, summary.json, trace.json) are written atomically
+(temp file + rename): a reader never sees half of one. JSONL lines are flushed as they are
+written, so a killed run keeps its curve. summary.json is written last.
 """
 from __future__ import annotations
 
@@ -21,12 +23,17 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
 
-from shmlearn.config import TrainConfig, save_yaml
+import yaml
+
+from shmlearn import safe_write
+from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.metrics import metric_goal
 from shmlearn.tblog import TensorBoardLog
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
+SWEEP_FILES = ("results.jsonl", "sweep.json", "winners.json", "trials", "experiment.json")
+"""What marks a sweep's, study's or experiment's folder: a run is not written into one (nor they into a run's)."""
 
 
 def default_run_dir(cfg: TrainConfig, workers: int, claim: bool = False) -> str:
@@ -58,11 +65,49 @@ def _dir_word(name: str) -> str:
 
 
 def check_out_dir(path: str) -> None:
-    """Refuse to write over an earlier run: nothing already written is lost."""
+    """Refuse to write over an earlier run, or into a sweep's folder: nothing already written is
+    lost. lexists: a link in --out counts as there, even one whose target is missing."""
     if os.path.exists(path) and not os.path.isdir(path):
         raise BadInput(f"--out {path}: exists and is not a directory")
-    if os.path.isdir(path) and any(os.path.exists(os.path.join(path, f)) for f in RUN_FILES):
+    check_links(path)
+    if os.path.isdir(path) and any(os.path.lexists(os.path.join(path, f)) for f in RUN_FILES):
         raise BadInput(f"--out {path}: already holds a run; choose another directory")
+    held = [f for f in SWEEP_FILES if os.path.lexists(os.path.join(path, f))]
+    if held:
+        raise BadInput(f"--out {path}: holds a sweep, study or experiment ({held[0]}); a run writes into a "
+                       f"folder of its own: choose another directory")
+
+
+def check_links(path: str) -> None:
+    """BadInput naming it where a file a run writes in --out is a symlink leading out of --out:
+    said before any worker starts, rather than when rank 0 opens the file."""
+    for name in RUN_FILES + ("checkpoints", ".lock", "tensorboard"):
+        safe_write.check(os.path.join(path, name), path)
+
+
+def check_sweep_out(path: str) -> None:
+    """A sweep's, study's or experiment's --out: refused where it holds one run (train's output),
+    as `check_out_dir` refuses a run into a sweep's folder."""
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise BadInput(f"--out {path}: exists and is not a directory")
+    held = [f for f in RUN_FILES if os.path.lexists(os.path.join(path, f))]
+    if held:
+        raise BadInput(f"--out {path}: holds a training run ({held[0]}); a sweep, study or "
+                       f"experiment writes into a folder of its own: choose another directory")
+
+
+def finished(path: str) -> Optional[Dict[str, Any]]:
+    """The summary.json of a run in `path` that ended (completed or diverged), or None: no
+    summary (a run killed or still to start), or one that is not a run's result. What --resume
+    reads before anything is touched (checkpoint.finished)."""
+    try:
+        with open(os.path.join(path, "summary.json")) as f:
+            summary = json.load(f)
+    except (OSError, ValueError):
+        return None
+    if isinstance(summary, dict) and summary.get("status") in ("completed", "diverged"):
+        return summary
+    return None
 
 
 def lock_dir(path: str, busy: str, *, shared: bool = False):
@@ -71,8 +116,8 @@ def lock_dir(path: str, busy: str, *, shared: bool = False):
     process: BadInput(busy). PATH cannot be written: BadInput naming it. A run's --out, a
     sweep's and a study's all lock through here."""
     import fcntl
-    try:
-        f = open(os.path.join(path, ".lock"), "a+")
+    try:  # never through a link (a .lock planted to point out of --out is refused, exit 2)
+        f = safe_write.open_log(os.path.join(path, ".lock"), root=path, read=True)
     except OSError as e:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
     try:
@@ -92,6 +137,7 @@ def lock_out_dir(path: str) -> Iterator[None]:
         os.makedirs(path, exist_ok=True)
     except OSError as e:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
+    check_links(path)
     f = lock_dir(path, f"--out {path}: another run is writing there; choose another directory")
     try:
         yield
@@ -111,20 +157,9 @@ def finite_json(obj: Any) -> Any:
     return obj
 
 
-def write_json_atomic(path: str, obj: Any) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            json.dump(obj, f, indent=2)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:  # a full disk: named (a write error carries no path), no temp file left
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if e.filename is None:
-            raise OSError(e.errno, e.strerror, path) from None
-        raise
+def write_json_atomic(path: str, obj: Any, root: Optional[str] = None) -> None:
+    """`path` holds `obj` as indented JSON, whole or as it was (safe_write.write_json)."""
+    safe_write.write_json(path, obj, root=root)
 
 
 class RunDir:
@@ -133,47 +168,42 @@ class RunDir:
         they are dropped (a crash between log and checkpoint must not leave duplicates)."""
         self.path = path
         os.makedirs(path, exist_ok=True)
-        save_yaml(cfg, os.path.join(path, "config.yaml"))
+        # A link planted in --out that leads out is refused (BadInput, exit 2) before anything
+        # is written or truncated.
+        check_links(path)
+        files = {n: os.path.join(path, n) for n in RUN_FILES}
+        safe_write.write(files["config.yaml"], yaml.safe_dump(cfg.to_dict(), sort_keys=False), root=path)
         if keep_until is not None:
             for name in ("metrics.jsonl", "eval.jsonl"):
-                _truncate_after(os.path.join(path, name), keep_until)
-            summary = os.path.join(path, "summary.json")
-            if os.path.exists(summary):
-                os.remove(summary)  # describes the interrupted attempt, not this one
-        mode = "a" if keep_until is not None else "w"
-        self._metrics = open(os.path.join(path, "metrics.jsonl"), mode, buffering=1)
-        self._eval = open(os.path.join(path, "eval.jsonl"), mode, buffering=1)
+                _truncate_after(files[name], keep_until, path)
+            if os.path.lexists(files["summary.json"]):
+                os.remove(files["summary.json"])  # describes the interrupted attempt, not this one
+        fresh = keep_until is None
+        self._metrics_path, self._eval_path = files["metrics.jsonl"], files["eval.jsonl"]
+        self._metrics = safe_write.open_log(self._metrics_path, root=path, truncate=fresh)
+        self._eval = safe_write.open_log(self._eval_path, root=path, truncate=fresh)
         self.tensorboard = TensorBoardLog(path, resumed_after=keep_until) if cfg.tensorboard else None
 
     def log_metrics(self, row: Dict[str, Any], lr: Any = None) -> None:
         """lr: for TensorBoard only (metrics.jsonl has no lr column)."""
-        with _naming(self._metrics.name):
+        with _naming(self._metrics_path):
             self._metrics.write(json.dumps(row) + "\n")
         if self.tensorboard is not None:
             self.tensorboard.metrics(row, lr)
 
     def log_eval(self, row: Dict[str, Any]) -> None:
-        with _naming(self._eval.name):
+        with _naming(self._eval_path):
             self._eval.write(json.dumps(finite_json(row), allow_nan=False) + "\n")
         if self.tensorboard is not None:
             self.tensorboard.eval(row)
 
     def write_trace(self, trace: dict) -> None:
-        path = os.path.join(self.path, "trace.json")
-        with _naming(path):
-            tmp = f"{path}.tmp.{os.getpid()}"
-            try:
-                with open(tmp, "w") as f:
-                    json.dump(trace, f)
-                os.replace(tmp, path)  # whole or absent, never torn
-            finally:
-                if os.path.exists(tmp):
-                    os.remove(tmp)
+        # whole or absent, never torn; not fsynced: a view of the timings, rewritten by a rerun
+        with safe_write.atomic_file(os.path.join(self.path, "trace.json"), "w", root=self.path, fsync=False) as f:
+            json.dump(trace, f)
 
     def write_summary(self, summary: Dict[str, Any]) -> None:
-        path = os.path.join(self.path, "summary.json")
-        with _naming(path):
-            write_json_atomic(path, finite_json(summary))
+        safe_write.write_json(os.path.join(self.path, "summary.json"), finite_json(summary), root=self.path)
 
     def close(self) -> None:
         self._metrics.close()
@@ -232,7 +262,7 @@ def _naming(path: str) -> Iterator[None]:
         raise
 
 
-def _truncate_after(path: str, step: int) -> None:
+def _truncate_after(path: str, step: int, root: str) -> None:
     if not os.path.exists(path):
         return
     keep = []
@@ -241,12 +271,9 @@ def _truncate_after(path: str, step: int) -> None:
             try:
                 if json.loads(line)["step"] <= step:
                     keep.append(line if line.endswith("\n") else line + "\n")
-            except (ValueError, KeyError):
+            except (ValueError, KeyError, TypeError):
                 break  # a torn last line from a kill
-    tmp = f"{path}.tmp"
-    with open(tmp, "w") as f:
-        f.writelines(keep)
-    os.replace(tmp, path)
+    safe_write.write(path, "".join(keep), root=root)
 
 
 def read_jsonl(path: str) -> List[Dict[str, Any]]:

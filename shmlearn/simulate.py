@@ -68,7 +68,6 @@ plot, `simulate()` and the command line.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import asdict
@@ -77,6 +76,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import numpy as np
 
 from shmlearn.bench.common import parse_int_list, try_pyplot
+from shmlearn import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.simulate_comm import (FORMS, Fit, Network, Wake, best_form, fit_alpha_beta,  # noqa: F401
                                     fit_comm, steps_and_bytes)
@@ -141,8 +141,10 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     fig.suptitle(f"simulate: {c['model']}, batch {c['batch_size']}/worker, compute on {c['device']}; "
                  f"network: {doc['network']['name']}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -262,9 +264,9 @@ def cmd_simulate(ns) -> int:
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
                    allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch,
                    comm_after_compute=ns.comm_after_compute)
-    os.makedirs(ns.out, exist_ok=True)
-    with open(os.path.join(ns.out, "simulate.json"), "w") as f:
-        json.dump(doc, f, indent=1)
+    with safe_write.cli_output("simulate"):  # a full disk, a read-only folder: one line, earlier files kept
+        os.makedirs(ns.out, exist_ok=True)
+        safe_write.write_json(os.path.join(ns.out, "simulate.json"), doc, indent=1)
     n = doc["network"]
     print(f"network: {n['name']} ({n['source']})")
     for op, f in n["used"].items():
@@ -285,6 +287,7 @@ def cmd_simulate(ns) -> int:
     if doc["validation"]:
         print(format_validation(doc["validation"]))
     print(f"wrote {os.path.join(ns.out, 'simulate.json')}")
-    png = plot(doc, os.path.join(ns.out, "simulate.png"))
+    with safe_write.cli_output("simulate"):
+        png = plot(doc, os.path.join(ns.out, "simulate.png"))
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0

@@ -53,6 +53,7 @@ import optuna  # noqa: F401 - first: without optuna, ImportError.name is "optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
+from shmlearn import safe_write
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
@@ -355,13 +356,8 @@ class StudySweep(TrialRunner):
         by_id = {r["id"]: r for r in rows}
         order = ([i for i in self.grid_ids if i in by_id] if self.grid_ids is not None else [r["id"] for r in rows])
         path = self.store.path
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "w") as f:  # a view of the study: rewritten whole, by whichever process ends
-            for i in order:
-                f.write(json.dumps(by_id[i]) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        # a view of the study: rewritten whole, by whichever process ends
+        safe_write.write(path, "".join(json.dumps(by_id[i]) + "\n" for i in order), root=self.dir)
         pruned = [{"trial": t.number, "id": t.user_attrs["row"]["id"], **t.user_attrs["row"].get("pruned", {})}
                   for t in trials if t.state == TrialState.PRUNED and t.user_attrs.get("row")]
         lost = [{"trial": t.number, "why": t.user_attrs["shmlearn_lost"]} for t in trials

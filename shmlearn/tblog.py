@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 from typing import Any, Dict, Optional
 
+from shmlearn import safe_write
 from shmlearn.errors import BadInput
 
 TB_DIR = "tensorboard"
@@ -45,6 +46,7 @@ class TensorBoardLog:
         rows; a run that starts at step 0 (a --resume with no checkpoint) drops all of it."""
         # torch.utils.tensorboard imports the optional tensorboard package: only when asked for.
         from torch.utils.tensorboard import SummaryWriter
+        safe_write.makedirs(os.path.join(run_dir, TB_DIR), root=run_dir)  # never a link out of the run
         self.writer = SummaryWriter(os.path.join(run_dir, TB_DIR), flush_secs=10,
                                     purge_step=0 if resumed_after is None else resumed_after + 1)
         # (samples, training seconds) at the previous line; unknown for a resumed run's first

@@ -25,8 +25,7 @@ from shmlearn.config import TrainConfig, validate
 from shmlearn.data import Dataset, check_present, normalizer
 from shmlearn.fast import StepOptions, Stepper
 # preload_data: sweep and study import it from here (a pool's init).
-from shmlearn.inputs import (cached_dataset, cached_tree_data, gathered_loader, preload_data, run_loader,  # noqa: F401
-                             run_model)
+from shmlearn.inputs import gathered_loader, preload_data, run_data, run_loader, run_model  # noqa: F401
 from shmlearn import checkpoint as ckpt
 from shmlearn import noise
 from shmlearn.config import checkpoint_period
@@ -38,7 +37,6 @@ from shmlearn.limits import rank_threads
 from shmlearn.placement import backend_for, default_workers, device_type, set_determinism  # noqa: F401
 from shmlearn.models import apply_init
 from shmlearn.data.stream import StreamLoader, StreamedData
-from shmlearn.data.user import user_data
 from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
 from shmlearn.optim import build_optimizer, build_schedule
@@ -119,6 +117,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
         check_capacity(world, cfg.threads, cfg.oversubscribe)
     cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers, claim=True))
     with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
+        if cfg.resume and (done := ckpt.finished(cfg.out)) is not None:  # never rewritten
+            return RunResult(status="completed", run_dir=cfg.out, summary=done)
         if world == 1 and current_pool() is None:
             caller_threads = torch.get_num_threads()  # the rank sets its own; the caller keeps its
             try:
@@ -200,12 +200,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
     compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)
-    if compute_loss is not None and (parts.data is not None or is_ref(cfg.dataset)):
-        data = cached_tree_data(cfg, parts.data, device, env.rank, env.world_size)  # any structure (data/tree.py)
-    elif parts.data is not None:
-        data = user_data(parts.data, "data=", task=cfg.task, loader=cfg.loader, device=device).to(device)
-    else:
-        data = cached_dataset(cfg.dataset, cfg.data_dir, cfg.seed, device, task=cfg.task, loader=cfg.loader)
+    data = run_data(cfg, parts, compute_loss, device, env.rank, env.world_size)
     budget = cfg.budget_samples(data.n_train)
     steps = budget // (compute * cfg.batch_size * cfg.accumulate)  # --accumulate: micro-batches a step
     if steps == 0:
@@ -237,6 +232,8 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
     if owns_group:
         init_process_group(backend, env, cfg.timeout)
     try:
+        if cfg.resume and (done := ckpt.finished(cfg.out, env.rank, env.world_size)) is not None:
+            return RunResult(status="completed", run_dir=cfg.out, summary=done, rank=env.rank)
         loader, augment = gathered_loader(cfg, data, parts.data, loader, augment, shard=shard, num_shards=compute,
                                           device=device, world=env.world_size)
         check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn import jsonl, winners
+from shmlearn import jsonl, safe_write, winners
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
@@ -30,7 +30,7 @@ from shmlearn.limits import usable_cores
 from shmlearn.pool import Pool
 from shmlearn.results import ResultStore, pick_winners, winner_goal, winners_table
 from shmlearn.results import fmt as _fmt
-from shmlearn.runs import lock_dir, read_jsonl, write_json_atomic
+from shmlearn.runs import check_sweep_out, lock_dir, read_jsonl, write_json_atomic
 from shmlearn.sweep_grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_grid, ordered_axes, trial_id,
                                  trials_at_once, with_repeats)
 from shmlearn.sync import registry
@@ -118,8 +118,7 @@ class TrialRunner(abc.ABC):
             raise BadInput(f"--parallel {self.sc.parallel}: expected a whole number > 0")
         if self.sc.slots is not None and self.sc.slots < 1:
             raise BadInput(f"--slots {self.sc.slots}: expected a whole number > 0")
-        if os.path.exists(self.dir) and not os.path.isdir(self.dir):
-            raise BadInput(f"--out {self.dir}: exists and is not a directory")
+        check_sweep_out(self.dir)  # not a file, not a training run's folder
         check_verdict(self.sc)
         self.cuda, self.nslots = find_slots(self.sc)
         self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
@@ -200,7 +199,7 @@ class TrialRunner(abc.ABC):
         else:
             workers, cores = list(range(procs)), None
         try:
-            with open(tmp + ".log", "a") as f:
+            with safe_write.open_log(tmp + ".log", root=self.dir) as f:
                 f.write(f"sweep: trial on {'GPUs' if self.cuda else 'cores'} "
                         f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
         except OSError as e:  # a full disk: a write error carries no path
@@ -457,7 +456,4 @@ def _fix_out(run_dir: str) -> None:
         return
     if isinstance(d, dict) and d.get("out") != run_dir:
         d["out"] = run_dir
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            yaml.safe_dump(d, f, sort_keys=False)
-        os.replace(tmp, path)
+        safe_write.write(path, yaml.safe_dump(d, sort_keys=False), root=run_dir)

@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from shmlearn import safe_write
 from shmlearn.config import TrainConfig, load_yaml
 from shmlearn.data.base import DataSpec
 from shmlearn.errors import BadInput
@@ -45,21 +46,16 @@ def save(run_dir: str, model: torch.nn.Module, spec: DataSpec, stem: str = "mode
     state = {k: v.detach().cpu().contiguous().clone() for k, v in model.state_dict().items()}
     meta = json.dumps(dataclasses.asdict(spec))
     name = (SAFETENSORS if _has_safetensors() else TORCH).replace("model.", f"{stem}.", 1)
-    tmp = os.path.join(run_dir, name + ".tmp")
-    try:
-        if name == SAFETENSORS:
-            from safetensors.torch import save_file  # deferred: an optional package
-            save_file(state, tmp, metadata={"data_spec": meta})
-        else:
-            torch.save({"state_dict": state, "data_spec": json.loads(meta)}, tmp)
-    except (OSError, RuntimeError) as e:  # a full disk: torch's zip writer raises RuntimeError
-        if os.path.exists(tmp):
-            os.remove(tmp)
-        if isinstance(e, OSError) and e.filename:
-            raise
-        raise OSError(getattr(e, "errno", None) or errno.EIO,
-                      f"{getattr(e, 'strerror', None) or str(e).splitlines()[0]} (writing {os.path.join(run_dir, name)})") from e
-    os.replace(tmp, os.path.join(run_dir, name))  # whole or absent
+    path = os.path.join(run_dir, name)
+    try:  # whole or absent: safe_write removes the temporary file on any error
+        with safe_write.atomic_path(path, root=run_dir) as tmp:
+            if name.endswith(".safetensors"):
+                from safetensors.torch import save_file  # deferred: an optional package
+                save_file(state, tmp, metadata={"data_spec": meta})
+            else:
+                torch.save({"state_dict": state, "data_spec": json.loads(meta)}, tmp)
+    except RuntimeError as e:  # a full disk: torch's zip writer raises RuntimeError, naming no file
+        raise OSError(errno.EIO, f"{str(e).splitlines()[0]} (writing {path})") from e
     return name
 
 

@@ -13,7 +13,7 @@ def test_roundtrip_and_damage(tmp_path):
     ckpt.write_file(p, state)
     back = ckpt.read_file(p)
     assert torch.equal(back["w"], state["w"]) and back["step"] == 7
-    assert not os.path.exists(p + ".tmp")
+    assert os.listdir(tmp_path) == ["rank0.ckpt"]  # no temporary file left beside it
     raw = open(p, "rb").read()
 
     open(p, "wb").write(raw[:-10])

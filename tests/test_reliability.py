@@ -480,3 +480,112 @@ def test_a_lone_rank_hung_in_its_own_code_is_named_within_the_timeout(lone_hung,
     assert elapsed < 6 + 45, elapsed
     time.sleep(1)
     assert processes_with_tag(tag) == []
+
+
+# -- writes and --resume (issue 53): nothing outside --out written, nothing finished rewritten -------
+
+RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
+
+
+def _bytes(out):
+    return {n: (out / n).read_bytes() for n in RUN_FILES if (out / n).exists()}
+
+
+@pytest.mark.parametrize("name", ["config.yaml", ".lock"])
+def test_a_link_planted_in_out_is_refused_and_nothing_is_created_where_it_points(tmp_path, monkeypatch, capfd,
+                                                                                    name):
+    """The run's config.yaml and its .lock were created wherever a link placed in --out pointed."""
+    out, target = tmp_path / "run", tmp_path / "away" / name
+    out.mkdir()
+    target.parent.mkdir()
+    (out / name).symlink_to(target)
+    tag = uuid.uuid4().hex
+    r = in_process(BASE + ["--workers", "1", "--out", str(out)], monkeypatch, capfd, tag=tag)
+    assert r.returncode == 2 and _one_line(r), r.stderr
+    assert str(out / name) in r.stderr, r.stderr
+    assert not target.exists() and processes_with_tag(tag) == []
+
+
+def test_resume_does_not_truncate_a_file_that_metrics_jsonl_links_to(raised, tmp_path, monkeypatch, capfd):
+    """A run without checkpoints, --resume: it starts from step 0 and empties metrics.jsonl,
+    which truncated the file outside --out that metrics.jsonl was a link to."""
+    out = tmp_path / "run"
+    shutil.copytree(raised[0], out)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("precious\n")
+    (out / "metrics.jsonl").unlink()
+    (out / "metrics.jsonl").symlink_to(victim)
+    r = in_process(BASE + ["--workers", "1", "--out", str(out), "--resume"], monkeypatch, capfd)
+    assert r.returncode == 2 and _one_line(r) and f"{out / 'metrics.jsonl'}: a symlink to {victim}" in r.stderr, \
+        r.stderr
+    assert victim.read_text() == "precious\n"
+
+
+def test_resume_of_a_finished_run_without_checkpoints_changes_nothing(tmp_path, monkeypatch, capfd):
+    """It trained the run again from step 0, rewriting summary.json, metrics.jsonl and eval.jsonl."""
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "1", "--samples", "1280", "--out", str(out)]
+    assert in_process(args, monkeypatch, capfd).returncode == 0
+    before = _bytes(out)
+    assert set(before) == set(RUN_FILES)
+    r = in_process(args + ["--resume"], monkeypatch, capfd)
+    assert r.returncode == 0, r.stderr
+    assert f"shmlearn: --resume: {out} already completed (40 steps)" in r.stdout, r.stdout
+    assert str(out / "summary.json") in r.stdout
+    assert _bytes(out) == before
+
+
+def test_resume_of_a_finished_run_with_checkpoints_changes_nothing_and_starts_no_worker(reference, tmp_path,
+                                                                                        monkeypatch, capfd):
+    out = tmp_path / "run"
+    shutil.copytree(reference, out)
+    before = _bytes(out)
+    tag = uuid.uuid4().hex
+    r = in_process(BASE + ["--workers", "2", "--checkpoint-every", "40", "--out", str(out), "--resume"],
+                   monkeypatch, capfd, tag=tag)
+    assert r.returncode == 0 and "already completed (200 steps)" in r.stdout, (r.stdout, r.stderr)
+    assert _bytes(out) == before and processes_with_tag(tag) == []
+
+
+def test_resume_of_a_diverged_run_says_so_and_changes_nothing(tmp_path, monkeypatch, capfd):
+    out = tmp_path / "run"
+    args = BASE + ["--workers", "1", "--samples", "1280", "--out", str(out)]
+    r = run(args, fault="nan:0:7")
+    assert r.returncode == 3, r.stderr
+    before = _bytes(out)
+    r = in_process(args + ["--resume"], monkeypatch, capfd)
+    assert r.returncode == 3 and _one_line(r) and "already ended: it diverged at step 7" in r.stderr, r.stderr
+    assert _bytes(out) == before
+
+
+def test_a_sweep_into_a_training_run_and_a_run_into_a_sweep_are_refused(raised, tmp_path, monkeypatch, capfd):
+    """`sweep --out RUN` wrote into an existing train run directory, where `train` refuses."""
+    run_dir = raised[0]
+    before = sorted(os.listdir(run_dir))
+    r = in_process(["sweep", "--dataset", "digits", "--lr", "0.1,0.2", "--no-progress", "--out", str(run_dir)],
+                   monkeypatch, capfd)
+    assert r.returncode == 2 and _one_line(r) and "holds a training run" in r.stderr, r.stderr
+    assert sorted(os.listdir(run_dir)) == before
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text("")
+    r = in_process(BASE + ["--workers", "1", "--out", str(sweep)], monkeypatch, capfd)
+    assert r.returncode == 2 and _one_line(r) and "holds a sweep, study or experiment" in r.stderr, r.stderr
+    assert sorted(os.listdir(sweep)) == ["results.jsonl"]
+
+
+def test_a_full_disk_at_checkpoint_time_leaves_no_temporary_file(tmp_path):
+    """A checkpoint (~400 kB: the weights and their momentum) past the file size limit: one line
+    naming it, exit 1, and no rank0.ckpt.tmp left (it was)."""
+    import resource
+    out = tmp_path / "run"
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+    env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1")
+    r = subprocess.run([sys.executable, "-m", "shmlearn", *BASE, "--workers", "1", "--checkpoint-every", "40",
+                        "--out", str(out)], capture_output=True, text=True, timeout=300, env=env,
+                       preexec_fn=small_files)
+    assert r.returncode == 1 and _one_line(r) and "rank0.ckpt" in r.stderr, r.stderr
+    assert not [p for p in out.rglob("*") if ".tmp" in p.name]
+    assert ckpt.candidates(str(out)) == []

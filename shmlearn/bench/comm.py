@@ -23,7 +23,6 @@ simulate` fitted to the back-to-back numbers under-predicts a CPU run's step.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -35,6 +34,7 @@ import torch
 
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, format_size, parse_int_list,
                                    parse_size, rank_device, stats, sync, try_pyplot)
+from shmlearn import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.limits import rank_threads
 from shmlearn.pool import run_local
@@ -262,8 +262,10 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     fig.suptitle(f"bench comm: {e['backend']} on {e['device']} (torch {e['torch_version']}, {e['date'][:10]})"
                  "\nmedian latency, band = quartiles", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -324,12 +326,13 @@ def config_from_args(ns) -> CommConfig:
 def cmd_comm(ns) -> int:
     cfg = config_from_args(ns)
     doc = run(cfg)
-    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
-    with open(ns.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    with safe_write.cli_output("bench comm"):  # a full disk, a read-only folder: one line, the measurement named
+        os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+        safe_write.write_json(ns.out, doc, indent=1)
     print(table(doc))
     print(f"wrote {ns.out}")
     if not ns.no_plot:
-        png = plot(doc, ns.plot or os.path.splitext(ns.out)[0] + ".png")
+        with safe_write.cli_output("bench comm"):
+            png = plot(doc, ns.plot or os.path.splitext(ns.out)[0] + ".png")
         print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0

@@ -26,7 +26,6 @@ Fig. 6.4 (average), 6.5 (fetch) and 6.6 (distribution) against the number of wor
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict, dataclass, field
@@ -37,6 +36,7 @@ import torch
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
 from shmlearn.data.base import DataSpec
+from shmlearn import safe_write
 from shmlearn.errors import BadInput, count
 from shmlearn.models import MODELS, build_model
 from shmlearn.pool import run_local
@@ -203,8 +203,10 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     fig.suptitle(f"ps-sim: {doc['config']['model']} ({doc['gradient_bytes'] / 1e6:.2f} MB), {e['backend']} "
                  f"on {e['device']}, {'shared' if doc['config']['shared'] else 'dedicated'} shard", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    try:
+        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
+    finally:
+        plt.close(fig)
     return path
 
 
@@ -239,11 +241,12 @@ def cmd_ps_sim(ns) -> int:
                       shared=ns.shared, per_tensor=ns.per_tensor, steps=ns.steps, warmup=ns.warmup,
                       lr=ns.lr, quiet=ns.quiet)
     doc = run(cfg)
-    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
-    with open(ns.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    with safe_write.cli_output("bench ps-sim"):  # a full disk, a read-only folder: one line, the measurement named
+        os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+        safe_write.write_json(ns.out, doc, indent=1)
     print(f"wrote {ns.out}")
     if not ns.no_plot:
-        png = plot(doc, ns.plot or os.path.splitext(ns.out)[0] + ".png")
+        with safe_write.cli_output("bench ps-sim"):
+            png = plot(doc, ns.plot or os.path.splitext(ns.out)[0] + ".png")
         print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0

@@ -60,7 +60,6 @@ table and the command line.
 """
 from __future__ import annotations
 
-import json
 import os
 import time
 from dataclasses import asdict
@@ -71,6 +70,7 @@ from shmlearn.bench.throughput_rank import _worker, steps_per_repeat  # noqa: F4
 from shmlearn.bench.throughput_runners import _Shmlearn, _build  # noqa: F401 - benchmarks/ import them from here
 from shmlearn.bench.throughput_variants import (BASELINES, BEST_OF, DDP, MODIFIERS, ThroughputConfig,  # noqa: F401
                                                 _variants, check, step_options, strategy_names)
+from shmlearn import safe_write
 from shmlearn.errors import BadInput, WorkerFailed
 from shmlearn.pool import run_local
 from shmlearn.sync import registry
@@ -226,9 +226,9 @@ def config_from_args(ns) -> ThroughputConfig:
 def cmd_throughput(ns) -> int:
     c = config_from_args(ns)
     doc = run(c)
-    os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
-    with open(ns.out, "w") as f:
-        json.dump(doc, f, indent=1)
+    with safe_write.cli_output("bench throughput"):  # a full disk, a read-only folder: one line
+        os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
+        safe_write.write_json(ns.out, doc, indent=1)
     print(f"wrote {ns.out}")
     print(table(doc))
     return 0

@@ -12,7 +12,7 @@ from shmlearn.errors import BadInput
 from shmlearn.experiments.common import Context
 from shmlearn.limits import usable_cores
 from shmlearn.pool import Pool, using
-from shmlearn.runs import write_json_atomic
+from shmlearn.runs import check_sweep_out, write_json_atomic
 
 # name -> (module, one line on what it reproduces)
 EXPERIMENTS: Dict[str, Tuple[str, str]] = {
@@ -71,6 +71,7 @@ def _claim(out: str, what: dict) -> None:
     """The folder belongs to one experiment invocation (experiment.json). The same invocation
     again resumes it (finished runs are read back); anything else is refused, so no result in
     the folder is overwritten."""
+    check_sweep_out(out)  # not a file, not a training run's folder
     marker = os.path.join(out, "experiment.json")
     if os.path.exists(marker):
         try:

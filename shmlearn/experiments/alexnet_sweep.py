@@ -12,6 +12,7 @@ import os
 
 import torch
 
+from shmlearn import safe_write
 from shmlearn.experiments.common import Context, fashion_or
 from shmlearn.limits import usable_cores
 from shmlearn.results import winners_table
@@ -61,6 +62,6 @@ def run_experiment(ctx: Context) -> str:
     with open(os.path.join(ctx.out, "winners.json")) as f:
         w = json.load(f)
     paper = "\n".join(f"| {n} | {b} | {lr} |" for n, (b, lr) in PAPER_WINNERS.items())
-    with open(os.path.join(ctx.out, "paper_winners.md"), "w") as f:
-        f.write("### The seed's winners (CIFAR-10, Caffe)\n\n| workers | batch | lr |\n|---|---|---|\n" + paper + "\n")
+    safe_write.write(os.path.join(ctx.out, "paper_winners.md"),
+                     "### The seed's winners (CIFAR-10, Caffe)\n\n| workers | batch | lr |\n|---|---|---|\n" + paper + "\n")
     return winners_table(w)

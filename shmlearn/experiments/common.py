@@ -9,6 +9,7 @@ import shutil
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from shmlearn import safe_write
 from shmlearn.config import TrainConfig
 from shmlearn.errors import Diverged
 from shmlearn.runs import read_jsonl, write_json_atomic
@@ -101,7 +102,7 @@ def write_table(ctx: Context, name: str, rows: List[Dict], columns: Sequence[str
                 title: Optional[str] = None) -> str:
     """Write name.md and name.csv; return the Markdown (experiments print their main table)."""
     os.makedirs(ctx.out, exist_ok=True)
-    with open(os.path.join(ctx.out, f"{name}.csv"), "w", newline="") as f:
+    with safe_write.atomic_file(os.path.join(ctx.out, f"{name}.csv"), "w") as f:  # whole or as it was
         w = csv.DictWriter(f, fieldnames=list(columns), extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
@@ -109,8 +110,7 @@ def write_table(ctx: Context, name: str, rows: List[Dict], columns: Sequence[str
         "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_fmt(r.get(c)) for c in columns) + " |" for r in rows]
     md = "\n".join(lines) + "\n"
-    with open(os.path.join(ctx.out, f"{name}.md"), "w") as f:
-        f.write(md)
+    safe_write.write(os.path.join(ctx.out, f"{name}.md"), md)
     return md
 
 
@@ -126,8 +126,10 @@ def figure(ctx: Context, name: str):
 def save(fig, path: str) -> None:
     import matplotlib.pyplot as plt
     fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    try:
+        safe_write.save_figure(fig, path)  # whole or as it was
+    finally:
+        plt.close(fig)
 
 
 def fashion_or(fallback: str, data_dir: Optional[str] = None) -> tuple:

@@ -13,6 +13,7 @@ import os
 
 import torch
 
+from shmlearn import safe_write
 from shmlearn.config import TrainConfig
 from shmlearn.experiments.common import Context, curve, figure, run, save, write_table
 from shmlearn.limits import usable_cores
@@ -65,8 +66,7 @@ def run_experiment(ctx: Context) -> str:
                              "batch": batch, "samples/s": s["samples_per_s"], "final loss": s["final_loss"]})
     for line in log:
         print(line)
-    with open(os.path.join(ctx.out, "epoch_log.txt"), "w") as f:
-        f.write("\n".join(log) + "\n")
+    safe_write.write(os.path.join(ctx.out, "epoch_log.txt"), "\n".join(log) + "\n")
     main = write_table(ctx, "cpu_vs_gpu", rows, ["model", "input", "device", "workers", "batch", "samples/s",
                                                      "final loss"],
                        title="Samples/s, CPU vs GPU (seed 004); batch per worker")

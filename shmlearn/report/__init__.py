@@ -15,6 +15,7 @@ import gc
 import os
 from typing import Optional, Sequence
 
+from shmlearn import safe_write
 from shmlearn.errors import BadInput
 
 __all__ = ["write_report"]
@@ -52,15 +53,15 @@ def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
     finally:
         if freeze:
             gc.unfreeze()
+    out = out or (os.path.join(paths[0], "report.html") if len(paths) == 1 else "report.html")
+    if os.path.isdir(out):
+        raise BadInput(f"--out {out}: a directory; give the HTML file to write (e.g. {os.path.join(out, 'report.html')})")
+    # Each file whole or as it was (safe_write): a full disk or a read-only folder loses no
+    # earlier report or figure. The figures first, then the page that shows them.
     if len(paths) == 1:
         fig_dir = os.path.join(paths[0], "figures")
-        os.makedirs(fig_dir, exist_ok=True)
+        safe_write.makedirs(fig_dir, root=paths[0])
         for name, data in figs.items():
-            with open(os.path.join(fig_dir, f"{name}.png"), "wb") as f:
-                f.write(data)
-    out = out or (os.path.join(paths[0], "report.html") if len(paths) == 1 else "report.html")
-    tmp = f"{out}.tmp.{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(page.render())
-    os.replace(tmp, out)
+            safe_write.write(os.path.join(fig_dir, f"{name}.png"), data, root=paths[0], fsync=False)
+    safe_write.write(out, page.render())
     return out
