@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from shmlearn.launch import _first_host, detect_env, free_port
+from shmlearn.launch import detect_env, free_port
+from shmlearn.launch_env import _first_host
 from procs import mpirun_env
 
 ARGS = ["train", "--epochs", "2", "--eval-points", "1", "--no-progress"]
@@ -265,3 +266,46 @@ def test_rank_0_stopped_during_a_launchers_rendezvous_is_one_line_naming_rank_0_
     assert ranks[1].returncode == 1 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("shmlearn: failed: rank 1: the rendezvous timed out after 3 s (--timeout): rank 0 or "
                           "the launcher does not answer"), err
+
+
+_FINDER = '''
+import importlib.util, sys
+from importlib.machinery import PathFinder
+REPO = {repo!r}
+
+class _Installed:
+    """An editable install's finder (setuptools'): shmlearn found by sys.meta_path, not sys.path."""
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "shmlearn":
+            return importlib.util.spec_from_file_location(
+                name, REPO + "/shmlearn/__init__.py", submodule_search_locations=[REPO + "/shmlearn"])
+        return None
+
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, _Installed)
+'''
+
+
+@pytest.mark.parametrize("launcher", [{}, {"RANK": "0", "WORLD_SIZE": "1"}], ids=["local", "torchrun-rank"])
+def test_workers_import_the_owners_shmlearn_whatever_the_current_folder_holds(tmp_path, launcher):
+    """Issue 53: from a folder holding `shmlearn/runs` (a clone's parent folder), with shmlearn installed
+    as an editable install is (a meta-path finder), every forked worker died with "cannot import name
+    'RunDir' from 'shmlearn.runs'": the forkserver put the current folder first."""
+    import shmlearn
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(shmlearn.__file__)))
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(_FINDER.format(repo=repo))
+    (boot / "program.py").write_text("from shmlearn.cli import entry\nentry()\n")
+    here = tmp_path / "x"
+    (here / "shmlearn" / "runs").mkdir(parents=True)
+    env = _clean_env(PYTHONPATH=str(boot), **launcher)
+    env.pop("MASTER_PORT", None)
+    if launcher:
+        env["MASTER_PORT"] = str(free_port())
+    r = subprocess.run([sys.executable, str(boot / "program.py"), "train", "--samples", "4000", "--no-progress",
+                        "--eval-points", "1", "--out", "run"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=str(here))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ImportError" not in r.stderr
+    assert _summary(str(here / "run"))["status"] == "completed"

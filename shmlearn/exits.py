@@ -1,0 +1,114 @@
+"""How the `shmlearn` program ends when a command does not return: Ctrl-C, a hangup, a reader that
+closed our stdout, an OS error. Each is one line on stderr and its exit code (cli.entry wraps every
+command in `guarded`):
+
+* Ctrl-C: 130, however many times it is pressed. The first raises KeyboardInterrupt where the
+  program is (imports, the pool's start, training), so the pool ends its workers and the run's
+  files are closed; a second one leaves at once (os._exit) instead of a traceback from the
+  cleanup it interrupted. The line starts on a line of its own (a progress bar may be open).
+* SIGHUP (the terminal or ssh session closed): the same path as Ctrl-C, exit 129.
+* BrokenPipeError (`shmlearn ... | head -1`): 1; stdout points at /dev/null from then on, so the
+  interpreter's exit does not fail on it a second time.
+* any other OSError: 1, naming the file where the error has one.
+
+Imports nothing of torch's: a Ctrl-C while torch imports is handled too.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+from typing import Callable, List
+
+from shmlearn.errors import one_line
+
+
+class Hangup(KeyboardInterrupt):
+    """SIGHUP, raised where the program is, so that it unwinds as Ctrl-C does."""
+
+
+_interrupts = 0
+
+
+def _on_signal(signum, frame) -> None:
+    global _interrupts
+    _interrupts += 1
+    if _interrupts > 1:  # the first one's exit is under way: leave now, without a traceback
+        _flush_quietly()
+        os._exit(129 if signum == signal.SIGHUP else 130)
+    raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
+
+
+def install() -> None:
+    """Ctrl-C and SIGHUP as described above, for this process (the program's, never a library
+    caller's: only cli.entry calls it). Where SIGINT is ignored (started in the background by a
+    shell without job control, nohup) it stays ignored."""
+    for sig in (signal.SIGINT, signal.SIGHUP):
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, _on_signal)
+
+
+def finishing() -> None:
+    """The command has returned: a Ctrl-C during the exit's cleanup (the pool's close, the
+    forkserver's end) leaves at once with 130, without a traceback from an atexit callback."""
+    global _interrupts
+    _interrupts = max(_interrupts, 1)
+
+
+def _flush_quietly() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def _bar_open() -> bool:
+    """Whether a tqdm bar is drawn on the terminal now (no newline after it yet)."""
+    tqdm = getattr(sys.modules.get("tqdm"), "tqdm", None)
+    return bool(getattr(tqdm, "_instances", None))
+
+
+def _say(line: str) -> None:
+    try:
+        print(("\n" if _bar_open() else "") + line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
+
+
+def interrupted(argv: List[str], hangup: bool = False) -> int:
+    """The line and exit code of an interrupted command."""
+    what = "hangup (SIGHUP)" if hangup else "interrupted (Ctrl-C)"
+    hint = ""
+    if argv[:1] == ["train"] and not any(a in ("-h", "--help") for a in argv):
+        hint = ("; the workers were stopped; run the same command with --resume to continue the run "
+                "from its last checkpoint (--checkpoint-every)")
+    elif argv[:1] == ["sweep"]:
+        hint = "; the same command continues the sweep"
+    _say(f"shmlearn: {what}{hint}")
+    return 129 if hangup else 130
+
+
+def _stdout_to_devnull() -> None:
+    try:
+        fd = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(fd, sys.stdout.fileno())
+        os.close(fd)
+    except (OSError, ValueError):
+        pass
+
+
+def guarded(command: Callable[[], int], argv: List[str]) -> int:
+    """command()'s exit code, or the one line and exit code of what escaped it (see above)."""
+    try:
+        return command()
+    except KeyboardInterrupt as e:
+        return interrupted(argv, hangup=isinstance(e, Hangup))
+    except BrokenPipeError:
+        _stdout_to_devnull()
+        _say("shmlearn: stdout was closed by its reader (broken pipe); the rest of the output was dropped")
+        return 1
+    except OSError as e:
+        where = f": {e.filename}" if getattr(e, "filename", None) else ""
+        _say(f"shmlearn: failed: {e.strerror or one_line(e)}{where}")
+        return 1
