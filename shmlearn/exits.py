@@ -28,14 +28,21 @@ class Hangup(KeyboardInterrupt):
 
 
 _interrupts = 0
+_said = False
+"""Whether this process has printed its interrupted line."""
+_argv: List[str] = []
+"""The command line guarded() runs (for the line of a second Ctrl-C)."""
 
 
 def _on_signal(signum, frame) -> None:
     global _interrupts
     _interrupts += 1
     if _interrupts > 1:  # the first one's exit is under way: leave now, without a traceback
+        code = 129 if signum == signal.SIGHUP else 130
+        if not _said:
+            code = interrupted(_argv, hangup=signum == signal.SIGHUP)
         _flush_quietly()
-        os._exit(129 if signum == signal.SIGHUP else 130)
+        os._exit(code)
     raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
 
 
@@ -69,23 +76,30 @@ def _bar_open() -> bool:
     return bool(getattr(tqdm, "_instances", None))
 
 
-def _say(line: str) -> None:
+def _say(line: str, own_line: bool = False) -> None:
+    """line on stderr, after a newline where a progress bar may be open: this process's (tqdm's),
+    or, own_line, one that rank 0's worker process draws on the same stderr."""
     try:
-        print(("\n" if _bar_open() else "") + line, file=sys.stderr, flush=True)
-    except (OSError, ValueError):
+        print(("\n" if own_line or _bar_open() else "") + line, file=sys.stderr, flush=True)
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: a reentrant write from a signal handler
         pass
 
 
 def interrupted(argv: List[str], hangup: bool = False) -> int:
     """The line and exit code of an interrupted command."""
+    global _said
     what = "hangup (SIGHUP)" if hangup else "interrupted (Ctrl-C)"
+    if _said:
+        return 129 if hangup else 130
+    _said = True
     hint = ""
-    if argv[:1] == ["train"] and not any(a in ("-h", "--help") for a in argv):
+    training = argv[:1] == ["train"] and not any(a in ("-h", "--help") for a in argv)
+    if training:
         hint = ("; the workers were stopped; run the same command with --resume to continue the run "
                 "from its last checkpoint (--checkpoint-every)")
     elif argv[:1] == ["sweep"]:
         hint = "; the same command continues the sweep"
-    _say(f"shmlearn: {what}{hint}")
+    _say(f"shmlearn: {what}{hint}", own_line=training and "--no-progress" not in argv)
     return 129 if hangup else 130
 
 
@@ -100,6 +114,8 @@ def _stdout_to_devnull() -> None:
 
 def guarded(command: Callable[[], int], argv: List[str]) -> int:
     """command()'s exit code, or the one line and exit code of what escaped it (see above)."""
+    global _argv
+    _argv = list(argv)
     try:
         return command()
     except KeyboardInterrupt as e:
