@@ -10,6 +10,8 @@ command in `guarded`):
 * BrokenPipeError (`shmlearn ... | head -1`): 1; stdout points at /dev/null from then on, so the
   interpreter's exit does not fail on it a second time.
 * any other OSError: 1, naming the file where the error has one.
+* a BadInput raised outside the command's own handler (a strategy file that raises at import,
+  imported while the parser is built): its line, exit 2.
 
 Imports nothing of torch's: a Ctrl-C while torch imports is handled too.
 """
@@ -20,7 +22,7 @@ import signal
 import sys
 from typing import Callable, List
 
-from shmlearn.errors import one_line
+from shmlearn.errors import BadInput, one_line
 
 
 class Hangup(KeyboardInterrupt):
@@ -120,6 +122,9 @@ def guarded(command: Callable[[], int], argv: List[str]) -> int:
         return command()
     except KeyboardInterrupt as e:
         return interrupted(argv, hangup=isinstance(e, Hangup))
+    except BadInput as e:  # raised where the command's own handler does not reach (an import)
+        _say(f"shmlearn: error: {e}")
+        return e.exit_code
     except BrokenPipeError:
         _stdout_to_devnull()
         _say("shmlearn: stdout was closed by its reader (broken pipe); the rest of the output was dropped")

@@ -10,7 +10,8 @@ import pytest
 
 from shmlearn.errors import BadInput
 from shmlearn.launch import free_port
-from shmlearn.launch_env import detect_env, parse
+from shmlearn.launch import detect_env
+from shmlearn.launch import detect_env as parse  # the one parser (launch_env.parse)
 
 ARGS = ["train", "--samples", "2000", "--eval-points", "1", "--no-progress"]
 

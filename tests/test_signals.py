@@ -112,3 +112,15 @@ def test_a_closed_stdout_is_one_line_not_a_traceback(tmp_path):
         assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
         assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "broken pipe" in r.stderr
+
+
+def test_ctrl_c_in_a_model_import_that_never_ends_is_one_line_and_130(tmp_path):
+    (tmp_path / "forever.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    p = start(tmp_path, "train", "--model", "forever.py:Net", "--samples", "2000", "--no-progress", "--out", "run")
+    time.sleep(12)  # torch imported, the model's import under way (if not, it is still one Ctrl-C)
+    signal_group(p, signal.SIGINT)
+    code, out, err, left = finish(p)
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not left
+
