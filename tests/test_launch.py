@@ -309,3 +309,27 @@ def test_workers_import_the_owners_shmlearn_whatever_the_current_folder_holds(tm
     assert r.returncode == 0, r.stderr[-3000:]
     assert "ImportError" not in r.stderr
     assert _summary(str(here / "run"))["status"] == "completed"
+
+
+def test_a_ranks_default_threads_leave_out_the_cores_other_processes_keep_busy(monkeypatch):
+    """Issue 53: a 1-worker run with 2 intra-op threads beside 2 busy processes on 2 cores ran 24x
+    (here over 30x) slower than with --threads 1: a preempted thread holds every op's barrier."""
+    from shmlearn import limits
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(limits.os, "cpu_count", lambda: 4)
+    load = {"avg": 2.0, "running": 3}
+    monkeypatch.setattr(limits.os, "getloadavg", lambda: (load["avg"], 0.0, 0.0))
+    monkeypatch.setattr(limits, "_procs_running", lambda: load["running"])
+    assert limits.rank_threads("cpu", 1) == 2  # 4 cores, 2 kept busy by others
+    assert limits.rank_threads("cpu", 2) == 2  # the share of each of 2 ranks
+    load.update(avg=4.0, running=5)
+    assert limits.rank_threads("cpu", 1) == 1  # every core contended: one thread
+    load.update(avg=3.0, running=1)  # the average remembers our own earlier run; nothing runs now
+    assert limits.rank_threads("cpu", 1) == 4
+    load.update(avg=0.0, running=9)  # a burst of the instant, on a machine quiet for a minute
+    assert limits.rank_threads("cpu", 1) == 4
+    load.update(avg=4.0, running=5)
+    assert limits.rank_threads("cpu", 1, threads=3) == 3  # --threads wins
+    assert limits.rank_threads("cuda", 1) == 4  # a GPU rank: its own rule
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1})  # a cpuset: the host's load says nothing
+    assert limits.rank_threads("cpu", 1) == 2
