@@ -8,7 +8,6 @@ import sys
 import pytest
 
 from shmlearn.launch import detect_env, free_port
-from shmlearn.launch_env import _first_host
 from procs import mpirun_env
 
 ARGS = ["train", "--epochs", "2", "--eval-points", "1", "--no-progress"]
@@ -44,6 +43,7 @@ def test_srun_env_and_nodelist():
                     "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[07-08]",
                     "SLURM_JOB_ID": "99", "SLURM_STEP_ID": "0"})
     assert (e.rank, e.world_size, e.local_rank, e.launcher, e.master_addr) == (5, 8, 1, "srun", "gpu07")
+    from shmlearn.launch_env import _first_host  # the one parser of the launcher's variables
     assert _first_host("node[03-05,07],gpu1") == "node03"
     assert _first_host("a1,b2") == "a1"
     assert _first_host("n[1,4]") == "n1"
