@@ -38,6 +38,7 @@ import sys
 import threading
 from typing import Dict, Iterator, Optional
 
+from shmlearn.launch_env import RANK_VARIABLES
 from shmlearn.parent import OWNER_ENV
 
 THIRD_PARTY = ("torch", "torch._dynamo")
@@ -117,7 +118,7 @@ def _neutral_cwd() -> Iterator[None]:
         os.chdir(here)
 
 
-LAUNCHER_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+LAUNCHER_ENV = RANK_VARIABLES
 """A rank of torchrun, mpirun or srun: it trains in its own process and starts no pool."""
 
 

@@ -176,8 +176,3 @@ def parse(env: Mapping[str, str]) -> Optional[DistEnv]:
 def detect_env(env: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
     """The launcher's view of this process, or None when no launcher started it (parse)."""
     return parse(env)
-
-
-def launched(env: Mapping[str, str] = os.environ) -> bool:
-    """Whether a launcher's rank variables are set (valid or not): cheap, never raises."""
-    return any(k in env for k in RANK_VARIABLES)
