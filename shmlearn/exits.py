@@ -3,9 +3,10 @@ closed our stdout, an OS error. Each is one line on stderr and its exit code (cl
 command in `guarded`):
 
 * Ctrl-C: 130, however many times it is pressed. The first raises KeyboardInterrupt where the
-  program is (imports, the pool's start, training), so the pool ends its workers and the run's
-  files are closed; a second one leaves at once (os._exit) instead of a traceback from the
-  cleanup it interrupted. The line starts on a line of its own (a progress bar may be open).
+  program is (imports, the pool's start, training), so the pool ends its workers, the run's files
+  are closed and a study gives its trials back; a second one lets that cleanup finish (it was a
+  KeyboardInterrupt inside it, a traceback and exit -2); a third leaves at once (os._exit). The
+  line starts on a line of its own (a progress bar may be open).
 * SIGHUP (the terminal or ssh session closed): the same path as Ctrl-C, exit 129.
 * BrokenPipeError (`shmlearn ... | head -1`): 1; stdout points at /dev/null from then on, so the
   interpreter's exit does not fail on it a second time.
@@ -30,8 +31,11 @@ class Hangup(KeyboardInterrupt):
 
 
 _interrupts = 0
+"""Ctrl-Cs and hangups received."""
 _said = False
 """Whether this process has printed its interrupted line."""
+_finished = False
+"""Whether the command has returned (finishing): a Ctrl-C from then on leaves at once."""
 _argv: List[str] = []
 """The command line guarded() runs (for the line of a second Ctrl-C)."""
 
@@ -39,7 +43,11 @@ _argv: List[str] = []
 def _on_signal(signum, frame) -> None:
     global _interrupts
     _interrupts += 1
-    if _interrupts > 1:  # the first one's exit is under way: leave now, without a traceback
+    if _interrupts == 2 and not _finished:
+        # The first one's cleanup is under way (the pool ends its workers, a study gives its trials
+        # back): let it finish.
+        return
+    if _interrupts > 1:  # pressed again: leave now, without a traceback
         code = 129 if signum == signal.SIGHUP else 130
         if not _said:
             code = interrupted(_argv, hangup=signum == signal.SIGHUP)
@@ -60,8 +68,9 @@ def install() -> None:
 def finishing() -> None:
     """The command has returned: a Ctrl-C during the exit's cleanup (the pool's close, the
     forkserver's end) leaves at once with 130, without a traceback from an atexit callback."""
-    global _interrupts
+    global _interrupts, _finished
     _interrupts = max(_interrupts, 1)
+    _finished = True
 
 
 def _flush_quietly() -> None:
