@@ -74,8 +74,9 @@ def rank_threads(device_type: str, local_world_size: int, threads: Optional[int]
 
     Why the load: torch's intra-op threads meet at a barrier after each parallel op, and one thread
     the kernel has preempted for a busy process holds all of them. A 1-worker digits MLP run on 2
-    cores beside 2 busy processes (`python -c 'while 1: pass'`) ran at under 120 samples/s with 2
-    threads, 4,020 with --threads 1 (docs/training.md, "Launching")."""
+    cores beside 2 busy processes (`python -c 'while 1: pass'`) ran at 1,374 samples/s with 2
+    threads, 12,005 with --threads 1; with this rule ~15,000 against 16,000-20,000 (docs/training.md,
+    "The launcher's environment")."""
     if threads:
         return threads
     cores = usable_cores()
