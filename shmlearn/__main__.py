@@ -1,3 +1,8 @@
-from shmlearn.cli import entry
+try:
+    from shmlearn.cli import entry
+except KeyboardInterrupt:  # Ctrl-C before the program's own handler is in place (exits.py): its line, 130
+    import sys
+    print("shmlearn: interrupted (Ctrl-C)", file=sys.stderr)
+    sys.exit(130)
 
 entry()

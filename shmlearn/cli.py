@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn import forkserver
+from shmlearn import exits, forkserver
 from shmlearn.flags import Option, choice_error, help_group, read_table, write_table
 from shmlearn.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch import detect_env
@@ -268,6 +268,8 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
     """early_workers: the program's own run (entry), which may start the forkserver (prestart)."""
     try:
         precheck(sys.argv[1:] if argv is None else argv)
+        if (sys.argv[1:] if argv is None else argv)[:1] == ["train"]:
+            detect_env()  # a launcher's variables, checked before any import or socket (launch_env.py)
     except BadInput as e:
         print(f"shmlearn: error: {e}", file=sys.stderr)
         return e.exit_code
@@ -285,15 +287,20 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
     except WorkerFailed as e:
         print(f"shmlearn: failed: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("shmlearn: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGHUP under entry (exits.py)
+        return exits.interrupted(sys.argv[1:] if argv is None else argv, hangup=isinstance(e, exits.Hangup))
 
 
 def entry() -> None:
     """The `shmlearn` program (console script and `python -m shmlearn`)."""
-    code = main(early_workers=True)
-    if detect_env() is not None:
+    exits.install()  # Ctrl-C, SIGHUP, a closed stdout, an OSError: one line and its exit code
+    code = exits.guarded(lambda: main(early_workers=True), sys.argv[1:])
+    exits.finishing()
+    try:
+        launched = detect_env() is not None
+    except BadInput:  # refused in main, with its line
+        launched = False
+    if launched:
         # A rank of torchrun, mpirun or srun leaves at once, as locally spawned workers do
         # (launch._child): its files are written, and the interpreter's exit-time teardown of
         # torch's distributed state can abort a finished rank ("terminate called without an

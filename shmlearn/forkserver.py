@@ -33,13 +33,15 @@ What stays as a spawned worker had it:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import multiprocessing as mp
 import os
 import signal
 import sys
 import threading
-from typing import Dict, Optional
+from typing import Dict, Iterator, Optional
 
+from shmlearn.launch_env import RANK_VARIABLES
 from shmlearn.parent import OWNER_ENV
 
 THIRD_PARTY = ("torch", "torch._dynamo")
@@ -82,17 +84,44 @@ def start() -> bool:
     # thread leaves by its alive pipe, after its imports).
     if threading.current_thread() is threading.main_thread():
         os.environ[OWNER_ENV] = str(os.getpid())
+    safe_before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"  # see _neutral_cwd
     try:
-        forkserver.ensure_running()
+        with _neutral_cwd():
+            forkserver.ensure_running()
     finally:
         os.environ.pop(OWNER_ENV, None)
+        if safe_before is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_before
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _started_env = _import_env()
     atexit.register(_stop)  # before any pool registers its close, so that runs first
     return True
 
 
-LAUNCHER_ENV = ("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID")
+@contextlib.contextmanager
+def _neutral_cwd() -> Iterator[None]:
+    """The forkserver imports its preload (this package first) before it learns the owner's
+    sys.path (Python 3.10-3.12's forkserver ignores the sys_path it is sent), with the `''` that
+    `python -c` puts first: the current folder. A folder named `shmlearn` there (the clone's parent
+    folder, `shmlearn/runs`) became the package, and every worker died with "cannot import name
+    'RunDir' from 'shmlearn.runs' (unknown location)". PYTHONSAFEPATH (3.11+) leaves `''` out;
+    before 3.11 the forkserver starts in this package's parent folder, where `''` finds this
+    package. Its forks take the owner's folder and sys.path from multiprocessing (spawn.prepare)."""
+    if sys.version_info >= (3, 11):
+        yield
+        return
+    here = os.getcwd()
+    os.chdir(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+LAUNCHER_ENV = RANK_VARIABLES
 """A rank of torchrun, mpirun or srun: it trains in its own process and starts no pool."""
 
 

@@ -13,13 +13,18 @@ import os
 import shutil
 import socket
 import sys
-from dataclasses import dataclass
-from typing import Mapping, Optional
+from typing import Optional
 
 from shmlearn import listen
 from shmlearn.errors import BadInput, WorkerFailed, count, one_line
+from shmlearn import launch_env
+from shmlearn.launch_env import DistEnv
 from shmlearn.limits import mem_available, usable_cores
 from shmlearn.parent import die_with_parent
+
+
+detect_env = launch_env.detect_env
+"""The launcher's view of this process (launch_env.py parses and checks its variables)."""
 
 
 def die_with_owner(owner_pid: int) -> None:
@@ -60,83 +65,6 @@ def _alive(pid: int) -> bool:
     return True
 
 
-@dataclass(frozen=True)
-class DistEnv:
-    """Where this process sits in the job."""
-
-    rank: int
-    world_size: int
-    local_rank: int
-    local_world_size: int
-    launcher: str
-    """local, torchrun, mpirun or srun."""
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    job: str = ""
-    """Pool runs: the job's name, so heartbeats of one job never mix with an earlier one's on
-    the same (reused) process group."""
-
-    @property
-    def init_method(self) -> str:
-        return f"tcp://{self.master_addr}:{self.master_port}"
-
-
-def _int(env: Mapping[str, str], *names: str) -> Optional[int]:
-    for n in names:
-        if n in env:
-            return int(env[n])
-    return None
-
-
-def _first_host(nodelist: str) -> str:
-    """First host of a SLURM nodelist: 'node[03-05,07],gpu1' -> 'node03'."""
-    head = nodelist.split(",")[0] if "[" not in nodelist.split(",")[0] else nodelist
-    if "[" not in head:
-        return head
-    prefix, rest = head.split("[", 1)
-    first = rest.split("]")[0].split(",")[0].split("-")[0]
-    return prefix + first
-
-
-def _port_from(job_id: str) -> int:
-    # Every rank derives the same port from the job id, so none has to tell the others.
-    return 20000 + (sum(ord(c) * 31 ** i for i, c in enumerate(job_id)) % 20000)
-
-
-def detect_env(env: Mapping[str, str] = os.environ) -> Optional[DistEnv]:
-    """The launcher's view of this process, or None when no launcher started it."""
-    if "RANK" in env and "WORLD_SIZE" in env:  # torchrun, or anything that speaks env://
-        return DistEnv(rank=int(env["RANK"]), world_size=int(env["WORLD_SIZE"]),
-                       local_rank=_int(env, "LOCAL_RANK") or 0,
-                       local_world_size=_int(env, "LOCAL_WORLD_SIZE") or int(env["WORLD_SIZE"]),
-                       launcher="torchrun", master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                       master_port=int(env.get("MASTER_PORT", 29500)))
-    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:  # Open MPI; MPICH/Intel MPI (PMI)
-        ompi = "OMPI_COMM_WORLD_RANK" in env
-        world = _int(env, "OMPI_COMM_WORLD_SIZE" if ompi else "PMI_SIZE")
-        job = env.get("OMPI_MCA_orte_ess_jobid") or env.get("OMPI_MCA_ess_base_jobid") \
-            or env.get("PMI_JOBID") or env.get("PMIX_NAMESPACE") or "shmlearn"
-        return DistEnv(rank=_int(env, "OMPI_COMM_WORLD_RANK", "PMI_RANK"), world_size=world,
-                       local_rank=_int(env, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID") or 0,
-                       local_world_size=_int(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS") or world,
-                       launcher="mpirun", master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
-                       master_port=int(env.get("MASTER_PORT") or _port_from(job)))
-    # SLURM_STEP_NUM_TASKS is set by srun for its job step, not in an sbatch script itself, so a
-    # batch script that calls `shmlearn train` directly is not mistaken for rank 0 of N.
-    if "SLURM_PROCID" in env and "SLURM_STEP_NUM_TASKS" in env:
-        world = int(env["SLURM_STEP_NUM_TASKS"])
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "127.0.0.1"
-        addr = env.get("MASTER_ADDR") or ("127.0.0.1" if env.get("SLURM_STEP_NUM_NODES", "1") == "1"
-                                          else _first_host(nodes))
-        return DistEnv(rank=int(env["SLURM_PROCID"]), world_size=world,
-                       local_rank=_int(env, "SLURM_LOCALID") or 0,
-                       local_world_size=_int(env, "SLURM_STEP_TASKS_PER_NODE_INT") or world,
-                       launcher="srun", master_addr=addr,
-                       master_port=int(env.get("MASTER_PORT") or _port_from(
-                           env.get("SLURM_JOB_ID", "0") + "." + env.get("SLURM_STEP_ID", "0"))))
-    return None
-
-
 def import_before_group() -> None:
     """Import torch._dynamo before a process group exists. The first optimizer a process builds
     imports it (~800 modules), and some of them keep references to the default group from then
@@ -169,6 +97,7 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
         _join(backend, store, rank, world, timeout, env)
         return
     agent = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    listen.resolve(env.master_addr, timeout_s)  # a name that does not resolve: one line, not a hang
     held = HeldStderr()
     try:
         with held:
@@ -176,6 +105,7 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
                 store, rank, world = next(dist.rendezvous(env.init_method, env.rank, env.world_size, timeout=timeout))
             else:  # rank 0 hosts the store on MASTER_ADDR's address only (listen.py)
                 store = listen.launcher_store(env.master_addr, env.master_port, rank, world, timeout)
+                roll_call(store, env, timeout_s)
             _join(backend, store, rank, world, timeout, env)
     except dist.DistError as e:
         # A rank the others wait for is stopped, gone or never started. Under a launcher the
@@ -186,6 +116,36 @@ def init_process_group(backend: str, env: DistEnv, timeout_s: float) -> None:
                else f"rank 0 or the launcher does not answer (the store is {host})")
         raise WorkerFailed(f"rank {rank}: the rendezvous timed out after {timeout_s:g} s (--timeout): {who} "
                            f"({one_line(e)})") from None
+
+
+def _prefix(env: DistEnv) -> str:
+    """The key prefix of this process's next group in its job's store (_join): one per torchrun
+    attempt and per group this process joins."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
+    return f"shmlearn/attempt_{attempt or 0}/group_{_groups_joined + 1}"
+
+
+def roll_call(store, env: DistEnv, timeout_s: float) -> None:
+    """Every rank posts that it reached the store; rank 0 waits up to timeout_s (--timeout) for all
+    of them and names those that never came (torch's own wait says only that it timed out)."""
+    import time
+    prefix = _prefix(env)
+    if env.rank != 0:
+        store.set(f"{prefix}/joined/{env.rank}", "1")
+        return
+    missing = list(range(1, env.world_size))
+    deadline = time.monotonic() + timeout_s
+    while missing:
+        missing = [r for r in missing if not store.check([f"{prefix}/joined/{r}"])]
+        if not missing:
+            break
+        if time.monotonic() > deadline:
+            ranks = ", ".join(map(str, missing))
+            raise WorkerFailed(f"rank 0: {count(len(missing), 'rank')} of {env.world_size} did not join within "
+                               f"{timeout_s:g} s (--timeout): rank{'s' if len(missing) > 1 else ''} {ranks} "
+                               f"(not started, or started with another MASTER_ADDR, MASTER_PORT or world size; "
+                               f"the store is {env.master_addr}:{env.master_port})")
+        time.sleep(0.1)
 
 
 class HeldStderr:
@@ -207,7 +167,7 @@ class HeldStderr:
         os.dup2(self.saved, 2)
         os.close(self.saved)
         import torch.distributed as dist
-        if not isinstance(value, dist.DistError):
+        if not isinstance(value, (dist.DistError, BadInput, WorkerFailed)):  # each is one line of ours
             self.file.seek(0)
             with os.fdopen(os.dup(2), "wb") as err:
                 shutil.copyfileobj(self.file, err)
@@ -217,12 +177,11 @@ class HeldStderr:
 def _join(backend: str, store, rank: int, world: int, timeout, env: DistEnv) -> None:
     import torch.distributed as dist
     global _groups_joined
-    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT") if env.launcher == "torchrun" else None
     # And every group of this process its own prefix too: a script that calls shmlearn.train twice
     # under torchrun rendezvouses twice on the same store, and the second group would read the
     # first one's keys and hang. Every rank makes the same calls, so the counts agree.
+    store = dist.PrefixStore(_prefix(env), store)
     _groups_joined += 1
-    store = dist.PrefixStore(f"shmlearn/attempt_{attempt or 0}/group_{_groups_joined}", store)
     with listen.on_loopback() if env.launcher == "local" else contextlib.nullcontext():
         dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 

@@ -46,10 +46,42 @@ def usable_cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
+def busy_cores() -> float:
+    """Cores other processes keep busy now, when this process may run on every core of the host
+    (else 0: the host's counts say nothing of our own cores): the fewer of the 1-minute load
+    average and the runnable threads the kernel counts at this instant (/proc/stat procs_running,
+    less this one). The minimum, so that neither a burst nor the load our own previous run left
+    in the average (a sweep's earlier trial) takes threads away from a quiet machine."""
+    if not hasattr(os, "getloadavg") or len(os.sched_getaffinity(0)) != (os.cpu_count() or 0):
+        return 0.0
+    running = _procs_running()
+    return 0.0 if running is None else max(0.0, min(os.getloadavg()[0], running - 1.0))
+
+
+def _procs_running() -> Optional[int]:
+    """Threads runnable on the host now, this one included (/proc/stat); None where unknown."""
+    try:
+        with open("/proc/stat") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("procs_running"))
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+
+
 def rank_threads(device_type: str, local_world_size: int, threads: Optional[int] = None) -> int:
     """Intra-op threads for one rank: `threads` if given; on the CPU the cores divided among the
-    host's ranks; on a GPU at most GPU_RANK_THREADS of that share. At least 1."""
+    host's ranks, less the cores other processes keep busy (busy_cores); on a GPU at most
+    GPU_RANK_THREADS of that share. At least 1.
+
+    Why the load: torch's intra-op threads meet at a barrier after each parallel op, and one thread
+    the kernel has preempted for a busy process holds all of them. A 1-worker digits MLP run on 2
+    cores beside 2 busy processes (`python -c 'while 1: pass'`) ran at 1,374 samples/s with 2
+    threads, 12,005 with --threads 1; with this rule ~15,000 against 16,000-20,000 (docs/training.md,
+    "The launcher's environment")."""
     if threads:
         return threads
-    share = max(1, usable_cores() // max(1, local_world_size))
-    return share if device_type == "cpu" else min(GPU_RANK_THREADS, share)
+    cores = usable_cores()
+    share = max(1, cores // max(1, local_world_size))
+    if device_type != "cpu":
+        return min(GPU_RANK_THREADS, share)
+    free = cores - round(busy_cores())
+    return max(1, min(share, free))

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import errno
 import os
 import socket
 import sys
+import threading
 from typing import Dict, Iterator, Optional
+
+from shmlearn.errors import BadInput
 
 LOOPBACK = "127.0.0.1"
 
@@ -101,20 +105,56 @@ def master_ip(addr: str) -> Optional[str]:
     return None
 
 
+def resolve(addr: str, limit_s: float) -> None:
+    """Refuse, in one line, a MASTER_ADDR that does not resolve, within limit_s (--timeout): the
+    store's connect retries a name it cannot resolve until its own timeout, and a resolver that
+    does not answer blocks getaddrinfo itself (a daemon thread asks, so the wait is bounded)."""
+    found: dict = {}
+
+    def look() -> None:
+        try:
+            found["infos"] = socket.getaddrinfo(addr, None, type=socket.SOCK_STREAM)
+        except OSError as e:
+            found["error"] = e
+    t = threading.Thread(target=look, name="shmlearn-resolve", daemon=True)
+    t.start()
+    t.join(limit_s)
+    if t.is_alive():
+        raise BadInput(f"MASTER_ADDR={addr!r}: did not resolve within {limit_s:g} s (--timeout); "
+                       f"expected a host name or IP address of rank 0's host")
+    if "error" in found:
+        e = found["error"]
+        raise BadInput(f"MASTER_ADDR={addr!r}: cannot be resolved ({getattr(e, 'strerror', None) or e}); "
+                       f"expected a host name or IP address of rank 0's host")
+
+
 def launcher_store(addr: str, port: int, rank: int, world_size: int, timeout: datetime.timedelta):
     """The store of a launcher's job (mpirun, srun, torchrun without its agent's store): rank 0
-    hosts it on the address MASTER_ADDR names, the others connect to it."""
+    hosts it on the address MASTER_ADDR names, the others connect to it. Rank 0 does not wait here
+    for the others: launch.roll_call does, and names the ranks that never came. BadInput when
+    MASTER_PORT is taken on rank 0's host."""
     import torch.distributed as dist
     if rank != 0:
         return dist.TCPStore(addr, port, world_size, False, timeout=timeout)
+    taken = (f"MASTER_PORT={port}: already in use on {addr} (another job, or a process still holding it); "
+             f"expected a free TCP port")
     ip = master_ip(addr)
     if ip is not None:
-        return _cached(ip, port, lambda: bound_store(ip, port, timeout=timeout, world_size=world_size,
-                                                      wait_for_workers=True))
+        try:
+            return _cached(ip, port, lambda: bound_store(ip, port, timeout=timeout, world_size=world_size))
+        except OSError as e:
+            if e.errno == errno.EADDRINUSE:
+                raise BadInput(taken) from None
+            raise
     print(f"shmlearn: MASTER_ADDR {addr} names no address of this host (rank 0); its store listens on "
           f"every interface", file=sys.stderr, flush=True)
-    return _cached(addr, port, lambda: dist.TCPStore(addr, port, world_size, True, timeout=timeout,
-                                                     multi_tenant=True))
+    try:
+        return _cached(addr, port, lambda: dist.TCPStore(addr, port, world_size, True, timeout=timeout,
+                                                         wait_for_workers=False, multi_tenant=True))
+    except dist.DistError as e:
+        if "address already in use" in str(e).lower():
+            raise BadInput(taken) from None
+        raise
 
 
 _stores: dict = {}

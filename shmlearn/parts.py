@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import pickle
-import sys
 from dataclasses import dataclass, replace
 from typing import Any, Optional
 
 import torch
 
+from shmlearn import user_main
 from shmlearn.errors import BadInput
 from shmlearn.refs import is_ref, load_ref
 
@@ -56,7 +56,7 @@ class Parts:
                 continue
             where = _interactive_main(obj)
             if where:
-                raise BadInput(f"{name}=: {where} is defined in an interactive session or `python -c`, which "
+                raise BadInput(f"{name}=: {where} is defined in an interactive session, `python -c` or `python -` (stdin), which "
                                f"spawned workers cannot import; put it in a .py file (top level), or run "
                                f"one worker (workers=1)")
             try:
@@ -98,15 +98,14 @@ def label(obj: Any) -> str:
     if not mod or not name or "<" in name:
         return f"python:{type(obj).__name__}"
     if mod == "__main__":
-        path = getattr(sys.modules.get("__main__"), "__file__", None)
+        path = user_main.main_file()
         return f"{os.path.abspath(path)}:{name}" if path else f"python:{name}"
     return f"{mod}:{name}"
 
 
 def _interactive_main(obj: Any) -> Optional[str]:
     """The name of a class or function of obj's that lives in a __main__ with no file, if any."""
-    main = sys.modules.get("__main__")
-    if getattr(main, "__file__", None):
+    if user_main.main_file():
         return None
     items = obj if isinstance(obj, (tuple, list)) else (obj,)
     for o in items:

@@ -415,7 +415,8 @@ def _start(p, main) -> None:
     resource_tracker.ensure_running()
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        with user_main.no_main_import() if main is not None else contextlib.nullcontext():
+        # No file to import (`python -`: '<stdin>'): multiprocessing would try to run it anyway.
+        with user_main.no_main_import() if main is not None or user_main.main_file() is None else contextlib.nullcontext():
             p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)

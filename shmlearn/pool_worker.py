@@ -207,6 +207,8 @@ def describe(e: BaseException) -> str:
     where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
     text = str(e).splitlines()[0] if str(e) else ""
     mine = user_traceback(e)
+    if isinstance(e, SystemExit):  # not a clean end: the run stopped inside the user's code
+        return f"the user code called sys.exit({e.code!r}){where}" + (f"\n  in your code:\n{mine}" if mine else "")
     return f"{type(e).__name__}: {text}{where}" + (f"\n  in your code:\n{mine}" if mine else "")
 
 

@@ -73,6 +73,9 @@ def _load_file(path: str, ref: str, flag: str):
             spec.loader.exec_module(module)
     except user_main.MainStop:
         pass
+    except KeyboardInterrupt:  # Ctrl-C during an import that takes long (or never ends): the user's stop
+        sys.modules.pop(mod_name, None)
+        raise
     except BaseException as e:  # noqa: BLE001 - SyntaxError, the file's own errors, even SystemExit
         del sys.modules[mod_name]
         raise BadInput(f"{flag} {ref}: importing {path} raised {_one_line(e)}") from None

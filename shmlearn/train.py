@@ -126,7 +126,7 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
                                                  launcher="local", master_port=free_port()), parts=parts)
             except (BadInput, Diverged, WorkerFailed, KeyboardInterrupt):
                 raise
-            except Exception as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
+            except (Exception, SystemExit) as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
                 raise WorkerFailed(f"rank 0: {describe(e)}") from e
             finally: torch.set_num_threads(caller_threads)  # noqa: E701 - train.py is at 600 lines
             # On the CPU, as rank_main sends it: on the GPU its parameters view the strategy's flat buffer.

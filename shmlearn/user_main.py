@@ -61,13 +61,23 @@ def main_reference(init=None) -> Optional[Tuple[str, str]]:
     name = getattr(getattr(main, "__spec__", None), "name", None)
     if name is not None:
         return None if name == "__main__" or name.endswith(".__main__") else ("name", name)
-    path = getattr(main, "__file__", None)
+    path = main_file()
     if path is None:
         return None
     from multiprocessing import process
     if not os.path.isabs(path) and process.ORIGINAL_DIR is not None:
         path = os.path.join(process.ORIGINAL_DIR, path)
     return "path", os.path.normpath(path)
+
+
+def main_file() -> Optional[str]:
+    """The file of the script `__main__` runs, as the process has it, or None where there is no file
+    a worker could import: an interactive session, `python -c`, and `python -` (a script read from
+    stdin, whose __file__ is '<stdin>')."""
+    path = getattr(sys.modules.get("__main__"), "__file__", None)
+    if not path or (path.startswith("<") and path.endswith(">")):
+        return None
+    return path
 
 
 @contextlib.contextmanager

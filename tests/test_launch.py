@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from shmlearn.launch import _first_host, detect_env, free_port
+from shmlearn.launch import detect_env, free_port
 from procs import mpirun_env
 
 ARGS = ["train", "--epochs", "2", "--eval-points", "1", "--no-progress"]
@@ -43,6 +43,7 @@ def test_srun_env_and_nodelist():
                     "SLURM_STEP_NUM_NODES": "2", "SLURM_STEP_NODELIST": "gpu[07-08]",
                     "SLURM_JOB_ID": "99", "SLURM_STEP_ID": "0"})
     assert (e.rank, e.world_size, e.local_rank, e.launcher, e.master_addr) == (5, 8, 1, "srun", "gpu07")
+    from shmlearn.launch_env import _first_host  # the one parser of the launcher's variables
     assert _first_host("node[03-05,07],gpu1") == "node03"
     assert _first_host("a1,b2") == "a1"
     assert _first_host("n[1,4]") == "n1"
@@ -265,3 +266,70 @@ def test_rank_0_stopped_during_a_launchers_rendezvous_is_one_line_naming_rank_0_
     assert ranks[1].returncode == 1 and len(err.strip().splitlines()) == 1, err
     assert err.startswith("shmlearn: failed: rank 1: the rendezvous timed out after 3 s (--timeout): rank 0 or "
                           "the launcher does not answer"), err
+
+
+_FINDER = '''
+import importlib.util, sys
+from importlib.machinery import PathFinder
+REPO = {repo!r}
+
+class _Installed:
+    """An editable install's finder (setuptools'): shmlearn found by sys.meta_path, not sys.path."""
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name == "shmlearn":
+            return importlib.util.spec_from_file_location(
+                name, REPO + "/shmlearn/__init__.py", submodule_search_locations=[REPO + "/shmlearn"])
+        return None
+
+sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, _Installed)
+'''
+
+
+@pytest.mark.parametrize("launcher", [{}, {"RANK": "0", "WORLD_SIZE": "1"}], ids=["local", "torchrun-rank"])
+def test_workers_import_the_owners_shmlearn_whatever_the_current_folder_holds(tmp_path, launcher):
+    """Issue 53: from a folder holding `shmlearn/runs` (a clone's parent folder), with shmlearn installed
+    as an editable install is (a meta-path finder), every forked worker died with "cannot import name
+    'RunDir' from 'shmlearn.runs'": the forkserver put the current folder first."""
+    import shmlearn
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(shmlearn.__file__)))
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    (boot / "sitecustomize.py").write_text(_FINDER.format(repo=repo))
+    (boot / "program.py").write_text("from shmlearn.cli import entry\nentry()\n")
+    here = tmp_path / "x"
+    (here / "shmlearn" / "runs").mkdir(parents=True)
+    env = _clean_env(PYTHONPATH=str(boot), **launcher)
+    env.pop("MASTER_PORT", None)
+    if launcher:
+        env["MASTER_PORT"] = str(free_port())
+    r = subprocess.run([sys.executable, str(boot / "program.py"), "train", "--samples", "4000", "--no-progress",
+                        "--eval-points", "1", "--out", "run"],
+                       capture_output=True, text=True, timeout=300, env=env, cwd=str(here))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ImportError" not in r.stderr
+    assert _summary(str(here / "run"))["status"] == "completed"
+
+
+def test_a_ranks_default_threads_leave_out_the_cores_other_processes_keep_busy(monkeypatch):
+    """Issue 53: a 1-worker run with 2 intra-op threads beside 2 busy processes on 2 cores ran 24x
+    (here over 30x) slower than with --threads 1: a preempted thread holds every op's barrier."""
+    from shmlearn import limits
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: set(range(4)))
+    monkeypatch.setattr(limits.os, "cpu_count", lambda: 4)
+    load = {"avg": 2.0, "running": 3}
+    monkeypatch.setattr(limits.os, "getloadavg", lambda: (load["avg"], 0.0, 0.0))
+    monkeypatch.setattr(limits, "_procs_running", lambda: load["running"])
+    assert limits.rank_threads("cpu", 1) == 2  # 4 cores, 2 kept busy by others
+    assert limits.rank_threads("cpu", 2) == 2  # the share of each of 2 ranks
+    load.update(avg=4.0, running=5)
+    assert limits.rank_threads("cpu", 1) == 1  # every core contended: one thread
+    load.update(avg=3.0, running=1)  # the average remembers our own earlier run; nothing runs now
+    assert limits.rank_threads("cpu", 1) == 4
+    load.update(avg=0.0, running=9)  # a burst of the instant, on a machine quiet for a minute
+    assert limits.rank_threads("cpu", 1) == 4
+    load.update(avg=4.0, running=5)
+    assert limits.rank_threads("cpu", 1, threads=3) == 3  # --threads wins
+    assert limits.rank_threads("cuda", 1) == 4  # a GPU rank: its own rule
+    monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1})  # a cpuset: the host's load says nothing
+    assert limits.rank_threads("cpu", 1) == 2

@@ -589,3 +589,60 @@ def test_a_full_disk_at_checkpoint_time_leaves_no_temporary_file(tmp_path):
     assert r.returncode == 1 and _one_line(r) and "rank0.ckpt" in r.stderr, r.stderr
     assert not [p for p in out.rglob("*") if ".tmp" in p.name]
     assert ckpt.candidates(str(out)) == []
+
+
+# --- issue 53: processes ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_sys_exit_in_a_user_loss_is_a_failure_naming_the_rank(tmp_path, workers):
+    """sys.exit(0) inside the user's loss ended a 1-worker run (in the program's own process) with
+    exit 0 and no summary: it is the rank's failure, and the line says the user code called it."""
+    (tmp_path / "quits.py").write_text("import sys\n\ndef loss(outputs, targets):\n    sys.exit(0)\n")
+    r = run(BASE + ["--workers", workers, "--loss", str(tmp_path / "quits.py") + ":loss", "--out", str(tmp_path / "r")])
+    assert r.returncode == 1, r.stderr[-2000:]
+    first = r.stderr.strip().splitlines()[-4:]
+    assert any("rank 0: the user code called sys.exit(0)" in line for line in first), r.stderr[-2000:]
+    assert "Traceback" not in r.stderr
+
+
+def test_a_strategy_file_that_raises_at_import_is_one_line_before_any_worker(tmp_path):
+    (tmp_path / "broken.py").write_text("raise RuntimeError('not ready yet')\n")
+    r = run(BASE + ["--out", str(tmp_path / "r")], extra_env={"SHMLEARN_STRATEGY_PATH": str(tmp_path)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [r.stderr.strip()], r.stderr
+    assert "broken.py: raised at import: RuntimeError: not ready yet" in r.stderr
+    assert not (tmp_path / "r").exists()
+
+
+_STDIN = """
+import shmlearn, torch.nn as nn
+from shmlearn import TrainConfig
+cfg = TrainConfig(dataset="digits", model="mlp", workers=2, samples=2000, progress=False, out={out!r})
+print("status", shmlearn.train(cfg).status)
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(64, 10)
+
+    def forward(self, x):
+        return self.fc(x.flatten(1))
+
+try:
+    shmlearn.train(TrainConfig(dataset="digits", workers=2, samples=2000, progress=False, out={out!r} + "2"), model=Net)
+except shmlearn.BadInput as e:
+    print("refused:", e)
+"""
+
+
+def test_the_python_api_from_stdin_trains_or_refuses_in_one_line(tmp_path):
+    """`python - <<EOF`: workers cannot import a script read from stdin ('<stdin>' is no file): a run
+    of built-in parts trains, a class defined in it is refused before any worker starts."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_"))
+           and k not in ("RANK", "WORLD_SIZE")}
+    r = subprocess.run([sys.executable, "-"], input=_STDIN.format(out=str(tmp_path / "r")), capture_output=True,
+                       text=True, timeout=300, env=env, cwd=str(tmp_path))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "status completed" in r.stdout and "Traceback" not in r.stderr, r.stderr[-3000:]
+    refused = [line for line in r.stdout.splitlines() if line.startswith("refused:")]
+    assert len(refused) == 1 and "Net" in refused[0] and "stdin" in refused[0], r.stdout

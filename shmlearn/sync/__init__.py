@@ -6,6 +6,7 @@ import importlib
 import os
 import pkgutil
 
+from shmlearn.errors import BadInput, one_line, user_frame
 from shmlearn.sync import registry
 from shmlearn.sync.base import SyncStrategy, flatten_parameters
 # Each import registers its strategy; this order is the order --help and messages list them in.
@@ -22,8 +23,13 @@ from shmlearn.sync.async_ps import AsyncPS
 __path__ += [d for d in map(os.path.abspath, filter(None, os.environ.get("SHMLEARN_STRATEGY_PATH", "").split(
     os.pathsep))) if d not in __path__]
 _OWN = {"__init__", "base", "registry", "allreduce", "parameter_server", "weight_averaging", "ddp", "async_ps"}
-for _m in sorted(m.name for m in pkgutil.iter_modules(__path__) if m.name not in _OWN and not m.name.startswith("_")):
-    importlib.import_module(f"{__name__}.{_m}")
+for _found in sorted((m for m in pkgutil.iter_modules(__path__) if m.name not in _OWN and not m.name.startswith("_")),
+                     key=lambda m: m.name):
+    try:
+        importlib.import_module(f"{__name__}.{_found.name}")
+    except Exception as _e:  # noqa: BLE001 - the user's file: one line naming it, before any worker starts
+        raise BadInput(f"strategy file {os.path.join(_found.module_finder.path, _found.name)}.py: raised at import: "
+                       f"{one_line(_e)}{user_frame(_e)}") from None
 
 
 def build_strategy(name: str, *, rank: int, world_size: int, group=None, **config) -> SyncStrategy:

@@ -1,0 +1,126 @@
+"""The program's end when a command does not return (exits.py): Ctrl-C at any phase is one line and
+130, however many times it is pressed; SIGHUP is 129 with the workers ended; a reader that closes
+stdout and an OSError are one line. The signals go to the program's whole process group, as a
+terminal sends them."""
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from procs import alive
+
+TRAIN = ["train", "--epochs", "30", "--eval-points", "1"]
+
+
+def start(tmp_path, *args, env=None):
+    e = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_", "PMI_", "SLURM_", "SHMLEARN_"))
+         and k not in ("RANK", "WORLD_SIZE")}
+    e.update(PYTHONUNBUFFERED="1", **(env or {}))
+    return subprocess.Popen([sys.executable, "-m", "shmlearn", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=e, cwd=str(tmp_path), start_new_session=True)
+
+
+def signal_group(p, sig) -> None:
+    try:
+        os.killpg(p.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def children(pid: int):
+    """Pids of the processes in pid's session (its workers, the forkserver), pid excluded."""
+    found = []
+    for d in os.listdir("/proc"):
+        if d.isdigit() and int(d) != pid:
+            try:
+                if os.getsid(int(d)) == pid:
+                    found.append(int(d))
+            except OSError:
+                pass
+    return found
+
+
+def finish(p, timeout=240):
+    out, err = p.communicate(timeout=timeout)
+    deadline = time.monotonic() + 30  # the workers die with their owner (pidfd watch): give them a moment
+    while children(p.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = [c for c in children(p.pid) if alive(c)]
+    for c in left:
+        os.kill(c, signal.SIGKILL)
+    return p.returncode, out, err, left
+
+
+def wait_for(path, p, timeout=240):
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(path):
+        assert p.poll() is None and time.monotonic() < deadline, p.communicate()[1][-3000:]
+        time.sleep(0.1)
+
+
+@pytest.mark.parametrize("after_s", [0.5, 2.5])
+def test_ctrl_c_during_start_up_is_one_line_and_130(tmp_path, after_s):
+    p = start(tmp_path, *TRAIN, "--out", "run")
+    time.sleep(after_s)
+    signal_group(p, signal.SIGINT)
+    code, out, err, left = finish(p)
+    if code == 0:
+        pytest.skip("the run finished before the signal (a very fast machine)")
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    assert len(err.strip().splitlines()) == 1, err
+    assert not left
+
+
+def test_ctrl_c_twice_in_training_is_130_with_one_line_saying_resume_continues(tmp_path):
+    p = start(tmp_path, *TRAIN, "--checkpoint-every", "50", "--out", "run")
+    wait_for(str(tmp_path / "run" / "metrics.jsonl"), p)
+    signal_group(p, signal.SIGINT)
+    time.sleep(0.05)
+    signal_group(p, signal.SIGINT)
+    code, out, err, left = finish(p)
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = err.rstrip("\n").split("\n")[-1]
+    assert last.startswith("shmlearn: interrupted") and "--resume" in last, err[-2000:]
+    assert not left
+
+
+def test_sighup_to_a_training_run_is_129_and_ends_its_workers(tmp_path):
+    p = start(tmp_path, *TRAIN, "--no-progress", "--out", "run")
+    wait_for(str(tmp_path / "run" / "metrics.jsonl"), p)
+    os.kill(p.pid, signal.SIGHUP)  # the program only: its workers must end with it
+    code, out, err, left = finish(p)
+    assert code == 129, err[-3000:]
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("shmlearn: hangup"), err
+    assert not left
+
+
+def test_a_closed_stdout_is_one_line_not_a_traceback(tmp_path):
+    """`shmlearn simulate ... | head -1`: the reader leaves after its first line (`true`: before any)."""
+    one = subprocess.run([sys.executable, "-m", "shmlearn", "train", "--workers", "1", "--samples", "640",
+                          "--no-progress", "--eval-points", "1", "--out", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=240)
+    assert one.returncode == 0, one.stderr[-2000:]
+    for reader in ("head -1", "true"):
+        r = subprocess.run(f"{sys.executable} -m shmlearn simulate --compute one --net-bw 10 | {reader} >/dev/null; "
+                           f"exit ${{PIPESTATUS[0]}}", shell=True, executable="/bin/bash", capture_output=True,
+                           text=True, timeout=240, cwd=str(tmp_path))
+        assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr, r.stderr
+        assert r.returncode == 1 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert "broken pipe" in r.stderr
+
+
+def test_ctrl_c_in_a_model_import_that_never_ends_is_one_line_and_130(tmp_path):
+    (tmp_path / "forever.py").write_text("import time\nwhile True:\n    time.sleep(0.05)\n")
+    p = start(tmp_path, "train", "--model", "forever.py:Net", "--samples", "2000", "--no-progress", "--out", "run")
+    time.sleep(12)  # torch imported, the model's import under way (if not, it is still one Ctrl-C)
+    signal_group(p, signal.SIGINT)
+    code, out, err, left = finish(p)
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    assert not left
+
