@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import reprlib
 import stat
 from typing import Any, Dict, Iterable, List, Optional, Tuple
@@ -113,6 +114,12 @@ def decode(raw: bytes, label: str, expected: str) -> str:
 def read_text(path: str, what: str = "", expected: str = "a text file") -> str:
     label = f"{what} {path}" if what else path
     return decode(read_bytes(path, what), label, expected)
+
+
+def unpickle_refusal(e: BaseException) -> str:
+    """What torch.load(weights_only=True)'s refusal says a file needed: 'it needs posix.system'."""
+    m = re.search(r"GLOBAL ([\w.]+)", str(e))
+    return f"it needs {m.group(1)}" if m else "it holds more than tensors and plain values"
 
 
 # --- JSON -------------------------------------------------------------------------------------
