@@ -130,8 +130,8 @@ class Option:
                     return float(value)  # a non-finite one is validate's to refuse, naming its range
                 except ValueError:
                     pass
-        if accepts(hint, value):
-            return value
+        if accepts(hint, value) or (self.choices is not None and type(value) is str):
+            return value  # a string outside a Literal's choices: `check`'s line names them
         said, why = f"{shown(value)} is {kind(value)}", ""
         if isinstance(value, (datetime.date, datetime.datetime)) and accepts(hint, "x"):
             said, why = f"{value} is a date", " (YAML reads an unquoted date as one: quote it)"

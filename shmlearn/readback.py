@@ -48,8 +48,9 @@ _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict, _repr.maxlevel = 
 
 
 def shown(value: Any) -> str:
-    """A value as a message shows it: its repr, cut to about SHOWN characters."""
-    text = _repr.repr(value)
+    """A value as a message shows it: its repr (true/false as YAML and JSON write them), cut to
+    about SHOWN characters."""
+    text = str(value).lower() if isinstance(value, bool) else _repr.repr(value)
     return text if len(text) <= SHOWN + 10 else text[:SHOWN] + "..."
 
 
@@ -59,6 +60,8 @@ _KINDS = {dict: "an object", list: "a list", str: "a string", bool: "true or fal
 
 def kind(value: Any) -> str:
     """'a list', 'a string', 'null', ...: what a value is, in a message."""
+    if type(value) is bool:
+        return "a boolean"
     for t, name in _KINDS.items():
         if type(value) is t:
             return name
@@ -283,8 +286,8 @@ def read_yaml(path: str, expect: Optional[type] = dict, what: str = "", *, words
         return {}
     if isinstance(value, dict) and expect is dict and not all(isinstance(k, str) for k in value):
         bad = next(k for k in value if not isinstance(k, str))
-        raise BadInput(f"{label}: the key {shown(bad)} is {kind(bad)}; expected names (YAML reads unquoted "
-                       f"yes/no/on/off as booleans: quote such a key)")
+        raise BadInput(f"{label}: the key {shown(bad)} is {kind(bad)}; expected a mapping of flag names to values "
+                       f"(YAML reads an unquoted yes/no/on/off key as a boolean: quote it)")
     return _top(value, expect, label)
 
 
@@ -309,8 +312,7 @@ SWEEP_SPEC = {"trials": list}
 SWEEP_SPEC_OPTIONAL = {"threshold": NUMBER, "target_accuracy": OPT_NUMBER, "axis_order": (list, None),
                        "winner_metric": (str, None), "winner_goal": (str, None), "slots": (int, None)}
 """A sweep's sweep.json (trials.TrialRunner writes it): what the report and advise read."""
-RESULT = {"workers": int, "batch_size": int, "lr": NUMBER, "steps": int, "wall_time_s": NUMBER,
-          "loss_area": NUMBER + (None,), "min_loss": NUMBER + (None,)}
+RESULT = {"workers": int, "batch_size": int, "lr": NUMBER, "steps": int, "wall_time_s": NUMBER}
 """A finished run's numbers, as the sweep's winners and advise read them."""
 
 
