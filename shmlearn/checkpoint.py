@@ -192,15 +192,15 @@ def malformed(state: Any, step: int, path: str) -> Optional[str]:
     of that step; None when it is. The step it holds, and the steps its history covers, must be the
     folder's: a folder renamed (or copied from another run) would resume a run at a step it never
     reached and call it complete."""
+    where = f"{path}: malformed"
     try:
-        readback.need(state, STATE, path)
-        readback.need(state["loop"], LOOP, f"{path}: 'loop'")
-        model = state["model"]
-        bad = next((k for k, v in model.items() if not isinstance(v, torch.Tensor)), None)
+        readback.need(state, STATE, where)
+        readback.need(state["loop"], LOOP, f"{where}: 'loop'")
+        bad = next((k for k, v in state["model"].items() if not isinstance(v, torch.Tensor)), None)
         if bad is not None:
-            raise BadInput(f"{path}: 'model' entry {readback.shown(bad)} is not a tensor")
+            raise BadInput(f"{where}: 'model' entry {readback.shown(bad)} is not a tensor")
     except BadInput as e:
-        return f"malformed: {e}"
+        return str(e)
     if state["step"] != step:
         return (f"{path}: holds step {state['step']}, not the folder's {step} (a renamed or copied folder?); "
                 f"it does not belong here")

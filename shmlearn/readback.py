@@ -50,7 +50,7 @@ _repr.maxstring, _repr.maxother, _repr.maxlist, _repr.maxdict, _repr.maxlevel = 
 def shown(value: Any) -> str:
     """A value as a message shows it: its repr (true/false as YAML and JSON write them), cut to
     about SHOWN characters."""
-    text = str(value).lower() if isinstance(value, bool) else _repr.repr(value)
+    text = "null" if value is None else str(value).lower() if isinstance(value, bool) else _repr.repr(value)
     return text if len(text) <= SHOWN + 10 else text[:SHOWN] + "..."
 
 
@@ -190,13 +190,16 @@ def need(obj: Any, spec: Dict[str, Any], where: str, optional: Optional[Dict[str
                 raise BadInput(f"{where}: '{key}' is missing")
             continue
         value = obj[key]
-        if isinstance(types, dict):
+        if isinstance(types, dict) and isinstance(value, dict):
             need(value, types, f"{where}: '{key}'")
             continue
+        if isinstance(types, dict):
+            types = dict
         allowed = tuple(type(None) if t is None else t for t in (types if isinstance(types, tuple) else (types,)))
         ok = isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
         if not ok:
-            raise BadInput(f"{where}: '{key}' is {kind(value)} ({shown(value)}); expected {_names(allowed)}")
+            said = kind(value) if value is None else f"{kind(value)} ({shown(value)})"
+            raise BadInput(f"{where}: '{key}' is {said}; expected {_names(allowed)}")
     return obj
 
 

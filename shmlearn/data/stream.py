@@ -280,8 +280,8 @@ def check_label_kind(y: torch.Tensor, data: StreamedData, split: str, indices, s
     if data.label_dtype is None or _label_kind(y.dtype) == _label_kind(data.label_dtype):
         return
     ds = data.train if split == "train" else data.test
-    odd = next((i for i in indices if _label_kind(torch.as_tensor(np.asarray(ds[i][1])).dtype)
-                != _label_kind(data.label_dtype)), None)
+    odd = min((i for i in indices if _label_kind(torch.as_tensor(np.asarray(ds[i][1])).dtype)
+               != _label_kind(data.label_dtype)), default=None)  # the first in the Dataset's order
     where = f"item {odd}" if odd is not None else f"an item of the batch of step {step}"
     got = torch.as_tensor(np.asarray(ds[odd][1])).dtype if odd is not None else y.dtype
     raise BadInput(f"{data.what}: the {split} Dataset's {where} has a label of dtype "
