@@ -8,7 +8,6 @@ import pytest
 
 from shmlearn.config import TrainConfig, load_yaml, validate
 from shmlearn.errors import BadInput
-from shmlearn.readback import Word
 
 from tests.cli_inproc import run_main
 
@@ -128,6 +127,7 @@ def test_a_sweep_config_value_of_the_wrong_type_is_one_line(tmp_path, monkeypatc
 
 
 def test_a_sweep_config_reads_yaml11_words_by_the_field():
+    from shmlearn.readback import Word
     from shmlearn.sweep_cli import _typed
     fixed = _typed({"deterministic": [Word("on"), Word("off")], "compile": Word("off")}, "--config s.yaml")
     assert fixed == {"deterministic": [True, False], "compile": "off"}
