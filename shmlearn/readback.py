@@ -26,9 +26,8 @@ import os
 import re
 import reprlib
 import stat
+import functools
 from typing import Any, Dict, Iterable, List, Optional, Tuple
-
-import yaml
 
 from shmlearn.errors import BadInput
 
@@ -221,16 +220,25 @@ class Word(str):
         return self.lower() in ("yes", "on")
 
 
-class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.1's yes/no/on/off kept as `Word`s (words=True)."""
+@functools.lru_cache(maxsize=None)
+def _loader(words: bool):
+    """yaml.SafeLoader, or with words a subclass that keeps YAML 1.1's yes/no/on/off as `Word`s.
+    yaml is imported here, not with this module: the CLI's flags read Word, and `--help` needs no
+    YAML parser."""
+    import yaml
 
+    if not words:
+        return yaml.SafeLoader
 
-def _bool_or_word(loader, node):
-    value = loader.construct_scalar(node)
-    return value.lower() == "true" if value.lower() in ("true", "false") else Word(value)
+    class Loader(yaml.SafeLoader):
+        pass
 
+    def bool_or_word(loader, node):
+        value = loader.construct_scalar(node)
+        return value.lower() == "true" if value.lower() in ("true", "false") else Word(value)
 
-_Loader.add_constructor("tag:yaml.org,2002:bool", _bool_or_word)
+    Loader.add_constructor("tag:yaml.org,2002:bool", bool_or_word)
+    return Loader
 
 
 def plain(value: Any) -> Any:
@@ -246,6 +254,7 @@ def plain(value: Any) -> Any:
 
 def _expanded(node, memo: Dict[int, int]) -> int:
     """Nodes the document has once its aliases are expanded (an alias is its anchor's node again)."""
+    import yaml
     key = id(node)
     if key in memo:
         return memo[key]
@@ -263,7 +272,8 @@ def _expanded(node, memo: Dict[int, int]) -> int:
 def parse_yaml(text: str, label: str, *, words: bool = False) -> Any:
     """A YAML document from text: SafeLoader's values (Words kept where words=True), refused in
     one line when it is not YAML or its aliases expand past MAX_YAML_NODES."""
-    loader = (_Loader if words else yaml.SafeLoader)(text)
+    import yaml
+    loader = _loader(words)(text)
     try:
         node = loader.get_single_node()
         if node is None:

@@ -21,6 +21,7 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
 
+from shmlearn import readback
 from shmlearn.config import TrainConfig, save_yaml
 from shmlearn.errors import BadInput
 from shmlearn.metrics import metric_goal
@@ -219,8 +220,9 @@ def _truncate_after(path: str, step: int) -> None:
 
 
 def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A run's JSON-lines file through the one reader (readback.read_jsonl): a line torn by a
+    kill is dropped, anything else malformed (or a missing file) is BadInput naming it."""
+    return readback.read_jsonl(path)
 
 
 # -- summary.json: what one run's training loop (train.py) hands over --------------------------------
