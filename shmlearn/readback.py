@@ -37,8 +37,8 @@ MAX_YAML_NODES = 100_000
 """Nodes a YAML file may expand to through its aliases: a config has a few hundred; an alias
 bomb (each level ten aliases of the one below) billions."""
 MAX_BYTES = 1 << 30
-"""Largest file read whole (1 GiB): a results.jsonl of a million trials is ~2 GB... of which no
-reader here needs more; anything larger is a wrong path, not a result."""
+"""Largest file read whole (1 GiB): a results.jsonl row is a few KB, so this is ~200,000 trials,
+past MAX_TRIALS' 100,000 (sweep_grid.py); a larger file is a wrong path, not a result."""
 SHOWN = 60
 """Characters of a value a message shows."""
 
