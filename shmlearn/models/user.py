@@ -76,11 +76,11 @@ def check_outputs(model: nn.Module, sample: torch.Tensor, spec: DataSpec, what: 
 
 def check_loss(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, what: str,
                loss_what: str) -> None:
-    """The user's loss(outputs, targets) on two training samples (CPU, RNG untouched, no
-    backward): it must return a finite scalar tensor that depends on the model's outputs, the
+    """The user's loss(outputs, targets) on two training samples (CPU, training mode, RNG and
+    buffers untouched, no backward): it must return a finite scalar tensor that depends on the model's outputs, the
     batch's mean loss, or it is BadInput naming the loss (it used to fail in evaluation, blaming
     no one, or to train on a Python float that carries no gradient)."""
-    was_training = model.training
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}  # BatchNorm's running stats stay
     try:
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore")  # a probe: the refusal below says what its warnings would
@@ -90,7 +90,10 @@ def check_loss(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.T
     except Exception as e:  # noqa: BLE001 - the user's loss (or model)
         raise BadInput(f"{loss_what}: on 2 training samples it raised {one_line(e)}{user_frame(e)}") from None
     finally:
-        model.train(was_training)
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
     if not isinstance(out, torch.Tensor):
         raise BadInput(f"{loss_what}: returned a {type(out).__name__}; expected a tensor holding the batch's mean "
                        f"loss, one number that the gradient flows back from")
