@@ -114,14 +114,16 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
 def _typed(values: dict, source: str) -> dict:
     """A sweep's --config values checked against their options' types as train's are
     (flags.Option.coerce), each item of a list (an axis) alone; text is left to parse_values
-    ('16,32', '16:64:16' are lists and ranges in a sweep)."""
+    ('16,32', '16:64:16' are lists and ranges in a sweep), and so is a list or mapping nested in
+    a value (its line says a value may not nest)."""
     known = options()
     out = {}
     for k, v in values.items():
         o = known.get(k)
         items = v if isinstance(v, list) else [v]
         if o is not None:
-            items = [x if isinstance(x, str) and not isinstance(x, Word) else o.coerce(x, source) for x in items]
+            items = [x if (isinstance(x, str) and not isinstance(x, Word)) or isinstance(x, (list, dict))
+                     else o.coerce(x, source) for x in items]
         out[k] = items if isinstance(v, list) else items[0]
     return out
 
