@@ -17,7 +17,7 @@ import io
 import json
 import os
 import pickle
-from typing import Any, Dict, Optional
+from typing import Any, Optional
 
 import torch
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from shmlearn.data.base import Dataset, DataSpec, check_usable
-from shmlearn.data.stream import StreamedData, convert_batch, label_scan, materialize
+from shmlearn.data.stream import StreamedData, label_scan, materialize
 from shmlearn.errors import BadInput
 from shmlearn.refs import call_user
 
