@@ -19,14 +19,13 @@ one, and a free fit of B_crit to the measured steps (what B_simple should have s
 """
 from __future__ import annotations
 
-import json
 import math
 import os
 from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from shmlearn import safe_write
+from shmlearn import readback, safe_write
 from shmlearn.errors import BadInput
 from shmlearn.limits import usable_cores
 from shmlearn.results import ResultStore
@@ -39,22 +38,19 @@ REPO_COMM = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file_
 
 # --- reading runs --------------------------------------------------------------------------------
 
-def _json(path: str, what: str) -> Any:
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{what} {path}: cannot read ({e})") from None
-
-
 def load_run(run_dir: str) -> Optional[Dict[str, Any]]:
     """A run's summary and its smoothed loss curve with the noise scale per logged step; None if
-    it did not complete or has no noise-scale rows (--noise-scale was off)."""
-    s = _json(os.path.join(run_dir, "summary.json"), "advise:")
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return _run(run_dir, s, [[r["step"], r["time_s"], r["loss"], r["noise_scale"]["b_simple"]] for r in rows
-                             if (r.get("noise_scale") or {}).get("b_simple") is not None])
+    it did not complete or has no noise-scale rows (--noise-scale was off). Its files are read
+    through readback: a missing or malformed one is one line naming it."""
+    s = readback.run_summary(run_dir)
+    rows = readback.run_metrics(run_dir)
+    noise = [[r["step"], r["time_s"], r["loss"], r["noise_scale"]["b_simple"]] for r in rows
+             if isinstance(r.get("noise_scale"), dict) and r["noise_scale"].get("b_simple") is not None]
+    for r in noise:
+        if not isinstance(r[3], readback.NUMBER) or isinstance(r[3], bool) or r[2] is None:
+            raise BadInput(f"{os.path.join(run_dir, 'metrics.jsonl')}: step {r[0]}: noise_scale b_simple "
+                           f"{readback.shown(r[3])} or loss {readback.shown(r[2])} is not a number")
+    return _run(run_dir, s, noise)
 
 
 def _run(run_dir: str, s: Dict[str, Any], noise: List[list]) -> Optional[Dict[str, Any]]:
@@ -62,6 +58,10 @@ def _run(run_dir: str, s: Dict[str, Any], noise: List[list]) -> Optional[Dict[st
     metrics.jsonl, or the curves a sweep's winners.json keeps: results.trial_curves)."""
     if s.get("status") != "completed" or not noise or not all(math.isfinite(r[2]) for r in noise):
         return None
+    readback.need(s, {**readback.RESULT, "strategy": str}, os.path.join(run_dir, "summary.json"),
+                  optional={"accumulate": int, "phase_s": (dict, None)})
+    if s["steps"] < 1:
+        raise BadInput(f"{os.path.join(run_dir, 'summary.json')}: a completed run of {s['steps']} steps")
     loss = [r[2] for r in noise]
     smooth = [float(np.mean(loss[max(0, i - SMOOTH + 1):i + 1])) for i in range(len(loss))]
     return {"dir": run_dir, "summary": s, "workers": s["workers"], "batch": s["batch_size"],
@@ -76,7 +76,8 @@ def sweep_runs(path: str, ids: Sequence[str]) -> List[Dict[str, Any]]:
     folder removed, from its results.jsonl row and the noise-scale rows winners.json keeps."""
     rows = {r["id"]: r for r in ResultStore(os.path.join(path, "results.jsonl")).load(repair=False)}
     wpath = os.path.join(path, "winners.json")
-    curves = (_json(wpath, "advise:").get("curves") or {}) if os.path.exists(wpath) else {}
+    kept = readback.read_json(wpath) if os.path.lexists(wpath) else {}
+    curves = readback.need(kept, {}, wpath, optional={"curves": (dict, None)}).get("curves") or {}
     runs = []
     for i in ids:
         d = os.path.join(path, "trials", i)
@@ -194,7 +195,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
            comm: Optional[str] = None, comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
     sweep = os.path.exists(os.path.join(path, "sweep.json"))
     if sweep:
-        spec = _json(os.path.join(path, "sweep.json"), "advise:")
+        spec = readback.sweep_spec(path, missing_ok=False)
         runs, slots = sweep_runs(path, spec["trials"]), spec.get("slots")
     elif os.path.exists(os.path.join(path, "summary.json")):
         runs, slots = [r for r in [load_run(path)] if r is not None], usable_cores()

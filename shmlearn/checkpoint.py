@@ -36,8 +36,8 @@ from typing import Any, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
-from shmlearn import runs, safe_write
-from shmlearn.errors import BadInput, Diverged
+from shmlearn import readback, runs, safe_write
+from shmlearn.errors import BadInput, Diverged, one_line
 
 MAGIC = b"SHMLCKPT"
 _HEADER = struct.Struct(">8s32sQ")
@@ -76,13 +76,12 @@ def write_file(path: str, state: Any, root: Optional[str] = None) -> None:
 
 def read_file(path: str, map_location=None) -> Any:
     """The state in `path`, or CorruptCheckpoint saying what is wrong with it."""
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except FileNotFoundError:
-        raise CorruptCheckpoint(f"{path}: missing") from None
-    except OSError as e:
-        raise CorruptCheckpoint(f"{path}: unreadable ({e.strerror})") from None
+    if not os.path.lexists(path):
+        raise CorruptCheckpoint(f"{path}: missing")
+    try:  # readback: a directory or a FIFO in its place is refused, never opened (a FIFO blocks)
+        raw = readback.read_bytes(path)
+    except BadInput as e:
+        raise CorruptCheckpoint(str(e)) from None
     if len(raw) < _HEADER.size:
         raise CorruptCheckpoint(f"{path}: truncated ({len(raw)} bytes, shorter than the header)")
     magic, digest, n = _HEADER.unpack_from(raw)
@@ -96,9 +95,7 @@ def read_file(path: str, map_location=None) -> Any:
     try:
         return torch.load(io.BytesIO(payload), map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as e:  # torch's refusal: what it would have had to import, or run
-        m = re.search(r"GLOBAL ([\w.]+)", str(e))
-        what = f"it needs {m.group(1)}" if m else "it holds more than tensors and plain values"
-        raise UnsafeCheckpoint(f"{path}: refused: {what}, and loading it could run code "
+        raise UnsafeCheckpoint(f"{path}: refused: {readback.unpickle_refusal(e)}, and loading it could run code "
                                f"(a checkpoint holds only tensors and plain values)") from None
 
 
@@ -154,12 +151,45 @@ def prune(run_dir: str, keep: int = KEEP) -> None:
 def load_rank(run_dir: str, step: int, rank: int, map_location=None) -> Tuple[Optional[Any], Optional[str]]:
     """(state, None) or (None, why it is unusable) for this rank's file of checkpoint `step`.
     Raises UnsafeCheckpoint for a file that would run code: never a fallback, always a refusal."""
+    path = os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt")
     try:
-        return read_file(os.path.join(step_dir(run_dir, step), f"rank{rank}.ckpt"), map_location), None
+        state = read_file(path, map_location)
     except UnsafeCheckpoint:
         raise
     except CorruptCheckpoint as e:
         return None, str(e)
+    why = malformed(state, step, path)
+    return (None, why) if why else (state, None)
+
+
+STATE = {"step": int, "world_size": int, "config": dict, "model": dict, "optimizer": dict, "strategy": dict,
+         "schedule": dict, "rng": {"torch": torch.Tensor, "cuda": (torch.Tensor, None)}, "loop": dict,
+         "noise": (dict, None)}
+"""What a rank's checkpoint holds (run_state writes it), as `malformed` checks it."""
+LOOP = {"step_times": list, "step_losses": list, "evals": list}
+
+
+def malformed(state: Any, step: int, path: str) -> Optional[str]:
+    """Why `state`, read from `path` (the folder of checkpoint `step`), is not a rank's checkpoint
+    of that step; None when it is. The step it holds, and the steps its history covers, must be the
+    folder's: a folder renamed (or copied from another run) would resume a run at a step it never
+    reached and call it complete."""
+    where = f"{path}: malformed"
+    try:
+        readback.need(state, STATE, where)
+        readback.need(state["loop"], LOOP, f"{where}: 'loop'")
+        bad = next((k for k, v in state["model"].items() if not isinstance(v, torch.Tensor)), None)
+        if bad is not None:
+            raise BadInput(f"{where}: 'model' entry {readback.shown(bad)} is not a tensor")
+    except BadInput as e:
+        return str(e)
+    if state["step"] != step:
+        return (f"{path}: holds step {state['step']}, not the folder's {step} (a renamed or copied folder?); "
+                f"it does not belong here")
+    if len(state["loop"]["step_losses"]) != step:
+        return (f"{path}: its history covers {len(state['loop']['step_losses'])} steps, not its step {step}; "
+                f"it does not belong to this run")
+    return None
 
 
 # -- a run's checkpoint: what the training loop (train.py) saves and resumes ---------------------
@@ -178,12 +208,17 @@ def run_state(step: int, world_size: int, fields: dict, *, strategy, optimizer, 
 
 
 def restore(state: dict, *, strategy, optimizer, schedule, device: torch.device) -> dict:
-    """Put a `run_state` back into the strategy, optimizer, schedule and RNGs; the loop's history."""
-    strategy.model.load_state_dict(state["model"])
-    optimizer.load_state_dict(state["optimizer"])
-    strategy.load_state_dict(state["strategy"])
-    schedule.load_state_dict(state["schedule"])
-    torch.set_rng_state(state["rng"]["torch"].cpu())
+    """Put a `run_state` back into the strategy, optimizer, schedule and RNGs; the loop's history.
+    A state that does not fit (shapes, keys: a checkpoint of another model) is BadInput in one line."""
+    try:
+        strategy.model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        strategy.load_state_dict(state["strategy"])
+        schedule.load_state_dict(state["schedule"])
+        torch.set_rng_state(state["rng"]["torch"].cpu())
+    except (RuntimeError, KeyError, ValueError, TypeError, IndexError) as e:
+        raise BadInput(f"--resume: the checkpoint of step {state['step']} does not fit this run's model or "
+                       f"optimizer ({one_line(e)})") from None
     if state["rng"]["cuda"] is not None and device.type == "cuda":
         torch.cuda.set_rng_state(state["rng"]["cuda"].cpu())
     return state["loop"]

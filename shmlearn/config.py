@@ -12,19 +12,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 from dataclasses import dataclass, field, fields
-from typing import Any, Dict, Literal, Optional
+from typing import Any, Dict, Literal, Optional, Union
 
 import yaml
 
-from shmlearn import recipe, tblog
+from shmlearn import readback, recipe, tblog
 from shmlearn.data import DATASETS
 from shmlearn.data.augment import Augment
 from shmlearn.data.user import LOADERS, TASKS
 from shmlearn.errors import BadInput, count
 from shmlearn.flags import Option, options_of
-from shmlearn.limits import MAX_STEPS, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
+from shmlearn.limits import MAX_STEPS, number as _number, whole as _whole  # noqa: F401 - MAX_STEPS is part of config's API
 from shmlearn.models import MODELS
 from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
 from shmlearn.nn.conv_pool import MODES as CONV_POOL
@@ -112,14 +111,14 @@ class TrainFields:
     pkg.module:NAME: an Optimizer class (called with the model's parameters) or a callable called
     with the model (for parameter groups) returning an Optimizer. A class or your own has no
     built-in schedule: its learning rate is its own unless --scheduler is given."""
-    optimizer_args: Optional[str] = None
+    optimizer_args: Optional[Union[str, Dict[str, Any]]] = None
     """Keyword arguments of a torch.optim class or your own --optimizer: 'lr=1.0,rho=0.9'
     (values read as YAML: numbers, true/false, [0.9, 0.999])."""
     scheduler: Optional[str] = None
     """A torch.optim.lr_scheduler class by name (StepLR, CosineAnnealingLR, ...) with
     --scheduler-args, or your own as FILE.py:NAME or pkg.module:NAME, called with the optimizer.
     Replaces --lr-schedule."""
-    scheduler_args: Optional[str] = None
+    scheduler_args: Optional[Union[str, Dict[str, Any]]] = None
     """Keyword arguments of --scheduler: 'step_size=1,gamma=0.7'."""
     scheduler_interval: Literal[INTERVALS] = "epoch"
     """When --scheduler steps: epoch (after every pass over the training set: training samples //
@@ -289,7 +288,7 @@ class TrainFields:
     timeout: float = 300.0
     """Seconds a collective may wait, or a lone worker stay inside one step, before the run is
     brought down naming the rank."""
-    checkpoint_every: Optional[str] = None
+    checkpoint_every: Optional[Union[int, str]] = None
     """Checkpoint every N steps ("200") or every N seconds of training ("30s"); also at the end."""
     resume: bool = False
     """Continue the run in --out from its newest good checkpoint (start fresh if it has none)."""
@@ -403,11 +402,13 @@ class TrainConfig(TrainFields):
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any], *, source: str = "config") -> "TrainConfig":
+        """d's values checked against their options' declared types, and read as meant
+        (flags.Option.coerce): a wrong type is one line naming `source`, the key and the type."""
         known = options()
         for k in d:
             if k.replace("-", "_") not in known:
-                raise BadInput(f"{source}: unknown key '{k}'; known keys: {', '.join(sorted(known))}")
-        return cls(**{k.replace("-", "_"): v for k, v in d.items()})
+                raise BadInput(f"{source}: unknown key {readback.shown(k)}; known keys: {', '.join(sorted(known))}")
+        return cls(**{k.replace("-", "_"): known[k.replace("-", "_")].coerce(v, source) for k, v in d.items()})
 
 
 @functools.lru_cache(maxsize=None)
@@ -443,27 +444,9 @@ def options() -> Dict[str, Option]:
 
 
 def load_yaml(path: str) -> Dict[str, Any]:
-    """Read a --config file into a dict of TrainConfig fields (not yet validated)."""
-    if not os.path.isfile(path):
-        raise BadInput(f"--config {path}: no such file")
-    try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as e:
-        raise BadInput(f"--config {path}: unreadable ({e.strerror})") from None
-    try:
-        # Decoded here, not by open()'s locale default: a binary file is a line, not a traceback.
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        raise BadInput(f"--config {path}: not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start}); "
-                       f"expected a YAML file of flag names and values") from None
-    try:
-        d = yaml.safe_load(text) or {}
-    except yaml.YAMLError as e:
-        raise BadInput(f"--config {path}: not valid YAML ({str(e).splitlines()[0]})") from None
-    if not isinstance(d, dict) or not all(isinstance(k, str) for k in d):
-        raise BadInput(f"--config {path}: expected a mapping of flag names to values")
-    return d
+    """Read a --config file into a dict of TrainConfig fields (not yet validated; YAML 1.1's
+    yes/no/on/off kept as readback.Words, which TrainConfig.from_dict reads by each field's type)."""
+    return readback.read_yaml(path, what="--config", words=True)
 
 
 def save_yaml(cfg: TrainConfig, path: str) -> None:
@@ -491,25 +474,11 @@ TIMEOUT_RANGE = (1.0, 1e6)
 (11.6 days) is past any wait worth having, and datetime.timedelta holds it."""
 
 
-def _number(name: str, value, lo: float, hi: Optional[float] = None, *, lo_open: bool = False,
-            hi_open: bool = False, unit: str = "") -> None:
-    """A finite int or float from lo to hi (None: no bound but finiteness); None passes (the
-    field's default)."""
-    if value is None:
-        return
-    try:
-        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-              and (lo < value if lo_open else lo <= value) and (hi is None or (value < hi if hi_open else value <= hi)))
-    except OverflowError:  # an int too large for a float
-        ok = False
-    if not ok:
-        low = f"{'>' if lo_open else '>='} {lo:g}"
-        high = "" if hi is None else f" and {'<' if hi_open else '<='} {hi:g}"
-        raise BadInput(f"--{name} {value}: expected a finite number {low}{high}{unit}")
-
-
 def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked without the data. Raises BadInput with one line."""
+    for name, option in options().items():  # every value of its declared type (from Python too)
+        if name in _FIELDS or name in cfg.strategy_options:
+            option.coerce(getattr(cfg, name), strict=True)
     if cfg.model not in MODELS and not is_ref(cfg.model):
         raise BadInput(f"--model {cfg.model}: unknown model; choose one of {', '.join(MODELS)}, "
                        f"or your own as FILE.py:NAME or pkg.module:NAME")

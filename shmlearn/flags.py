@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import datetime
 import functools
 import hashlib
 import inspect
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from shmlearn.errors import BadInput
+from shmlearn.readback import Word, kind, shown
 
 
 @functools.lru_cache(maxsize=None)
@@ -108,6 +110,94 @@ class Option:
         if self.choices is None or value in self.choices or (value is None and optional):
             return
         raise BadInput(choice_error(self.flag, value, self.choices))
+
+    def coerce(self, value: Any, source: str = "", *, strict: bool = False) -> Any:
+        """value as this option's declared type takes it, or BadInput in one line naming the
+        source (a file), the option, the value and the type expected. What a YAML file means is
+        read as meant (docs/reliability.md, "Reading back"): YAML 1.1's unquoted yes/no/on/off
+        (a readback.Word) are true/false for a bool, the word itself where it is one of a
+        Literal's choices (`compile: off`), and refused saying why elsewhere; a quoted "yes" or
+        "off" for a bool is that bool; a number YAML 1.1 left as text (1e-3) is that number.
+        strict: none of that (a value from Python must already be of the type)."""
+        hint = self.type
+        if isinstance(value, Word):
+            if accepts(hint, value.truth) and not accepts(hint, str(value)):
+                return value.truth
+            if self.choices is not None and str(value) in self.choices:
+                return str(value)
+            quote = f"; quote it ({self.name}: \"{value}\")" if accepts(hint, "x") else ""
+            raise BadInput(f"{_at(source, self.name)} {value}: YAML 1.1 reads the unquoted word {value} as the "
+                           f"boolean {str(value.truth).lower()}; expected {describe(hint)}{quote}")
+        elif isinstance(value, str) and not accepts(hint, value) and not strict:
+            if accepts(hint, True) and value.strip().lower() in BOOL_WORDS:
+                return BOOL_WORDS[value.strip().lower()]
+            if accepts(hint, 0.5):
+                try:
+                    return float(value)  # a non-finite one is validate's to refuse, naming its range
+                except ValueError:
+                    pass
+        if accepts(hint, value) or (self.choices is not None and type(value) is str):
+            return value  # a string outside a Literal's choices: `check`'s line names them
+        said, why = f"{shown(value)} is {kind(value)}", ""
+        if isinstance(value, (datetime.date, datetime.datetime)) and accepts(hint, "x"):
+            said, why = f"{value} is a date", " (YAML reads an unquoted date as one: quote it)"
+        elif isinstance(value, bool) and accepts(hint, "x"):
+            said, why = f"{str(value).lower()} is a boolean", " (YAML reads an unquoted true/false as one: quote it)"
+        raise BadInput(f"{_at(source, self.name)} {said}; expected {describe(hint)}{why}")
+
+
+BOOL_WORDS = {"true": True, "false": False, "yes": True, "no": False, "on": True, "off": False}
+"""A bool's words, as YAML 1.1 reads them unquoted: quoted, they mean the same to a bool field."""
+
+
+def _at(source: str, name: str) -> str:
+    """'--config FILE: out' (a file's key) or '--out' (a flag, or a value from Python)."""
+    return f"{source}: {name}" if source else "--" + name.replace("_", "-")
+
+
+def accepts(hint, value: Any) -> bool:
+    """Whether `value` is of the resolved annotation `hint`: Any, Optional/Union, Literal, bool,
+    int (not a bool), float (an int or float, not a bool, NaN included: ranges are validate's),
+    str, Dict/dict, List/Tuple. A Word is not a str here: it must be read first (Option.coerce)."""
+    origin = typing.get_origin(hint)
+    if hint is Any:
+        return True
+    if hint is type(None) or hint is None:
+        return value is None
+    if origin is typing.Union:
+        return any(accepts(a, value) for a in typing.get_args(hint))
+    if origin is typing.Literal:
+        return any(type(value) is type(c) and value == c for c in typing.get_args(hint))
+    if hint is bool:
+        return type(value) is bool
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str) and not isinstance(value, Word)
+    if origin is dict or hint is dict:
+        return isinstance(value, dict)
+    if origin in (list, tuple) or hint in (list, tuple):
+        return isinstance(value, (list, tuple))
+    return isinstance(hint, type) and isinstance(value, hint)
+
+
+def describe(hint) -> str:
+    """A type as a message says it: 'a string', 'a whole number or null', 'one of on, off'."""
+    origin = typing.get_origin(hint)
+    if origin is typing.Union:
+        parts = [describe(a) for a in typing.get_args(hint) if a is not type(None)]
+        null = type(None) in typing.get_args(hint)
+        return " or ".join(parts) + (" or null" if null else "")
+    if origin is typing.Literal:
+        return "one of " + ", ".join(map(str, typing.get_args(hint)))
+    names = {bool: "true or false", int: "a whole number", float: "a number", str: "a string"}
+    if hint in names:
+        return names[hint]
+    if origin is dict or hint is dict:
+        return "a mapping"
+    return "a list" if origin in (list, tuple) else getattr(hint, "__name__", str(hint))
 
 
 def help_group(parser, option: Option, made: Dict[tuple, Any]):

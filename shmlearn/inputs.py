@@ -18,7 +18,7 @@ from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows_slice, t
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
 from shmlearn.models import build_model
-from shmlearn.models.user import check_compute_loss, check_outputs, user_model
+from shmlearn.models.user import check_compute_loss, check_loss, check_outputs, user_model
 from shmlearn.nn import FoldedLinear
 from shmlearn.parts import Parts, resolve_ref
 from shmlearn.refs import is_ref
@@ -104,10 +104,11 @@ def preload_data(slot: int, datasets: list, cuda: bool) -> None:
         cached_dataset(name, data_dir, seed, device)
 
 
-def run_model(cfg: TrainConfig, parts: Parts, data, compute_loss=None):
+def run_model(cfg: TrainConfig, parts: Parts, data, compute_loss=None, loss=None):
     """(model, metric names): the config's model by name, or the user's, checked once on two
     training samples: its outputs' shape, or with compute_loss, that the function gives a finite
-    scalar loss (and which metrics it reports)."""
+    scalar loss (and which metrics it reports); with the user's loss(outputs, targets), that it
+    gives one (models.user.check_loss)."""
     if parts.model is None and not is_ref(cfg.model):
         model = build_model(cfg.model, data.spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
         what = f"--model {cfg.model}"
@@ -121,6 +122,9 @@ def run_model(cfg: TrainConfig, parts: Parts, data, compute_loss=None):
         names = check_compute_loss(model, compute_loss, two_batch(data), what, fn)
     elif parts.model is not None or is_ref(cfg.model):
         check_outputs(model, two_samples(data), data.spec, what)
+    if loss is not None and compute_loss is None:
+        x, y = two_batch(data)
+        check_loss(model, loss, x, y, what, "loss=" if parts.loss is not None else f"--loss {cfg.loss}")
     return model, names
 
 

@@ -3,6 +3,7 @@ that the strategies need not import config (config imports the strategy registry
 machine's available memory, which the launcher and async-ps's server plan by."""
 from __future__ import annotations
 
+import math
 import os
 from typing import Optional
 
@@ -18,6 +19,23 @@ def whole(name: str, value, lo: int, hi: Optional[int] = None) -> None:
                               or (hi is not None and value > hi)):
         raise BadInput(f"--{name} {value}: expected a whole number "
                        + (f">= {lo:,}" if hi is None else f"from {lo:,} to {hi:,}"))
+
+
+def number(name: str, value, lo: float, hi: Optional[float] = None, *, lo_open: bool = False,
+            hi_open: bool = False, unit: str = "") -> None:
+    """A finite int or float from lo to hi (None: no bound but finiteness); None passes (the
+    field's default)."""
+    if value is None:
+        return
+    try:
+        ok = (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+              and (lo < value if lo_open else lo <= value) and (hi is None or (value < hi if hi_open else value <= hi)))
+    except OverflowError:  # an int too large for a float
+        ok = False
+    if not ok:
+        low = f"{'>' if lo_open else '>='} {lo:g}"
+        high = "" if hi is None else f" and {'<' if hi_open else '<='} {hi:g}"
+        raise BadInput(f"--{name} {value}: expected a finite number {low}{high}{unit}")
 
 
 def mem_available() -> Optional[int]:

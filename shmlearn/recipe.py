@@ -34,6 +34,7 @@ refused in one line (parts.resolve_ref).
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable, Dict, Optional
 
 import torch
@@ -52,8 +53,15 @@ def parse_args(text: Optional[str], flag: str) -> Dict[str, Any]:
     booleans, lists; anything else a string). Commas inside brackets belong to the value."""
     if text is None or str(text).strip() == "":
         return {}
-    if isinstance(text, dict):  # a config.yaml may hold a mapping
-        return dict(text)
+    out: Dict[str, Any] = dict(text) if isinstance(text, dict) else _pairs(str(text), flag)  # a config.yaml may hold a mapping
+    for key, v in out.items():  # nan or inf is never a learning rate, a decay or a step
+        for x in (v if isinstance(v, (tuple, list)) else (v,)):
+            if isinstance(x, float) and not math.isfinite(x):
+                raise BadInput(f"{flag} {text}: {key}={x}; expected finite numbers")
+    return out
+
+
+def _pairs(text: str, flag: str) -> Dict[str, Any]:
     items, depth, cur = [], 0, ""
     for ch in str(text):
         depth += (ch in "[(") - (ch in "])")
@@ -76,7 +84,7 @@ def parse_args(text: Optional[str], flag: str) -> Dict[str, Any]:
             v = value.strip()
         if isinstance(v, str):  # YAML 1.1 reads 1e-3 (no dot) as text; Python writes 1e-05 so
             try:
-                v = float(v) if v.strip().lower() not in ("nan", "inf", "-inf", "+inf", "infinity") else v
+                v = float(v)
             except ValueError:
                 pass
         out[key] = tuple(v) if isinstance(v, list) else v
@@ -167,7 +175,30 @@ def check_refs(cfg, parts) -> None:
         opt = _construct(torch_class(cfg.optimizer, "optimizer"), probe, cfg.optimizer_args, "--optimizer")
     if parts.scheduler is None and cfg.scheduler is not None and not is_ref(cfg.scheduler):
         opt = opt or torch.optim.SGD(probe, lr=0.1)
-        _construct(torch_class(cfg.scheduler, "scheduler"), opt, cfg.scheduler_args, "--scheduler")
+        sched = _construct(torch_class(cfg.scheduler, "scheduler"), opt, cfg.scheduler_args, "--scheduler")
+        probe_scheduler(sched, opt, f"--scheduler {cfg.scheduler}" + (
+            f" --scheduler-args {cfg.scheduler_args}" if cfg.scheduler_args else ""))
+
+
+PROBE_STEPS = 3
+"""Steps a torch scheduler is stepped on a dummy optimizer before any process starts: StepLR's
+step_size=0 divides by zero at its first step, not when it is built."""
+
+
+def probe_scheduler(sched, opt, what: str) -> None:
+    """Step `sched` PROBE_STEPS times (ReduceLROnPlateau with a loss): an exception, or a learning
+    rate that is not a finite number >= 0, is BadInput naming the scheduler and its arguments."""
+    plateau = isinstance(sched, torch.optim.lr_scheduler.ReduceLROnPlateau)
+    try:
+        for _ in range(PROBE_STEPS):
+            opt.step()
+            sched.step(1.0) if plateau else sched.step()
+    except Exception as e:  # noqa: BLE001 - torch's own arithmetic on the user's arguments
+        raise BadInput(f"{what}: stepping it raised {one_line(e)}") from None
+    lrs = [g["lr"] for g in opt.param_groups]
+    bad = next((lr for lr in lrs if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr >= 0)), None)
+    if bad is not None:
+        raise BadInput(f"{what}: after {PROBE_STEPS} steps the learning rate is {bad}; expected a finite number >= 0")
 
 
 def _construct(cls, first, args: Optional[str], flag: str):

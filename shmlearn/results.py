@@ -8,7 +8,7 @@ import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from shmlearn import jsonl, safe_write, winners
+from shmlearn import jsonl, readback, safe_write, winners
 from shmlearn.errors import BadInput, count
 from shmlearn.winners import best_bounds, time_to_accuracy  # noqa: F401 - re-exported
 
@@ -29,10 +29,9 @@ class ResultStore:
         self.notes: List[str] = []
 
     def load(self, *, repair: bool = True) -> List[Dict[str, Any]]:
-        if not os.path.exists(self.path):
+        if not os.path.lexists(self.path):
             return []
-        with open(self.path, "rb") as f:
-            data = f.read()
+        data = readback.read_bytes(self.path)  # a directory, a FIFO: one line naming it
         lines = data.split(b"\n")
         tail = lines.pop()  # b"" when the file ends with a newline
         rows, ids = [], set()
@@ -60,14 +59,12 @@ class ResultStore:
         return unique
 
     def _parse(self, line: bytes, lineno: int) -> Dict[str, Any]:
+        """One row, checked as every reader of it needs it (readback.result_row)."""
         try:
             row = json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise BadInput(f"{self.path} line {lineno}: not valid JSON ({e}); fix or remove that line") from None
-        if not isinstance(row, dict) or not {"id", "status", "config", "summary"} <= row.keys():
-            raise BadInput(f"{self.path} line {lineno}: not a sweep result (needs id, status, config, "
-                           f"summary); fix or remove that line")
-        return row
+        return readback.result_row(row, f"{self.path} line {lineno} (a sweep result; fix or remove the line)")
 
     def append(self, row: Dict[str, Any]) -> None:
         # One write of one line, then fsync: a kill leaves the line whole or (rarely) cut off; a
@@ -230,18 +227,6 @@ CURVE_POINTS = 400
 report's lines look the same and winners.json stays small, so the trial folders need not be kept."""
 
 
-def jsonl_until_cut(path: str) -> List[Dict[str, Any]]:
-    rows = []
-    if os.path.exists(path):
-        with open(path) as f:
-            for line in f:
-                try:
-                    rows.append(json.loads(line))
-                except json.JSONDecodeError:
-                    break  # a line cut off by a kill ends the curve
-    return rows
-
-
 def _thin(points: List[list], n: int = CURVE_POINTS) -> List[list]:
     """At most n (+2) points, evenly spaced by index, keeping the first, last and the least loss."""
     if len(points) <= n:
@@ -255,7 +240,7 @@ def trial_curves(run_dir: str, *, winner: bool) -> Dict[str, List[list]]:
     """From a run directory: 'noise' [[step, time_s, loss, b_simple]] where --noise-scale logged
     (advise reads every trial's, unthinned: it smooths consecutive rows); for a winner also 'loss'
     [[step, time_s, loss]] (thinned) and 'eval' [[time_s, test_accuracy, test_loss]]."""
-    metrics = jsonl_until_cut(os.path.join(run_dir, "metrics.jsonl"))
+    metrics = readback.run_metrics(run_dir, missing_ok=True)
     out: Dict[str, List[list]] = {}
     noise = [[m["step"], m["time_s"], m["loss"], m["noise_scale"]["b_simple"]] for m in metrics
              if (m.get("noise_scale") or {}).get("b_simple") is not None]
@@ -264,7 +249,7 @@ def trial_curves(run_dir: str, *, winner: bool) -> Dict[str, List[list]]:
     if winner:
         out["loss"] = _thin([[m["step"], m["time_s"], m["loss"]] for m in metrics])
         out["eval"] = [[e["time_s"], e.get("test_accuracy"), e.get("test_loss")]
-                       for e in jsonl_until_cut(os.path.join(run_dir, "eval.jsonl"))]
+                       for e in readback.run_evals(run_dir)]
     return out
 
 
@@ -297,8 +282,7 @@ def keep_curves(sweep_dir: str, *, source: Optional[str] = None) -> Dict[str, An
     whose results.jsonl and trial folders to read, if not sweep_dir (a slimmed copy's original).
     Returns the new winners."""
     path = os.path.join(sweep_dir, "winners.json")
-    with open(path) as f:
-        w = json.load(f)
+    w = readback.need(readback.read_json(path), {"by_workers": dict}, path)
     kept = w.pop("curves", None) or {}
     src = source or sweep_dir
     w = add_curves(w, ResultStore(os.path.join(src, "results.jsonl")).load(repair=False), src)

@@ -25,7 +25,7 @@ from typing import Any, Dict, Iterator, List, Optional
 
 import yaml
 
-from shmlearn import safe_write
+from shmlearn import readback, safe_write
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.metrics import metric_goal
@@ -277,8 +277,9 @@ def _truncate_after(path: str, step: int, root: str) -> None:
 
 
 def read_jsonl(path: str) -> List[Dict[str, Any]]:
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+    """A run's JSON-lines file through the one reader (readback.read_jsonl): a line torn by a
+    kill is dropped, anything else malformed (or a missing file) is BadInput naming it."""
+    return readback.read_jsonl(path)
 
 
 # -- summary.json: what one run's training loop (train.py) hands over --------------------------------

@@ -78,6 +78,7 @@ import numpy as np
 from shmlearn.bench.common import parse_int_list, try_pyplot
 from shmlearn import safe_write
 from shmlearn.errors import BadInput
+from shmlearn.limits import number, whole
 from shmlearn.simulate_comm import (FORMS, Fit, Network, Wake, best_form, fit_alpha_beta,  # noqa: F401
                                     fit_comm, steps_and_bytes)
 from shmlearn.simulate_compute import (DATASET_SHAPES, Compute, _read_json, load_compute,  # noqa: F401
@@ -163,6 +164,11 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
              allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None,
              comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
     """Fit, predict, validate: the JSON document the CLI writes."""
+    number("net-bw", net_bw, 0, lo_open=True, unit=" GB/s")  # 0 would divide by zero, nan predicts nan
+    number("net-latency-us", net_latency_us, 0, unit=" us")
+    number("slots", slots, 0, lo_open=True, unit=" (compute units the workers share)")
+    whole("batch", batch, 1)
+    whole("avg-period", avg_period, 1)
     comp = load_compute(compute, batch)
     all_fits, wake = {}, None
     if net_bw is not None:

@@ -5,11 +5,11 @@ What the parts are and how P processes sharing cores slow them: shmlearn/simulat
 """
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
+from shmlearn import readback
 from shmlearn.data.base import DataSpec
 from shmlearn.errors import BadInput
 from shmlearn.models import build_model
@@ -99,13 +99,10 @@ def throughput_compute(doc: Dict[str, Any], batch: Optional[int], source: str) -
 
 
 def _read_json(flag: str, path: str) -> Dict[str, Any]:
-    """A flag's JSON file (or a run directory's summary.json), or BadInput naming the flag."""
+    """A flag's JSON object (or a run directory's summary.json), or BadInput naming the flag and
+    the file (readback.read_json)."""
     f = os.path.join(path, "summary.json") if os.path.isdir(path) else path
-    try:
-        with open(f) as fh:
-            return json.load(fh)
-    except (OSError, ValueError) as e:
-        raise BadInput(f"{flag} {path}: cannot read a JSON file ({e})") from None
+    return readback.read_json(f, dict, what=flag)
 
 
 def load_compute(path: str, batch: Optional[int] = None) -> Compute:

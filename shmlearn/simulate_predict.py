@@ -10,6 +10,7 @@ import os
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from shmlearn import readback
 from shmlearn.errors import BadInput
 from shmlearn.fast import DEFAULT_CHECK_EVERY
 from shmlearn.simulate_comm import Network, Wake
@@ -152,10 +153,8 @@ def _strategy_of(s: Dict[str, Any], run_dir: Optional[str]) -> Tuple[str, Any]:
         params = entry.params_of(recorded)
     else:
         values = {}
-        if run_dir and os.path.exists(os.path.join(run_dir, "config.yaml")):
-            import yaml
-            with open(os.path.join(run_dir, "config.yaml")) as f:
-                values = yaml.safe_load(f) or {}
+        if run_dir:
+            values = readback.run_config(run_dir, missing_ok=True)
         values.update(s)
         servers = s.get("processes", s["workers"]) - s["workers"]
         params = registry.with_servers(entry, entry.params_from(values), servers)
@@ -171,10 +170,14 @@ def load_measured(paths: Iterable[str]) -> List[Dict[str, Any]]:
             runs = [_bench_row(r, d) for r in d["results"]
                     if r["workers"] > 1 and _variant_strategy(r["variant"]) in _bench_strategies()]
         else:
-            runs = d["runs"] if "runs" in d else [d]
-        for s in runs:
-            if s.get("status", "completed") != "completed" or not s.get("steps"):
+            runs = readback.need(d, {"runs": list}, f"--measured {p}")["runs"] if "runs" in d else [d]
+        for i, s in enumerate(runs):
+            if not isinstance(s, dict) or s.get("status", "completed") != "completed" or not s.get("steps"):
+                readback.need(s, {}, f"--measured {p} run {i + 1}")  # an object, or one line
                 continue
+            if "step_s" not in s:  # a run's summary: what the prediction reads from it
+                readback.need(s, {"workers": int, "batch_size": int, "steps": int, "wall_time_s": readback.NUMBER},
+                              f"--measured {p}" + (f" run {i + 1}" if "runs" in d else ""))
             # The loop the run used: a run records it since the fast step exists (older runs were
             # classic: 1); a bench throughput row records only its mode (None: the Machine's).
             ce = s.get("check_every", (s.get("summary") or {}).get("check_every"))

@@ -55,6 +55,7 @@ from optuna.trial import TrialState
 
 from shmlearn import safe_write
 from shmlearn.config import TrainConfig
+from shmlearn import readback
 from shmlearn.errors import BadInput, count
 from shmlearn.pruning import bound_key, post_bound
 from shmlearn import winners
@@ -248,7 +249,7 @@ class StudySweep(TrialRunner):
             evals = [e for e in read_jsonl(os.path.join(run_dir, "eval.jsonl")) if e.get("samples")]
             metrics = (read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
                        if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
-        except (OSError, ValueError):
+        except (OSError, ValueError, BadInput):
             return  # not written yet, or a line being written
         seen = len(evals)
         for k in range(o.evals_seen, len(evals)):
@@ -389,12 +390,8 @@ def _refuse_another_sweeps(out: str, results: str, sc: SweepConfig) -> None:
     spec_path = os.path.join(out, "sweep.json")
     if not os.path.exists(results) or not os.path.exists(spec_path):
         return
-    try:
-        with open(spec_path) as f:
-            spec = json.load(f)
-    except (OSError, ValueError):
-        return
-    n = sum(1 for line in open(results, "rb") if line.strip())
+    spec = readback.sweep_spec(out)  # malformed: one line naming it, never a guess that it is ours
+    n = sum(1 for line in readback.read_bytes(results).split(b"\n") if line.strip())
     if "storage" not in spec:
         raise BadInput(f"--out {out}: holds a sweep without --storage ({count(n, 'result')} in "
                        f"results.jsonl), which this study would replace; give the study another --out")

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 
 from shmlearn.config import load_yaml, options
 from shmlearn.errors import BadInput
 from shmlearn.flags import field_docs, help_group
+from shmlearn.readback import Word
 from shmlearn.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
 from shmlearn.sweep_grid import GOALS, check_winner
 
@@ -84,13 +86,18 @@ def register(sub) -> None:
 
 def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
-    values = {k.replace("-", "_"): v for k, v in values.items()}
+    values = _typed({k.replace("-", "_"): v for k, v in values.items()}, f"--config {ns.config}")
     for k in NOT_SWEPT:
         if k in values:
             raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
     values.update({k: v for k, v in vars(ns).items()
                    if k not in ("command", "config", "func") and not k.startswith("sweep_")})
     fixed, axes = split_axes(values)
+    if not math.isfinite(ns.sweep_threshold):
+        raise BadInput(f"--threshold {ns.sweep_threshold}: expected a finite number (a minimum training loss)")
+    for flag, v in (("--parallel", ns.sweep_parallel), ("--slots", ns.sweep_slots)):
+        if v is not None and v < 1:
+            raise BadInput(f"{flag} {v}: expected a whole number >= 1")
     if ns.sweep_target_accuracy is not None and not 0 < ns.sweep_target_accuracy <= 1:
         raise BadInput(f"--target-accuracy {ns.sweep_target_accuracy}: expected a fraction in (0, 1]")
     def name(k, default):
@@ -104,6 +111,23 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
                        prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
                        search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,
                        search_seed=ns.sweep_search_seed, stale_after=ns.sweep_stale_after)
+
+
+def _typed(values: dict, source: str) -> dict:
+    """A sweep's --config values checked against their options' types as train's are
+    (flags.Option.coerce), each item of a list (an axis) alone; text is left to parse_values
+    ('16,32', '16:64:16' are lists and ranges in a sweep), and so is a list or mapping nested in
+    a value (its line says a value may not nest)."""
+    known = options()
+    out = {}
+    for k, v in values.items():
+        o = known.get(k)
+        items = v if isinstance(v, list) else [v]
+        if o is not None:
+            items = [x if (isinstance(x, str) and not isinstance(x, Word)) or isinstance(x, (list, dict))
+                     else o.coerce(x, source) for x in items]
+        out[k] = items if isinstance(v, list) else items[0]
+    return out
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from shmlearn.config import TrainConfig, options, validate
 from shmlearn.errors import BadInput, count
+from shmlearn.flags import BOOL_WORDS
 from shmlearn.results import AXIS_ORDER
 from shmlearn.winners import TIME_AXES
 
@@ -155,9 +156,9 @@ def parse_values(name: str, raw: Any) -> List[Any]:
             if part.lower() in ("none", "null"):
                 values.append(None)
             elif kind is bool:
-                if part.lower() not in ("true", "false", "1", "0", "yes", "no"):
+                if part.lower() not in ("1", "0", *BOOL_WORDS):
                     raise BadInput(f"--{name.replace('_', '-')} {part}: expected true or false")
-                values.append(part.lower() in ("true", "1", "yes"))
+                values.append(part.lower() == "1" or BOOL_WORDS.get(part.lower(), False))
             elif kind in (int, float) and ":" in part:
                 values.extend(_range(name, part, kind))
             elif kind in (int, float):

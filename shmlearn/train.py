@@ -217,7 +217,7 @@ def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int,
         raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
                        f"the learning rate would never reach --lr")
     torch.manual_seed(cfg.seed)
-    model, metric_names = run_model(cfg, parts, data, compute_loss)
+    model, metric_names = run_model(cfg, parts, data, compute_loss, user_loss)
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout

@@ -22,7 +22,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
-from shmlearn import jsonl, safe_write, winners
+from shmlearn import jsonl, readback, safe_write, winners
 from shmlearn.config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch import detect_env
@@ -256,17 +256,16 @@ class TrialRunner(abc.ABC):
     def record(self, cfg: TrainConfig, tid: str, run_dir: str, elapsed: Optional[float], *,
                adopted: bool = False, group_s: Optional[float] = None) -> bool:
         """Append the result line of a finished trial; False if `run_dir` holds no finished run."""
-        try:
-            with open(os.path.join(run_dir, "summary.json")) as f:
-                summary = json.load(f)
-        except (OSError, json.JSONDecodeError):
+        try:  # a folder whose summary is missing or malformed holds no finished run: the trial runs again
+            summary = readback.run_summary(run_dir)
+        except BadInput:
             return False
         if summary.get("status") not in ("completed", "diverged", "pruned"):
             return False
         _fix_out(run_dir)
         try:
             evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
-        except (OSError, json.JSONDecodeError):
+        except (OSError, json.JSONDecodeError, BadInput):
             evals = []
         if adopted:  # the times its own sweep measured (none from before they were kept)
             try:

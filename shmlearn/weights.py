@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import io
 import json
 import os
-from typing import Any, Dict, Optional
+import pickle
+from typing import Any, Optional
 
 import torch
 
-from shmlearn import safe_write
-from shmlearn.config import TrainConfig, load_yaml
+from shmlearn import readback, safe_write
+from shmlearn.config import TrainConfig
 from shmlearn.data.base import DataSpec
-from shmlearn.errors import BadInput
+from shmlearn.errors import BadInput, one_line
 from shmlearn.models import build_model
 from shmlearn.models.user import user_model
 from shmlearn.nn import FoldedLinear
@@ -64,23 +66,44 @@ def read(run_dir: str, stem: str = "model"):
     naming the folder if none."""
     names = [n.replace("model.", f"{stem}.", 1) for n in (SAFETENSORS, TORCH)]
     st, pt = (os.path.join(run_dir, n) for n in names)
-    if os.path.isfile(st):
+    if os.path.lexists(st):
         if not _has_safetensors():
             raise BadInput(f"{run_dir}: its weights are {names[0]}; install safetensors to read them")
-        from safetensors import safe_open  # deferred: an optional package
-        with safe_open(st, framework="pt") as f:
-            state = {k: f.get_tensor(k) for k in f.keys()}
-            spec = json.loads(f.metadata()["data_spec"])
-    elif os.path.isfile(pt):
-        blob = torch.load(pt, map_location="cpu", weights_only=True)
-        state, spec = blob["state_dict"], blob["data_spec"]
+        from safetensors.torch import load  # deferred: an optional package
+        raw = readback.read_bytes(st)  # not a file (a FIFO, a folder): one line, never a blocked open
+        try:
+            state = load(raw)
+            n = int.from_bytes(raw[:8], "little")  # the format: 8 bytes of header length, a JSON header
+            meta = json.loads(raw[8:8 + n]).get("__metadata__") or {}
+            spec = json.loads(meta["data_spec"])
+        except Exception as e:  # noqa: BLE001 - safetensors' own errors name no file
+            raise BadInput(f"{st}: not shmlearn's weights ({one_line(e)})") from None
+        path = st
+    elif os.path.lexists(pt):
+        raw = readback.read_bytes(pt)
+        try:
+            blob = torch.load(io.BytesIO(raw), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:  # torch's refusal: the file would run code when loaded
+            raise BadInput(f"{pt}: refused: {readback.unpickle_refusal(e)}, and loading it could run code "
+                           f"(a weights file holds only tensors and plain values)") from None
+        except Exception as e:  # noqa: BLE001 - not a torch.save file at all
+            raise BadInput(f"{pt}: not shmlearn's weights ({one_line(e)})") from None
+        readback.need(blob, {"state_dict": dict, "data_spec": dict}, pt)
+        state, spec, path = blob["state_dict"], blob["data_spec"], pt
     elif stem != "model":
         raise BadInput(f"{run_dir}: no {names[0]} or {names[1]} (the run had no --save-best)")
     else:
         raise BadInput(f"{run_dir}: no {SAFETENSORS} or {TORCH} (a run before issue 41, one with "
                        f"--no-save-model, or not a run directory)")
-    spec["input_shape"] = tuple(spec["input_shape"])
-    return state, DataSpec(**spec)
+    bad = next((k for k, v in state.items() if not isinstance(v, torch.Tensor)), None)
+    if bad is not None:
+        raise BadInput(f"{path}: weight {readback.shown(bad)} is not a tensor")
+    fields = {f.name for f in dataclasses.fields(DataSpec)}
+    try:
+        readback.need(spec, {"input_shape": list}, f"{path}: data_spec")
+        return state, DataSpec(**{**spec, "input_shape": tuple(spec["input_shape"])})
+    except TypeError:
+        raise BadInput(f"{path}: data_spec has keys {sorted(spec)}; expected {sorted(fields)}") from None
 
 
 def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) -> torch.nn.Module:
@@ -91,9 +114,9 @@ def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) ->
     callable building one, as train(model=) takes): needed for a model that was passed from
     Python as an instance, which config.yaml cannot build again."""
     path = os.path.join(run_dir, "config.yaml")
-    if not os.path.isfile(path):
+    if not os.path.lexists(path):
         raise BadInput(f"{run_dir}: no config.yaml; expected a run directory")
-    cfg = TrainConfig.from_dict(load_yaml(path), source=path)
+    cfg = TrainConfig.from_dict(readback.run_config(run_dir), source=path)  # each value of its field's type
     state, spec = read(run_dir, "best" if best else "model")
     if model is not None:
         net = user_model(model, spec, "model=")
@@ -103,7 +126,7 @@ def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) ->
         net = build_model(cfg.model, spec, linear=FoldedLinear if cfg.folded_linear else torch.nn.Linear)
     try:
         net.load_state_dict(state)
-    except RuntimeError as e:
+    except (RuntimeError, KeyError, ValueError, TypeError) as e:
         raise BadInput(f"{run_dir}: the weights do not fit the model {cfg.model} "
                        f"({str(e).splitlines()[0][:200]})") from None
     return net.eval()

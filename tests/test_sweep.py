@@ -190,7 +190,8 @@ def test_cli_bad_input_is_one_line_and_never_touches_results(tmp_path, capfd, mo
     assert code == 2 and err.count("\n") == 1 and "--lr 0.1:0.9:0" in err, err
     out = tmp_path / "bad"
     out.mkdir()
-    data = '{"id": "x", "status": "completed", "config": {}, "summary": {}}\nnot json\n{}\n'
+    data = ('{"id": "x", "status": "completed", "config": {"workers": 1, "batch_size": 32, "lr": 0.1}, '
+            '"summary": {}}\nnot json\n{}\n')  # line 1 whole (readback.RESULT_ROW), line 2 not JSON
     (out / "results.jsonl").write_text(data)
     code, _, err = in_process(capfd, monkeypatch, "sweep", "--dataset", "digits", "--model", "softmax",
                               "--workers", "1", "--samples", "512", "--lr", "0.1,0.2", "--out", str(out))

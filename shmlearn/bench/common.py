@@ -40,13 +40,21 @@ def format_size(n: float) -> str:
     return f"{int(n)}B"
 
 
+MAX_COUNTS = 100_000
+"""Values a list of counts may hold ('1-100000'): each is a worker count something is predicted or
+run at; a range past it is a typo (1-1000000000 took every byte of memory)."""
+
+
 def parse_int_list(text: str, *, flag: str) -> List[int]:
-    """'1,2,4' or '1-4' (inclusive) or a mix: '1-3,8'."""
+    """'1,2,4' or '1-4' (inclusive) or a mix: '1-3,8'; at most MAX_COUNTS values."""
     out: List[int] = []
     try:
         for part in text.split(","):
             if "-" in part:
                 a, b = part.split("-")
+                if int(b) - int(a) + 1 + len(out) > MAX_COUNTS:
+                    raise BadInput(f"{flag} {text}: {int(b) - int(a) + 1:,} values in {part.strip()}; "
+                                   f"expected at most {MAX_COUNTS:,}")
                 out.extend(range(int(a), int(b) + 1))
             elif part.strip():
                 out.append(int(part))

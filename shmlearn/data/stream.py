@@ -14,6 +14,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch.utils.data import DataLoader, Subset
 
@@ -36,6 +37,9 @@ class StreamedData:
     bytes_needed: int = 0
     mean: Optional[tuple] = None  # used as given: no normalization
     std: Optional[tuple] = None
+    label_dtype: Optional[torch.dtype] = None
+    """The train Dataset's item 0's label dtype: every batch's labels must be of its kind
+    (integer, float or bool; `check_label_kind`), or class labels 2.7 would train as 2."""
 
     @property
     def n_train(self) -> int:
@@ -223,6 +227,7 @@ class StreamLoader:
             raise BadInput(f"{self.data.what}: reading the train Dataset at step {step} on rank {_rank()} raised "
                            f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None
         self._next = step + 1
+        check_label_kind(y, self.data, "train", self.indices(step), step)
         x, y = convert_batch(x, y, self.data.spec.task)
         _check_labels(y, self.data.spec, self.data.what)
         return x, y
@@ -264,6 +269,26 @@ class StreamLoader:
         _stop(it, stuck=True)
 
 
+def _label_kind(dtype: torch.dtype) -> str:
+    return "bool" if dtype == torch.bool else "float" if dtype.is_floating_point or dtype.is_complex else "integer"
+
+
+def check_label_kind(y: torch.Tensor, data: StreamedData, split: str, indices, step: Optional[int] = None) -> None:
+    """The collated labels `y` of the items at `indices` are of the kind of item 0's (an integer
+    label beside float ones collates to floats); else BadInput naming the first odd item, found by
+    reading the batch's items again (only on this error path)."""
+    if data.label_dtype is None or _label_kind(y.dtype) == _label_kind(data.label_dtype):
+        return
+    ds = data.train if split == "train" else data.test
+    odd = min((i for i in indices if _label_kind(torch.as_tensor(np.asarray(ds[i][1])).dtype)
+               != _label_kind(data.label_dtype)), default=None)  # the first in the Dataset's order
+    where = f"item {odd}" if odd is not None else f"an item of the batch of step {step}"
+    got = torch.as_tensor(np.asarray(ds[odd][1])).dtype if odd is not None else y.dtype
+    raise BadInput(f"{data.what}: the {split} Dataset's {where} has a label of dtype "
+                   f"{str(got).replace('torch.', '')}, but item 0's is {str(data.label_dtype).replace('torch.', '')}; "
+                   f"every label must be of one kind ({_label_kind(data.label_dtype)})")
+
+
 def _check_labels(y: torch.Tensor, spec: DataSpec, what: str) -> None:
     """Host-side, per batch: a class label past the model's outputs would be a device-side assert
     on CUDA (fatal to the process), and garbage on the CPU."""
@@ -290,6 +315,7 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
                                  multiprocessing_context=_context(part) if nw else None,
                                  worker_init_fn=_worker_init if nw else None,
                                  timeout=timeout_s if nw and timeout_s else 0))
+        seen = 0
         while True:
             try:
                 x, y = next(loader)
@@ -302,6 +328,8 @@ def test_batches(data, rank: int, world: int, device: torch.device, size: int = 
                 first = str(e).strip().splitlines()
                 raise BadInput(f"{data.what}: reading the test Dataset on rank {rank} raised "
                                f"{type(e).__name__}{': ' + first[-1][:200] if first else ''}") from None
+            check_label_kind(y, data, "test", range(int(bounds[0]), int(bounds[-1]) + 1)[seen:seen + len(y)])
+            seen += len(y)
             x, y = convert_batch(x, y, data.spec.task)
             _check_labels(y, data.spec, data.what)
             yield x.to(device, non_blocking=True), y.to(device, non_blocking=True)

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from shmlearn.data.base import Dataset, DataSpec, check_usable
-from shmlearn.data.stream import StreamedData, convert_batch, label_scan, materialize
+from shmlearn.data.stream import StreamedData, label_scan, materialize
 from shmlearn.errors import BadInput
 from shmlearn.refs import call_user
 
@@ -202,7 +202,7 @@ def _from_datasets(train, test, what: str, task: Optional[str], loader: str, dev
         return ds
     outputs = _num_outputs(train, test, task, y0, what)
     spec = DataSpec(name=name, task=task, input_shape=tuple(x0.shape), num_outputs=outputs)
-    return StreamedData(spec=spec, train=train, test=test, what=what, bytes_needed=need)
+    return StreamedData(spec=spec, train=train, test=test, what=what, bytes_needed=need, label_dtype=y0.dtype)
 
 
 def first_item(ds, what: str, split: str) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import inspect
+import warnings
 from typing import Any
 
 import torch
@@ -71,6 +72,39 @@ def check_outputs(model: nn.Module, sample: torch.Tensor, spec: DataSpec, what: 
                 else f"{spec.num_outputs} target value(s) per sample")
         raise BadInput(f"{what}: outputs have shape {tuple(out.shape)} for 2 samples, but the data has {kind}: "
                        f"expected {want}")
+
+
+def check_loss(model: nn.Module, loss_fn, inputs: torch.Tensor, targets: torch.Tensor, what: str,
+               loss_what: str) -> None:
+    """The user's loss(outputs, targets) on two training samples (CPU, training mode, RNG and
+    buffers untouched, no backward): it must return a finite scalar tensor that depends on the model's outputs, the
+    batch's mean loss, or it is BadInput naming the loss (it used to fail in evaluation, blaming
+    no one, or to train on a Python float that carries no gradient)."""
+    saved = {n: b.detach().clone() for n, b in model.named_buffers()}  # BatchNorm's running stats stay
+    try:
+        with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # a probe: the refusal below says what its warnings would
+            out = loss_fn(model(inputs), targets)
+    except BadInput:
+        raise
+    except Exception as e:  # noqa: BLE001 - the user's loss (or model)
+        raise BadInput(f"{loss_what}: on 2 training samples it raised {one_line(e)}{user_frame(e)}") from None
+    finally:
+        with torch.no_grad():
+            for n, b in model.named_buffers():
+                if n in saved:
+                    b.copy_(saved[n])
+    if not isinstance(out, torch.Tensor):
+        raise BadInput(f"{loss_what}: returned a {type(out).__name__}; expected a tensor holding the batch's mean "
+                       f"loss, one number that the gradient flows back from")
+    if out.numel() != 1:
+        raise BadInput(f"{loss_what}: returned a tensor of shape {tuple(out.shape)}; expected the batch's mean "
+                       f"loss, one number (reduce it: .mean())")
+    if not bool(torch.isfinite(out.detach()).all()):
+        raise BadInput(f"{loss_what}: the loss on 2 training samples is {out.item()}; expected a finite number")
+    if not out.requires_grad:
+        raise BadInput(f"{loss_what}: the loss does not depend on {what}'s outputs (no gradient flows back); "
+                       f"compute it from the outputs it is given")
 
 
 def check_compute_loss(model: nn.Module, fn, batch, what: str, fn_what: str) -> tuple:

@@ -1,19 +1,18 @@
 """Read what reports draw: a run directory (runs.py's contract) or a sweep directory (sweep.py's).
 
-Tolerant by design: a run killed before summary.json still has its curves, and is shown as
-'incomplete' rather than refused. A sweep's winners are drawn from their trial folders where
+Tolerant of what a kill leaves: a run killed before summary.json still has its curves, and is
+shown as 'incomplete' rather than refused (a torn last line of a JSON-lines file is dropped).
+Strict about anything else: a malformed file is one line naming it (shmlearn/readback.py). A sweep's winners are drawn from their trial folders where
 present, else from the curves winners.json keeps (results.add_curves), so the folders may go."""
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-import yaml
-
+from shmlearn import readback
 from shmlearn.errors import BadInput
-from shmlearn.results import ResultStore, jsonl_until_cut, pick_winners
+from shmlearn.results import ResultStore, pick_winners
 
 from .html import worker_count
 
@@ -66,21 +65,12 @@ def is_sweep(path: str) -> bool:
 
 
 def load_run(path: str, *, label: str = "") -> Run:
+    """A run as its files hold it (readback: anything malformed is one line naming the file); a
+    run killed before summary.json or config.yaml has its curves, and status 'incomplete'."""
     if not os.path.isdir(path) or not is_run(path):
         raise BadInput(f"{path}: not a run directory (no metrics.jsonl or summary.json)")
-    summary, config = {}, {}
-    try:
-        with open(os.path.join(path, "summary.json")) as f:
-            summary = json.load(f)
-    except (OSError, json.JSONDecodeError):
-        pass
-    try:
-        with open(os.path.join(path, "config.yaml")) as f:
-            config = yaml.safe_load(f) or {}
-    except (OSError, yaml.YAMLError):
-        pass
-    run = Run(path, config, summary, jsonl_until_cut(os.path.join(path, "metrics.jsonl")),
-              jsonl_until_cut(os.path.join(path, "eval.jsonl")))
+    run = Run(path, readback.run_config(path, missing_ok=True), readback.run_summary(path, missing_ok=True),
+              readback.run_metrics(path, missing_ok=True), readback.run_evals(path))
     run.label = label or run_label(run)
     return run
 
@@ -98,10 +88,7 @@ def row_label(row: Dict[str, Any]) -> str:
 def load_sweep(path: str) -> SweepData:
     if not is_sweep(path):
         raise BadInput(f"{path}: not a sweep directory (no results.jsonl)")
-    spec: Dict[str, Any] = {}
-    if os.path.isfile(os.path.join(path, "sweep.json")):
-        with open(os.path.join(path, "sweep.json")) as f:
-            spec = json.load(f)
+    spec = readback.sweep_spec(path)
     store = ResultStore(os.path.join(path, "results.jsonl"))
     rows = store.load(repair=False)
     order = spec.get("trials")
@@ -113,10 +100,8 @@ def load_sweep(path: str) -> SweepData:
                            target_accuracy=spec.get("target_accuracy"), swept=swept,
                            metric=spec.get("winner_metric"), goal=spec.get("winner_goal"),
                            time_axis=spec.get("time_axis", "wall"), target_share=spec.get("target_share"))
-    curves: Dict[str, Any] = {}
-    try:
-        with open(os.path.join(path, "winners.json")) as f:
-            curves = json.load(f).get("curves") or {}
-    except (OSError, ValueError, AttributeError):
-        pass  # no winners.json yet (a sweep still running): the trial folders are there
+    # No winners.json yet (a sweep still running): the trial folders are there.
+    wpath = os.path.join(path, "winners.json")
+    kept = readback.read_json(wpath) if os.path.lexists(wpath) else {}
+    curves: Dict[str, Any] = readback.need(kept, {}, wpath, optional={"curves": (dict, None)}).get("curves") or {}
     return SweepData(path, spec, rows, winners, store.notes, curves)
