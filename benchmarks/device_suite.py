@@ -762,6 +762,20 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 51: the same with shmlearn compiled only (step/regions.py: block by block at 2 GPUs and more).
         "uw-c12": (["bash", "-c", _uw(p("uw-c12"), [("0", "1"), ("1,2", "2")], "default")], 900),
         "uw-c4": (["bash", "-c", _uw(p("uw-c4"), [("0,1,2,3", "4")], "default")], 900),
+        # On a machine of 2 GPUs: 1 GPU, then 2.
+        "uw-c2": (["bash", "-c", _uw(p("uw-c2"), [("0", "1")], "default") + "; "
+                   + _uw(p("uw-c2"), [("0,1", "2")], "default")], 900),
+        # Issue 55 on 2 GPUs, correctness only, side by side: the matrix at 1 and 2 workers, its
+        # fashion-net compiled ps cell 10 times, and the seed's alexnet-sweep grid at workers 1, 2.
+        "mix2": (["bash", "-c", f"mkdir -p {p('mix2')}/fn-10; (" + _matrix_all(p("mix2"), big) + ") & ("
+                  + " & ".join(
+                      f"CUDA_VISIBLE_DEVICES={i % int(big)} {sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} "
+                      f"--workers 1 --only fashion-net/fp32/ps/W1/compile --out {p('mix2')}/fn-10/run{i}.json "
+                      f"> {p('mix2')}/fn-10/run{i}.log 2>&1" for i in range(10)) + " & wait) & ("
+                  + shlex.join(_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                                   "--out", os.path.join(p("mix2"), "alexnet-sweep")))
+                  + f" > {p('mix2')}/alexnet-sweep.log 2>&1) & wait; grep -h -o '\"verdict\": \"[a-z-]*\"' "
+                  + f"{p('mix2')}/fn-10/run*.json | sort | uniq -c; tail -n 30 {p('mix2')}/alexnet-sweep.log"], 1100),
         **{f"user-workloads-{w}": (_py(os.path.join(HERE, "user_workloads.py"), "--gpus", "1,2,4", "--workloads", w,
                                        "--out", os.path.join(p(f"user-workloads-{w}"), f"user_workloads_{w}.json")), 900)
            for w in ("vit", "lm")},
