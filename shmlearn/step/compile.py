@@ -12,7 +12,6 @@ import torch.distributed as dist
 from shmlearn.errors import one_line
 from shmlearn.nn import conv_overlap
 from shmlearn.step.options import combo_kernels
-from shmlearn.step.regions import Regions, eager_of, repeated_blocks
 
 
 def build_failure(e: BaseException) -> Optional[BaseException]:
@@ -75,22 +74,14 @@ class Compiler:
         # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
         # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
         # benchmarks/results/flat-step-h100).
-        regions = None
-        blocks = repeated_blocks(self.model) if getattr(self.strategy, "buckets", None) is not None else []
         if isinstance(self.strategy.module, torch.nn.parallel.DistributedDataParallel):
             # DDP is compiled as a module (Dynamo splits its graph at the gradient buckets).
             module = torch.compile(self.strategy.module, mode=mode, options=options, dynamic=False)
 
             def compiled(x, y):
                 return dstep.forward_loss(module, x, y)
-        elif blocks:  # the average runs in buckets: block by block, each block's gradients ready at its end
-            regions = Regions(blocks, mode=mode, options=options)
-            compiled = dstep.eager_loss
-            self.say(f"--compile: {regions.describe()} compiled one by one (step/regions.py), so that each one's "
-                     f"gradients are averaged while the blocks before it run their backward", join=True)
         else:
             compiled = torch.compile(dstep.eager_loss, mode=mode, options=options, dynamic=False)
-        eager = eager_of(regions, dstep.eager_loss)
         times = torch.zeros(3, dtype=torch.float64)  # eager, compiled (auto), ranks whose compile did not build
         unbuilt: Optional[BaseException] = None
         saved_buffers = [b.clone() for b in self.model.buffers()]
@@ -136,10 +127,10 @@ class Compiler:
                     captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
                                 and not self.strategy.free_running and self.check_every > 1)
                     if captured:
-                        times[0], times[1] = replayed(eager), replayed(compiled)
+                        times[0], times[1] = replayed(dstep.eager_loss), replayed(compiled)
                     else:
-                        timed(eager, 2)  # warm (cuDNN autotuning) before timing
-                        times[0], times[1] = timed(eager, 5), timed(compiled, 5)
+                        timed(dstep.eager_loss, 2)  # warm (cuDNN autotuning) before timing
+                        times[0], times[1] = timed(dstep.eager_loss, 5), timed(compiled, 5)
             if self.world_size > 1:  # every rank keeps the same choice
                 t = times.to(self.device)
                 dist.all_reduce(t)
@@ -170,8 +161,6 @@ class Compiler:
         else:  # eager won: what auto chose for a compiled step is slower eagerly
             self.combo = False
             self.choice.eager_won()
-            if regions is not None:
-                regions.off()
         self.compiled = choice
 
     def _compile_read(self, mode, options) -> None:

@@ -13,7 +13,7 @@ import torch
 from shmlearn import flat_sgd
 from shmlearn.errors import BadInput
 from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
-from shmlearn.step import buckets, regions
+from shmlearn.step import buckets
 from shmlearn.step.device import autocast
 from shmlearn.step.options import ADOPT_GRADS, step_hooks
 
@@ -113,16 +113,14 @@ class KernelChoice:
 
     def _buckets(self, fast_why_not: Optional[str], fault) -> Optional[buckets.GradBuckets]:
         """--grad-buckets: on where `buckets_why_not` allows (BadInput if asked for where it cannot
-        run); auto where it also pays: on CUDA, two buckets or more, uncompiled or compiled block by
-        block (step/regions.py: a compiled whole model's gradients are all ready at its end)."""
+        run); auto where it also pays: on CUDA, uncompiled, two buckets or more."""
         mode = self.opts.grad_buckets
         if mode not in buckets.GRAD_BUCKETS:
             raise BadInput(f"--grad-buckets {mode}: choose one of {', '.join(buckets.GRAD_BUCKETS)}")
         why = self.buckets_why_not(fast_why_not, fault)
         if mode == "on" and why:
             raise BadInput(f"--grad-buckets on: {why}")
-        compiled_whole = self.opts.compile != "off" and not regions.repeated_blocks(self.model)
-        if mode == "off" or why or (mode == "auto" and (self.device.type != "cuda" or compiled_whole)):
+        if mode == "off" or why or (mode == "auto" and (self.device.type != "cuda" or self.opts.compile != "off")):
             return None
         b = buckets.GradBuckets(self.strategy, cap_mb=self.opts.bucket_mb)
         if mode == "auto" and len(b) < 2:
