@@ -25,7 +25,17 @@ def test_a_forked_workers_output_goes_where_the_owners_goes_now(capfd, monkeypat
     started (conftest): a fork that kept the forkserver's wrote past it."""
     monkeypatch.delenv("SHMLEARN_FORKSERVER", raising=False)  # SHMLEARN_TEST_SPAWN=1 sessions
     assert forkserver.start()  # the session's (conftest), or one for this test
-    assert forkserver.context(False).get_start_method() == "forkserver"
+    # An earlier test of the session may have left an import-time variable changed (a pool then
+    # spawns, rightly: test_pool_forkserver.py); this test is about a fork's output, so the
+    # variables are put back as they were when the forkserver started, for its duration.
+    started, now = forkserver._started_env or {}, forkserver._import_env()
+    drift = {k: (started.get(k), now.get(k)) for k in set(started) | set(now) if started.get(k) != now.get(k)}
+    for k, (was, _) in drift.items():
+        if was is None:
+            monkeypatch.delenv(k, raising=False)
+        else:
+            monkeypatch.setenv(k, was)
+    assert forkserver.context(False).get_start_method() == "forkserver", drift
     with Pool(1) as pool:
         (parent,) = pool.run(say, ("worker 0",), slots=[0], backend=None)
         assert pool.startup[0]["forked"] is True

@@ -34,7 +34,7 @@ def test_label_smoothing_has_no_meaning_outside_classification():
     (dict(label_smoothing=1.0), "--label-smoothing 1.0: expected a finite number >= 0 and < 1"),
     (dict(label_smoothing=-0.1), "--label-smoothing -0.1:"),
     (dict(label_smoothing=math.nan), "--label-smoothing nan:"),
-    (dict(label_smoothing="0.1"), "--label-smoothing 0.1:"),
+    (dict(label_smoothing="0.1"), "--label-smoothing '0.1' is a string; expected a number"),
     (dict(warmup_fraction=1.0), "--warmup-fraction 1.0: expected a finite number >= 0 and < 1"),
     (dict(warmup_fraction=-0.2), "--warmup-fraction -0.2:"),
     (dict(warmup=10, warmup_fraction=0.2), "--warmup 10 and --warmup-fraction 0.2: give one warmup"),
