@@ -303,6 +303,8 @@ def check_search(sc: SweepConfig) -> None:
         raise BadInput(f"--search {sc.search}: expected one of {', '.join(SEARCHES)}")
     if sc.pruner is not None and sc.pruner not in PRUNERS:
         raise BadInput(f"--pruner {sc.pruner}: expected one of {', '.join(PRUNERS)}")
+    if not sc.stale_after > 0:  # nan included; checked with or without --storage (a typo is a typo)
+        raise BadInput(f"--stale-after {sc.stale_after}: expected seconds > 0")
     if sc.storage is None:
         for flag, v in (("--study", sc.study), ("--search", None if sc.search == "grid" else sc.search),
                         ("--trials", sc.trials), ("--pruner", sc.pruner), ("--search-seed", sc.search_seed)):
@@ -323,5 +325,3 @@ def check_search(sc: SweepConfig) -> None:
         if not sc.axes:
             raise BadInput(f"--search {sc.search}: no axis to search; give a flag two or more values "
                            f"(its smallest and largest bound the range)")
-    if not sc.stale_after > 0:
-        raise BadInput(f"--stale-after {sc.stale_after}: expected seconds > 0")

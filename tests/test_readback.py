@@ -269,6 +269,13 @@ def test_a_sweep_threshold_of_nan_is_refused(tmp_path, monkeypatch, capfd):
     assert "--threshold nan: expected a finite number" in line and not (tmp_path / "sw").exists()
 
 
+def test_a_stale_after_of_nan_is_refused_without_storage_too(tmp_path, monkeypatch, capfd):
+    """The fault campaign's num-sweep--stale-after=nan: checked only with --storage, so a plain sweep
+    took nan and exited 0."""
+    line = refused(["sweep", "--stale-after", "nan", "--out", str(tmp_path / "sw")], monkeypatch, capfd)
+    assert "--stale-after nan: expected seconds > 0" in line and not (tmp_path / "sw").exists()
+
+
 @pytest.mark.parametrize("args,needle", [
     ("step_size=0", "--scheduler StepLR --scheduler-args step_size=0: stepping it raised ZeroDivisionError"),
     ("step_size=1,gamma=nan", "--scheduler-args step_size=1,gamma=nan: gamma=nan; expected finite numbers"),
