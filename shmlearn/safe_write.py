@@ -110,19 +110,12 @@ def atomic_file(path: str, mode: str = "wb", *, root: Optional[str] = None, fsyn
     or "w" (text, UTF-8). sync_dir: also fsync the folder after the rename (checkpoints)."""
     check(path, root)
     fd, tmp = _temp(path)
-    try:
+    with _committed(tmp, path):
         with os.fdopen(fd, mode, **({} if "b" in mode else {"encoding": "utf-8", "newline": ""})) as f:
             yield f
             f.flush()
             if fsync:
                 os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        _remove(tmp)
-        raise named(e, path) from None
-    except BaseException:
-        _remove(tmp)
-        raise
     if sync_dir:
         fsync_dir(os.path.dirname(path) or ".")
 
@@ -134,8 +127,16 @@ def atomic_path(path: str, *, root: Optional[str] = None) -> Iterator[str]:
     check(path, root)
     fd, tmp = _temp(path)
     os.close(fd)
-    try:
+    with _committed(tmp, path):
         yield tmp
+
+
+@contextmanager
+def _committed(tmp: str, path: str) -> Iterator[None]:
+    """The temporary file `tmp` renamed over `path` when the block ends without an error; removed
+    on any error (an OSError then names `path`, not the temporary)."""
+    try:
+        yield
         os.replace(tmp, path)
     except OSError as e:
         _remove(tmp)
