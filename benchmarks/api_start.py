@@ -1,6 +1,6 @@
 """What a small `shmlearn.train()` call from Python costs with its CPU workers spawned (the API's
 default) and forked from a forkserver that imported torch once (what the `shmlearn` program and
-the test suite do: shmlearn/forkserver.py).
+the test suite do: shmlearn/launch/forkserver.py).
 
     python benchmarks/api_start.py --repeats 5 --out api-start.json
 
@@ -25,11 +25,11 @@ ROOT = os.path.dirname(HERE)
 
 def one_mode(forked: bool, repeats: int, out_dir: str) -> list:
     """In this interpreter: repeats timed train() calls; forked: from a started forkserver."""
-    from shmlearn import forkserver
+    from shmlearn.launch import forkserver
     if forked:
         forkserver.start()
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     if forked:
         time.sleep(5)  # the forkserver's imports of torch and torch._dynamo end first
     times = []

@@ -652,7 +652,7 @@ def part_commands(p: str, workers: str) -> dict:
                             "--out", os.path.join(p("timeline-18"), "profile-resnet18.json")), 300),
         # Ninth round: the graph's memset nodes made kernel nodes (the default) against kept.
         "gpu-tests-memset": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
-                                                          "tests/test_graph_memsets.py"))], 300),
+                                                          "tests/step/test_graph_memsets.py"))], 300),
         "agree-memset": (["bash", "-c", "; ".join(
             shlex.join(_py(os.path.join(HERE, "step_agreement.py"), "--device", "cuda", "--model", m, "--batch",
                            "128", "--steps", "30", "--variants", variants,
@@ -959,7 +959,7 @@ def run_parts(a) -> int:
 def _snapshot(root: str) -> str:
     """A copy of the tree (data included) that the parts run from: the device tool rewrites the
     working tree at every call, and a part's processes that import shmlearn meanwhile failed
-    (`No module named 'shmlearn.fast'` in the matrix's pool workers, 2026-11-27)."""
+    (`No module named 'shmlearn.step.fast'` in the matrix's pool workers, 2026-11-27)."""
     src = os.path.join(root, "src")
     if not os.path.isdir(src):
         shutil.copytree(ROOT_DIR, src + ".tmp", symlinks=True,

@@ -5,7 +5,7 @@ final weights, evaluation excluded, n seeds per setting, mean and spread of test
         --workers 1,2 --recipes fast5-flip,long16 --seeds 5 --out benchmarks/results/tta-fashion.json
 
 The recipe (the network, its schedule and augmentation) runs on shmlearn's training step
-(shmlearn/fast.py): the whole uint8 dataset on the device, shuffling and augmentation (horizontal
+(shmlearn/step/fast.py): the whole uint8 dataset on the device, shuffling and augmentation (horizontal
 flip; optionally random translate by up to 2 pixels with zero fill) done there by index, bf16
 autocast, channels_last, the whole step (data, forward, backward, gradient all-reduce, fused SGD
 update) captured in one CUDA graph, the loss read every 50 steps. W workers split the same global
@@ -69,10 +69,10 @@ def _train_one(data, device, rank, world, epochs, seed, opts, barrier, slowest, 
     from shmlearn.data.augment import Augment
     from shmlearn.data.base import normalizer
     from shmlearn.data.loader import ShardedLoader
-    from shmlearn.fast import Stepper
-    from shmlearn.optim import build_schedule
+    from shmlearn.step.fast import Stepper
+    from shmlearn.user.optim import build_schedule
     from shmlearn.sync import build_strategy
-    from shmlearn.timing import PhaseTimer
+    from shmlearn.record.timing import PhaseTimer
     from shmlearn.bench.common import sync
 
     t_setup = time.perf_counter()
@@ -138,7 +138,7 @@ def _worker(env, args):
     import torch.distributed as dist
     from shmlearn.bench.common import rank_device, sync
     from shmlearn.data import load_dataset
-    from shmlearn.fast import StepOptions
+    from shmlearn.step.fast import StepOptions
     rank, world = env.rank, env.world_size
     device = rank_device(env, "nccl" if args["device"] == "cuda" else "gloo")
     if device.type == "cpu":
@@ -232,7 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default="tta-fashion.json")
     a = p.parse_args(argv)
     from shmlearn.bench.common import RANK_TIMEOUT_S, environment, parse_int_list
-    from shmlearn.pool import run_local
+    from shmlearn.launch.pool import run_local
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     args = {"device": a.device, "data_dir": a.data_dir, "recipes": [r for r in a.recipes.split(",") if r],
             "seeds": a.seeds, "epochs": a.epochs, "subset": a.subset, "precision": a.precision,

@@ -164,7 +164,7 @@ def cells(workers: int) -> list:
 
 
 def config(cell: dict, args, over: dict):
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     w = cell["workers"]
     extra = {"lr": 0.02}  # a cell's maths may set its own (ADAMW)
     if cell["strategy"] == "async-ps":  # its server is a process of its own: it shares a GPU over Gloo
@@ -318,7 +318,7 @@ def main(argv=None) -> int:
             print(c["name"], c["over"])
         print(f"{len(todo)} cells")
         return 0
-    from shmlearn.pool import Pool
+    from shmlearn.launch.pool import Pool
     doc = {"matrix": "gpu", **env_info(), "workers": a.workers, "steps": a.steps, "batch": a.batch,
            "tolerance": TOL, "reference": REFERENCE, "cells": []}
     refs = {}

@@ -1,5 +1,5 @@
 """Copy a sweep directory without its trial folders: results.jsonl, winners.json (with the
-curves the report and advise draw, read from the trial folders: shmlearn.results.add_curves),
+curves the report and advise draw, read from the trial folders: shmlearn.sweeps.results.add_curves),
 sweep.json and timing.json, then rebuild figures/ and report.html from that copy, which proves
 the kept files suffice.
 
@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 
-from shmlearn.results import keep_curves
+from shmlearn.sweeps.results import keep_curves
 
 KEEP = ("results.jsonl", "winners.json", "sweep.json", "timing.json")
 

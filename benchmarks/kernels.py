@@ -349,7 +349,7 @@ def flat_sgd_copy_cases(batch: int, device) -> Dict[str, Callable]:
     cases: Dict[str, Callable] = {}
     if device.type != "cuda":
         return {"torch cast only (no kernel on the CPU)": lambda: (p0.to(BF16),)}
-    from shmlearn import _flat_sgd_triton as k
+    from shmlearn.step import _flat_sgd_triton as k
 
     def case(with_copy: bool, torch_cast: bool, src_bf16: bool, block: int = k.BLOCK, warps: int = k.NUM_WARPS):
         p, gr, m = p0.clone(), g0.clone(), m0.clone()

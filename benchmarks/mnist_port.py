@@ -145,7 +145,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default="mnist-port.json")
     a = ap.parse_args(argv)
     from shmlearn.bench.common import environment
-    from shmlearn.launch import free_port
+    from shmlearn.launch.start import free_port
     work = tempfile.mkdtemp(prefix="mnist-port-")
     with open(os.path.join(work, "mnist_net.py"), "w") as f:
         f.write(textwrap.dedent(NET))

@@ -35,7 +35,7 @@ import torch  # noqa: E402
 
 from shmlearn.bench import throughput as tp  # noqa: E402
 from shmlearn.bench.common import environment, rank_device, sync  # noqa: E402
-from shmlearn.pool import run_local  # noqa: E402
+from shmlearn.launch.pool import run_local  # noqa: E402
 
 
 def _nvml(index: int) -> dict:

@@ -47,7 +47,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from shmlearn.bench.common import parse_int_list  # noqa: E402
 from shmlearn.bench.throughput import ThroughputConfig, run  # noqa: E402
-from shmlearn.noise import default_every  # noqa: E402
+from shmlearn.train.noise import default_every  # noqa: E402
 
 SETTINGS = {  # device -> [(model, input C x H x W, batch per worker)]
     "cpu": [("mlp", [1, 8, 8], 32), ("alexnet-small", [3, 32, 32], 32)],

@@ -25,7 +25,7 @@ import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from shmlearn.bench.common import environment, stats  # noqa: E402
-from shmlearn.config import TrainConfig  # noqa: E402
+from shmlearn.config.train_config import TrainConfig  # noqa: E402
 
 
 def torchvision_resnet18(spec):
@@ -54,7 +54,7 @@ def main() -> None:
     ap.add_argument("--out", default="own_model.json")
     a = ap.parse_args()
     import shmlearn
-    from shmlearn.pool import Pool, using
+    from shmlearn.launch.pool import Pool, using
 
     cuda = a.device == "cuda"
     res = {"environment": environment("nccl" if cuda else "gloo"), "runs": a.runs, "samples": a.samples,

@@ -58,7 +58,7 @@ def _inductor_gb() -> dict:
 def roofline_of(st, device, limits) -> dict:
     """The eager step, operator by operator, against the limits."""
     from shmlearn.bench.roofline import record, rows
-    from shmlearn.timing import NULL_TIMER
+    from shmlearn.record.timing import NULL_TIMER
     st.loader.invalidate()
     st.loader.prepare(0)
     ops = record(lambda: st.dstep.run(NULL_TIMER, False), device)
@@ -118,7 +118,7 @@ def timeline_of(graph, rewind, folder: str, tag: str, replays: int = 20) -> dict
 def profile_one(c, batch: int, device, variant: str = "off", limits=None, timeline: str = "") -> dict:
     from torch.profiler import ProfilerActivity, profile
     from shmlearn.bench.throughput import _Shmlearn
-    from shmlearn.timing import NULL_TIMER
+    from shmlearn.record.timing import NULL_TIMER
     mods = frozenset() if variant == "off" else frozenset(variant.split("+"))  # e.g. compile+triton-conv
     r = _Shmlearn(c, device, batch, 0, 1, strategy="allreduce", eager=False, local=True, mods=mods)
     st = r.stepper
@@ -207,7 +207,7 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     import torch.distributed as dist
     from shmlearn.bench.common import environment
-    from shmlearn.launch import free_port
+    from shmlearn.launch.start import free_port
     from shmlearn.bench.throughput import ThroughputConfig
     cuda = a.device == "cuda"
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0,

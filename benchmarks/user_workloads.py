@@ -212,7 +212,7 @@ def lm_optimizer(model):
 def needs(workload: str) -> None:
     """The LM goes through issue 51's general contract and clipping: say clearly if this shmlearn lacks them."""
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     missing = []
     if workload == "lm":
         if "compute_loss" not in inspect.signature(shmlearn.train).parameters:
@@ -238,7 +238,7 @@ def steady_rates(run_dir: str, warmup: int, steps: int, repeats: int) -> list:
 
 def shmlearn_runs(workload: str, n: int, variant: str, a, tmp: str) -> dict:
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     s = (TINY if a.tiny else SHAPES)[workload]
     steps = a.warmup + a.repeats * a.steps
     kw = dict(workers=n, device=a.device, batch_size=s.batch, samples=steps * s.batch * n,
@@ -320,7 +320,7 @@ def ddp_rank(rank: int, world: int, port: int, workload: str, compiled: bool, a,
 
 def ddp_runs(workload: str, n: int, compiled: bool, a, tmp: str) -> dict:
     import torch.multiprocessing as mp
-    from shmlearn.launch import free_port
+    from shmlearn.launch.start import free_port
     result = os.path.join(tmp, f"ddp-{workload}-{n}-{int(compiled)}.json")
     mp.start_processes(ddp_rank, args=(n, free_port(), workload, compiled, a, result), nprocs=n, join=True,
                        start_method="spawn")
@@ -336,7 +336,7 @@ def stats(values):
 
 
 def row_for(workload: str, n: int, a, tmp: str) -> dict:
-    from shmlearn.pool import Pool, using
+    from shmlearn.launch.pool import Pool, using
     s = (TINY if a.tiny else SHAPES)[workload]
     params = sum(p.numel() for p in (ViT(s) if workload == "vit" else GPT(s)).parameters())
     row = {"workload": workload, "gpus": n, "parameters": params, "batch_per_gpu": s.batch,

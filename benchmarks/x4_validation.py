@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RES = os.path.join(HERE, "results")
 sys.path.insert(0, os.path.dirname(HERE))
 
-from shmlearn.simulate import simulate  # noqa: E402
+from shmlearn.analysis.simulate.main import simulate  # noqa: E402
 
 SOURCES = [("throughput-h200x4.json", 128), ("throughput-h200x4.json", 1024), ("throughput-resnet34-h200x4.json", 128)]
 COMMS = [("2-GPU fit (clean)", "comm-nccl-h200.json"), ("4-GPU fit (GPUs shared)", "comm-nccl-h200x4.json")]

@@ -9,7 +9,7 @@ from sklearn.datasets import load_digits
 from torch import nn
 
 import shmlearn
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 
 
 class Net(nn.Module):

@@ -9,7 +9,7 @@ import types
 from typing import TYPE_CHECKING
 
 from shmlearn.errors import BadInput, Diverged, WorkerFailed
-from shmlearn.forkserver import autostart as _autostart
+from shmlearn.launch.forkserver import autostart as _autostart
 
 _autostart()  # a script's local CPU workers fork from a process that imports torch meanwhile
 
@@ -19,13 +19,13 @@ __all__ = ["TrainConfig", "RunResult", "train", "load_model", "BadInput", "Diver
 # Imported on first use (PEP 562), not here: they import torch (~2-6 s), and the `shmlearn`
 # program refuses a bad --data-dir before that (cli.precheck); `shmlearn.train(...)`,
 # `from shmlearn import TrainConfig` work as before.
-_LAZY = {"TrainConfig": "shmlearn.config", "RunResult": "shmlearn.train", "train": "shmlearn.train",
-         "load_model": "shmlearn.weights"}
+_LAZY = {"TrainConfig": "shmlearn.config.train_config", "RunResult": "shmlearn.train.loop", "train": "shmlearn.train.loop",
+         "load_model": "shmlearn.record.weights"}
 
 if TYPE_CHECKING:
-    from shmlearn.config import TrainConfig
-    from shmlearn.train import RunResult, train
-    from shmlearn.weights import load_model
+    from shmlearn.config.train_config import TrainConfig
+    from shmlearn.train.loop import RunResult, train
+    from shmlearn.record.weights import load_model
 
 
 def __getattr__(name: str):

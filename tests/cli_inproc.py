@@ -17,7 +17,7 @@ def run_main(args, monkeypatch, capfd, *, tag=None) -> subprocess.CompletedProce
     counted as a process the run left behind."""
     from multiprocessing import resource_tracker
 
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     resource_tracker.ensure_running()
     for k in list(os.environ):
         if k.startswith(LAUNCHER_PREFIXES) or k in ("RANK", "WORLD_SIZE"):

@@ -45,16 +45,16 @@ def pytest_xdist_make_scheduler(config, log):
 
 def pytest_configure(config):
     """CPU pools fork from a forkserver that imported torch once, as the `shmlearn` program's CPU
-    runs do (shmlearn/forkserver.py): a worker of a test's `train()` then starts in ~0.3 s, not
+    runs do (shmlearn/launch/forkserver.py): a worker of a test's `train()` then starts in ~0.3 s, not
     ~3 s (a 2-worker train() of 640 samples took 0.7 s against 6.5 s spawned). The pool still
     spawns where the program's would (CUDA, an import-time variable changed by a test), and
-    tests/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns. Under
+    tests/launch/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns. Under
     -n, each worker starts its own; xdist's controller, which runs no test, none."""
     import os
     if os.environ.get("SHMLEARN_TEST_SPAWN"):
         os.environ["SHMLEARN_FORKSERVER"] = "0"  # else the first pool would start it (forkserver.context)
     elif not _xdist_controller(config):
-        from shmlearn import forkserver
+        from shmlearn.launch import forkserver
         forkserver.start()
 
 

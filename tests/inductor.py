@@ -5,7 +5,7 @@ some kernels (int64 masked loads, Welford reductions) that does not build ('at::
 declared), while a simple function still builds: no cheap probe predicts it. A test of compiled
 code then skips, saying so, instead of failing; where the code builds it asserts everything.
 What the library does then (the step runs eagerly) is tested on any CPU by
-tests/test_compile.py, which makes the build fail."""
+tests/step/test_compile.py, which makes the build fail."""
 import contextlib
 import functools
 

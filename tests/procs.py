@@ -29,7 +29,7 @@ def processes(fn, args, nprocs):
 
     import torch.multiprocessing as mp
 
-    from shmlearn import forkserver
+    from shmlearn.launch import forkserver
     with tempfile.TemporaryDirectory() as d:
         log = os.path.join(d, "rank")
         try:

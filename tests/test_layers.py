@@ -135,9 +135,9 @@ def test_no_import_cycles():
 
 def test_checker_sees_function_level_relative_and_submodule_imports():
     graph = import_graph()
-    assert "shmlearn.study" in graph["shmlearn.sweep_cli"]  # inside run_sweep (defers optuna)
+    assert "shmlearn.sweeps.study.sweep" in graph["shmlearn.sweeps.cli"]  # inside run_sweep (defers optuna)
     assert "shmlearn.report.sweep_figures" in graph["shmlearn.report.pages"]  # from . import sweep_figures
-    assert "shmlearn.sync.registry" in graph["shmlearn.config"]  # from shmlearn.sync import registry
+    assert "shmlearn.sync.registry" in graph["shmlearn.config.train_config"]  # from shmlearn.sync import registry
     assert [sorted(c) for c in _sccs({"a": {"b": [1]}, "b": {"a": [2]}, "c": {"a": [3]}}) if len(c) > 1] == [["a", "b"]]
 
 
@@ -193,10 +193,10 @@ def test_function_level_import_checker(tmp_path):
                    "from shmlearn import errors\n"          # module level: not counted
                    "def f():\n"
                    "    import json\n"                       # not shmlearn: not counted
-                   "    from shmlearn.config import (\n"
+                   "    from shmlearn.config.train_config import (\n"
                    "        TrainConfig)  # lazy: torch\n"   # the comment on its last line counts
                    "    from . import tblog\n"               # relative: counted
-                   "    import shmlearn.fast\n")
+                   "    import shmlearn.step.fast\n")
     found = function_level_imports(src, "shmlearn.m")
     assert [n for n, _ in found] == [5, 7, 8]
     assert ["# lazy: " in s for _, s in found] == [True, False, False]

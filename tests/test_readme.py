@@ -82,7 +82,7 @@ def script_runs(tmp_path_factory):
     here; each spends part of its time in imports and rendezvous while a core is free)."""
     import shutil
     import sys
-    from shmlearn.launch import free_port
+    from shmlearn.launch.start import free_port
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "WORLD_SIZE", "LOCAL_RANK",
                                                                      "MASTER_", "OMPI_", "PMI", "SLURM"))}
     env["PYTHONUNBUFFERED"] = "1"

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import shmlearn
-from shmlearn.config import TrainConfig, load_yaml, validate
+from shmlearn.config.train_config import TrainConfig, load_yaml, validate
 from shmlearn.data.idx import load_idx_pair
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,7 +80,7 @@ def test_a_recipe_is_valid_config_with_a_header_saying_what_it_aims_at(path):
                                                       ("fashion-94", 25, "flip,translate:2", "long")])
 def test_the_fashion_recipes_are_the_benchmarks(name, epochs, augment, bench):
     """The benchmark's maths, with --compile default (a faster step, the same maths to bf16
-    tolerance: tests/test_fast.py) buying the epochs that reach the targets (fast5-flip had 5)."""
+    tolerance: tests/step/test_fast.py) buying the epochs that reach the targets (fast5-flip had 5)."""
     import fashion_tta as b
     cfg = TrainConfig.from_dict(load_yaml(str(ROOT / "recipes" / f"{name}.yaml")))
     assert (cfg.model, cfg.dataset, cfg.workers, cfg.batch_size, cfg.lr, cfg.optimizer, cfg.momentum,
@@ -114,7 +114,7 @@ def test_the_recipe_runs_from_the_cli_with_a_budget_override(small_fashion, tmp_
 def test_a_bad_override_of_a_recipe_is_exit_2_and_one_line(tmp_path, capfd, monkeypatch):
     """The CLI's main() in this process, in the checkout (a fresh interpreter was ~3 s of two
     cores here), fd 2 read."""
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     monkeypatch.chdir(ROOT)
     for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(k, raising=False)
@@ -140,10 +140,10 @@ def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, tiny_
     still its largest; 6 of 32 took ~24 s a recipe)."""
     import fashion_tta as b
     from shmlearn.data import load_dataset
-    from shmlearn.fast import StepOptions, Stepper
+    from shmlearn.step.fast import StepOptions, Stepper
 
     cfg = TrainConfig.from_dict({**load_yaml(str(ROOT / "recipes" / f"{recipe}.yaml")), "epochs": 3,
-                                 "compile": "off"})  # the maths; compiled kernels: tests/test_fast.py
+                                 "compile": "off"})  # the maths; compiled kernels: tests/step/test_fast.py
     augment = cfg.augment
     assert cfg.batch_size == b.BATCH
     monkeypatch.setattr(b, "BATCH", b.BATCH // 64)
@@ -167,7 +167,7 @@ def test_the_recipe_through_shmlearn_train_is_the_benchmarks_maths(recipe, tiny_
 
 
 def test_a_flag_replaces_its_pair_from_the_config_file():
-    from shmlearn.cli import build_parser, config_from_args
+    from shmlearn.cli.main import build_parser, config_from_args
     path = "recipes/fashion-93.yaml"
     cfg = config_from_args(build_parser().parse_args(["train", "--config", str(ROOT / path), "--samples", "1024",
                                                       "--warmup", "3"]))

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from cli_inproc import run_main
-from shmlearn import checkpoint as ckpt
-from shmlearn.launch import free_port
+from shmlearn.train import checkpoint as ckpt
+from shmlearn.launch.start import free_port
 
 BASE = ["train", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32",
         "--eval-points", "2", "--no-progress"]  # 200 steps at 2 workers

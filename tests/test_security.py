@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from cli_inproc import run_main
-from shmlearn import checkpoint as ckpt
+from shmlearn.train import checkpoint as ckpt
 
 
 # -- what a process tree listens on ----------------------------------------------------------------
@@ -111,8 +111,8 @@ def test_a_launcher_job_store_listens_on_master_addr_only():
     interface (torch's own store would bind them all)."""
     import datetime
 
-    from shmlearn import listen
-    from shmlearn.launch import free_port
+    from shmlearn.launch import listen
+    from shmlearn.launch.start import free_port
     assert listen.master_ip("127.0.0.1") == "127.0.0.1"
     assert listen.master_ip("192.0.2.1") is None  # TEST-NET-1: no address of this host
     port = free_port()

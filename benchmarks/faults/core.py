@@ -68,7 +68,7 @@ def _cmdline(pid: int) -> str:
 
 def workers_of(launcher: int) -> List[int]:
     """The launcher's pool workers in rank order, slot 0 first (lower PID): its spawned children,
-    or the forks of its forkserver child (the program's CPU runs: shmlearn/forkserver.py).
+    or the forks of its forkserver child (the program's CPU runs: shmlearn/launch/forkserver.py).
     multiprocessing's resource tracker is a child too; command lines tell them apart."""
     parent = {}
     for p in filter(str.isdigit, os.listdir("/proc")):

@@ -31,7 +31,7 @@ def _(t):
     a = TINY_STUDY + ["--storage", url, "--study", "a", "--out", out_of(t, "a")]
     b = TINY_STUDY + ["--storage", url, "--study", "b", "--out", out_of(t, "b")]
     return [Cmd(a, 0), Cmd(b, 2, fsize=14_000, says=["the disk is full"], one_line=True), Cmd(b, 0),
-            Cmd(a, 0)]  # stdout says "(2 done)": tests/test_study.py checks it
+            Cmd(a, 0)]  # stdout says "(2 done)": tests/sweeps/test_study.py checks it
 
 
 @case("i38-staleness-1e9", "38.2", "async-ps --staleness 1000000000 on a 64-step run, then on a million epochs")

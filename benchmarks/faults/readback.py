@@ -187,7 +187,7 @@ def _zeros_like(x):
 def _rewrite(state_of: Callable[[object], object]) -> Callable[[str], None]:
     """A checkpoint file whose envelope is sound (magic, checksum) and whose state is not."""
     def apply(path: str) -> None:
-        from shmlearn.checkpoint import read_file, write_file
+        from shmlearn.train.checkpoint import read_file, write_file
         write_file(path, state_of(read_file(path)))
     return apply
 

@@ -76,7 +76,7 @@ class Editable:
 
 sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
 """
-CONSOLE = "from shmlearn.cli import entry\nentry()\n"
+CONSOLE = "from shmlearn.cli.main import entry\nentry()\n"
 """The `shmlearn` console script: its folder, not the cwd, is sys.path[0] in the launcher."""
 
 
@@ -110,7 +110,7 @@ def _(t):
 
 
 API = """import shmlearn
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 {guard}r = shmlearn.train(TrainConfig(dataset="digits", model="softmax", samples=1024, workers={w}, eval_points=1,
 {ind}                               progress=False, out={out!r}))
 {ind}print("status", r.summary["status"])

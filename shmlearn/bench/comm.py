@@ -34,10 +34,10 @@ import torch
 
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, format_size, parse_int_list,
                                    parse_size, rank_device, stats, sync, try_pyplot)
-from shmlearn import safe_write
+from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
-from shmlearn.limits import rank_threads
-from shmlearn.pool import run_local
+from shmlearn.config.limits import rank_threads
+from shmlearn.launch.pool import run_local
 
 OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
 

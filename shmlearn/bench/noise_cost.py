@@ -31,8 +31,8 @@ import torch
 from shmlearn.bench.common import RANK_TIMEOUT_S, rank_device, stats
 from shmlearn.bench.throughput_runners import _Shmlearn
 from shmlearn.bench.throughput_variants import ThroughputConfig
-from shmlearn.pool import run_local
-from shmlearn.noise import default_every
+from shmlearn.launch.pool import run_local
+from shmlearn.train.noise import default_every
 
 
 def _worker(env, cfg: dict, strategy: str, batch: int, cycles: int, warmup: int, every: int):
@@ -89,5 +89,5 @@ def measure(c: ThroughputConfig, strategy: str, workers: int, batch: int, steps:
             "per_measured_step": statistics.median(a[0] / b[0] - 1 for a, b in zip(on, off)),
             "per_unmeasured_step": statistics.median(a / b - 1 for a, b in rest) if rest else None,
             # what the cycle costs if the other steps cost nothing, as they run nothing of the meter
-            # (tests/test_noise.py): less noisy than `overhead` where the step time swings
+            # (tests/train/test_noise.py): less noisy than `overhead` where the step time swings
             "per_measured_step_over_k": statistics.median(a[0] / b[0] - 1 for a, b in zip(on, off)) / k}

@@ -36,10 +36,10 @@ import torch
 from shmlearn.bench.common import (RANK_TIMEOUT_S, check_backend, environment, parse_int_list, rank_device,
                                    stats, sync, try_pyplot)
 from shmlearn.data.base import DataSpec
-from shmlearn import safe_write
+from shmlearn.record import safe_write
 from shmlearn.errors import BadInput, count
 from shmlearn.models import MODELS, build_model
-from shmlearn.pool import run_local
+from shmlearn.launch.pool import run_local
 
 PHASES = ("fetch_s", "avg_s", "update_s", "time_spent_s", "dist_s")
 

@@ -70,9 +70,9 @@ from shmlearn.bench.throughput_rank import _worker, steps_per_repeat  # noqa: F4
 from shmlearn.bench.throughput_runners import _Shmlearn, _build  # noqa: F401 - benchmarks/ import them from here
 from shmlearn.bench.throughput_variants import (BASELINES, BEST_OF, DDP, MODIFIERS, ThroughputConfig,  # noqa: F401
                                                 _variants, check, step_options, strategy_names)
-from shmlearn import safe_write
+from shmlearn.record import safe_write
 from shmlearn.errors import BadInput, WorkerFailed
-from shmlearn.pool import run_local
+from shmlearn.launch.pool import run_local
 from shmlearn.sync import registry
 
 

@@ -16,7 +16,7 @@ from shmlearn.bench.common import rank_device, stats, sync
 from shmlearn.bench.throughput_runners import _build, _model, _sgd
 from shmlearn.bench.throughput_variants import ThroughputConfig, _skipped, _variants
 from shmlearn.errors import one_line
-from shmlearn.limits import rank_threads
+from shmlearn.config.limits import rank_threads
 from shmlearn.step.compile import build_failure
 from shmlearn.sync import build_strategy, registry
 

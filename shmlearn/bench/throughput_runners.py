@@ -14,12 +14,12 @@ import torch
 from shmlearn.bench.throughput_variants import COMPILE_MODES, DDP, ThroughputConfig, _parse, step_options
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import ShardedLoader
-from shmlearn.fast import Stepper
+from shmlearn.step.fast import Stepper
 from shmlearn.models import build_model
-from shmlearn.noise import NoiseMeter, default_every
-from shmlearn.optim import build_schedule
+from shmlearn.train.noise import NoiseMeter, default_every
+from shmlearn.user.optim import build_schedule
 from shmlearn.sync import build_strategy, registry
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 def _spec(c: ThroughputConfig):
     return DataSpec(name="random", task="classification", input_shape=tuple(c.input_shape),

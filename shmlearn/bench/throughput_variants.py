@@ -13,7 +13,7 @@ from typing import List, Optional
 import torch
 
 from shmlearn.errors import BadInput
-from shmlearn.fast import CUDA_GRAPH, PRECISIONS, StepOptions
+from shmlearn.step.fast import CUDA_GRAPH, PRECISIONS, StepOptions
 from shmlearn.models import MODELS
 from shmlearn.sync import registry
 

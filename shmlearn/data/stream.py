@@ -21,8 +21,8 @@ from torch.utils.data import DataLoader, Subset
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import epoch_permutation, epoch_steps, too_few
 from shmlearn.errors import BadInput
-from shmlearn.parent import die_with_parent
-from shmlearn.limits import usable_cores
+from shmlearn.launch.parent import die_with_parent
+from shmlearn.config.limits import usable_cores
 
 
 @dataclass
@@ -98,7 +98,7 @@ def _context(ds):
     workers then start from a clean process. A fork of a rank copies its state mid-flight
     (Gloo's threads, OpenMP's pool, the heartbeat thread, Triton's libraries), and a forked
     worker hung for 300 s in CI (tests/data/test_stream.py, 2 Gloo ranks, 1 in 3 runs). Fork
-    otherwise: a `FILE.py:NAME` Dataset loaded by path (shmlearn/refs.py) cannot be imported by a
+    otherwise: a `FILE.py:NAME` Dataset loaded by path (shmlearn/user/refs.py) cannot be imported by a
     fresh process, and a forked worker inherits it. They never touch CUDA."""
     import multiprocessing as mp
     methods = mp.get_all_start_methods()

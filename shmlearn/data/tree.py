@@ -30,7 +30,7 @@ from torch.utils.data import default_collate
 from shmlearn.data.base import DataSpec
 from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
-from shmlearn.refs import call_user
+from shmlearn.user.refs import call_user
 
 CUSTOM = "custom"
 """The task of data trained through compute_loss: the user's function says what the outputs mean."""

@@ -22,7 +22,7 @@ import torch
 from shmlearn.data.base import Dataset, DataSpec, check_usable
 from shmlearn.data.stream import StreamedData, label_scan, materialize
 from shmlearn.errors import BadInput
-from shmlearn.refs import call_user
+from shmlearn.user.refs import call_user
 
 TASKS = ("classification", "binary", "regression")
 LOADERS = ("auto", "resident", "stream")

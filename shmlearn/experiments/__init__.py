@@ -10,9 +10,9 @@ from typing import Dict, Tuple
 
 from shmlearn.errors import BadInput
 from shmlearn.experiments.common import Context
-from shmlearn.limits import usable_cores
-from shmlearn.pool import Pool, using
-from shmlearn.runs import check_sweep_out, write_json_atomic
+from shmlearn.config.limits import usable_cores
+from shmlearn.launch.pool import Pool, using
+from shmlearn.record.runs import check_sweep_out, write_json_atomic
 
 # name -> (module, one line on what it reproduces)
 EXPERIMENTS: Dict[str, Tuple[str, str]] = {

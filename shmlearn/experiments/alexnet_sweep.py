@@ -12,13 +12,13 @@ import os
 
 import torch
 
-from shmlearn import safe_write
+from shmlearn.record import safe_write
 from shmlearn.experiments.common import Context, fashion_or
-from shmlearn.limits import usable_cores
-from shmlearn.results import winners_table
-from shmlearn.sweep import SweepConfig
-from shmlearn.sweep_cli import run_sweep
-from shmlearn.winners import TARGET_SHARE
+from shmlearn.config.limits import usable_cores
+from shmlearn.sweeps.results import winners_table
+from shmlearn.sweeps.sweep import SweepConfig
+from shmlearn.sweeps.cli import run_sweep
+from shmlearn.sweeps.winners import TARGET_SHARE
 
 SWEEPS = True
 """`--axis` may replace axes of the grid (e.g. a coarser lr grid where device time is short)."""

@@ -1,10 +1,10 @@
 """`shmlearn experiment list` and `shmlearn experiment run NAME [--quick] [--device] [--out]`."""
 from __future__ import annotations
 
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.experiments import EXPERIMENTS, default_out, run_experiment
-from shmlearn.sweep import parse_values
+from shmlearn.sweeps.sweep import parse_values
 
 
 def register(sub) -> None:

@@ -9,7 +9,7 @@ import os
 
 import torch
 
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.experiments.common import Context, curve, fashion_or, figure, run, save, write_table
 
 BATCHES = (32, 64, 128)

@@ -9,11 +9,11 @@ import shutil
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from shmlearn import safe_write
-from shmlearn.config import TrainConfig
+from shmlearn.record import safe_write
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import Diverged
-from shmlearn.runs import read_jsonl, write_json_atomic
-from shmlearn.train import RunResult, train
+from shmlearn.record.runs import read_jsonl, write_json_atomic
+from shmlearn.train.loop import RunResult, train
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,10 @@ import os
 
 import torch
 
-from shmlearn import safe_write
-from shmlearn.config import TrainConfig
+from shmlearn.record import safe_write
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.experiments.common import Context, curve, figure, run, save, write_table
-from shmlearn.limits import usable_cores
+from shmlearn.config.limits import usable_cores
 
 SHAPES = {"28x28x1": "synthetic-28", "32x32x3": "synthetic-32", "64x64x3": "synthetic-64"}
 MODELS = ("alexnet", "resnet34")

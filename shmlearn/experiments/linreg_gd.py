@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset
 from shmlearn.experiments.common import Context, curve, figure, run, save, write_table
 

@@ -7,10 +7,10 @@ import os
 
 import torch
 
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.experiments.common import Context, curve, fashion_or, figure, run, save, write_table
-from shmlearn.optim import OPTIMIZERS
+from shmlearn.user.optim import OPTIMIZERS
 
 ADAM_LRS = (0.1, 0.01, 0.001, 0.0001)
 

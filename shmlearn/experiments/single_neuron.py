@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import statistics
 
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.experiments.common import Context, curve, figure, run, save, write_table
 
 MODES = {"allreduce": "gradient averaging", "weight-avg": "weight averaging"}

@@ -18,8 +18,8 @@ from torch.utils._pytree import keystr, tree_flatten_with_path
 
 from shmlearn.data.base import DataSpec
 from shmlearn.errors import BadInput, one_line, user_frame
-from shmlearn.tasks import split_result
-from shmlearn.refs import call_user
+from shmlearn.user.tasks import split_result
+from shmlearn.user.refs import call_user
 
 
 def takes_spec(fn) -> bool:

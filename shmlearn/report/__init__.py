@@ -15,7 +15,7 @@ import gc
 import os
 from typing import Optional, Sequence
 
-from shmlearn import safe_write
+from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
 
 __all__ = ["write_report"]

@@ -17,7 +17,7 @@ def register(sub) -> None:
 
 def cmd_report(ns: argparse.Namespace) -> int:
     from shmlearn.report import write_report  # lazy: matplotlib (the figures)
-    from shmlearn.safe_write import cli_output  # lazy: the report subcommand only
+    from shmlearn.record.safe_write import cli_output  # lazy: the report subcommand only
     with cli_output("report"):  # a full disk, a read-only folder: one line, earlier files kept
         print(write_report(ns.paths, out=ns.out))
     return 0

@@ -2,7 +2,7 @@
 
 Tolerant of what a kill leaves: a run killed before summary.json still has its curves, and is
 shown as 'incomplete' rather than refused (a torn last line of a JSON-lines file is dropped).
-Strict about anything else: a malformed file is one line naming it (shmlearn/readback.py). A sweep's winners are drawn from their trial folders where
+Strict about anything else: a malformed file is one line naming it (shmlearn/record/readback.py). A sweep's winners are drawn from their trial folders where
 present, else from the curves winners.json keeps (results.add_curves), so the folders may go."""
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional
 
-from shmlearn import readback
+from shmlearn.record import readback
 from shmlearn.errors import BadInput
-from shmlearn.results import ResultStore, pick_winners
+from shmlearn.sweeps.results import ResultStore, pick_winners
 
 from .html import worker_count
 

@@ -6,8 +6,8 @@ import os
 import time
 from typing import Dict, List, Tuple
 
-from shmlearn.results import old_overall_line, metric_title
-from shmlearn.winners import margin_text, point_name, points, status, verdict_lines
+from shmlearn.sweeps.results import old_overall_line, metric_title
+from shmlearn.sweeps.winners import margin_text, point_name, points, status, verdict_lines
 
 from . import run_figures as rf
 from . import sweep_figures as sf

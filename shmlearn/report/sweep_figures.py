@@ -8,8 +8,8 @@ from typing import Any, Dict, List, NamedTuple, Optional
 import numpy as np
 from matplotlib.patches import Rectangle
 
-from shmlearn import winners
-from shmlearn.results import metric_value
+from shmlearn.sweeps import winners
+from shmlearn.sweeps.results import metric_value
 
 from .html import worker_count
 from .load import Run

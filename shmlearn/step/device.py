@@ -18,7 +18,7 @@ import torch
 
 from shmlearn.nn import conv_overlap
 from shmlearn.sync.base import check_non_finite
-from shmlearn.tasks import split_result
+from shmlearn.user.tasks import split_result
 
 
 def autocast(device: torch.device, precision: str):

@@ -11,10 +11,10 @@ from typing import List, Tuple
 import torch
 import torch.distributed as dist
 
-from shmlearn import graph_memsets
+from shmlearn.step import graph_memsets
 from shmlearn.errors import one_line
 from shmlearn.step.options import SAMPLE_EVERY, sample_period
-from shmlearn.timing import NULL_TIMER
+from shmlearn.record.timing import NULL_TIMER
 
 
 class Graphs:

@@ -10,7 +10,7 @@ from typing import Optional
 
 import torch
 
-from shmlearn import flat_sgd
+from shmlearn.step import flat_sgd
 from shmlearn.errors import BadInput
 from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.step import buckets

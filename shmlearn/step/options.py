@@ -1,5 +1,5 @@
 """The fast step's options and constants (StepOptions, the flag choices), the read's Window, and
-the small rules the step's parts share (shmlearn/fast.py says how a step runs)."""
+the small rules the step's parts share (shmlearn/step/fast.py says how a step runs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -138,7 +138,7 @@ class StepOptions:
     memset_kernels: bool = True
     """CUDA graphs: replace the captured graph's small memset nodes (cuDNN zeroing a few bytes of
     workspace) with kernel nodes that write the same bytes, before instantiating it
-    (shmlearn/graph_memsets.py): a memset node between two kernels idles the GPU for several
+    (shmlearn/step/graph_memsets.py): a memset node between two kernels idles the GPU for several
     microseconds on each side.
     False: keep them (the bench's `memset-nodes` modifier)."""
 

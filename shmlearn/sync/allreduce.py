@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, register
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 
 class AllReduce(SyncStrategy):

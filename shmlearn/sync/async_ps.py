@@ -50,10 +50,10 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.errors import BadInput
-from shmlearn.limits import MAX_STEPS, mem_available, whole
+from shmlearn.config.limits import MAX_STEPS, mem_available, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 
 @dataclass(frozen=True)

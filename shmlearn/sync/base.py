@@ -17,7 +17,7 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 
 def flatten_parameters(model: torch.nn.Module, *, channels_last: bool = False, extra: int = 0):

@@ -21,10 +21,10 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.nn.parallel import DistributedDataParallel
 
-from shmlearn.noise import sq_norm
+from shmlearn.train.noise import sq_norm
 from shmlearn.sync.base import SyncStrategy
 from shmlearn.sync.registry import Costs, Entry, register
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 BUCKET_BYTES = 25 << 20  # torch DDP's default bucket_cap_mb
 

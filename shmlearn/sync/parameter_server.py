@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 from shmlearn.errors import BadInput
-from shmlearn.flags import Option, options_of
+from shmlearn.config.flags import Option, options_of
 
 
 @dataclass(frozen=True)

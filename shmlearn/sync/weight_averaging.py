@@ -30,10 +30,10 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from shmlearn.limits import MAX_STEPS, whole
+from shmlearn.config.limits import MAX_STEPS, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
 from shmlearn.sync.registry import Costs, Entry, param, register
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import pytest
 
 from shmlearn.bench.comm import BUS_FACTOR, OPS, default_sizes
 from shmlearn.bench.common import parse_int_list, parse_size, stats
-from shmlearn.cli import main
+from shmlearn.cli.main import main
 from shmlearn.errors import BadInput
 
 

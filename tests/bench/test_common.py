@@ -4,8 +4,8 @@ import torch
 
 from shmlearn.bench.common import rank_device
 from shmlearn.errors import WorkerFailed
-from shmlearn.pool import run_local
-from shmlearn.pool import Pool, using
+from shmlearn.launch.pool import run_local
+from shmlearn.launch.pool import Pool, using
 
 
 def _sums(env):

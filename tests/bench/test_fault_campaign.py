@@ -23,7 +23,7 @@ NEW = [c for c in registry.CASES if c.klass not in registry.LEGACY]
 def fake_fixture(tmp, name, dest="run"):
     """What the campaign's fixtures hold, in their formats, without training: enough for every
     case's build() (which damages these files) to run."""
-    from shmlearn.checkpoint import write_file
+    from shmlearn.train.checkpoint import write_file
     out = os.path.join(tmp, dest)
     os.makedirs(out)
 

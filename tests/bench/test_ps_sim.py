@@ -3,7 +3,7 @@ import json
 import re
 
 from shmlearn.bench.ps_sim import shapes_of
-from shmlearn.cli import main
+from shmlearn.cli.main import main
 
 SEED_LINES = [  # the seed's sample output, in its order, numbers replaced by patterns
     r"---->Start time = \d+\.\d{6}",

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from shmlearn.bench.throughput import ThroughputConfig, _ratios, _variants, steps_per_repeat
-from shmlearn.cli import main
+from shmlearn.cli.main import main
 
 
 def test_variants_per_worker_count():
@@ -140,7 +140,7 @@ def test_bad_input_exits_2(tmp_path, capsys, args, needle):
 def test_check_every_help_gives_the_real_defaults():
     import argparse
     from shmlearn.bench.throughput import register
-    from shmlearn.fast import DEFAULT_CHECK_EVERY
+    from shmlearn.step.fast import DEFAULT_CHECK_EVERY
     sub = argparse.ArgumentParser().add_subparsers()
     register(sub)
     help_ = next(a.help for a in sub.choices["throughput"]._actions if a.dest == "check_every")

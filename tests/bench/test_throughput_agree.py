@@ -1,6 +1,6 @@
 """Every rank of `bench throughput` times the same number of steps in a repeat (Gloo, 2 ranks)."""
 from shmlearn.bench.throughput_rank import agreed_steps_per_repeat, steps_per_repeat
-from shmlearn.pool import run_local
+from shmlearn.launch.pool import run_local
 
 
 def _choose(env, per_step: float):

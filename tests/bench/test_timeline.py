@@ -116,7 +116,7 @@ def test_reader_reads_what_the_profiler_exports(tmp_path):
 
 
 def test_main_on_a_saved_trace(tmp_path, capsys):
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     events = [{"ph": "X", "cat": "kernel", "name": n, "ts": float(t), "dur": 1.0, "args": {"stream": 7}}
               for n, t in (("sm90_xmma_fprop", 0), ("triton_per_fused__log_softmax_0", 2), ("sm90_xmma_dgrad", 4))]
     p = tmp_path / "t.json"

@@ -171,7 +171,7 @@ def test_constant_test_images_are_fine(tmp_path):
 def test_cli_exits_2_with_one_line(tmp_path, capfd, monkeypatch, x, split):
     """The CLI's main() in this process (its one worker runs here; a fresh interpreter was ~3 s of
     two cores), fd 2 read."""
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     data = tmp_path / "data"
     data.mkdir()
     make_mnist_dir(data, n_train=64)  # two batches of 32, so only the data itself is wrong

@@ -9,14 +9,14 @@ import pytest
 import torch
 
 import shmlearn
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.data import stream
 from shmlearn.data.stream import StreamedData, StreamLoader
 from shmlearn.data.user import user_data
 from shmlearn.errors import BadInput
-from shmlearn.pool import Pool, using
+from shmlearn.launch.pool import Pool, using
 
 CPU = torch.device("cpu")
 
@@ -239,7 +239,7 @@ def test_workers_start_from_a_clean_process_where_the_dataset_allows(tmp_path):
     import multiprocessing as mp
     if "forkserver" not in mp.get_all_start_methods():
         pytest.skip("no forkserver on this platform")
-    from shmlearn.refs import load_ref
+    from shmlearn.user.refs import load_ref
     x = np.zeros((4, 1, 2, 2), dtype=np.uint8)
     y = np.zeros(4, dtype=np.int64)
     assert stream._context(Pairs(x, y)).get_start_method() == "forkserver"

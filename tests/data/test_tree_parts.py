@@ -19,11 +19,11 @@ import torch.distributed as dist
 from torch import nn
 
 import shmlearn
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.data.loader import epoch_permutation
 from shmlearn.data.tree import SHARD_MIN, collate_part, collate_split, gather_parts, part_bounds, tree_data
 from shmlearn.errors import BadInput
-from shmlearn.pool import Pool, using
+from shmlearn.launch.pool import Pool, using
 
 from procs import processes
 

@@ -3,7 +3,7 @@ trained again; an experiment folder resumes only the invocation that made it."""
 import pytest
 
 import shmlearn.experiments.common as common
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.experiments import run_experiment
 from shmlearn.experiments.common import Context, run

@@ -104,7 +104,7 @@ def test_a_finished_run_is_found_after_its_folder_moved_and_new_fields_appeared(
     field: its runs are read back, not refused as 'already holds a run' (seen on the H100)."""
     import json
     import yaml
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from shmlearn.experiments.common import finished
     run = tmp_path / "runs" / "a"
     run.mkdir(parents=True)

@@ -191,8 +191,8 @@ def test_auto_is_off_on_the_cpu_and_small_or_all_is_refused_there():
     assert conv_overlap.resolve("auto", cuda, deferred=True) == "all"
     assert conv_overlap.resolve("auto", cuda, deferred=False) == "small"
     assert "needs a CUDA device" in conv_overlap.usable(cpu)
-    from shmlearn.config import TrainConfig, validate
-    from shmlearn.fast import StepOptions, Stepper
+    from shmlearn.config.train_config import TrainConfig, validate
+    from shmlearn.step.fast import StepOptions, Stepper
     from shmlearn.sync import build_strategy
     with pytest.raises(BadInput, match=r"^--conv-overlap both: choose one of off, small, all, auto$"):
         validate(TrainConfig(conv_overlap="both"))
@@ -232,7 +232,7 @@ def test_a_run_with_every_convolution_split_is_the_same_run_and_says_so(tmp_path
     second on weights the split gradients moved) and one evaluation of 32 test samples: digits'
     360 test samples through resnet18 and 4 steps took ~3x as long on 2 cores."""
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from triton_interp import small_digits
     monkeypatch.setattr(conv_overlap, "usable", lambda device: None)
     data = small_digits(32)

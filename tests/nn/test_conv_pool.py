@@ -135,7 +135,7 @@ def test_inductor_compiles_around_the_fused_kernels_and_agrees():
 @interpreted
 def test_a_run_with_the_fused_blocks_is_the_same_run(tmp_path):
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from triton_interp import small_digits
     # 2 steps of 8 (the second on weights the kernels' gradients moved) and one evaluation of 8
     # test samples: each interpreted kernel call costs seconds on two cores (4 steps of 32 and two
@@ -185,7 +185,7 @@ def test_an_unbatched_input_runs_the_three_ops():
 
 def test_bad_conv_pool_values_and_a_cpu_outside_the_interpreter_are_refused_in_one_line(tmp_path, monkeypatch):
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from shmlearn.errors import BadInput
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     pytest.importorskip("triton")

@@ -94,7 +94,7 @@ def test_inductor_compiles_it_and_agrees():
 
 def test_training_with_im2col_is_the_same_run(tmp_path):
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     runs = []
     for flag in (False, True):
         res = shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=512, workers=1,
@@ -142,7 +142,7 @@ def test_triton_kernels_under_autocast_read_and_write_its_dtype():
 @interpreted
 def test_a_run_with_the_triton_kernels_is_the_same_run(tmp_path):
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from triton_interp import small_digits
     # 2 steps of 8 (the second on weights the kernels' gradients moved) and one evaluation of 8
     # test samples: each interpreted kernel call costs seconds on two cores (32 steps of 32 and two
@@ -159,7 +159,7 @@ def test_a_run_with_the_triton_kernels_is_the_same_run(tmp_path):
 
 def test_triton_on_a_cpu_outside_the_interpreter_is_refused_in_one_line(tmp_path, monkeypatch):
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     from shmlearn.errors import BadInput
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     with pytest.raises(BadInput, match="--image-conv triton: Triton's kernels run on CUDA devices, not cpu"):
@@ -200,11 +200,11 @@ def test_the_triton_ops_count_a_convolutions_flops():
 
 
 def test_importing_the_module_or_training_with_cudnn_imports_no_triton():
-    # Importing shmlearn.fast and converting to im2col defines no Triton op (flop_counter, and with
+    # Importing shmlearn.step.fast and converting to im2col defines no Triton op (flop_counter, and with
     # it Triton, load only for --image-conv triton).
     import subprocess
     import sys
-    code = ("import sys, torch, shmlearn.fast, shmlearn.nn.image_conv as m, torch.nn as nn; "
+    code = ("import sys, torch, shmlearn.step.fast, shmlearn.nn.image_conv as m, torch.nn as nn; "
             "m.convert(nn.Sequential(nn.Conv2d(3, 4, 3)), 'im2col'); "
             "print('triton' in sys.modules)")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

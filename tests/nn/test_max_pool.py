@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inductor import needs_build
-from shmlearn.config import TrainConfig, validate
+from shmlearn.config.train_config import TrainConfig, validate
 from shmlearn.errors import BadInput
 from shmlearn.nn.max_pool import ReduceAdaptiveMaxPool2d, ReduceMaxPool2d, convert, qualifies, resolve
 

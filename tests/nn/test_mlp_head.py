@@ -111,7 +111,7 @@ def test_convert_fuses_only_qualifying_chains_both_ways_and_keeps_the_parameters
 
 
 def test_mlp_head_flag_is_checked_and_triton_is_refused_off_cuda():
-    from shmlearn.config import TrainConfig, validate
+    from shmlearn.config.train_config import TrainConfig, validate
     from shmlearn.errors import BadInput
     from shmlearn.nn.mlp_head import usable
     with pytest.raises(BadInput, match=r"^--mlp-head fused: choose one of off, triton, auto$"):
@@ -127,7 +127,7 @@ def test_a_run_counts_its_fused_heads(tmp_path):
     leaves it to torch too (the kernels are bf16/fp16 only), says so in summary.json's kernels,
     and the run is the same run."""
     import shmlearn
-    from shmlearn.config import TrainConfig
+    from shmlearn.config.train_config import TrainConfig
     runs = [shmlearn.train(TrainConfig(model="alexnet-small", dataset="digits", samples=64, workers=1,  # 2 steps
                                        mlp_head=mode, device="cpu", progress=False, eval_points=1, eval_at_start="off",
                                        deterministic=True, out=str(tmp_path / mode))) for mode in ("off", "triton")]

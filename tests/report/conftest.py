@@ -7,7 +7,7 @@ import os
 import pytest
 import yaml
 
-from shmlearn.sweep import ResultStore, pick_winners
+from shmlearn.sweeps.sweep import ResultStore, pick_winners
 
 
 def make_run(path, *, workers=2, batch=32, lr=0.1, status="completed", steps=60, scale=1.0, strategy="ps"):

@@ -120,7 +120,7 @@ def test_bad_paths_are_bad_input(tmp_path, fake_sweep, fake_runs, capfd):
     with pytest.raises(BadInput, match="reported on its own"):
         write_report([str(fake_sweep), str(fake_runs[0])])
     # the CLI's main() in this process (a fresh interpreter was ~2-3 s of two cores here), fd 2 read
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     capfd.readouterr()
     try:
         code = main(["report", str(tmp_path / "nope")])

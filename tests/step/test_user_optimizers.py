@@ -13,16 +13,16 @@ import torch.nn.functional as F
 
 import shmlearn
 from stepping import run_steps
-from shmlearn.config import TrainConfig
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
-from shmlearn.fast import StepOptions, Stepper
-from shmlearn.guard import Fault
+from shmlearn.step.fast import StepOptions, Stepper
+from shmlearn.train.guard import Fault
 from shmlearn.models import build_model
 from shmlearn.step import options
 from shmlearn.step.modes import GroupValues, keep_lr_tensors
 from shmlearn.sync import build_strategy
-from shmlearn.timing import PhaseTimer
+from shmlearn.record.timing import PhaseTimer
 
 B, STEPS = 8, 20
 CALLS = {"pre": 0}

@@ -10,16 +10,16 @@ import pytest
 import torch
 
 import shmlearn
-from shmlearn.config import TrainConfig, validate
+from shmlearn.config.train_config import TrainConfig, validate
 from shmlearn.errors import BadInput
-from shmlearn.pool import Pool, using
+from shmlearn.launch.pool import Pool, using
 
 
 @pytest.fixture(scope="module")
 def pool():
     """One pool of workers for the module's in-process runs (it grows to the 4 processes of 3
     workers and the server): a fresh train() spends ~5 s of a loaded 2-core machine on spawning
-    and importing its processes, more than these runs train (tests/test_pool.py: a pooled run
+    and importing its processes, more than these runs train (tests/launch/test_pool.py: a pooled run
     is a fresh one bit for bit)."""
     with Pool(2) as p:
         yield p
@@ -165,7 +165,7 @@ def test_what_async_ps_cannot_run_with_is_refused_in_one_line():
 
 
 def test_simulate_predicts_async_ps_as_the_dedicated_server_at_staleness_0_and_hides_the_server_above():
-    from shmlearn.simulate import Compute, Machine, Network, predict
+    from shmlearn.analysis.simulate.main import Compute, Machine, Network, predict
     from shmlearn.sync import registry
     c = Compute(data_s=0.001, compute_s=0.010, update_s=0.002, other_s=0.0, batch_size=32, parameters=10**6,
                 model="m", device="cpu", source="test")
@@ -224,7 +224,7 @@ def test_the_protocol_replayed_on_a_clock_keeps_the_servers_rules():
 
 
 def test_simulate_predicts_the_staleness_histogram_and_a_stragglers_share():
-    from shmlearn.simulate import Compute, Machine, Network, predict_more
+    from shmlearn.analysis.simulate.main import Compute, Machine, Network, predict_more
     from shmlearn.sync import registry
     c = Compute(data_s=0.001, compute_s=0.010, update_s=0.002, other_s=0.0, batch_size=32, parameters=10**5,
                 model="m", device="cpu", source="test")

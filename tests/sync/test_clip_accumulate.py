@@ -17,13 +17,13 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from shmlearn.config import TrainConfig, validate
+from shmlearn.config.train_config import TrainConfig, validate
 from shmlearn.errors import BadInput
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import epoch_permutation
-from shmlearn.launch import DistEnv, free_port
+from shmlearn.launch.start import DistEnv, free_port
 from shmlearn.models import build_model
-from shmlearn.train import run_worker
+from shmlearn.train.loop import run_worker
 from cli_inproc import run_main
 from procs import processes
 

@@ -11,9 +11,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from shmlearn.config import TrainConfig
-from shmlearn.launch import DistEnv, free_port
-from shmlearn.train import run_worker
+from shmlearn.config.train_config import TrainConfig
+from shmlearn.launch.start import DistEnv, free_port
+from shmlearn.train.loop import run_worker
 from procs import processes
 
 B, STEPS = 8, 20

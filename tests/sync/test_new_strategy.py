@@ -15,17 +15,17 @@ import pytest
 import torch
 
 import shmlearn.sync
-from shmlearn.cli import main
-from shmlearn.config import TrainConfig
+from shmlearn.cli.main import main
+from shmlearn.config.train_config import TrainConfig
 from shmlearn.sync import registry
-from shmlearn.train import train
+from shmlearn.train.loop import train
 
 TOY = '''"""allreduce-half: the gradient averaged in `pieces` all-reduces (a toy: tests/sync/test_new_strategy.py)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shmlearn.limits import whole
+from shmlearn.config.limits import whole
 from shmlearn.sync.base import SyncStrategy
 from shmlearn.sync.registry import Entry, param, register
 
@@ -90,7 +90,7 @@ def test_a_file_dropped_into_the_packages_sync_folder_registers_in_a_fresh_proce
     shutil.copytree(os.path.dirname(shmlearn.__file__), tmp_path / "shmlearn",
                     ignore=shutil.ignore_patterns("__pycache__"))
     (tmp_path / "shmlearn" / "sync" / "allreduce_half.py").write_text(TOY)
-    code = ("import shmlearn.sync as s; from shmlearn.config import TrainConfig; "
+    code = ("import shmlearn.sync as s; from shmlearn.config.train_config import TrainConfig; "
             "print(s.__file__, list(s.registry.entries())[-1], TrainConfig(allreduce_pieces=3).allreduce_pieces)")
     env = {k: v for k, v in os.environ.items() if k != "SHMLEARN_STRATEGY_PATH"}
     env["PYTHONPATH"] = str(tmp_path)
@@ -136,10 +136,10 @@ def test_toy_strategy_parameter_through_the_config(toy):
 def test_toy_strategy_parameter_is_a_flag_a_yaml_key_and_a_sweep_axis(toy, tmp_path):
     """The toy's one declaration (param("allreduce_pieces", 2), its type and docstring) is all
     the config, the train and sweep flags, --help, config.yaml and the refusals read."""
-    from shmlearn.cli import build_parser, config_from_args
-    from shmlearn.config import load_yaml, save_yaml, validate
+    from shmlearn.cli.main import build_parser, config_from_args
+    from shmlearn.config.train_config import load_yaml, save_yaml, validate
     from shmlearn.errors import BadInput
-    from shmlearn.sweep_grid import split_axes
+    from shmlearn.sweeps.grid import split_axes
     parser = build_parser()
     cfg = config_from_args(parser.parse_args(["train", "--strategy", "allreduce-half", "--allreduce-pieces", "3"]))
     assert cfg.allreduce_pieces == 3 and registry.spec(cfg).flags() == "--strategy allreduce-half --allreduce-pieces 3"

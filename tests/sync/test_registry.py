@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from shmlearn.cli import field_docs
-from shmlearn.config import TrainConfig, options, validate
+from shmlearn.cli.main import field_docs
+from shmlearn.config.train_config import TrainConfig, options, validate
 from shmlearn.errors import BadInput
 from shmlearn.sync import AllReduce, WeightAveraging, build_strategy, registry
 
@@ -95,7 +95,7 @@ def _shmlearn(*args):
 def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, capfd, monkeypatch, args, flag, takers):
     """The CLI's main() in this process, fd 2 read (a fresh interpreter apiece was ~3 s of two
     cores here for a refusal made before any worker starts)."""
-    from shmlearn.cli import main
+    from shmlearn.cli.main import main
     for k in ("RANK", "WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "SLURM_PROCID"):
         monkeypatch.delenv(k, raising=False)
     try:
@@ -114,7 +114,7 @@ def test_cli_another_strategys_flag_exits_2_with_one_line(tmp_path, capfd, monke
 def pool():
     """The runs below that take two processes (async-ps, a dedicated server) share one pool: a
     fresh train() spawns and imports both for a run of a few steps."""
-    from shmlearn.pool import Pool
+    from shmlearn.launch.pool import Pool
     with Pool(2) as p:
         yield p
 
@@ -122,7 +122,7 @@ def pool():
 @pytest.mark.parametrize("strategy", list(STRATEGY_PARAMS))
 def test_summary_records_strategy_params(tmp_path, pool, strategy):
     import shmlearn
-    from shmlearn.pool import using
+    from shmlearn.launch.pool import using
     config, params = STRATEGY_PARAMS[strategy]
     with using(pool):
         res = shmlearn.train(TrainConfig(strategy=strategy, workers=1, threads=1, samples=256, eval_points=1,
@@ -133,7 +133,7 @@ def test_summary_records_strategy_params(tmp_path, pool, strategy):
 
 def test_summary_records_a_dedicated_server(tmp_path, pool):
     import shmlearn
-    from shmlearn.pool import using
+    from shmlearn.launch.pool import using
     with using(pool):
         res = shmlearn.train(TrainConfig(strategy="ps", ps_dedicated=True, workers=1, threads=1, samples=256,
                                          eval_points=1, progress=False, out=str(tmp_path / "run")))

@@ -1,0 +1,183 @@
+"""How a pool starts its workers: spawned fresh, or forked from a forkserver that has imported
+torch once (every CPU pool: train, sweeps, experiments, the Python API).
+
+Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
+process builds imports the latter anyway: launch.import_before_group), and each spawned worker
+paid both while the owner imported torch for itself: on a 2-core machine three processes shared
+the cores before the first step (issue 41; measured in docs/performance.md). `start()`, called by
+the program before it imports torch (cli.main), starts multiprocessing's forkserver, which imports
+THIRD_PARTY while the owner does its own imports and checks; a CPU pool's workers are then forks
+of it. The program starts one for train, sweep and experiment (cli.prestart), and so does
+`import shmlearn` in a script (`autostart`); a notebook, pytest or `python -c` start theirs with
+their first CPU pool (`context`), not at import. It lives as long as its owner: where the
+owner's import-time environment has changed since (IMPORT_ENV), its pools spawn.
+
+What stays as a spawned worker had it:
+* only third-party modules are preloaded: shmlearn's own modules, the user's script (__main__)
+  and the user's parts (pickled, parts.py) are imported in each worker, as before; a strategy
+  file added after the forkserver started is found (tests/sync/test_new_strategy.py).
+* CUDA: importing torch does not initialize it, and the forkserver runs nothing else; GPU pools,
+  and any pool once this process has initialized CUDA, spawn as before.
+* stdout and stderr: a worker takes its owner's file descriptors 1 and 2 at its start
+  (pool_worker.OwnerStdio), not the forkserver's: pytest's capture and a notebook's cell see it.
+* the environment: a worker takes its owner's os.environ at its start (pool_worker); what
+  torch reads while it imports comes from the forkserver's start, so where such a variable
+  (IMPORT_ENV) changed since, the pool spawns.
+* Ctrl-C: the forkserver starts with SIGINT blocked, so its forks start with it blocked, as
+  Pool._spawn's spawned children do; the worker ignores it and unblocks it (pool_worker).
+* dying with the owner: a fork's parent is the forkserver, so PR_SET_PDEATHSIG cannot name the
+  owner: launch.die_with_owner watches the owner's pidfd instead. The forkserver itself, the
+  owner's child, sets it first thing (GUARD, preloaded before torch), so that an owner killed
+  while it imports torch does not leave it importing.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+from typing import Dict, Iterator, Optional
+
+from shmlearn.launch.env import RANK_VARIABLES
+from shmlearn.launch.parent import OWNER_ENV
+
+THIRD_PARTY = ("torch", "torch._dynamo")
+"""What the forkserver imports: third-party only, never shmlearn's modules (see the docstring),
+after the guard, which imports the package's two smallest (errors, parent)."""
+GUARD = "shmlearn.launch._forkserver_guard"
+
+IMPORT_ENV = ("TORCH", "PYTORCH", "OMP_", "MKL_", "KMP_", "OPENBLAS", "GOMP", "CUDA", "NCCL", "TRITON",
+              "LD_", "PYTHON")
+"""Prefixes of variables torch, its libraries or the interpreter may read while importing."""
+READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
+"""Of those, variables read only when used, which a worker takes from its owner's environment as
+any other: Inductor sets TORCHINDUCTOR_CACHE_DIR itself at its first compile, and with it every
+later pool of a process that compiled once would spawn."""
+
+_started_env: Optional[Dict[str, str]] = None
+"""Those variables as they were when start() started the forkserver; None: not started here."""
+
+
+def _import_env() -> Dict[str, str]:
+    return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV) and k not in READ_WHEN_USED}
+
+
+def start() -> bool:
+    """Start the forkserver now; it imports THIRD_PARTY in the background. False where this
+    platform has none. Idempotent (multiprocessing restarts a forkserver that died)."""
+    global _started_env
+    if _started_env is not None:
+        return True
+    if "forkserver" not in mp.get_all_start_methods():
+        return False
+    from multiprocessing import forkserver, resource_tracker
+    # The tracker first: starting it unblocks SIGINT afterwards (see Pool._spawn), which would
+    # undo the block below if the forkserver started it.
+    resource_tracker.ensure_running()
+    forkserver.set_forkserver_preload([GUARD, *THIRD_PARTY])
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # PR_SET_PDEATHSIG fires when the thread that started the process ends: only the main thread's
+    # start is tied to this process's life (a forkserver multiprocessing restarts from another
+    # thread leaves by its alive pipe, after its imports).
+    if threading.current_thread() is threading.main_thread():
+        os.environ[OWNER_ENV] = str(os.getpid())
+    safe_before = os.environ.get("PYTHONSAFEPATH")
+    os.environ["PYTHONSAFEPATH"] = "1"  # see _neutral_cwd
+    try:
+        with _neutral_cwd():
+            forkserver.ensure_running()
+    finally:
+        os.environ.pop(OWNER_ENV, None)
+        if safe_before is None:
+            os.environ.pop("PYTHONSAFEPATH", None)
+        else:
+            os.environ["PYTHONSAFEPATH"] = safe_before
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+    _started_env = _import_env()
+    atexit.register(_stop)  # before any pool registers its close, so that runs first
+    return True
+
+
+@contextlib.contextmanager
+def _neutral_cwd() -> Iterator[None]:
+    """The forkserver imports its preload (this package first) before it learns the owner's
+    sys.path (Python 3.10-3.12's forkserver ignores the sys_path it is sent), with the `''` that
+    `python -c` puts first: the current folder. A folder named `shmlearn` there (the clone's parent
+    folder, `shmlearn/runs`) became the package, and every worker died with "cannot import name
+    'RunDir' from 'shmlearn.record.runs' (unknown location)". PYTHONSAFEPATH (3.11+) leaves `''` out;
+    before 3.11 the forkserver starts in this package's parent folder, where `''` finds this
+    package. Its forks take the owner's folder and sys.path from multiprocessing (spawn.prepare)."""
+    if sys.version_info >= (3, 11):
+        yield
+        return
+    here = os.getcwd()
+    os.chdir(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+    try:
+        yield
+    finally:
+        os.chdir(here)
+
+
+LAUNCHER_ENV = RANK_VARIABLES
+"""A rank of torchrun, mpirun or srun: it trains in its own process and starts no pool."""
+
+
+def autostart() -> bool:
+    """`import shmlearn` in a script: start the forkserver at once, so that it imports torch while
+    the script imports its own modules and builds its data, and `shmlearn.train(workers=N)`'s
+    workers fork ready (the `shmlearn` program does the same, cli.prestart). A worker started by
+    spawn imports torch and torch._dynamo itself (~4 s of a core each) after the script has called
+    train(); a ported pytorch/examples script reached its first step about twice as late as
+    torchrun's (docs/ports.md). Only where it pays and is safe: a script file (not an interactive
+    session, `python -c` or pytest, which would keep the forkserver's import-time state for every
+    later pool), not a multiprocessing child (the workers import the script too), not a rank of a
+    launcher, no GPU driver (GPU pools spawn), and not turned off (SHMLEARN_FORKSERVER=0). Elsewhere
+    the first CPU pool starts it (context)."""
+    main = sys.modules.get("__main__")
+    if (_turned_off() or not getattr(main, "__file__", None)
+            or "pytest" in sys.modules or mp.parent_process() is not None
+            or any(k in os.environ for k in LAUNCHER_ENV)
+            or os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
+        return False
+    return start()
+
+
+def _stop() -> None:
+    """At exit, end the forkserver now, not when its imports end: a command refused after start()
+    (a bad flag, found once torch is imported) would leave it holding the terminal's or a pipe's
+    stdout for seconds (`shmlearn train ... | tail` waits for it). The pools are closed by then."""
+    from multiprocessing import forkserver
+    pid = getattr(forkserver._forkserver, "_forkserver_pid", None)  # no public handle on it
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def _cuda_initialized() -> bool:
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_initialized()
+
+
+def _turned_off() -> bool:
+    return os.environ.get("SHMLEARN_FORKSERVER", "1") == "0"
+
+
+def context(cuda: bool):
+    """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU pool of
+    a process without CUDA whose import-time environment is unchanged since the forkserver
+    started; else spawn. The first CPU pool of a process that has none (the Python API in a
+    notebook, pytest or `python -c`, where autostart starts none at import) starts it here: it
+    imports torch once, where each spawned worker imported it, and every later pool, and every
+    worker a pool replaces, forks ready. SHMLEARN_FORKSERVER=0: every pool spawns."""
+    if cuda or _turned_off() or _cuda_initialized():
+        return mp.get_context("spawn")
+    if _started_env is None and (mp.parent_process() is not None or not start()):
+        return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here
+    if _import_env() != _started_env:
+        return mp.get_context("spawn")
+    return mp.get_context("forkserver")

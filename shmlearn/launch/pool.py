@@ -1,0 +1,468 @@
+"""THE local launcher: a pool of long-lived worker processes that runs a function on a set of ranks.
+
+    Pool(slots) --start(fn, ranks on slots)--> workers (one per CPU core slot or GPU)
+       |  hosts the TCP store every group rendezvouses in (never a rank: a stopped rank 0
+       |  cannot take the store down with it)
+       '-- watches each job: the first rank that dies, fails or stops is named, the job's other
+           ranks are stopped, and their processes are replaced by fresh ones
+
+Why a pool: a fresh process costs its interpreter, torch's import, the CUDA context, the dataset's
+upload and the group's rendezvous, 2-17 s per trial, more than the training of a sweep's trial.
+A pool worker keeps all of them between jobs:
+* the process, its imports and its CUDA context;
+* the dataset on the device (data.load_dataset's per-process cache);
+* the process group: a job on the same ranks as the last one (same slots, same order, same
+  backend and timeout) reuses it, so a sweep's trials of one worker count rendezvous once. A job
+  on other slots destroys the old group and builds one under a fresh key prefix in the store.
+Each job still builds its model, optimizer, strategy and CUDA graph fresh (train.py does).
+
+`train --workers N`, sweeps, experiments and benchmarks all start their ranks here; a `with
+Pool(...)` (or `using(pool)`) around several `shmlearn.train` calls makes them share one pool.
+"""
+from __future__ import annotations
+
+import atexit
+import contextlib
+import datetime
+import itertools
+import os
+import signal
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing.connection import wait
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+
+from shmlearn.launch import forkserver
+
+from shmlearn.launch import listen
+
+from shmlearn.launch import user_main
+from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+# describe and worker_store are imported from here by train.py and the tests (the worker side moved)
+from shmlearn.launch.worker import LEAVE, OwnerStdio, Task, _worker_main, describe, worker_store  # noqa: F401
+
+
+# --- the pool (parent side) ----------------------------------------------------------------------
+
+def _proc_state(pid: int) -> Optional[str]:
+    """A process's state letter from /proc (T: stopped), None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+@dataclass
+class _Worker:
+    slot: int
+    proc: Any
+    conn: Any
+    ready: bool = False
+    job: Optional[int] = None
+    rank: Optional[int] = None
+    group: Optional[int] = None
+    """The group this worker holds after its last job (None: none, or unknown after a failure)."""
+    group_key: Optional[tuple] = None
+    pending: Optional[Task] = None
+    """A task waiting for the worker to finish starting."""
+    t_spawn: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class Job:
+    """A function running on `world` ranks; `outcomes` fill in as ranks report."""
+    id: int
+    slots: Tuple[int, ...]
+    timeout_s: float
+    group: int
+    tag: Any = None
+    """The caller's (a sweep keeps its trial here)."""
+    started: float = field(default_factory=time.monotonic)
+    outcomes: Dict[int, tuple] = field(default_factory=dict)
+    deadline: Optional[float] = None
+    done: bool = False
+
+    @property
+    def world(self) -> int:
+        return len(self.slots)
+
+    def ok(self) -> bool:
+        return len(self.outcomes) == self.world and all(o[0] == "ok" for o in self.outcomes.values())
+
+    def group_s(self) -> Optional[float]:
+        """Seconds the slowest rank spent joining (or reusing) the job's process group."""
+        t = [o[3].get("group_s") for o in self.outcomes.values() if len(o) > 3 and o[3].get("group_s") is not None]
+        return max(t) if t else None
+
+    def results(self) -> List[Any]:
+        """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
+        # Causes before consequences: a dead or stopped rank, then a rank's own bad input (a
+        # stuck Dataset read, a bad label: its peers only see their collective time out), then
+        # failures (often the peers' timeouts), then a divergence (every rank sees it).
+        order = {"died": 0, "hung": 0, "bad_input": 1, "failed": 2, "diverged": 3}
+        bad = sorted((o for o in self.outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
+        if bad:
+            kind, rank, payload = bad[0]
+            if kind == "bad_input":
+                raise BadInput(payload[0])
+            if kind == "diverged":
+                raise Diverged(payload[0], step=payload[1][0], rank=payload[1][1])
+            raise WorkerFailed(f"rank {rank}: {payload}")
+        missing = [r for r in range(self.world) if r not in self.outcomes]
+        if missing:
+            raise WorkerFailed(f"rank {missing[0]}: ended without reporting a result")
+        return [self.outcomes[r][2] for r in range(self.world)]
+
+
+class Pool:
+    """Long-lived workers on `slots` (CPU core indices into this process's affinity, or GPU
+    indices); see the module docstring. Not thread-safe: one thread drives it."""
+
+    def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, init: Optional[tuple] = None,
+                 quick_grace_s: float = 1.0, grace_s: float = 10.0):
+        """init: (fn, args): each worker calls fn(slot, *args) once after its imports, before its
+        first job (what every job will need: the dataset on the device)."""
+        self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
+        self.cuda = cuda
+        self.init = init
+        self.grace = (quick_grace_s, grace_s)
+        # On loopback only (torch's own store would listen on every interface): listen.py
+        self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
+        self.workers: Dict[int, _Worker] = {}
+        self.jobs: Dict[int, Job] = {}
+        self._ids = itertools.count(1)
+        self._groups = itertools.count(1)
+        self.leaves = self.left = 0  # LEAVE messages sent, and done
+        self.startup: List[Dict[str, float]] = []
+        """Per started worker: seconds from spawn to ready, of which imports and init."""
+        self.started_workers = 0
+        """Processes started, replacements included (a benchmark and the tests read it)."""
+        self._closed = False
+        # Closed at the latest at exit, before multiprocessing's own exit joins its children:
+        # workers ignore Ctrl-C, so a pool left open by an interrupt (in wait_ready, say) would
+        # make that join wait for them forever.
+        atexit.register(self.close)
+
+    # -- workers --------------------------------------------------------------------------------
+    def _spawn(self, slot: int) -> _Worker:
+        ctx = forkserver.context(self.cuda)
+        parent, child = ctx.Pipe(duplex=True)
+        main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
+        p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
+                        args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main,
+                              OwnerStdio()),
+                        daemon=False)
+        t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
+        _start(p, main)
+        child.close()
+        w = _Worker(slot, p, parent, t_spawn=t0)
+        self.workers[slot] = w
+        self.started_workers += 1
+        return w
+
+    def warm(self, slots: Optional[Sequence[int]] = None) -> None:
+        """Start workers on `slots` (default all) now, so the first job does not wait for them."""
+        for s in (self.slots if slots is None else slots):
+            if s not in self.workers:
+                self._spawn(s)
+
+    def grow(self, n: int) -> None:
+        """Add n slots (CPU pools: a slot is a process, not a core)."""
+        top = max(self.slots, default=-1)
+        self.slots.extend(range(top + 1, top + 1 + n))
+
+    def wait_ready(self, timeout_s: float = 600.0) -> None:
+        """Block until every started worker has imported and initialized (a worker that dies
+        meanwhile is dropped, and started again when a job needs its slot)."""
+        t_end = time.monotonic() + timeout_s
+        while any(not w.ready for w in self.workers.values()) and time.monotonic() < t_end:
+            self.poll(0.2)
+
+    def free_slots(self) -> List[int]:
+        busy = {w.slot for w in self.workers.values() if w.job is not None}
+        return [s for s in self.slots if s not in busy]
+
+    def _replace(self, slot: int) -> None:
+        w = self.workers.pop(slot, None)
+        if w is not None:
+            _kill(w.proc)
+            w.conn.close()
+        self._spawn(slot)
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def start(self, fn: Callable, args: tuple = (), *, slots: Sequence[int], backend: Optional[str] = "gloo",
+              timeout_s: float = 300.0, cores: Optional[Sequence[Sequence[int]]] = None,
+              log: Optional[str] = None, env: Optional[Dict[str, str]] = None, tag: Any = None) -> Job:
+        """Run fn(DistEnv, *args) on len(slots) ranks, rank r on the worker of slots[r]."""
+        slots = tuple(slots)
+        busy = [s for s in slots if s in self.workers and self.workers[s].job is not None]
+        if busy or len(set(slots)) != len(slots) or any(s not in self.slots for s in slots):
+            raise ValueError(f"slots {slots}: busy {busy} or not in the pool {self.slots}")
+        group = self._group_for(slots, backend, timeout_s)
+        for w in self._holders_left_behind(slots, group):  # NCCL: a group is left by all at once
+            w.conn.send(LEAVE)
+            w.group = w.group_key = None
+            self.leaves += 1
+        job = Job(next(self._ids), slots, timeout_s, group, tag)
+        for r, s in enumerate(slots):
+            w = self.workers.get(s) or self._spawn(s)
+            task = Task(job.id, fn, args, r, len(slots), slots, group, backend, timeout_s,
+                        tuple(cores[r]) if cores else None, log, dict(env or {}))
+            w.job, w.rank = job.id, r
+            w.group, w.group_key = group, (slots, backend, timeout_s)
+            if w.ready:
+                w.conn.send(task)
+            else:
+                w.pending = task
+        self.jobs[job.id] = job
+        return job
+
+    def _holders_left_behind(self, slots: Tuple[int, ...], group: int) -> List[_Worker]:
+        """Idle workers outside `slots` that hold a group the workers of `slots` leave for `group`."""
+        old = {w.group for s in slots if (w := self.workers.get(s)) is not None and w.group not in (None, group)}
+        return [w for w in self.workers.values() if w.slot not in slots and w.job is None and w.ready
+                and w.group in old]
+
+    def _group_for(self, slots: Tuple[int, ...], backend, timeout_s) -> int:
+        """Reuse the group the workers of `slots` hold, if it is exactly this rank set."""
+        key = (slots, backend, timeout_s)
+        ws = [self.workers.get(s) for s in slots]
+        if all(w is not None for w in ws):
+            g = ws[0].group
+            if g is not None and all(w.group == g and w.group_key == key for w in ws):
+                return g
+        return next(self._groups)
+
+    def poll(self, timeout: float = 0.5) -> List[Job]:
+        """Wait up to `timeout` s for news; return the jobs that ended (their outcomes complete)."""
+        objs = {}
+        for w in self.workers.values():
+            objs[w.conn] = w
+            objs[w.proc.sentinel] = w
+        ready = wait(list(objs), timeout=timeout) if objs else []
+        for o in ready:
+            w = objs[o]
+            if o is w.conn:
+                self._receive(w)
+            elif not w.proc.is_alive() and self.workers.get(w.slot) is w:
+                self._receive(w)  # its last words may be in the pipe
+                self._died(w)
+        self._watch()
+        return self._collect()
+
+    def _receive(self, w: _Worker) -> None:
+        try:
+            while w.conn.poll():
+                msg = w.conn.recv()
+                if msg[0] == "left":  # a LEAVE done
+                    self.left += 1
+                    continue
+                if msg[0] == "ready":
+                    w.ready = True
+                    self.startup.append({"slot": w.slot, "ready_s": time.monotonic() - w.t_spawn, **msg[3]})
+                    if w.pending is not None:
+                        w.conn.send(w.pending)
+                        w.pending = None
+                    continue
+                job = self.jobs.get(w.job)
+                if job is not None:
+                    job.outcomes.setdefault(msg[1], msg)
+                w.job = w.rank = None
+        except (EOFError, OSError):
+            pass
+
+    def _died(self, w: _Worker) -> None:
+        job = self.jobs.get(w.job) if w.job is not None else None
+        code = w.proc.exitcode
+        why = f"killed by signal {-code}" if code is not None and code < 0 else f"exited with code {code}"
+        if job is not None and w.rank not in job.outcomes:
+            job.outcomes[w.rank] = ("died", w.rank, f"worker died ({why})")
+        if job is not None:
+            self._replace(w.slot)
+        else:  # idle: started again when a job needs its slot
+            self.workers.pop(w.slot, None)
+            w.conn.close()
+
+    def _watch(self) -> None:
+        now = time.monotonic()
+        for job in list(self.jobs.values()):
+            if job.done:
+                continue
+            bad = [o for o in job.outcomes.values() if o[0] != "ok"]
+            if bad and job.deadline is None:
+                # A peer's collective or rendezvous timed out: a rank whose process is stopped
+                # (SIGSTOP, a debugger) is the cause, whether or not it ever beat (rank 0
+                # stopped during the rendezvous: its peer's DistStoreError named rank 1).
+                for r in self._stopped_procs(job):
+                    job.outcomes[r] = ("hung", r, f"stopped responding: its process is stopped (SIGSTOP or a "
+                                                  f"debugger; --timeout {job.timeout_s:g} s)")
+                bad = [o for o in job.outcomes.values() if o[0] != "ok"]
+            if job.deadline is None:
+                if bad:
+                    # A dead or failed rank leaves its peers blocked in a collective: give them a
+                    # moment to report (a dead peer's neighbours fail at once). A divergence or bad
+                    # input stops every rank on its own, at the same step.
+                    quick = any(o[0] in ("died", "failed", "hung") for o in bad)
+                    job.deadline = now + self.grace[0 if quick else 1]
+                elif len(job.outcomes) == job.world:
+                    job.deadline = now
+                else:
+                    stopped = self._stopped_rank(job, now)
+                    if stopped is not None:
+                        r, why = stopped
+                        job.outcomes[r] = ("hung", r, f"{why} (--timeout {job.timeout_s:g} s)")
+                        job.deadline = now + self.grace[0]
+            if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
+                job.done = True
+
+    def _stopped_procs(self, job: Job) -> List[int]:
+        """The job's ranks, without an outcome, whose worker process is stopped (state T)."""
+        return [r for r, s in enumerate(job.slots) if r not in job.outcomes and (w := self.workers.get(s)) is not None
+                and w.proc.pid is not None and _proc_state(w.proc.pid) in ("T", "t")]
+
+    def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, str]]:
+        """A rank whose heartbeat thread has been silent longer than the job's timeout (its
+        process is stopped or wedged: guard.Heartbeat posts once a second from a thread, even
+        while the rank computes), or a lone rank that has been inside one step that long (a hang
+        in its own code). Its peers would notice only at their collective's timeout, and no one
+        waits on a lone rank."""
+        if now - job.started < job.timeout_s:
+            return None
+        wall = time.time()
+        for r, s in enumerate(job.slots):
+            if r in job.outcomes:
+                continue
+            key = f"shmlearn/hb/j{job.id}/{r}"  # guard.Heartbeat's key in this store
+            try:
+                if not self.store.check([key]):
+                    continue  # not training yet (data, model): the collectives' timeouts cover it
+                step, t, inside = (self.store.get(key).decode().split() + ["-1"])[:3]
+            except Exception:  # noqa: BLE001
+                continue
+            if wall - float(t) > job.timeout_s:
+                return r, f"stopped responding: no heartbeat for {wall - float(t):.0f} s"
+            if job.world == 1 and float(inside) > job.timeout_s:  # with peers, their collective names it
+                return r, f"no progress for {float(inside):.0f} s inside step {int(step) + 1}: a hang in its own code"
+        return None
+
+    def _collect(self) -> List[Job]:
+        ended = []
+        for job in list(self.jobs.values()):
+            if not job.done:
+                continue
+            del self.jobs[job.id]
+            healthy = job.ok() or all(o[0] in ("ok", "bad_input", "diverged") for o in job.outcomes.values()) \
+                and len(job.outcomes) == job.world
+            for s in job.slots:
+                w = self.workers.get(s)
+                if w is None:
+                    continue
+                if w.job == job.id or not healthy:
+                    # Still running after the deadline, or a peer of a failed rank: its group may
+                    # be broken and the process may be stuck in a collective. A fresh one.
+                    self._replace(s)
+            ended.append(job)
+        return ended
+
+    def run(self, fn: Callable, args: tuple = (), *, slots: Sequence[int], **kw) -> List[Any]:
+        """start + wait: every rank's result in rank order, or the job's error (rank named)."""
+        job = self.start(fn, args, slots=slots, **kw)
+        try:
+            while True:
+                for j in self.poll(0.5):
+                    if j is job:
+                        return job.results()
+        except KeyboardInterrupt:
+            for s in job.slots:
+                self._replace(s)
+            raise
+
+    # -- the end --------------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        for w in self.workers.values():
+            if w.job is None and w.ready:
+                try:
+                    w.conn.send(None)
+                except OSError:
+                    pass
+        deadline = time.monotonic() + 10
+        for w in self.workers.values():
+            if w.job is None and w.ready:
+                w.proc.join(max(0.0, deadline - time.monotonic()))
+            _kill(w.proc)
+            w.conn.close()
+        self.workers.clear()
+
+    def __enter__(self) -> "Pool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def _start(p, main) -> None:
+    """Start worker process p with SIGINT blocked (a spawned child inherits the mask): a Ctrl-C
+    during its interpreter's start and imports stays pending until _worker_main ignores it, instead
+    of a KeyboardInterrupt traceback from the import it hit. Here a pending one comes after.
+    multiprocessing starts its resource tracker on the first spawn (p.start) with SIGINT blocked and
+    then UNBLOCKS it, which would undo our block for that first worker: start the tracker first, so
+    that p.start finds it running. A fork of the forkserver has the forkserver's mask, blocked as
+    well (forkserver.start); p.start waits for its imports. main: the script the worker imports
+    itself (user_main.py), left out of multiprocessing's own start."""
+    from multiprocessing import resource_tracker
+    resource_tracker.ensure_running()
+    mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        # No file to import (`python -`: '<stdin>'): multiprocessing would try to run it anyway.
+        with user_main.no_main_import() if main is not None or user_main.main_file() is None else contextlib.nullcontext():
+            p.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+def _kill(proc) -> None:
+    if proc.is_alive():
+        proc.kill()
+    proc.join(10)
+
+
+_current: List[Pool] = []
+
+
+@contextmanager
+def using(pool: Pool) -> Iterator[Pool]:
+    """Within this block, `shmlearn.train` runs its ranks on `pool` (experiments do)."""
+    _current.append(pool)
+    try:
+        yield pool
+    finally:
+        _current.pop()
+
+
+def current() -> Optional[Pool]:
+    return _current[-1] if _current else None
+
+
+def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None) -> list:
+    """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
+    or on a pool of `world` workers made for this call. Returns every rank's result; raises
+    BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
+    (Gloo on GPUs: ranks may share one)."""
+    backend = backend or ("nccl" if cuda else "gloo")
+    pool = current()
+    if pool is not None:
+        if len(pool.free_slots()) < world and not cuda:  # CPU slots are processes: grow
+            pool.grow(world - len(pool.free_slots()))
+        free = pool.free_slots()
+        if len(free) < world:
+            raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
+                           f"of {len(pool.slots)}")
+        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
+    with Pool(world, cuda=cuda) as pool:
+        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)

@@ -1,0 +1,267 @@
+"""A pool worker: the process `pool.Pool` starts on each slot, and what it does with one task.
+
+The worker imports torch and shmlearn once (PRELOAD), connects to the pool's store, then runs
+tasks until the pool sends None: for each task it joins (or reuses) the job's process group,
+runs fn(DistEnv, *args) with the task's log, cores and environment, and sends one message back,
+("ok" | "bad_input" | "diverged" | "failed", rank, payload[, timings]). The parent side (queue,
+slots, supervision of every rank) is shmlearn/launch/pool.py.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Optional, Tuple
+
+from shmlearn.launch import listen
+
+from shmlearn.launch import user_main
+from shmlearn.errors import BadInput, Diverged, user_traceback
+from shmlearn.launch.start import DistEnv, HeldStderr, destroy_group, die_with_owner
+
+PRELOAD = ("torch", "torch._dynamo", "shmlearn.train.loop", "shmlearn.data", "shmlearn.sync")
+"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group); a
+fork of the forkserver finds the first two imported (forkserver.THIRD_PARTY)."""
+
+
+@dataclass(frozen=True)
+class Task:
+    """One rank's part of a job, as sent to a worker."""
+    job: int
+    fn: Callable
+    """fn(env: DistEnv, *args) -> picklable result; the default process group is ready."""
+    args: tuple
+    rank: int
+    world: int
+    slots: Tuple[int, ...]
+    """The job's slots in rank order (the group's identity)."""
+    group: int
+    """Key prefix of the job's group in the pool's store; equal to the worker's current group
+    when that group can be reused."""
+    backend: Optional[str]
+    """gloo, nccl, or None for no process group."""
+    timeout_s: float
+    cores: Optional[Tuple[int, ...]] = None
+    """CPU cores this rank runs on (sched_setaffinity), or None to leave the affinity alone."""
+    log: Optional[str] = None
+    """Append this rank's stdout and stderr to this file during the job."""
+    env: Dict[str, str] = field(default_factory=dict)
+
+
+_store = None
+
+
+def worker_store():
+    """In a pool worker: the pool's store (a client of it), for values the pool's owner posts
+    while a job runs (a sweep's pruning bounds); None elsewhere."""
+    return _store
+
+
+class OwnerStdio:
+    """The owner's stdout and stderr (file descriptors 1 and 2) as they are when a worker starts,
+    handed to that worker: put in a Process's args, pickling it passes both descriptors with the
+    process (multiprocessing's DupFd, as it passes a socket) and unpickling it in the worker puts
+    them in place of the worker's own 1 and 2. A fork of the forkserver otherwise writes where
+    the forkserver's went when it started: not into pytest's capture of the test that runs now,
+    nor into a notebook's cell. A spawned worker already has them: the same descriptors."""
+
+    def __reduce__(self):
+        from multiprocessing import reduction
+        try:
+            os.fstat(1), os.fstat(2)
+        except OSError:  # an owner started with either closed: the worker keeps what it has
+            return _take_stdio, (None, None)
+        return _take_stdio, (reduction.DupFd(1), reduction.DupFd(2))
+
+
+def _take_stdio(out, err) -> None:
+    """OwnerStdio's other half, in the worker: the owner's descriptors become its 1 and 2 (the
+    argument it was in is None)."""
+    if out is None:
+        return
+    for fd, passed in ((1, out), (2, err)):
+        got = passed.detach()
+        if got != fd:  # a spawned worker's are the inherited ones themselves
+            os.dup2(got, fd)
+            os.close(got)
+
+
+def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str],
+                 main: Optional[Tuple[str, str]] = None, stdio: None = None) -> None:
+    """One pool worker's life: its imports, the user's script up to its shmlearn.train call
+    (main: user_main.main_reference(), which multiprocessing did not import), then jobs until told
+    to leave. stdio: an OwnerStdio where it was passed, which its unpickling has put in place."""
+    # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
+    # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
+    # unblocked (Pool._spawn, or the forkserver, started this process with it blocked: one
+    # pending is dropped).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    die_with_owner(parent_pid)
+    if os.getppid() != parent_pid:  # a fork of the forkserver (forkserver.py): be what a spawn is
+        os.environ.clear()
+        os.environ.update(environ)  # the owner's now, not the forkserver's at its start
+        if "numpy" in sys.modules:  # forks share the forkserver's seed; a spawned one drew its own
+            sys.modules["numpy"].random.seed()
+    os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
+    import importlib
+    t0 = time.perf_counter()
+    for m in PRELOAD:
+        importlib.import_module(m)
+    user_main.import_main(main)
+    t1 = time.perf_counter()
+    if init is not None:
+        try:  # e.g. load the sweep's dataset onto this worker's device before the first trial
+            init[0](slot, *init[1])
+        except Exception:  # noqa: BLE001 - the job that needs it fails with the real error
+            pass
+    import torch.distributed as dist
+
+    global _store
+    store = _store = dist.TCPStore(listen.LOOPBACK, store_port, is_master=False,
+                                   timeout=datetime.timedelta(seconds=60))
+    current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
+    conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1,
+                                            "forked": os.getppid() != parent_pid}))
+    while True:
+        try:
+            task: Task = conn.recv()
+        except (EOFError, OSError):
+            break
+        if task is None:
+            break
+        if task == LEAVE:  # the group's other ranks are leaving it: leave with them
+            if current is not None:
+                _leave_group(current[1])
+                current = None
+            conn.send(("left", slot))
+            continue
+        current = _run_task(task, slot, store, current, conn)
+    if current is not None:
+        _leave_group(current[1])
+    conn.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Library teardown at interpreter exit (NCCL, CUDA, Gloo threads) can hang or abort; nothing
+    # is left to write.
+    os._exit(0)
+
+
+LEAVE = "leave"
+"""Parent -> idle worker: leave the group you hold, because the job just started on some of its
+ranks builds a new one. NCCL's teardown waits for every rank of the group (seen on four H200s: a
+rank that left alone, its peer idle in the group, gave up after 30 s and then could not join the
+next run's group), so a group is left by all its ranks at once or not at all."""
+
+
+def _run_task(task: Task, slot: int, store, current, conn):
+    saved = _redirect(task.log)
+    env_before = {k: os.environ.get(k) for k in task.env}
+    os.environ.update(task.env)
+    if task.cores and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, task.cores)
+    try:
+        key = (task.group, task.backend, task.rank, task.world, task.timeout_s)
+        g0 = time.perf_counter()
+        if key != current:
+            if current is not None:
+                _leave_group(current[1])
+                current = None
+                import torch.distributed as dist  # loaded by now (the group was built with it)
+                if dist.is_initialized():  # the teardown gave up: a second group cannot be built
+                    raise RuntimeError("this worker's previous process group did not shut down; "
+                                       "run again (the pool replaces the worker)")
+            if task.backend is not None:
+                _join_group(task, store)
+                current = key
+        env = DistEnv(rank=task.rank, world_size=task.world, local_rank=slot,
+                      local_world_size=task.world, launcher="local", job=f"j{task.job}")
+        group_s = time.perf_counter() - g0
+        result = task.fn(env, *task.args)
+        msg = ("ok", task.rank, result, {"group_s": group_s})
+    except (BadInput, Diverged) as e:
+        kind = "bad_input" if isinstance(e, BadInput) else "diverged"
+        msg = (kind, task.rank, (str(e), (e.step, e.rank) if isinstance(e, Diverged) else None))
+    except BaseException as e:  # noqa: BLE001 - anything else is this rank's failure, reported by rank
+        msg = ("failed", task.rank, describe(e))
+    _restore(saved)
+    for k, v in env_before.items():  # a job's environment is the job's alone
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        conn.send(msg)
+    except Exception:  # noqa: BLE001 - an unpicklable result is this rank's failure
+        conn.send(("failed", task.rank, f"result of rank {task.rank} cannot be pickled", {}))
+    return current
+
+
+def describe(e: BaseException) -> str:
+    """A failure: one line, 'OSError: [Errno 28] No space left on device (runs.py:71)', then, where
+    it passed through the user's own files (their model, loss, data), those frames as Python prints
+    them, innermost last (errors.user_traceback), so the user sees the cause in their own code."""
+    last = traceback.extract_tb(e.__traceback__)[-1] if e.__traceback__ else None
+    where = f" ({os.path.basename(last.filename)}:{last.lineno})" if last else ""
+    text = str(e).splitlines()[0] if str(e) else ""
+    mine = user_traceback(e)
+    if isinstance(e, SystemExit):  # not a clean end: the run stopped inside the user's code
+        return f"the user code called sys.exit({e.code!r}){where}" + (f"\n  in your code:\n{mine}" if mine else "")
+    return f"{type(e).__name__}: {text}{where}" + (f"\n  in your code:\n{mine}" if mine else "")
+
+
+def _join_group(task: Task, store) -> None:
+    import torch
+    import torch.distributed as dist
+    timeout = datetime.timedelta(seconds=task.timeout_s)
+    kwargs = {}
+    if task.backend == "nccl":
+        device = torch.device("cuda", _gpu_of(task))
+        torch.cuda.set_device(device)
+        kwargs["device_id"] = device
+    prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
+    with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
+        dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
+                                timeout=timeout, **kwargs)
+
+
+def _gpu_of(task: Task) -> int:
+    import torch
+    return task.slots[task.rank] % max(torch.cuda.device_count(), 1)
+
+
+def _leave_group(backend: Optional[str]) -> None:
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return
+    if backend == "nccl":
+        destroy_group(dist.get_rank())
+    else:
+        dist.destroy_process_group()
+
+
+def _redirect(log: Optional[str]):
+    if log is None:
+        return None
+    sys.stdout.flush()
+    sys.stderr.flush()
+    saved = (os.dup(1), os.dup(2))
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    return saved
+
+
+def _restore(saved) -> None:
+    if saved is None:
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    for fd, old in zip((1, 2), saved):
+        os.dup2(old, fd)
+        os.close(old)

@@ -1,0 +1,134 @@
+"""The `shmlearn sweep` command, above the two ways it runs: a grid in this process's pool
+(sweep.Sweep) or, with --storage, an Optuna study (study.run_study); both run their trials
+with trials.TrialRunner."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+
+from shmlearn.config.train_config import load_yaml, options
+from shmlearn.errors import BadInput
+from shmlearn.config.flags import field_docs, help_group
+from shmlearn.record.readback import Word
+from shmlearn.sweeps.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
+from shmlearn.sweeps.grid import GOALS, check_winner
+
+
+def run_sweep(sc: SweepConfig) -> int:
+    """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed; 2 if no
+    completed trial reports --winner-metric)."""
+    check_search(sc)
+    check_winner(sc)
+    if sc.storage is not None:
+        try:
+            from shmlearn.sweeps.study.sweep import run_study  # lazy: study.py imports optuna (optional)
+        except ImportError as e:
+            if (e.name or "").split(".")[0] not in ("optuna", "sqlalchemy"):
+                raise
+            raise BadInput(f"--storage: optuna is not installed ({e.name}); "
+                           f"pip install 'shmlearn[optuna]'") from None
+        return run_study(sc)
+    return Sweep(sc).run()
+
+
+def register(sub) -> None:
+    p = sub.add_parser("sweep", help="sweep any train flags; pick the best per worker count",
+                       description="Run every combination of the given flag values as a training run "
+                                   "(each flag takes A,B,C or START:STOP:STEP), P at a time without "
+                                   "oversubscribing; pick winners by the paper's rule; write a report. "
+                                   "The same command again continues where the last one stopped.")
+    p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
+    made: dict = {}
+    for o in options().values():  # TrainConfig's options (config.options), each strategy's under it
+        if o.name in NOT_SWEPT:
+            continue
+        where = help_group(p, o, made)
+        if o.kind is bool:
+            where.add_argument(o.flag, dest=o.name, nargs="?", const="true", default=argparse.SUPPRESS,
+                               metavar="true,false", help=o.help)
+        else:
+            # A list of values is not one choice: each trial's config is validated (sweep_grid).
+            shown = "{" + ",".join(map(str, o.choices)) + "}[,...]" if o.choices else "V[,V...]|A:B:S"
+            where.add_argument(o.flag, dest=o.name, default=argparse.SUPPRESS, metavar=shown, help=o.help)
+    g = p.add_argument_group("sweep")
+    for name in ("threshold", "target_accuracy", "target_share", "time_axis", "repeats", "parallel", "slots", "out"):
+        fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)
+        typ = float if name in ("threshold", "target_accuracy", "target_share") else \
+            int if name in ("parallel", "slots", "repeats") else str
+        g.add_argument("--" + name.replace("_", "-"), dest=f"sweep_{name}", type=typ,
+                       default=fd.default if fd.default != "" else None,
+                       help=field_docs(SweepConfig).get(name, "") +
+                       (" Default: runs/sweep-<model>-<dataset>." if name == "out" else ""))
+    g.add_argument("--winner-metric", dest="sweep_winner_metric", metavar="NAME",
+                   help=field_docs(SweepConfig).get("winner_metric", ""))
+    g.add_argument("--winner-goal", dest="sweep_winner_goal", metavar="|".join(GOALS),
+                   help=field_docs(SweepConfig).get("winner_goal", ""))
+    g.add_argument("--no-report", dest="sweep_report", action="store_false", help="skip figures and report.html")
+    g.add_argument("--no-progress", dest="sweep_no_progress", action="store_true",
+                   help="accepted for symmetry with train; trials never draw a progress bar")
+    g.add_argument("--prune", dest="sweep_prune", action="store_true",
+                   help=field_docs(SweepConfig).get("prune", ""))
+    o = p.add_argument_group("study (Optuna; pip install 'shmlearn[optuna]')")
+    sd = field_docs(SweepConfig)
+    o.add_argument("--storage", dest="sweep_storage", metavar="URL", help=sd.get("storage", ""))
+    o.add_argument("--study", dest="sweep_study", metavar="NAME", help=sd.get("study", ""))
+    o.add_argument("--search", dest="sweep_search", default="grid", metavar="|".join(SEARCHES),
+                   help=sd.get("search", ""))
+    o.add_argument("--trials", dest="sweep_trials", type=int, metavar="N", help=sd.get("trials", ""))
+    o.add_argument("--pruner", dest="sweep_pruner", metavar="|".join(PRUNERS), help=sd.get("pruner", ""))
+    o.add_argument("--search-seed", dest="sweep_search_seed", type=int, metavar="N", help=sd.get("search_seed", ""))
+    o.add_argument("--stale-after", dest="sweep_stale_after", type=float, default=60.0, metavar="S",
+                   help=sd.get("stale_after", ""))
+    p.set_defaults(func=cmd_sweep)
+
+
+def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
+    values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
+    values = _typed({k.replace("-", "_"): v for k, v in values.items()}, f"--config {ns.config}")
+    for k in NOT_SWEPT:
+        if k in values:
+            raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
+    values.update({k: v for k, v in vars(ns).items()
+                   if k not in ("command", "config", "func") and not k.startswith("sweep_")})
+    fixed, axes = split_axes(values)
+    if not math.isfinite(ns.sweep_threshold):
+        raise BadInput(f"--threshold {ns.sweep_threshold}: expected a finite number (a minimum training loss)")
+    for flag, v in (("--parallel", ns.sweep_parallel), ("--slots", ns.sweep_slots)):
+        if v is not None and v < 1:
+            raise BadInput(f"{flag} {v}: expected a whole number >= 1")
+    if ns.sweep_target_accuracy is not None and not 0 < ns.sweep_target_accuracy <= 1:
+        raise BadInput(f"--target-accuracy {ns.sweep_target_accuracy}: expected a fraction in (0, 1]")
+    def name(k, default):
+        return str(fixed.get(k, default)) if k not in axes else "+".join(map(str, axes[k]))
+    out = ns.sweep_out or os.path.join("runs", f"sweep-{name('model', 'mlp')}-{name('dataset', 'digits')}")
+    return SweepConfig(fixed=fixed, axes=axes, threshold=ns.sweep_threshold,
+                       target_accuracy=ns.sweep_target_accuracy, winner_metric=ns.sweep_winner_metric,
+                       time_axis=ns.sweep_time_axis, repeats=ns.sweep_repeats, target_share=ns.sweep_target_share,
+                       winner_goal=ns.sweep_winner_goal, parallel=ns.sweep_parallel,
+                       slots=ns.sweep_slots, out=out, report=ns.sweep_report,
+                       prune=getattr(ns, "sweep_prune", False), storage=ns.sweep_storage, study=ns.sweep_study,
+                       search=ns.sweep_search, trials=ns.sweep_trials, pruner=ns.sweep_pruner,
+                       search_seed=ns.sweep_search_seed, stale_after=ns.sweep_stale_after)
+
+
+def _typed(values: dict, source: str) -> dict:
+    """A sweep's --config values checked against their options' types as train's are
+    (flags.Option.coerce), each item of a list (an axis) alone; text is left to parse_values
+    ('16,32', '16:64:16' are lists and ranges in a sweep), and so is a list or mapping nested in
+    a value (its line says a value may not nest)."""
+    known = options()
+    out = {}
+    for k, v in values.items():
+        o = known.get(k)
+        items = v if isinstance(v, list) else [v]
+        if o is not None:
+            items = [x if (isinstance(x, str) and not isinstance(x, Word)) or isinstance(x, (list, dict))
+                     else o.coerce(x, source) for x in items]
+        out[k] = items if isinstance(v, list) else items[0]
+    return out
+
+
+def cmd_sweep(ns: argparse.Namespace) -> int:
+    return run_sweep(sweep_config_from_args(ns))

@@ -1,0 +1,353 @@
+"""The one owner of the winner rule (paper §5, seed 000) and of how sure its verdicts are.
+
+    rows (results.jsonl) -> points (a grid point's repeats merged, on the median area)
+      -> survivors: completed, min loss <= threshold, not collapsed
+      -> per worker count: winner = least area, runner-up, margin, "tied within noise"?
+      -> overall: the best worker count's winner, each worker count's accuracy, why one lags
+
+results.py (the table), pruning.py (its bound), study.py / sweeps/study/search.py (the study's objective,
+constraint and pruner), sweep.py, trials.py and the report all ask here; nothing else states the
+rule.
+
+* **Collapsed** (issue 55): a completed run whose final loss came back to within 10% of its
+  starting loss after reaching half of it or less (a late blow-up without NaN: lr too high), or
+  whose final test accuracy is at chance (within 0.02 of 1/classes). It is a result, never a
+  survivor: the winner rule, the pruning bound and the study's constraint skip it.
+* **Time axis** (`--time-axis`): `wall`, the paper's, integrates the loss over training seconds
+  as the clock measured them; `steps` integrates it over the step index and multiplies by the
+  run's 10th-percentile step time (summary.json loss_area_steps x step_time_s.p10): a step the
+  machine's other work hardly slowed. The median step time (what issue 55 first proposed) moved
+  with sustained load: 3 reruns of the README's digits sweep on a CPU at load average 14-24 named
+  3 different overall winners on it; on p10 3 reruns named the same one twice and called the third
+  a tie (benchmarks/results/sweep-digits/NOTES.md).
+* **Noise**: each area carries a relative half-width, half the interquartile spread of the run's
+  step times over their median (how far the machine's load moved a step). With `--repeats N`
+  (the same grid point trained N times, seeds seed..seed+N-1) the area is the median of the
+  repeats and the half-width is at least half their range over the median. Two areas are **tied
+  within noise** when their intervals area x (1 +- half-width) overlap.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+TIME_AXES = ("wall", "steps")
+COLLAPSE_RETURN = 0.9
+"""Collapsed: the final loss is at least this share of the starting loss (within 10% of it) ..."""
+COLLAPSE_DROP = 0.5
+"""... after the minimum loss reached this share of the starting loss or less (far below it)."""
+CHANCE_MARGIN = 0.02
+"""Collapsed: the final test accuracy is at most chance + this (chance: summary chance_accuracy)."""
+FAR_BELOW_BEST = 0.05
+"""The overall verdict explains a worker count whose winner's test accuracy is this far (absolute)
+or more below the best trial's."""
+TARGET_SHARE = 0.9
+"""Experiments' default time-to-accuracy target: this share of the best test accuracy any
+surviving trial reached (rounded to 4 digits; `--target-accuracy` fixes it instead)."""
+
+
+# --- one run ----------------------------------------------------------------------------------
+
+def _num(v) -> Optional[float]:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def collapsed(summary: Dict[str, Any]) -> Optional[str]:
+    """Why a completed run collapsed (module docstring), or None."""
+    start, final, low = (_num(summary.get(k)) for k in ("start_loss", "final_loss", "min_loss"))
+    if start is not None and final is not None and low is not None and start > 0 \
+            and low <= COLLAPSE_DROP * start and final >= COLLAPSE_RETURN * start:
+        return f"loss back to {final:.3g} after {low:.3g} (start {start:.3g})"
+    chance, acc = _num(summary.get("chance_accuracy")), _num(summary.get("test_accuracy"))
+    if chance is not None and acc is not None and acc <= chance + CHANCE_MARGIN:
+        return f"test accuracy {acc:.3g} at chance ({chance:.3g})"
+    return None
+
+
+def status(row: Dict[str, Any]) -> str:
+    """The row's status as verdicts show it: 'collapsed' for a completed run that collapsed."""
+    if row["status"] == "completed" and collapsed(row["summary"]):
+        return "collapsed"
+    return row["status"]
+
+
+def survivor(row: Dict[str, Any], threshold: float) -> bool:
+    """The paper's filter: completed with a loss area, minimum loss <= threshold; and not collapsed."""
+    s = row["summary"]
+    return (row["status"] == "completed" and s.get("loss_area") is not None and s.get("min_loss") is not None
+            and s["min_loss"] <= threshold and collapsed(s) is None)
+
+
+def constraint(row: Dict[str, Any], threshold: float) -> float:
+    """The study's constraint (TPE: feasible when <= 0): min loss - threshold for a completed run
+    that did not collapse, else inf."""
+    s = row["summary"]
+    if row["status"] != "completed" or s.get("min_loss") is None or collapsed(s):
+        return math.inf
+    return s["min_loss"] - threshold
+
+
+def step_time(summary: Dict[str, Any]) -> Optional[float]:
+    """The steps axis's seconds per step: summary step_time_s p10 (its median where a run kept no p10)."""
+    st = summary.get("step_time_s") or {}
+    return st.get("p10", st.get("median"))
+
+
+def clock_scale(summary: Dict[str, Any], axis: str) -> Optional[float]:
+    """Seconds on `axis` per wall-clock training second: 1 on wall; p10 step x steps / wall time
+    on steps (None where the run predates step times)."""
+    if axis == "wall":
+        return 1.0
+    st, steps, wall = step_time(summary), summary.get("steps"), summary.get("wall_time_s")
+    if st is None or not steps or not wall:
+        return None
+    return st * steps / wall
+
+
+def area(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
+    """The loss area on `axis`: wall, summary loss_area (loss x s); steps, loss_area_steps x the
+    p10 step time (loss x s). A run from before step times were kept: its wall area."""
+    if axis == "steps":
+        st, a = step_time(summary), summary.get("loss_area_steps")
+        if a is not None and st is not None and summary.get("loss_area") is not None:
+            return a * st
+    return summary.get("loss_area")
+
+
+def step_noise(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
+    """The area's relative half-width from the run's own step times, on either axis (module
+    docstring); None where they were not kept."""
+    st = summary.get("step_time_s") or {}
+    med, q1, q3 = st.get("median"), st.get("p25"), st.get("p75")
+    if not med or q1 is None or q3 is None:
+        return None
+    return (q3 - q1) / med / 2
+
+
+def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall") -> Optional[float]:
+    """Training seconds (on `axis`) at the first evaluation whose test accuracy reached `target`."""
+    scale = clock_scale(row["summary"], axis) or 1.0
+    for t, acc in row.get("eval_curve") or []:
+        if acc is not None and acc >= target:
+            return t * scale
+    return None
+
+
+# --- grid points (repeats merged) ----------------------------------------------------------------
+
+class Point:
+    """One grid point: its repeats' rows (one row without --repeats), in grid order."""
+
+    def __init__(self, rows: List[Tuple[int, Dict[str, Any]]], axis: str):
+        self.index = rows[0][0]
+        self.rows = [r for _, r in rows]
+        self.axis = axis
+        done = sorted((area(r["summary"], axis), i) for i, r in enumerate(self.rows)
+                      if r["status"] == "completed" and area(r["summary"], axis) is not None)
+        self.areas = [a for a, _ in done]
+        # The repeat with the median area stands for the point (its accuracy, its curves).
+        self.row = self.rows[done[(len(done) - 1) // 2][1]] if done else self.rows[0]
+
+    @property
+    def repeats(self) -> int:
+        return len(self.rows)
+
+    @property
+    def area(self) -> Optional[float]:
+        a = self.areas
+        if not a or len(a) < self.repeats:
+            return area(self.row["summary"], self.axis) if len(self.rows) == 1 else None
+        n = len(a)
+        return a[n // 2] if n % 2 else (a[n // 2 - 1] + a[n // 2]) / 2
+
+    @property
+    def repeat_spread(self) -> Optional[float]:
+        """Half the range of the repeats' areas over their median; None without repeats."""
+        if len(self.areas) < 2 or not self.area:
+            return None
+        return (self.areas[-1] - self.areas[0]) / 2 / self.area
+
+    @property
+    def noise(self) -> Optional[float]:
+        parts = [x for x in (step_noise(self.row["summary"], self.axis), self.repeat_spread) if x is not None]
+        return max(parts) if parts else None
+
+    def survives(self, threshold: float) -> bool:
+        """Every repeat survives (one that collapsed or diverged makes the point unreliable)."""
+        return all(survivor(r, threshold) for r in self.rows)
+
+    @property
+    def collapsed(self) -> Optional[str]:
+        why = [collapsed(r["summary"]) for r in self.rows if r["status"] == "completed"]
+        why = [w for w in why if w]
+        if not why:
+            return None
+        return why[0] + (f" (in {len(why)} of {self.repeats} repeats)" if self.repeats > 1 else "")
+
+    def key(self) -> tuple:
+        """The rule's order: least area; ties: lower min loss, shorter training, grid order."""
+        s = self.row["summary"]
+        return (self.area, s["min_loss"], s.get("wall_time_s") or math.inf, self.index)
+
+
+def points(rows: List[Dict[str, Any]], axis: str = "wall") -> List[Point]:
+    """The rows as grid points in grid order; a row's point is its 'point' (trials.py writes it for
+    --repeats) or its own id."""
+    groups: Dict[str, List[Tuple[int, Dict[str, Any]]]] = {}
+    for i, r in enumerate(rows):
+        groups.setdefault(r.get("point") or r["id"], []).append((i, r))
+    return [Point(g, axis) for g in groups.values()]
+
+
+# --- verdicts ---------------------------------------------------------------------------------------
+
+def margin(first: Tuple[float, Optional[float]], second: Tuple[float, Optional[float]]) -> Dict[str, Any]:
+    """(value, relative half-width) of the winner and the runner-up: their margin, absolute and
+    relative to the winner's value, the noise it is judged against (the half-widths' sum, in the
+    value's unit) and whether it is within it ('tied': None where neither noise was measured)."""
+    (a, na), (b, nb) = first, second
+    noise = None if na is None and nb is None else a * (na or 0.0) + b * (nb or 0.0)
+    return {"value": b - a, "relative": (b - a) / a if a else None, "noise": noise,
+            "tied": None if noise is None else (b - a) <= noise}
+
+
+def entry(p: Point, swept: Sequence[str], axes_order: Sequence[str], target: Optional[float]) -> Dict[str, Any]:
+    """What a verdict says of a point: its representative run, its area on the axis and noise."""
+    row = p.row
+    s, c = row["summary"], row["config"]
+    e = {"id": row["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
+         "loss_area": s.get("loss_area"), "area": p.area, "noise": p.noise, "repeats": p.repeats,
+         "repeat_areas": p.areas if p.repeats > 1 else None, "min_loss": s.get("min_loss"),
+         "final_loss": s.get("final_loss"), "test_accuracy": s.get("test_accuracy"),
+         "wall_time_s": s.get("wall_time_s"), "step_time_s": step_time(s),
+         "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
+         "axes": {a: c.get(a) for a in swept if a not in axes_order}}
+    if target is not None:
+        e["time_to_target_s"] = time_to_accuracy(row, target, p.axis)
+    return e
+
+
+def ranked_verdict(ranked: List[Tuple[Dict[str, Any], float, Optional[float]]]) -> Dict[str, Any]:
+    """From (entry, value, noise) best first: winner, runner_up and margin (None without a second)."""
+    out: Dict[str, Any] = {"winner": ranked[0][0] if ranked else None, "runner_up": None, "margin": None}
+    if len(ranked) > 1:
+        out["runner_up"] = ranked[1][0]
+        out["margin"] = margin(ranked[0][1:], ranked[1][1:])
+    return out
+
+
+def best_accuracy(rows: List[Dict[str, Any]], threshold: float) -> Optional[Dict[str, Any]]:
+    """The surviving run with the highest final test accuracy: {id, workers, batch_size, lr, test_accuracy}."""
+    best = None
+    for r in rows:
+        acc = _num(r["summary"].get("test_accuracy"))
+        if acc is not None and survivor(r, threshold) and (best is None or acc > best["test_accuracy"]):
+            c = r["config"]
+            best = {"id": r["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
+                    "test_accuracy": acc}
+    return best
+
+
+def lagging(by_workers: Dict[str, Any], best: Optional[Dict[str, Any]]) -> List[str]:
+    """Worker counts whose winner's test accuracy is FAR_BELOW_BEST or more below the best trial's."""
+    if best is None:
+        return []
+    return [k for k, info in by_workers.items() if info["winner"] is not None
+            and (_num(info["winner"].get("test_accuracy")) or 0.0) <= best["test_accuracy"] - FAR_BELOW_BEST]
+
+
+def best_bounds(rows: List[Dict[str, Any]], threshold: float,
+                target: Optional[float]) -> Dict[int, Tuple[float, Optional[float]]]:
+    """The pruning bounds (pruning.py) per worker count: the least wall-clock area of a finished
+    survivor and, with a target accuracy, the least time to reach it (a run that did not collapse).
+    Pruning is exact on the wall axis only (trials.py refuses it with --time-axis steps or --repeats)."""
+    best: Dict[int, Tuple[float, Optional[float]]] = {}
+    for row in rows:
+        s = row["summary"]
+        if row["status"] != "completed" or s.get("loss_area") is None:
+            continue
+        w = int(row["config"]["workers"])
+        a, t = best.get(w, (math.inf, None))
+        if survivor(row, threshold):
+            a = min(a, s["loss_area"])
+        if target is not None and collapsed(s) is None:
+            tt = time_to_accuracy(row, target)
+            if tt is not None and (t is None or tt < t):
+                t = tt
+        best[w] = (a, t)
+    return {w: v for w, v in best.items() if math.isfinite(v[0])}
+
+
+# --- the verdict in words (the CLI's table, winners.json's readers, the report) -------------------
+
+def _count(n: int, what: str) -> str:
+    return f"{n} {what}" + ("" if n == 1 else "s")
+
+
+def point_name(e: Dict[str, Any]) -> str:
+    """'batch 64, lr 0.1' (and any other swept flag) of an entry."""
+    return ", ".join([f"batch {e['batch_size']}", f"lr {e['lr']:g}", *(f"{a} {v}" for a, v in e["axes"].items())])
+
+
+def margin_text(m: Optional[Dict[str, Any]], runner: Optional[Dict[str, Any]], name: str, unit: str) -> str:
+    """'runner-up NAME by 0.0021 loss x s (5.9%): tied within noise (+-0.0040)'."""
+    if runner is None or m is None:
+        return "no runner-up"
+    rel = f" ({100 * m['relative']:.1f}%)" if m["relative"] is not None else ""
+    judged = ("noise not measured" if m["tied"] is None else
+              f"{'tied within noise' if m['tied'] else 'clear of the noise'} (+-{m['noise']:.3g})")
+    return f"runner-up {name} by {m['value']:.3g} {unit}{rel}: {judged}"
+
+
+def axis_name(axis: str) -> str:
+    return "wall-clock seconds" if axis == "wall" else "p10 step time x steps"
+
+
+def verdict_lines(w: Dict[str, Any]) -> List[str]:
+    """The verdict's sentences under the winners table: per worker count its runner-up and
+    margin, the collapsed runs, the overall best with its runner-up, each worker count's accuracy,
+    and why a worker count's winner lags the best trial."""
+    unit = "loss x s"
+    lines = []
+    for k, info in w["by_workers"].items():
+        e = info["winner"]
+        if e is None:
+            continue
+        rep = ""
+        if e.get("repeats", 1) > 1:
+            areas = e["repeat_areas"] or []
+            rep = f" [median of {e['repeats']} repeats, {min(areas):.4g}-{max(areas):.4g}]" if areas else ""
+        lines.append(f"{_count(int(k), 'worker')}: {point_name(e)}{rep}; "
+                     + margin_text(info.get("margin"), info.get("runner_up"),
+                                   point_name(info["runner_up"]) if info.get("runner_up") else "", unit))
+    for c in w.get("collapsed") or []:
+        lines.append(f"collapsed, not a survivor: {c['id']} ({c['why']})")
+    o = w.get("overall")
+    if o is None:
+        return lines + ["Overall best: none"]
+    r = w.get("overall_runner_up")
+    lines.append(f"Overall best: {_count(o['workers'], 'worker')}, {point_name(o)} (loss area {o['area']:.4g}, "
+                 f"test accuracy {_fmt(o['test_accuracy'])}); "
+                 + margin_text(w.get("overall_margin"), r, f"{_count(r['workers'], 'worker')}, {point_name(r)}"
+                               if r else "", unit))
+    accs = [f"{_count(int(k), 'worker')} {_fmt(i['winner']['test_accuracy'])}"
+            for k, i in w["by_workers"].items() if i["winner"]]
+    best = w.get("best_trial")
+    lines.append("Test accuracy of each worker count's winner: " + ", ".join(accs)
+                 + (f"; best trial {best['test_accuracy']:.4f} ({_count(best['workers'], 'worker')}, "
+                    f"batch {best['batch_size']}, lr {best['lr']:g})" if best else ""))
+    for k in w.get("lagging") or []:
+        e = w["by_workers"][k]["winner"]
+        t = (w.get("by_target") or {}).get(k, {}).get("winner")
+        lines.append(f"  {_count(int(k), 'worker')}: its winner ends at test accuracy {_fmt(e['test_accuracy'])}, "
+                     f"{best['test_accuracy'] - (e['test_accuracy'] or 0):.2f} below the best trial: the rule "
+                     f"rewards short runs (least area), and this budget leaves {_count(int(k), 'worker')} "
+                     f"under-trained. "
+                     + (f"The time-to-accuracy winner there: {point_name(t)} (test accuracy "
+                        f"{_fmt(t['test_accuracy'])})." if t else
+                        "Rank by time to an accuracy (--target-accuracy) to choose for accuracy."))
+    return lines
+
+
+def _fmt(v) -> str:
+    return "-" if v is None else f"{v:.4f}"

@@ -1,0 +1,109 @@
+"""shmlearn/record/runs.py: the run directory's JSON files are JSON for every reader; no write follows a
+symlink out of --out; a run and a sweep do not share a folder."""
+import json
+import math
+import os
+
+import pytest
+
+from shmlearn.config.train_config import TrainConfig
+from shmlearn.errors import BadInput
+from shmlearn.record.runs import RunDir, check_out_dir, check_sweep_out, finished, lock_out_dir
+
+
+def _strict(text):
+    def refuse(token):
+        raise ValueError(f"{token} is not JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_nan_and_inf_are_written_as_null_in_summary_and_eval(tmp_path):
+    """Issue 38, 10: a NaN test loss was written as a bare NaN token into summary.json and
+    eval.jsonl (invalid JSON outside Python). It is null; finite values are kept."""
+    rd = RunDir(str(tmp_path / "run"), TrainConfig(out=str(tmp_path / "run")))
+    rd.log_eval({"step": 10, "test_loss": math.nan, "test_accuracy": None, "other": [math.inf, 1.5]})
+    rd.write_summary({"status": "completed", "test_loss": math.nan, "min_loss": -math.inf, "final_loss": 0.25,
+                      "phase_s": {"compute": math.nan}})
+    rd.close()
+    row = _strict((tmp_path / "run" / "eval.jsonl").read_text().splitlines()[0])
+    assert row == {"step": 10, "test_loss": None, "test_accuracy": None, "other": [None, 1.5]}
+    s = _strict((tmp_path / "run" / "summary.json").read_text())
+    assert (s["test_loss"], s["min_loss"], s["final_loss"], s["phase_s"]) == (None, None, 0.25, {"compute": None})
+
+
+# -- writes (issue 53): no symlink followed out of --out; a run's and a sweep's folders kept apart --
+
+
+def _planted(tmp_path, name, *, existing=True):
+    """--out holding NAME, a symlink to a file outside it (existing, or one that does not exist yet)."""
+    out, away = tmp_path / "run", tmp_path / "away"
+    out.mkdir()
+    away.mkdir()
+    target = away / "victim"
+    if existing:
+        target.write_text("keep me\n")
+    (out / name).symlink_to(target)
+    return out, target
+
+
+@pytest.mark.parametrize("name", ["config.yaml", "metrics.jsonl", "eval.jsonl"])
+@pytest.mark.parametrize("resumed", [None, 0, 20])
+def test_a_run_directory_writes_through_no_symlink_out_of_it(tmp_path, name, resumed):
+    """config.yaml was created where a link in --out pointed; a --resume (without a checkpoint:
+    keep_until None, the files emptied) truncated the file metrics.jsonl linked to."""
+    out, target = _planted(tmp_path, name)
+    with pytest.raises(BadInput) as e:
+        RunDir(str(out), TrainConfig(out=str(out)), keep_until=resumed)
+    assert f"{out / name}: a symlink to {target}" in str(e.value)
+    assert target.read_text() == "keep me\n"
+
+
+def test_a_dangling_link_in_out_creates_nothing_where_it_points(tmp_path):
+    out, target = _planted(tmp_path, "config.yaml", existing=False)
+    with pytest.raises(BadInput):
+        RunDir(str(out), TrainConfig(out=str(out)))
+    assert not target.exists()
+
+
+def test_the_lock_is_not_taken_through_a_link_out_of_out(tmp_path):
+    out, target = _planted(tmp_path, ".lock", existing=False)
+    with pytest.raises(BadInput) as e:
+        with lock_out_dir(str(out)):
+            pass
+    assert ".lock: a symlink to" in str(e.value) and not target.exists()
+
+
+def test_a_run_and_a_sweep_do_not_share_a_folder(tmp_path):
+    sweep = tmp_path / "sweep"
+    sweep.mkdir()
+    (sweep / "results.jsonl").write_text("")
+    with pytest.raises(BadInput, match="holds a sweep, study or experiment"):
+        check_out_dir(str(sweep))
+    run = tmp_path / "run"
+    RunDir(str(run), TrainConfig(out=str(run))).close()
+    with pytest.raises(BadInput, match="holds a training run"):
+        check_sweep_out(str(run))
+    check_sweep_out(str(tmp_path / "new"))  # a new folder, or one of a sweep, is the sweep's own
+    check_sweep_out(str(sweep))
+
+
+def test_finished_is_a_run_that_completed_or_diverged(tmp_path):
+    rd = RunDir(str(tmp_path / "r"), TrainConfig(out=str(tmp_path / "r")))
+    assert finished(rd.path) is None  # started, no summary yet
+    for status, done in (("failed", False), ("completed", True), ("diverged", True)):
+        rd.write_summary({"status": status, "steps": 3})
+        assert (finished(rd.path) is not None) == done
+    (tmp_path / "r" / "summary.json").write_text("[1, 2]")  # not a run's result
+    assert finished(rd.path) is None
+    rd.close()
+    assert not [n for n in os.listdir(rd.path) if ".tmp" in n]
+
+
+def test_an_experiment_is_not_claimed_into_a_training_run(tmp_path):
+    """`experiment --out RUN` wrote its experiment.json into a training run's folder."""
+    from shmlearn.experiments import _claim
+    run = tmp_path / "run"
+    RunDir(str(run), TrainConfig(out=str(run))).close()
+    with pytest.raises(BadInput, match="holds a training run"):
+        _claim(str(run), {"experiment": "linreg", "quick": True})
+    assert not (run / "experiment.json").exists()
