@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "results", "fault_campaign")
+RESULTS = os.path.join(REPO, "results", "fault_campaign")
 BASE = ["train", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32",
         "--eval-points", "2", "--no-progress"]
 """200 steps at 2 workers (the reliability tests' run): a few seconds of training."""
