@@ -333,7 +333,7 @@ def cell(v: dict) -> str:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
-    lines = [f"# FoldedLinear benchmark", "",
+    lines = ["# FoldedLinear benchmark", "",
              f"{env.get('gpu', env['device'])}, driver {env.get('driver', '-')}, torch "
              f"{env['torch']}, CUDA {env.get('cuda', '-')}, Triton {env.get('triton', '-')}, "
              f"TF32 matmul {env.get('tf32_matmul', '-')}, {env['date']}.", "",

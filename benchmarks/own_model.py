@@ -21,7 +21,6 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from shmlearn.bench.common import environment, stats  # noqa: E402
