@@ -181,7 +181,7 @@ def main() -> int:
                          "compute phase of the first model [auto]; 0 skips it")
     ap.add_argument("--ps-sim-workers", default="1-4")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: train,comm,ps-sim")
-    ap.add_argument("--results", default=os.path.join(HERE, "results"))
+    ap.add_argument("--results", default=os.path.join(os.path.dirname(HERE), "results"))
     ap.add_argument("--runs", default=None, help="where the run directories go [a fresh temp dir]")
     a = ap.parse_args()
     skip = set(a.skip.split(","))

@@ -721,7 +721,7 @@ def part_commands(p: str, workers: str) -> dict:
             for m in ("resnet34", "alexnet-small"))], 600),
         # Two GPUs (run with --workers 1,2 on nvidia-h100-x2): where alexnet-small's gradient average
         # costs 170-440 us a step when a bare all_reduce of its 0.6 MB takes 62 us
-        # (benchmarks/results/h100x2/). The trained run's phase times (summary.json phase_s, CUDA
+        # (results/h100x2/). The trained run's phase times (summary.json phase_s, CUDA
         # events on the sampled eager steps) at 1 and 2 GPUs, and the bare all_reduce after 1 ms of
         # computation on every rank, as in a step, against back to back.
         "x2-probe": (["bash", "-c", "; ".join(

@@ -2,7 +2,7 @@
 
     # run every recipe x seed as a user would (one `shmlearn train` process each), then summarize
     PYTHONPATH=. python benchmarks/fashion_recipe.py run --device cuda --data-dir data/fashion-mnist \
-        --seeds 5 --runs /tmp/fashion-recipe --out benchmarks/results/fashion-recipe-h100.json
+        --seeds 5 --runs /tmp/fashion-recipe --out results/fashion-recipe-h100.json
     # or summarize run directories made some other way (RUNS/<recipe>/seed-<S>/summary.json)
     python benchmarks/fashion_recipe.py summarize --runs /tmp/fashion-recipe --out fashion-recipe.json
 

@@ -2,7 +2,7 @@
 final weights, evaluation excluded, n seeds per setting, mean and spread of test accuracy.
 
     PYTHONPATH=. python benchmarks/fashion_tta.py --data-dir data/fashion-mnist --device cuda \
-        --workers 1,2 --recipes fast5-flip,long16 --seeds 5 --out benchmarks/results/tta-fashion.json
+        --workers 1,2 --recipes fast5-flip,long16 --seeds 5 --out results/tta-fashion.json
 
 The recipe (the network, its schedule and augmentation) runs on shmlearn's training step
 (shmlearn/step/fast.py): the whole uint8 dataset on the device, shuffling and augmentation (horizontal
@@ -15,7 +15,7 @@ Network (~0.4M parameters): four conv3x3-BatchNorm-GELU blocks of 32, 64, 128, 2
 2x2 max-pool after blocks 2-4, global max-pool, linear to 10. SGD with Nesterov momentum 0.9,
 weight decay 5e-4, label smoothing 0.1, batch 512, learning rate 0.2 with linear warmup over
 the first 20% of steps and linear decay to zero. Recipes differ in epochs and augmentation
-(RECIPES). Measured (benchmarks/results/tta-fashion-*.json): on an H100, fast5-flip reaches
+(RECIPES). Measured (results/tta-fashion-*.json): on an H100, fast5-flip reaches
 92.9% (93.1% with flip test-time augmentation) in 1.42 s; long16 93.7% (94.0%) in 4.5 s.
 
 Accuracy is reported twice: the plain forward pass, and with flip test-time augmentation (the

@@ -17,7 +17,7 @@ A run is classified, first match wins: hang (no exit within --limit s, or the ca
 it is then killed), orphan, outside, traceback, lost, wrong (exit code or message not the
 promised one), else survived. The target: 0 hangs, 0 orphans, 0 outside, 0 tracebacks, 0 lost.
 
-Writes benchmarks/results/fault_campaign/<date>.json (environment first) and README.md there
+Writes results/fault_campaign/<date>.json (environment first) and README.md there
 (a partial run, with --only or --class, writes <date>-partial.json only). It needs the machine
 to itself for honest bounds.
 """

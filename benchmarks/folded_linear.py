@@ -1,6 +1,6 @@
 """Forward+backward time of FoldedLinear against nn.Linear and a separate matmul + bias add.
 
-    PYTHONPATH=. python benchmarks/folded_linear.py --out benchmarks/results
+    PYTHONPATH=. python benchmarks/folded_linear.py --out results
 
 Variants, all computing y = x W^T + b and the gradients of x, W and b (a layer inside a net):
   linear           nn.Linear (F.linear: cuBLAS(Lt) addmm with the bias fused in the epilogue)
@@ -333,7 +333,7 @@ def cell(v: dict) -> str:
 
 def markdown(report: dict) -> str:
     env = report["environment"]
-    lines = [f"# FoldedLinear benchmark", "",
+    lines = ["# FoldedLinear benchmark", "",
              f"{env.get('gpu', env['device'])}, driver {env.get('driver', '-')}, torch "
              f"{env['torch']}, CUDA {env.get('cuda', '-')}, Triton {env.get('triton', '-')}, "
              f"TF32 matmul {env.get('tf32_matmul', '-')}, {env['date']}.", "",
@@ -381,7 +381,7 @@ def markdown(report: dict) -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="benchmarks/results", help="folder for the JSON and MD")
+    ap.add_argument("--out", default="results", help="folder for the JSON and MD")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     ap.add_argument("--quick", action="store_true", help="smoke test: two shapes, 2 short runs")
     args = ap.parse_args(argv)

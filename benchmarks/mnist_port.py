@@ -35,21 +35,21 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
 
-NET = """
+NET_TEMPLATE = """
     import torch
     import torch.nn.functional as F
     from torch import nn
 
 
-    class Net(nn.Module):  # pytorch/examples mnist/main.py
+    class Net(nn.Module):  # pytorch/examples mnist/main.py{note}
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(1, 32, 3, 1)
-            self.conv2 = nn.Conv2d(32, 64, 3, 1)
+            self.conv1 = nn.Conv2d(1, {c1}, 3, 1)
+            self.conv2 = nn.Conv2d({c1}, {c2}, 3, 1)
             self.dropout1 = nn.Dropout(0.25)
             self.dropout2 = nn.Dropout(0.5)
-            self.fc1 = nn.Linear(9216, 128)
-            self.fc2 = nn.Linear(128, 10)
+            self.fc1 = nn.Linear({flat}, {hidden})
+            self.fc2 = nn.Linear({hidden}, 10)
 
         def forward(self, x):
             x = F.relu(self.conv1(x))
@@ -65,6 +65,16 @@ NET = """
     def nll(output, target):
         return F.nll_loss(output, target)
 """
+
+
+def net_source(conv: tuple = (32, 64), hidden: int = 128, flat: int = 9216, note: str = "") -> str:
+    """The recipe's Net and nll loss as a user's file (source text; tests/test_mnist_recipe.py
+    writes a narrowed one): conv widths, hidden units, and the flattened size the first linear
+    layer takes (conv[1] x 12 x 12 = 9216 for 28x28 images; 16 x 2 x 2 = 64 for 8x8 digits)."""
+    return textwrap.dedent(NET_TEMPLATE.format(c1=conv[0], c2=conv[1], hidden=hidden, flat=flat, note=note))
+
+
+NET = net_source()
 
 DDP = """
     import os, sys, time

@@ -2,8 +2,8 @@
 default --noise-every (noise.default_every: 50 at 1 worker, 10 at 2+), amortized over its K-step
 cycle, and per measured step.
 
-    python benchmarks/noise_scale_overhead.py --device cpu --out benchmarks/results/noise-scale-overhead-cpu.json
-    python benchmarks/noise_scale_overhead.py --device cuda --out benchmarks/results/noise-scale-overhead-h100.json
+    python benchmarks/noise_scale_overhead.py --device cpu --out results/noise-scale-overhead-cpu.json
+    python benchmarks/noise_scale_overhead.py --device cuda --out results/noise-scale-overhead-h100.json
 
 Method on a CPU (--device cpu): shmlearn/bench/noise_cost.py. One run per setting, its steps timed
 one by one in blocks of K (--noise-every), the noise meter attached in one block of each adjacent

@@ -3,7 +3,7 @@ model (a builder function), against shmlearn's registered resnet18 of the same a
 (CIFAR stem: 3x3 conv at stride 1, no max-pool), through the same fast step, in one pool worker,
 interleaved run by run.
 
-    python benchmarks/own_model.py --device cuda --out benchmarks/results/own_model/h100.json
+    python benchmarks/own_model.py --device cuda --out results/own_model/h100.json
 
 Issue 16 asks: within 5% of the built-in's samples/s. Each run trains --samples samples on
 synthetic-32 (3x32x32, 10 classes; built in, no files), bf16 and channels_last; samples/s is the
@@ -21,7 +21,6 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
-import torch  # noqa: E402
 from torch import nn  # noqa: E402
 
 from shmlearn.bench.common import environment, stats  # noqa: E402

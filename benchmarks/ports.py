@@ -33,7 +33,7 @@ Measures, per run:
            original's evaluate() (ddp, api) and over the port's test windows (summary.json
            test_loss: api, cli; the DDP script prints it too).
 The rows alternate (ddp, api, cli; then api, cli, ddp; ...) so a drift in the machine's load bends
-all three. Writes DIR/ports.json (default benchmarks/results/ports-cpu-<date>/): the machine,
+all three. Writes DIR/ports.json (default results/ports-cpu-<date>/): the machine,
 torch, the date, the commit, each run, medians and spread, and the ratios to DDP's medians.
 """
 from __future__ import annotations
@@ -206,14 +206,14 @@ def main(argv=None) -> int:
     p.add_argument("--lm-epochs", type=int, default=2)
     p.add_argument("--lm-lr", type=float, default=0.001, help="the LM's AdamW lr (upstream README's --use-optimizer)")
     p.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take")
-    p.add_argument("--out", default=None, help="folder for ports.json (default benchmarks/results/ports-cpu-DATE)")
+    p.add_argument("--out", default=None, help="folder for ports.json (default results/ports-cpu-DATE)")
     p.add_argument("--keep-logs", action="store_true", help="write each run's output next to ports.json")
     a = p.parse_args(argv)
     ports = [x for x in a.ports.split(",") if x]
     if not ports or any(x not in ("vae", "lm") for x in ports):
         p.error(f"--ports {a.ports}: choose from vae, lm")
     date = datetime.date.today().isoformat()
-    out_dir = a.out or os.path.join(HERE, "results", f"ports-cpu-{date}")
+    out_dir = a.out or os.path.join(ROOT, "results", f"ports-cpu-{date}")
     os.makedirs(out_dir, exist_ok=True)
     commit = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
     report = {"what": "issue 51 ports vs DDP, 2 CPU workers", "date": date, "commit": commit,

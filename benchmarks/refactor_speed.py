@@ -4,7 +4,7 @@ one process so a drift in the machine's speed bends both; wall seconds from star
 to its exit, as a user waits for it.
 
     PYTHONPATH=. python benchmarks/refactor_speed.py --before 02bb6d1 --after HEAD --repeats 3 \
-        --out benchmarks/results/refactor-speed-cpu.json
+        --out results/refactor-speed-cpu.json
 
 Rows:
   train   `shmlearn train` with its defaults (2 CPU workers, all-reduce, digits)

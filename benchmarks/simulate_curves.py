@@ -1,7 +1,7 @@
 """Regenerate the committed `shmlearn simulate` outputs the README quotes (issue 7, item 4):
 alexnet-small and resnet34 on an 8-GPU NVLink node and a 100 Gb/s cluster, to 1024 workers,
 and the 2-core CPU validation. Each is one `shmlearn simulate` command, printed as it runs;
-the inputs are the committed measurements under benchmarks/results/.
+the inputs are the committed measurements under results/.
 
     python benchmarks/simulate_curves.py
 """
@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 
-RES = os.path.relpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "results"))
+RES = os.path.relpath(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "results"))
 STRATS = "allreduce,ps,weight-avg,ddp"
 NET_100G = ["--net-bw", "11.25", "--net-latency-us", "20", "--net-name", "100 Gb/s cluster"]
 

@@ -1,8 +1,8 @@
 """One slow worker: the synchronous parameter server falls to its pace, async-ps keeps going
 (issue 17, acceptance 3).
 
-    python benchmarks/straggler.py --device cpu --out benchmarks/results/straggler/cpu.json
-    python benchmarks/straggler.py --device cuda --out benchmarks/results/straggler/h100.json
+    python benchmarks/straggler.py --device cpu --out results/straggler/cpu.json
+    python benchmarks/straggler.py --device cuda --out results/straggler/h100.json
 
 W workers and a dedicated server; the straggler is worker 1, slowed by SHMLEARN_FAULT=slow:1:MS
 (guard.Fault: it sleeps MS ms before each gradient's sync), with MS = (k - 1) x the unslowed

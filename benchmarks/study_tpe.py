@@ -7,7 +7,7 @@ script also re-trains the grid's winner and TPE's best config, interleaved, `--c
 each, and gives their median areas; and it gives each run's loss integrated over samples (no
 clock in it) and test accuracy beside the area.
 
-    python benchmarks/study_tpe.py --samples 2048 --out benchmarks/results/study_tpe_cpu.json
+    python benchmarks/study_tpe.py --samples 2048 --out results/study_tpe_cpu.json
 
 writes JSON: device, torch version, date, the commands, both sweeps' trials in order, the grid's
 winner, TPE's best, the trial at which TPE first matched the grid's winner, the re-measurement.
@@ -73,7 +73,7 @@ def main():
     ap.add_argument("--trials", type=int, default=20)
     ap.add_argument("--seed", type=int, default=0, help="TPE's seed (--search-seed)")
     ap.add_argument("--confirm", type=int, default=2, help="re-trainings of each winner, interleaved")
-    ap.add_argument("--out", default=os.path.join(HERE, "results", "study_tpe_cpu.json"))
+    ap.add_argument("--out", default=os.path.join(ROOT, "results", "study_tpe_cpu.json"))
     a = ap.parse_args()
     import torch
     work = tempfile.mkdtemp(prefix="study_tpe-")

@@ -223,14 +223,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     an.add_argument("dirs", nargs="+", metavar="DIR")
     for p in (c, an):
         p.add_argument("--tag", default=None, help="result name [cpu | analyze]")
-        p.add_argument("--out", default=None, help="JSON path [benchmarks/results/sweep_overhead/<tag>.json]")
+        p.add_argument("--out", default=None, help="JSON path [results/sweep_overhead/<tag>.json]")
     a = ap.parse_args(argv)
     if a.mode == "cpu":
         a.overhead_workers = [int(w) for w in a.overhead_workers.split(",")]
         if a.runs < 1:
             ap.error("--runs: at least 1")
     res = cpu_mode(a) if a.mode == "cpu" else analyze_mode(a)
-    out = a.out or os.path.join(HERE, "results", "sweep_overhead", f"{a.tag or a.mode}.json")
+    out = a.out or os.path.join(REPO, "results", "sweep_overhead", f"{a.tag or a.mode}.json")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with open(out, "w") as f:
         json.dump(res, f, indent=1)

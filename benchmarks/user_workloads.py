@@ -2,7 +2,7 @@
 GPUs in one run: shmlearn.train (the API), a plain DDP loop (processes started with
 torch.multiprocessing as torchrun would, NCCL, fused AdamW, bf16 autocast) and DDP + torch.compile.
 
-    python benchmarks/user_workloads.py --gpus 1,2,4 --out benchmarks/results/user-workloads/h100.json
+    python benchmarks/user_workloads.py --gpus 1,2,4 --out results/user-workloads/h100.json
     python benchmarks/user_workloads.py --device cpu --tiny --gpus 1,2 --out /tmp/uw.json   # the harness on a CPU
 
 The workloads (one model code for both, nanoGPT-style blocks over F.scaled_dot_product_attention):

@@ -1,17 +1,17 @@
 """Check `shmlearn simulate` against the 4-GPU points of issue 9, from committed JSON only.
 
-Measured: `shmlearn bench throughput` on 4x H200 (benchmarks/results/throughput-h200x4.json,
+Measured: `shmlearn bench throughput` on 4x H200 (results/throughput-h200x4.json,
 throughput-resnet34-h200x4.json): the fast step (CUDA graph, bf16, channels_last, losses read
 every 50 steps) at 1, 2 and 4 GPUs. Compute source: the 1-GPU row of the same run (no
 communication at W=1). Network: the alpha-beta fit of a bare NCCL `bench comm`, either the clean
 2-GPU run (comm-nccl-h200.json: predicting 4 GPUs from it extrapolates in W) or the 4-GPU run
 (comm-nccl-h200x4.json: measured while sweep trials shared the GPUs, so its small-message
-latencies are inflated). Writes benchmarks/results/simulate-x4-validation.{json,md}. Each row is
+latencies are inflated). Writes results/simulate-x4-validation.{json,md}. Each row is
 what this command prints:
 
-    shmlearn simulate --comm benchmarks/results/comm-nccl-h200.json \\
-        --compute benchmarks/results/throughput-h200x4.json --batch 128 \\
-        --measured benchmarks/results/throughput-h200x4.json --check-every 50 [--allreduce-algo tree]
+    shmlearn simulate --comm results/comm-nccl-h200.json \\
+        --compute results/throughput-h200x4.json --batch 128 \\
+        --measured results/throughput-h200x4.json --check-every 50 [--allreduce-algo tree]
 
     python benchmarks/x4_validation.py
 """
@@ -22,7 +22,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-RES = os.path.join(HERE, "results")
+RES = os.path.join(os.path.dirname(HERE), "results")
 sys.path.insert(0, os.path.dirname(HERE))
 
 from shmlearn.analysis.simulate.main import simulate  # noqa: E402

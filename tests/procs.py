@@ -50,3 +50,18 @@ def mpirun_env(env: dict) -> dict:
     if shutil.which("ssh") or shutil.which("rsh"):
         return env
     return dict(env, OMPI_MCA_plm_rsh_agent="false")
+
+
+def processes_with_tag(tag: str) -> list:
+    """Process ids whose environment has SHMLEARN_TEST_TAG=tag (what a test or the fault campaign
+    started, and anything those left behind), read from /proc; [] where none is left."""
+    import os
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
+                    found.append(int(pid))
+        except OSError:  # gone meanwhile, or another user's
+            pass
+    return found

@@ -5,6 +5,7 @@ API with the same weights; a rerun from the run's config.yaml gives the same wei
 bit; shmlearn.load_model(run) scores the run's own test accuracy."""
 import json
 import os
+import sys
 import textwrap
 
 import pytest
@@ -14,37 +15,12 @@ from cli_inproc import run_main
 import shmlearn
 from shmlearn import TrainConfig
 
-
-RECIPE_PY = """
-    import torch
-    import torch.nn.functional as F
-    from torch import nn
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+from mnist_port import net_source  # noqa: E402 - the benchmark's Net, not a copy
 
 
-    class Net(nn.Module):  # pytorch/examples mnist/main.py, narrowed for 8x8 images
-        def __init__(self):
-            super().__init__()
-            self.conv1 = nn.Conv2d(1, 8, 3, 1)
-            self.conv2 = nn.Conv2d(8, 16, 3, 1)
-            self.dropout1 = nn.Dropout(0.25)
-            self.dropout2 = nn.Dropout(0.5)
-            self.fc1 = nn.Linear(64, 32)
-            self.fc2 = nn.Linear(32, 10)
-
-        def forward(self, x):
-            x = F.relu(self.conv1(x))
-            x = F.relu(self.conv2(x))
-            x = F.max_pool2d(x, 2)
-            x = self.dropout1(x)
-            x = torch.flatten(x, 1)
-            x = F.relu(self.fc1(x))
-            x = self.dropout2(x)
-            return F.log_softmax(self.fc2(x), dim=1)
-
-
-    def nll(output, target):
-        return F.nll_loss(output, target)
-"""
+RECIPE_PY = net_source(conv=(8, 16), hidden=32, flat=64, note=", narrowed for 8x8 images")
+"""pytorch/examples' Net from benchmarks/mnist_port.py, narrowed for the 8x8 digits."""
 RECIPE = ["--optimizer", "Adadelta", "--optimizer-args", "lr=1.0", "--scheduler", "StepLR",
           "--scheduler-args", "step_size=1,gamma=0.7"]
 

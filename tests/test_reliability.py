@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from cli_inproc import run_main
+from procs import processes_with_tag
 from shmlearn.train import checkpoint as ckpt
 from shmlearn.launch.start import free_port
 
@@ -51,18 +52,6 @@ def assert_same_weights(a, b):
     assert a.keys() == b.keys()
     for k in a:
         torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
-
-
-def processes_with_tag(tag):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 @pytest.fixture(scope="module")

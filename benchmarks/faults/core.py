@@ -16,7 +16,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
-RESULTS = os.path.join(HERE, "results", "fault_campaign")
+RESULTS = os.path.join(REPO, "results", "fault_campaign")
+sys.path.insert(0, os.path.join(REPO, "tests"))  # the tests' helpers the campaign shares (procs, stuck_data)
+from procs import processes_with_tag as tagged  # noqa: E402 - processes by SHMLEARN_TEST_TAG
 BASE = ["train", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32",
         "--eval-points", "2", "--no-progress"]
 """200 steps at 2 workers (the reliability tests' run): a few seconds of training."""
@@ -36,18 +38,6 @@ TRACEBACK_MARKS = ("Traceback (most recent call last)", "frame #", "Exception ig
 """A traceback in stderr: Python's, C++ frames, or one Python printed while exiting (a
 BrokenPipeError flushing stdout)."""
 
-
-
-def tagged(tag: str) -> List[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def _stat(pid: int) -> Optional[List[str]]:

@@ -13,6 +13,7 @@ from benchmarks.faults.core import BASE, Cmd, Running
 from benchmarks.faults.during import after, signal_group, workers
 from benchmarks.faults.issue15 import _results_unchanged
 from benchmarks.faults.registry import out_of
+from stuck_data import STUCK_DATA  # tests/, on the path by benchmarks.faults.core
 
 case = functools.partial(registry.case, klass="issue38")
 
@@ -90,43 +91,6 @@ def _(t):
                 "    return x[:160], y[:160], x[160:], y[160:]\n")
     return [Cmd(["train", "--dataset", f"{path}:data", "--model", "mlp", "--workers", "2", "--no-progress",
                  "--out", out_of(t)], 2, says=["train_x holds nan at row 17, column 3"])]
-
-
-STUCK_DATA = """import time
-import numpy as np
-import torch
-
-
-class Pairs(torch.utils.data.Dataset):
-    classes = ("a", "b", "c", "d")
-
-    def __init__(self, x, y, stuck=None):
-        self.x, self.y, self.stuck = x, y, stuck
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        if i == self.stuck:
-            time.sleep(600)  # a read that never returns (a dead network mount)
-        return self.x[i], self.y[i]
-
-
-def _arrays():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(512, 5)).astype(np.float32), rng.integers(0, 4, 512),
-            rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 4, 64))
-
-
-def train_stuck():  # sample 115: rank 0's first batch (seed 0, batch 16, 2 workers)
-    a, b, c, d = _arrays()
-    return Pairs(a, b, stuck=115), Pairs(c, d)
-
-
-def test_stuck():  # rank 0 evaluates test samples 0..31, at step 0
-    a, b, c, d = _arrays()
-    return Pairs(a, b), Pairs(c, d, stuck=3)
-"""
 
 
 def _stuck(t: str, name: str, what: str) -> List[Cmd]:

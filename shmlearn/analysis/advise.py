@@ -35,7 +35,7 @@ from shmlearn.sweeps.results import ResultStore
 SMOOTH = 5
 """metrics.jsonl rows (one step's loss each) averaged, trailing, before the target is sought."""
 COMM_PHASES = ("allreduce", "gather", "average", "broadcast", "push", "pull", "wait")
-REPO_COMM = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "benchmarks", "results")
+REPO_COMM = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "results")
 
 
 # --- reading runs --------------------------------------------------------------------------------
@@ -177,7 +177,7 @@ class StepTime:
 
 def _short(path: str) -> str:
     """A path inside this repository relative to its root (advise.json is committed), else as given."""
-    root = os.path.dirname(os.path.dirname(REPO_COMM))
+    root = os.path.dirname(REPO_COMM)
     full = os.path.abspath(path)
     return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
 

@@ -103,7 +103,7 @@ class ShardedLoader:
         if self.augment is not None:
             return self.augment.gather(self.xp, idx, table, self.height, self.width)
         # index_select, not x[idx]: the same gather, but advanced indexing's general kernel is
-        # an order of magnitude slower on the CPU and no faster on a GPU (benchmarks/results/
+        # an order of magnitude slower on the CPU and no faster on a GPU (results/
         # gather/; docs/performance.md, "Behind the code").
         if self._nhwc is not None:
             return self._nhwc.index_select(0, idx).permute(0, 3, 1, 2)

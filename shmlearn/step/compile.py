@@ -73,7 +73,7 @@ class Compiler:
             options = None
         # The forward and the loss as one graph: the loss's kernels (log-softmax, NLL and their
         # backward: 6 launches) fuse into the model's (alexnet-small at batch 128 on an H100: see
-        # benchmarks/results/flat-step-h100).
+        # results/flat-step-h100).
         if isinstance(self.strategy.module, torch.nn.parallel.DistributedDataParallel):
             # DDP is compiled as a module (Dynamo splits its graph at the gradient buckets).
             module = torch.compile(self.strategy.module, mode=mode, options=options, dynamic=False)

@@ -22,7 +22,7 @@ WEIGHT_COPY = ("auto", "on", "off")
 casts none (`Stepper.weight_copy`). The forward loses its casts (ResNet-34 at batch 128 on an
 H100: 1425 -> 1366 us), and the update's kernel writes 2 more bytes a parameter, which cost it
 20 us over ResNet-34's 21M parameters (144.6 -> 164.8 us; torch's cast after it costs 45).
-Steps on an H100, compiled (benchmarks/results/copy-h100/): resnet34 at batch 128 3.720 -> 3.711 ms,
+Steps on an H100, compiled (results/copy-h100/): resnet34 at batch 128 3.720 -> 3.711 ms,
 resnet18 2.169 -> 2.158 (run 5); at 1024, with the earlier kernel of 1024 values a program,
 21.30 -> 21.14 and 20.99 -> 20.81 (runs 1 and 2), where at 128 that kernel's stores had made
 the copy lose (3.850 -> 3.892)."""
@@ -32,7 +32,7 @@ ADOPT_GRADS = ("auto", "on", "off")
 """StepOptions.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
 the graph (resnet18 at batch 128 on an H100: 62 kernels, 135 us). On the CPU the adds run inside
 autograd's C++, and adopting costs a Python permute and reshape per parameter and a cat: about
-45 us a step. 2-core CPU, fast step, ms per step (benchmarks/results/read-cpu/): the mlp at
+45 us a step. 2-core CPU, fast step, ms per step (results/read-cpu/): the mlp at
 batch 32 0.519 -> 0.470 (1 worker) and 2.52 -> 2.46 (2 workers); lenet and alexnet-small at
 batch 32 within 1% (15.47 -> 15.62, 21.74 -> 21.85)."""
 COMBO = ("auto", "on", "off")
@@ -40,7 +40,7 @@ COMBO = ("auto", "on", "off")
 COMBO_MAX_PIXELS = 256 * 32 * 32
 """combo auto: on CUDA for batches of at most this many image pixels (batch x height x width;
 batch alone for inputs that are not images). One H100, bf16, the fast step compiled
-(benchmarks/results/defer-h100/): at batch 128 of 32x32 images resnet18 2.446 -> 2.344 ms and
+(results/defer-h100/): at batch 128 of 32x32 images resnet18 2.446 -> 2.344 ms and
 resnet34 4.212 -> 4.031 (their ~300 small BatchNorm, cast and stat kernels launch in fewer
 groups); at 1024, 11.954 -> 12.095 and 21.760 -> 22.163 (slower: large kernels gain nothing from
 sharing a launch). The limit sits between the two measured sizes."""

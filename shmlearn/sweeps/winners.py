@@ -19,7 +19,7 @@ rule.
   machine's other work hardly slowed. The median step time (what issue 55 first proposed) moved
   with sustained load: 3 reruns of the README's digits sweep on a CPU at load average 14-24 named
   3 different overall winners on it; on p10 3 reruns named the same one twice and called the third
-  a tie (benchmarks/results/sweep-digits/NOTES.md).
+  a tie (results/sweep-digits/NOTES.md).
 * **Noise**: each area carries a relative half-width, half the interquartile spread of the run's
   step times over their median (how far the machine's load moved a step). With `--repeats N`
   (the same grid point trained N times, seeds seed..seed+N-1) the area is the median of the

@@ -49,7 +49,7 @@ noisy as it is large (docs/noise-scale.md), so a few measurements must not be fo
 the average then spans ~10 K steps instead (500 at K = 50)."""
 EVERY_ONE_WORKER = 50
 """Default --noise-every at 1 worker: a measured step computes its batch as two halves, which
-cost up to three quarters of a step more (benchmarks/results/noise-scale/NOTES.md;
+cost up to three quarters of a step more (results/noise-scale/NOTES.md;
 docs/performance.md, "Behind the code"); 1/50 of that is <= 1.5%."""
 EVERY_WORKERS = 10
 """Default --noise-every at 2+ workers: a measured step adds two squared norms of the gradient

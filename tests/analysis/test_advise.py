@@ -106,14 +106,14 @@ def test_a_run_is_advised_from_its_own_final_loss(tmp_path):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["benchmarks/results/sweep-digits"], "no completed run with noise-scale rows"),
+    (["results/sweep-digits"], "no completed run with noise-scale rows"),
     (["/nonexistent-dir"], "neither a run directory"),
-    (["benchmarks/results/noise-scale/sweep-digits", "--target-loss", "-1"], "--target-loss -1.0: must be"),
-    (["benchmarks/results/noise-scale/sweep-digits", "--target-loss", "1e-9"], "--target-loss 1e-09: no run reaches it"),
+    (["results/noise-scale/sweep-digits", "--target-loss", "-1"], "--target-loss -1.0: must be"),
+    (["results/noise-scale/sweep-digits", "--target-loss", "1e-9"], "--target-loss 1e-09: no run reaches it"),
 ])
 def test_bad_input_is_one_line(capsys, argv, says, tmp_path):
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    argv = [os.path.join(root, a) if a.startswith("benchmarks") else a for a in argv]
+    argv = [os.path.join(root, a) if a.startswith("results/") else a for a in argv]
     assert main(["advise", *argv, "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
@@ -123,7 +123,7 @@ def test_committed_sweeps_advice_is_what_the_notes_say():
     """The committed advise.json files (acceptance 2) are what advise computes from the committed sweeps."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     for name in ("digits", "fashion"):
-        base = os.path.join(root, "benchmarks", "results", "noise-scale")
+        base = os.path.join(root, "results", "noise-scale")
         saved = json.load(open(os.path.join(base, f"advise-{name}", "advise.json")))
         doc = advise(os.path.join(base, f"sweep-{name}"))
         assert doc["b_simple"] == pytest.approx(saved["b_simple"]) and doc["b_crit_fit"] == pytest.approx(saved["b_crit_fit"])

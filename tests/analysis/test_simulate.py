@@ -13,7 +13,7 @@ from shmlearn.errors import BadInput
 from shmlearn.analysis.simulate.main import (Compute, Machine, Network, Wake, best_form, fit_alpha_beta, fit_comm, predict,
                                simulate, steps_and_bytes, validate)
 
-RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results")
+RESULTS = os.path.join(os.path.dirname(__file__), "..", "..", "results")
 TOLERANCE = 0.15  # issue 7: predicted step time within 15% of the measured, allreduce and ps
 
 

@@ -18,6 +18,9 @@ from shmlearn.data.user import user_data
 from shmlearn.errors import BadInput
 from shmlearn.launch.pool import Pool, using
 
+from procs import processes_with_tag
+from stuck_data import STUCK_DATA
+
 CPU = torch.device("cpu")
 
 
@@ -254,54 +257,7 @@ def test_workers_start_from_a_clean_process_where_the_dataset_allows(tmp_path):
     assert stream._context(cls()).get_start_method() == "fork"
 
 
-STUCK_DATA = '''
-import time
-import numpy as np
-import torch
 
-
-class Pairs(torch.utils.data.Dataset):
-    classes = ("a", "b", "c", "d")
-
-    def __init__(self, x, y, stuck=None):
-        self.x, self.y, self.stuck = x, y, stuck
-
-    def __len__(self):
-        return len(self.x)
-
-    def __getitem__(self, i):
-        if i == self.stuck:
-            time.sleep(600)  # a read that never returns (a dead network mount)
-        return self.x[i], self.y[i]
-
-
-def _arrays():
-    rng = np.random.default_rng(0)
-    return (rng.normal(size=(512, 5)).astype(np.float32), rng.integers(0, 4, 512),
-            rng.normal(size=(64, 5)).astype(np.float32), rng.integers(0, 4, 64))
-
-
-def train_stuck():  # sample 115 is in rank 0's first batch (seed 0, batch 16, 2 workers)
-    a, b, c, d = _arrays()
-    return Pairs(a, b, stuck=115), Pairs(c, d)
-
-
-def test_stuck():  # rank 0 evaluates test samples 0..31 (at step 0, before training)
-    a, b, c, d = _arrays()
-    return Pairs(a, b), Pairs(c, d, stuck=3)
-'''
-
-
-def _tagged(tag):
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as f:
-                if f"SHMLEARN_TEST_TAG={tag}".encode() in f.read():
-                    found.append(pid)
-        except OSError:
-            pass
-    return found
 
 
 def test_a_stuck_dataset_at_2_workers_names_the_stuck_rank_and_leaves_no_process(tmp_path):
@@ -337,7 +293,7 @@ def test_a_stuck_dataset_at_2_workers_names_the_stuck_rank_and_leaves_no_process
         assert p.returncode == 2 and len(err.strip().splitlines()) == 1, err
         assert f"reading {what} raised RuntimeError: DataLoader timed out after 10" in err, err
         deadline = time.monotonic() + 30  # the resource tracker leaves a moment after its owner
-        while _tagged(tag) and time.monotonic() < deadline:
+        while processes_with_tag(tag) and time.monotonic() < deadline:
             time.sleep(0.5)
-        left = [open(f"/proc/{pid}/cmdline", "rb").read()[:120] for pid in _tagged(tag)]
+        left = [open(f"/proc/{pid}/cmdline", "rb").read()[:120] for pid in processes_with_tag(tag)]
         assert not left, left

@@ -214,7 +214,7 @@ def test_the_report_into_a_read_only_folder_or_onto_a_directory_is_one_line_exit
 
 
 def test_simulate_on_a_full_disk_is_one_line_and_keeps_the_earlier_output(tmp_path):
-    compute = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "results", "simulate-compute-cpu-alexnet-small.json")
+    compute = os.path.join(os.path.dirname(__file__), "..", "..", "results", "simulate-compute-cpu-alexnet-small.json")
     if not os.path.exists(compute):
         pytest.skip("committed measurement missing")
     out = tmp_path / "sim"

@@ -125,7 +125,7 @@ def test_bad_winner_flags_are_one_line_and_exit_2(tmp_path, capfd, monkeypatch, 
 
 # --- a real sweep of a user's LM -------------------------------------------------------------
 
-LM_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "results",
+LM_PY = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "results",
                      "sweep-lm-metric", "lm.py")
 """The user's file of docs/sweeps.md's example: a tiny LM over a deterministic token sequence,
 items (ids int64, next ids int64), a (train, val, test) split, compute_loss -> (loss, {accuracy})."""
