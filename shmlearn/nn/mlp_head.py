@@ -120,7 +120,9 @@ class MLPHead(nn.Linear):
         layers = [self] + self.__dict__["_fused_rest"]
         dev = x.device.type
         dt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
-        if x.dim() != 2 or dt not in (torch.float16, torch.bfloat16):  # torch's ops, the same layers
+        # torch's ops, the same layers: inputs the kernels do not take, and evaluation (whose batch
+        # sizes would each build kernels of their own; conv_pool.ConvReluPool2d says what it cost)
+        if x.dim() != 2 or dt not in (torch.float16, torch.bfloat16) or not self.training:
             h = F.linear(x, self.weight, self.bias)
             for layer in layers[1:]:
                 h = F.linear(F.relu(h), layer.weight, layer.bias)

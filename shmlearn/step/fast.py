@@ -99,7 +99,7 @@ class Stepper:
         self._pending_from: Optional[int] = None  # first step not yet read
         self.choice = KernelChoice(model=model, strategy=strategy, optimizer=optimizer, loader=loader, loss=self.loss,
                                    device=device, opts=opts, fast=self.fast, fast_why_not=why_not, fault=fault,
-                                   world_size=world_size)
+                                   world_size=world_size, total_steps=total_steps)
         self.dstep = DeviceStep(strategy=strategy, loader=loader, loss=self.loss, device=device, opts=opts,
                                 choice=self.choice, fault=fault, rank=rank, reached=reached, hist=self.hist,
                                 compute=compute_loss)

@@ -12,7 +12,7 @@ import torch
 
 from shmlearn.step import flat_sgd
 from shmlearn.errors import BadInput
-from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.nn import built, choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.step import buckets
 from shmlearn.step.device import autocast
 from shmlearn.step.options import ADOPT_GRADS, step_hooks
@@ -23,7 +23,7 @@ class KernelChoice:
     fast: the step is the fast one; fast_why_not: fast.fast_capable's answer (None: it can run)."""
 
     def __init__(self, *, model, strategy, optimizer, loader, loss, device: torch.device, opts, fast: bool,
-                 fast_why_not: Optional[str], fault, world_size: int):
+                 fast_why_not: Optional[str], fault, world_size: int, total_steps: int):
         self.model, self.strategy, self.optimizer, self.device, self.opts = model, strategy, optimizer, device, opts
         self.fast, self.world_size = fast, world_size
         if device.type == "cuda":
@@ -43,11 +43,15 @@ class KernelChoice:
         # Each layer takes a kernel only where it can run on this device (nn/choice.py).
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
+        dtype = torch.bfloat16 if opts.precision == "bf16" else torch.float32
         self.kernels = choice.choose(model, conv_pool_mode=self.conv_pool, mlp_head_mode=self.mlp_head,
-                                     dtype=torch.bfloat16 if opts.precision == "bf16" else torch.float32, device=device)
+                                     dtype=dtype, device=device)
         """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
         choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
                             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+        self.build_key, self._deferred = self._defer_unbuilt(loader, dtype, total_steps)
+        """The record of this run's kernels in nn/built.py (None: none run, or no key), and the
+        kernels that auto left to torch because they are not built here yet."""
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
         """--image-conv: how many convolutions were switched (before compiling: Inductor sees them)."""
@@ -146,13 +150,41 @@ class KernelChoice:
         """How many buckets the gradient average runs in during the backward (0: after it)."""
         return len(self.buckets) if self.buckets is not None else 0
 
+    def _defer_unbuilt(self, loader, dtype: torch.dtype, total_steps: int):
+        """Under auto, the Triton kernels chosen stay only where they are built on this machine for
+        these shapes, or where the run is long enough to build them (nn/built.py): a short run on a
+        fresh machine would spend a minute compiling and autotuning them to save milliseconds.
+        Returns (the record's key, the kernels left to torch)."""
+        on = [c for c in self.kernels if c.path == "triton"]
+        batch = getattr(loader, "batch", None)
+        if not on or batch is None:
+            return None, []
+        x = batch(0)[0]
+        k = built.key([f"{c.kernel} {c.layer}" for c in on], tuple(x.shape) if isinstance(x, torch.Tensor) else (),
+                      dtype, self.device)
+        if built.is_built(k) or total_steps >= built.BUILD_MIN_STEPS:
+            return k, []
+        auto = {"conv-pool": self.opts.conv_pool == "auto", "mlp-head": self.opts.mlp_head == "auto"}
+        deferred = sorted({c.kernel for c in on if auto[c.kernel]})
+        for kernel in deferred:
+            choice.switch_off(self.model, kernel)
+        for c in on:
+            if c.kernel in deferred:
+                c.path, c.why = "torch", (f"auto: not built on this device for these shapes yet; {total_steps} steps "
+                                          f"are fewer than the {built.BUILD_MIN_STEPS} that build it")
+        return (k if len(deferred) < len({c.kernel for c in on}) else None), deferred
+
     def _probe(self, loader, loss) -> None:
         """On CUDA, where a layer runs a custom kernel: one forward and backward on the first
         batch before anything depends on them (choice.probe); a kernel that fails is switched
         off for the run and the note says so. Unforced kernels the device cannot run were left
         out by choice.choose; the note names them too."""
-        skipped = [c for c in self.kernels if c.path != "triton" and c.why and "only" not in c.why]
+        skipped = [c for c in self.kernels if c.path != "triton" and c.why and "only" not in c.why
+                   and c.kernel not in self._deferred]
         notes = [f"{choice.FLAGS[c.kernel]}: {c.layer} runs torch's ops ({c.why})" for c in skipped]
+        notes += [f"{choice.FLAGS[k]} auto: torch's ops, as the fused kernels are not built on this device for "
+                  f"these shapes yet (a run of {built.BUILD_MIN_STEPS}+ steps or {choice.FLAGS[k]} triton builds "
+                  f"them once; later runs use them)" for k in self._deferred]
         batch = getattr(loader, "batch", None)
         if self.device.type == "cuda" and batch is not None and choice.running(self.model):
             failed = choice.probe(self.model, lambda: batch(0), loss,
@@ -165,6 +197,9 @@ class KernelChoice:
                 if "image-conv" not in on and self.image_conv == "triton":
                     self.image_conv, self.image_convs = "cudnn", 0
                 notes += failed
+            if self.build_key and {"conv-pool", "mlp-head"} & set(choice.running(self.model)):
+                built.mark_built(self.build_key, {"device": torch.cuda.get_device_name(self.device),
+                                                  "kernels": [c.as_dict() for c in self.kernels if c.path == "triton"]})
         self.kernel_notes = notes
         """One line per kernel left to torch for this device's sake (printed by the run's lead)."""
 

@@ -1,0 +1,115 @@
+"""Issue 52, GPU cold start: under auto a fused kernel runs only where it is built on this machine
+for the run's shapes, or where the run is long enough to build it (nn/built.py,
+step/kernels.py KernelChoice._defer_unbuilt); evaluation runs torch's ops, so it builds nothing of
+its own. The decisions are made on the CPU here: the device is never touched (the record's key is
+replaced, as only CUDA has one)."""
+import json
+import types
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shmlearn.nn import built, choice, conv_pool, mlp_head
+from shmlearn.step.kernels import KernelChoice
+
+
+def _model():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.Flatten(), nn.Linear(8 * 4 * 4, 10))
+
+
+def _fused_choice(model, conv_pool_mode="auto"):
+    """A KernelChoice part-built: the model's block converted to the fused kernel, as choose()
+    leaves it on a GPU that can run it."""
+    conv_pool.convert(model, "triton")
+    kc = object.__new__(KernelChoice)
+    kc.model, kc.device = model, torch.device("cpu")
+    kc.opts = types.SimpleNamespace(conv_pool=conv_pool_mode, mlp_head="auto")
+    kc.kernels = [choice.Choice("0 (conv 3->8 3x3)", "conv-pool", "triton", None)]
+    return kc
+
+
+class _Loader:
+    def batch(self, i):
+        return torch.randn(4, 3, 8, 8), torch.zeros(4, dtype=torch.long)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHMLEARN_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(built, "key", lambda layers, shape, dtype, device: "k-" + "-".join(map(str, shape)))
+    return tmp_path
+
+
+def test_a_short_run_without_a_build_takes_torchs_ops_and_says_why(cache):
+    model = _model()
+    kc = _fused_choice(model)
+    key, deferred = kc._defer_unbuilt(_Loader(), torch.float32, total_steps=898)
+    assert (key, deferred) == (None, ["conv-pool"])
+    assert type(model[0]) is nn.Conv2d and type(model[2]) is nn.MaxPool2d  # back on torch's modules
+    c = kc.kernels[0]
+    assert c.path == "torch" and "not built on this device" in c.why and "898 steps" in c.why
+
+
+def test_a_built_kernel_or_a_long_run_or_a_forced_kernel_keeps_the_fused_path(cache):
+    model = _model()
+    kc = _fused_choice(model)
+    assert kc._defer_unbuilt(_Loader(), torch.float32, total_steps=built.BUILD_MIN_STEPS) == ("k-4-3-8-8", [])
+    assert type(model[0]) is conv_pool.ConvReluPool2d
+
+    forced = _fused_choice(_model(), conv_pool_mode="triton")
+    assert forced._defer_unbuilt(_Loader(), torch.float32, total_steps=10) == ("k-4-3-8-8", [])
+    assert forced.kernels[0].path == "triton"
+
+    built.mark_built("k-4-3-8-8", {"kernels": ["conv-pool"]})
+    assert json.loads((cache / "kernels" / "k-4-3-8-8.json").read_text()) == {"kernels": ["conv-pool"]}
+    again = _fused_choice(_model())
+    assert again._defer_unbuilt(_Loader(), torch.float32, total_steps=10) == ("k-4-3-8-8", [])
+    assert again.kernels[0].path == "triton"
+
+
+def test_the_record_is_per_key_and_a_cache_that_cannot_be_written_loses_only_the_hint(tmp_path, monkeypatch):
+    monkeypatch.setenv("SHMLEARN_CACHE_DIR", str(tmp_path / "c"))
+    assert not built.is_built("a") and not built.is_built(None)
+    built.mark_built("a", {})
+    assert built.is_built("a") and not built.is_built("b")
+    (tmp_path / "ro").write_text("a file where the folder should be")
+    monkeypatch.setenv("SHMLEARN_CACHE_DIR", str(tmp_path / "ro"))
+    built.mark_built("a", {})  # no exception: the run goes on
+    assert not built.is_built("a")
+
+
+def test_no_key_off_cuda():
+    assert built.key(["conv-pool x"], (4, 3, 8, 8), torch.float32, torch.device("cpu")) is None
+
+
+def test_evaluation_runs_torchs_ops_and_never_the_fused_kernels(monkeypatch):
+    """model.eval(): the fused modules compute with torch's ops (the kernels' op would raise here)."""
+    model = _model()
+    ref = [F.max_pool2d(F.relu(model[0](x)), 2) for x in [torch.randn(5, 3, 8, 8)]]
+    conv_pool.convert(model, "triton")
+
+    def no_kernel(*a, **k):
+        raise AssertionError("the fused kernel ran in evaluation")
+    monkeypatch.setattr(conv_pool, "_ops", no_kernel)
+    model.eval()
+    torch.manual_seed(1)
+    x = torch.randn(5, 3, 8, 8)
+    with torch.no_grad():
+        got = model[2](model[1](model[0](x)))
+    assert torch.equal(got, F.max_pool2d(F.relu(F.conv2d(x, model[0].weight, model[0].bias, padding=1)), 2))
+    assert ref[0].shape == got.shape
+
+    head = nn.Sequential(nn.Linear(16, 8), nn.ReLU(), nn.Linear(8, 4))
+    mlp_head.convert(head, "triton")
+    monkeypatch.setattr(mlp_head, "mlp_head", no_kernel)
+    head.eval()
+    h = torch.randn(3, 16)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = head(h)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        want = F.linear(F.relu(F.linear(h, head[0].weight, head[0].bias)), head[2].weight, head[2].bias)
+    assert torch.equal(out, want)
