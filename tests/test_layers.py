@@ -15,16 +15,6 @@ import shmlearn
 
 ROOT = Path(shmlearn.__file__).resolve().parent
 
-# Edges left out of the graph on purpose. Each is a function-level import that defers a heavy
-# optional dependency (DESIGN.md, Architecture).
-EXEMPT: set[tuple[str, str]] = {
-    # conv_pool imports its Triton kernels inside functions (Triton is optional); the kernels
-    # import conv_pool.unfolds at their top. Moving unfolds to a module of its own is GPU code:
-    # it lands with the next GPU-matrix run.
-    ("shmlearn.nn.conv_pool", "shmlearn.nn._conv_pool_triton"),
-}
-
-
 def _modules() -> dict[str, Path]:
     """Dotted name -> file, for every .py under shmlearn/ (a package is its __init__.py)."""
     out = {}
@@ -71,7 +61,7 @@ def import_graph() -> dict[str, dict[str, list[int]]]:
                 targets = subs + ([base] if len(subs) < len(node.names) else [])
             for t in targets:
                 t = known(t)
-                if t and t != mod and (mod, t) not in EXEMPT:
+                if t and t != mod:
                     graph[mod].setdefault(t, []).append(node.lineno)
     return graph
 
