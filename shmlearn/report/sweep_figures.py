@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.patches import Rectangle
 
 from shmlearn.sweeps import winners
-from shmlearn.sweeps.results import metric_value
+from shmlearn.sweeps.winners import metric_value
 
 from .html import worker_count
 from .load import Run

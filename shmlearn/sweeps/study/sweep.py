@@ -59,7 +59,6 @@ from shmlearn.record import readback
 from shmlearn.errors import BadInput, count
 from shmlearn.sweeps.pruning import bound_key, post_bound
 from shmlearn.sweeps import winners
-from shmlearn.sweeps.results import metric_value
 from shmlearn.sweeps.winners import best_bounds
 from shmlearn.record.runs import lock_dir, read_jsonl
 from shmlearn.sweeps.study.book import BEAT_S, CLAIM_WAIT_S, HOST, LOOK_S, Owned, StudyBook  # noqa: F401 - re-exported
@@ -303,7 +302,6 @@ class StudySweep(TrialRunner):
         o = self.book.owned.pop(row["id"], None)
         if o is None:
             return
-        s = row["summary"]
         if row["status"] == "pruned" and o.pruned:
             row["pruned"].update(o.pruned)
         elif row["status"] == "pruned":
@@ -312,12 +310,7 @@ class StudySweep(TrialRunner):
         # its eval points, as every completed trial has.
         if self.pruner_name is not None and (not o.pruned or row["status"] != "pruned") and row.get("run_dir"):
             self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
-        if self.sc.winner_metric is None:  # the paper's rule (winners.py): the area on --time-axis
-            area = winners.area(s, self.sc.time_axis)
-            constraint = winners.constraint(row, self.sc.threshold)
-        else:  # the metric's verdict: every completed trial that reports it counts
-            area = metric_value(row, self.sc.winner_metric) if winners.status(row) == "completed" else None
-            constraint = 0.0 if area is not None else math.inf
+        value, constraint = winners.objective(row, self.sc.threshold, self.sc.time_axis, self.sc.winner_metric)
         try:
             o.trial.set_user_attr("row", row)
             o.trial.set_user_attr("shmlearn_constraint", constraint)
@@ -326,8 +319,7 @@ class StudySweep(TrialRunner):
             if row["status"] == "pruned":
                 self.book.study.tell(o.trial, state=TrialState.PRUNED)
             else:
-                value = area if row["status"] == "completed" and area is not None else self.sign * math.inf
-                self.book.study.tell(o.trial, value)
+                self.book.study.tell(o.trial, self.sign * math.inf if value is None else value)
         except UpdateFinishedTrialError:
             print(f"sweep: trial #{o.trial.number} ({o.tid}) finished here after another process took it as "
                   f"lost; its rerun's result counts", file=sys.stderr, flush=True)
