@@ -34,7 +34,8 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from shmlearn.errors import BadInput, count
-from shmlearn.launch import forkserver, listen, user_main
+from shmlearn.launch import forkserver, listen
+from shmlearn.user import user_main
 from shmlearn.launch.supervise import Job, Watchdog
 # describe and worker_store are imported from here by train.py and the tests (the worker side moved)
 from shmlearn.launch.worker import LEAVE, OwnerStdio, Task, _worker_main, describe, worker_store  # noqa: F401
