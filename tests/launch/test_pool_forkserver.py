@@ -138,7 +138,7 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
 def test_a_command_that_ends_before_the_forkserver_imported_does_not_leave_it_holding_its_pipes():
     """A refusal found after start() (a bad flag, once torch is imported): the forkserver is ended
     at exit, not left importing torch for seconds with the command's stdout (`| tail` waited)."""
-    script = ("from multiprocessing import forkserver as f; from shmlearn import forkserver; forkserver.start(); "
+    script = ("from multiprocessing import forkserver as f; from shmlearn.launch import forkserver; forkserver.start(); "
               "print(f._forkserver._forkserver_pid, flush=True)")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                          env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
@@ -155,7 +155,7 @@ def test_an_owner_killed_while_the_forkserver_imports_torch_does_not_leave_it_im
     """kill -9 of the program (the fault campaign's kill-launcher cases, 0.5-1.5 s after start):
     the forkserver, the owner's child, dies with it (PR_SET_PDEATHSIG, set by its first import)
     instead of importing torch and torch._dynamo for seconds with no owner to serve."""
-    script = ("import os, signal; from multiprocessing import forkserver as f; from shmlearn import forkserver; "
+    script = ("import os, signal; from multiprocessing import forkserver as f; from shmlearn.launch import forkserver; "
               "forkserver.start(); print(f._forkserver._forkserver_pid, flush=True); "
               "os.kill(os.getpid(), signal.SIGKILL)")
     p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -220,7 +220,7 @@ def test_a_scripts_import_starts_the_forkserver_its_workers_fork_from(tmp_path, 
 
 
 def test_an_interactive_or_dash_c_session_starts_no_forkserver():
-    code = "import shmlearn; from shmlearn import forkserver; print(forkserver._started_env is None)"
+    code = "import shmlearn; from shmlearn.launch import forkserver; print(forkserver._started_env is None)"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
     assert r.stdout.strip() == "True", r.stderr
