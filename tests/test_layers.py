@@ -15,16 +15,6 @@ import shmlearn
 
 ROOT = Path(shmlearn.__file__).resolve().parent
 
-# Edges left out of the graph on purpose. Each is a function-level import that defers a heavy
-# optional dependency (DESIGN.md, Architecture).
-EXEMPT: set[tuple[str, str]] = {
-    # conv_pool imports its Triton kernels inside functions (Triton is optional); the kernels
-    # import conv_pool.unfolds at their top. Moving unfolds to a module of its own is GPU code:
-    # it lands with the next GPU-matrix run.
-    ("shmlearn.nn.conv_pool", "shmlearn.nn._conv_pool_triton"),
-}
-
-
 def _modules() -> dict[str, Path]:
     """Dotted name -> file, for every .py under shmlearn/ (a package is its __init__.py)."""
     out = {}
@@ -71,7 +61,7 @@ def import_graph() -> dict[str, dict[str, list[int]]]:
                 targets = subs + ([base] if len(subs) < len(node.names) else [])
             for t in targets:
                 t = known(t)
-                if t and t != mod and (mod, t) not in EXEMPT:
+                if t and t != mod:
                     graph[mod].setdefault(t, []).append(node.lineno)
     return graph
 
@@ -200,3 +190,88 @@ def test_function_level_import_checker(tmp_path):
     found = function_level_imports(src, "shmlearn.m")
     assert [n for n, _ in found] == [5, 7, 8]
     assert ["# lazy: " in s for _, s in found] == [True, False, False]
+
+
+# --- packages in layers ------------------------------------------------------------------------
+
+LAYERS: list[tuple[str, ...]] = [
+    ("errors",),
+    ("nn",),           # kernels and layers: torch and Triton only
+    ("record",),       # files: safe writes, jsonl, readback, timing, TensorBoard, weights, the run directory
+    ("user",),         # the user's parts, and the user's script in a worker
+    ("data",),
+    ("models",),
+    ("sync",),         # the strategies and their registry
+    ("step",),         # the fast step, over a strategy
+    ("config",),       # TrainConfig, composed from what the packages below declare
+    ("launch",),       # processes: pool, forkserver, launcher environment, placement
+    ("train",),
+    ("sweeps",),
+    ("report",),       # reads sweeps' results and winners
+    ("bench",),
+    ("analysis",),     # simulate reads bench's timings; advise reads sweeps' results
+    ("experiments",),
+    ("cli",),
+]
+"""The packages of shmlearn/, lowest first: a module imports only from its own package and the
+packages of lower layers (DESIGN.md, Architecture). The order is the import graph's (docs/
+architecture.md draws it); the top-level modules (shmlearn/__init__.py, __main__.py) sit above
+every layer, errors.py is the lowest."""
+
+MAX_TOP_MODULES = 8
+
+
+def _package(mod: str) -> str:
+    """The package of a dotted module name under shmlearn ('shmlearn.sync.ddp' -> 'sync';
+    'shmlearn.errors' -> 'errors'; the package itself -> '')."""
+    parts = mod.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def upward_imports(graph: dict[str, dict[str, list[int]]], layers=None) -> list[str]:
+    """'importer -> imported (line N)' for each import of a package above the importer's own."""
+    level = {p: i for i, group in enumerate(layers or LAYERS) for p in group}
+    bad = []
+    for mod, targets in sorted(graph.items()):
+        src = _package(mod)
+        if src not in level:  # shmlearn/__init__.py, __main__.py: the public API, above all
+            continue
+        for t, at in sorted(targets.items()):
+            dst = _package(t)
+            if dst != src and level.get(dst, len(level)) > level[src]:
+                bad.append(f"{mod} -> {t} (line {', '.join(map(str, at))})")
+    return bad
+
+
+def test_every_package_has_a_layer():
+    mods = _modules()
+    packages = {_package(m) for m in mods if _package(m)} - {"__main__"}
+    listed = {p for group in LAYERS for p in group}
+    assert packages == listed, (f"packages without a layer: {sorted(packages - listed)}; "
+                                f"layers naming no package: {sorted(listed - packages)}")
+
+
+def test_no_module_imports_a_package_above_its_own():
+    bad = upward_imports(import_graph())
+    assert not bad, "imports of a package above the importer's layer (LAYERS):\n" + "\n".join(bad)
+
+
+def test_upward_import_checker():
+    graph = {"shmlearn.nn.a": {"shmlearn.errors": [1]},
+             "shmlearn.sync.b": {"shmlearn.nn.a": [2], "shmlearn.sync.c": [3]},
+             "shmlearn.nn.d": {"shmlearn.sync.b": [4]},
+             "shmlearn": {"shmlearn.sync.b": [5]}}
+    layers = [("errors",), ("nn",), ("sync",)]
+    assert upward_imports(graph, layers) == ["shmlearn.nn.d -> shmlearn.sync.b (line 4)"]
+
+
+def test_every_package_says_what_it_owns():
+    """Each package's __init__.py opens with a docstring (the map in docs/architecture.md)."""
+    missing = [path.parent.relative_to(ROOT.parent).as_posix() for path in sorted(ROOT.rglob("__init__.py"))
+               if not (ast.get_docstring(ast.parse(path.read_text())) or "").strip()]
+    assert not missing, f"packages without a docstring of what they own: {missing}"
+
+
+def test_few_modules_at_the_top():
+    top = sorted(p.name for p in ROOT.glob("*.py"))
+    assert len(top) <= MAX_TOP_MODULES, f"{len(top)} modules at the top of shmlearn/ (at most {MAX_TOP_MODULES}): {top}"

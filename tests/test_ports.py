@@ -3,7 +3,7 @@
 * The originals are pytorch/examples' files at 77f55b9 (git blob ids below), and each port differs
   from its original main.py by at most 15 changed lines (a replaced line counts once). The LM's
   training code stays at module level, as the original's: shmlearn's workers run the script only
-  up to its shmlearn.train call (shmlearn/launch/user_main.py).
+  up to its shmlearn.train call (shmlearn/user/user_main.py).
 * Each port trains at 2 workers through the API (the script, as a user runs it) and its final test
   loss (the VAE) or test perplexity (the LM), printed by the original's own test code on the model
   shmlearn returns, is within 2% of the DDP reference's (torchrun, Gloo, 2 ranks; same model,

@@ -261,12 +261,7 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     e = doc["env"]
     fig.suptitle(f"bench comm: {e['backend']} on {e['device']} (torch {e['torch_version']}, {e['date'][:10]})"
                  "\nmedian latency, band = quartiles", fontsize=10)
-    fig.tight_layout()
-    try:
-        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
-    finally:
-        plt.close(fig)
-    return path
+    return safe_write.finish_figure(fig, path, dpi=110)  # whole or as it was
 
 
 # --- command line ------------------------------------------------------------------------------

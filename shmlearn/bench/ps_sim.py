@@ -202,12 +202,7 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     e = doc["env"]
     fig.suptitle(f"ps-sim: {doc['config']['model']} ({doc['gradient_bytes'] / 1e6:.2f} MB), {e['backend']} "
                  f"on {e['device']}, {'shared' if doc['config']['shared'] else 'dedicated'} shard", fontsize=10)
-    fig.tight_layout()
-    try:
-        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
-    finally:
-        plt.close(fig)
-    return path
+    return safe_write.finish_figure(fig, path, dpi=110)  # whole or as it was
 
 
 # --- command line ------------------------------------------------------------------------------

@@ -59,6 +59,19 @@ class Dataset:
                        self.test_x.to(device), self.test_y.to(device), self.mean, self.std)
 
 
+def dataset_len(ds, what: str, split: str) -> int:
+    """len() of a user's map-style torch Dataset for `split` (train, test); BadInput naming `what`
+    when it has none or is empty."""
+    try:
+        n = len(ds)
+    except TypeError:
+        raise BadInput(f"{what}: the {split} Dataset has no len(); a map-style Dataset "
+                       f"(__len__ and __getitem__) is needed") from None
+    if n == 0:
+        raise BadInput(f"{what}: the {split} Dataset is empty")
+    return n
+
+
 def check_usable(ds: Dataset, where: str) -> None:
     """Refuse, with one line starting `where` (the flag or file the data came from), data that
     would crash evaluation or train on NaN: an empty split, or training inputs with nothing to

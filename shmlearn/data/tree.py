@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
-from shmlearn.data.base import DataSpec
+from shmlearn.data.base import DataSpec, dataset_len
 from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import call_user
@@ -201,13 +201,7 @@ def collate_part(ds, what: str, split: str, collate=None, rank: int = 0, world: 
             raise BadInput(f"{what}: the {split} IterableDataset raised {type(e).__name__}: "
                            f"{str(e).splitlines()[0][:200] if str(e) else ''} after {len(items)} items") from None
         ds = items
-    try:
-        n = len(ds)
-    except TypeError:
-        raise BadInput(f"{what}: the {split} Dataset has no len(); a map-style Dataset "
-                       f"(__len__ and __getitem__) is needed") from None
-    if n == 0:
-        raise BadInput(f"{what}: the {split} Dataset is empty")
+    n = dataset_len(ds, what, split)
     bounds = part_bounds(n, rank, world)
     lo, hi = bounds or (0, n)
     chunks, spec0 = [], None

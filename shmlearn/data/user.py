@@ -19,7 +19,7 @@ from typing import Any, Optional, Tuple
 import numpy as np
 import torch
 
-from shmlearn.data.base import Dataset, DataSpec, check_usable
+from shmlearn.data.base import Dataset, DataSpec, check_usable, dataset_len
 from shmlearn.data.stream import StreamedData, label_scan, materialize
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import call_user
@@ -176,13 +176,7 @@ def labels_for(task: str, train_y: torch.Tensor, test_y: torch.Tensor, what: str
 
 def _from_datasets(train, test, what: str, task: Optional[str], loader: str, device: torch.device, name: str):
     for ds, split in ((train, "train"), (test, "test")):
-        try:
-            n = len(ds)
-        except TypeError:
-            raise BadInput(f"{what}: the {split} Dataset has no len(); a map-style Dataset "
-                           f"(__len__ and __getitem__) is needed") from None
-        if n == 0:
-            raise BadInput(f"{what}: the {split} Dataset is empty")
+        dataset_len(ds, what, split)
     x0, y0 = first_item(train, what, "train")
     first_item(test, what, "test")
     y_float = y0.dtype.is_floating_point

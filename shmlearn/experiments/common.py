@@ -124,12 +124,7 @@ def figure(ctx: Context, name: str):
 
 
 def save(fig, path: str) -> None:
-    import matplotlib.pyplot as plt
-    fig.tight_layout()
-    try:
-        safe_write.save_figure(fig, path)  # whole or as it was
-    finally:
-        plt.close(fig)
+    safe_write.finish_figure(fig, path)  # whole or as it was
 
 
 def fashion_or(fallback: str, data_dir: Optional[str] = None) -> tuple:

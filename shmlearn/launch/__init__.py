@@ -1,2 +1,2 @@
-"""Processes: the launcher's environment, the pool of long-lived workers, the forkserver they fork
-from, where a run listens, where its processes go, and the user's script inside a worker."""
+"""Processes: the launcher's environment, the pool of long-lived workers and the watchdog of their
+jobs, the forkserver they fork from, where a run listens and where its processes go."""

@@ -33,26 +33,15 @@ from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from shmlearn.launch import forkserver
-
-from shmlearn.launch import listen
-
-from shmlearn.launch import user_main
-from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
+from shmlearn.errors import BadInput, count
+from shmlearn.launch import forkserver, listen
+from shmlearn.user import user_main
+from shmlearn.launch.supervise import Job, Watchdog
 # describe and worker_store are imported from here by train.py and the tests (the worker side moved)
 from shmlearn.launch.worker import LEAVE, OwnerStdio, Task, _worker_main, describe, worker_store  # noqa: F401
 
 
 # --- the pool (parent side) ----------------------------------------------------------------------
-
-def _proc_state(pid: int) -> Optional[str]:
-    """A process's state letter from /proc (T: stopped), None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
 
 @dataclass
 class _Worker:
@@ -70,52 +59,6 @@ class _Worker:
     t_spawn: float = field(default_factory=time.monotonic)
 
 
-@dataclass
-class Job:
-    """A function running on `world` ranks; `outcomes` fill in as ranks report."""
-    id: int
-    slots: Tuple[int, ...]
-    timeout_s: float
-    group: int
-    tag: Any = None
-    """The caller's (a sweep keeps its trial here)."""
-    started: float = field(default_factory=time.monotonic)
-    outcomes: Dict[int, tuple] = field(default_factory=dict)
-    deadline: Optional[float] = None
-    done: bool = False
-
-    @property
-    def world(self) -> int:
-        return len(self.slots)
-
-    def ok(self) -> bool:
-        return len(self.outcomes) == self.world and all(o[0] == "ok" for o in self.outcomes.values())
-
-    def group_s(self) -> Optional[float]:
-        """Seconds the slowest rank spent joining (or reusing) the job's process group."""
-        t = [o[3].get("group_s") for o in self.outcomes.values() if len(o) > 3 and o[3].get("group_s") is not None]
-        return max(t) if t else None
-
-    def results(self) -> List[Any]:
-        """Every rank's return value, in rank order; or raise the job's error, naming the rank."""
-        # Causes before consequences: a dead or stopped rank, then a rank's own bad input (a
-        # stuck Dataset read, a bad label: its peers only see their collective time out), then
-        # failures (often the peers' timeouts), then a divergence (every rank sees it).
-        order = {"died": 0, "hung": 0, "bad_input": 1, "failed": 2, "diverged": 3}
-        bad = sorted((o for o in self.outcomes.values() if o[0] != "ok"), key=lambda o: (order[o[0]], o[1]))
-        if bad:
-            kind, rank, payload = bad[0]
-            if kind == "bad_input":
-                raise BadInput(payload[0])
-            if kind == "diverged":
-                raise Diverged(payload[0], step=payload[1][0], rank=payload[1][1])
-            raise WorkerFailed(f"rank {rank}: {payload}")
-        missing = [r for r in range(self.world) if r not in self.outcomes]
-        if missing:
-            raise WorkerFailed(f"rank {missing[0]}: ended without reporting a result")
-        return [self.outcomes[r][2] for r in range(self.world)]
-
-
 class Pool:
     """Long-lived workers on `slots` (CPU core indices into this process's affinity, or GPU
     indices); see the module docstring. Not thread-safe: one thread drives it."""
@@ -127,9 +70,9 @@ class Pool:
         self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
         self.cuda = cuda
         self.init = init
-        self.grace = (quick_grace_s, grace_s)
         # On loopback only (torch's own store would listen on every interface): listen.py
         self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
+        self.watchdog = Watchdog(self.store, quick_grace_s, grace_s)
         self.workers: Dict[int, _Worker] = {}
         self.jobs: Dict[int, Job] = {}
         self._ids = itertools.count(1)
@@ -249,7 +192,7 @@ class Pool:
             elif not w.proc.is_alive() and self.workers.get(w.slot) is w:
                 self._receive(w)  # its last words may be in the pipe
                 self._died(w)
-        self._watch()
+        self.watchdog.check(self.jobs.values(), self.workers)
         return self._collect()
 
     def _receive(self, w: _Worker) -> None:
@@ -284,68 +227,6 @@ class Pool:
         else:  # idle: started again when a job needs its slot
             self.workers.pop(w.slot, None)
             w.conn.close()
-
-    def _watch(self) -> None:
-        now = time.monotonic()
-        for job in list(self.jobs.values()):
-            if job.done:
-                continue
-            bad = [o for o in job.outcomes.values() if o[0] != "ok"]
-            if bad and job.deadline is None:
-                # A peer's collective or rendezvous timed out: a rank whose process is stopped
-                # (SIGSTOP, a debugger) is the cause, whether or not it ever beat (rank 0
-                # stopped during the rendezvous: its peer's DistStoreError named rank 1).
-                for r in self._stopped_procs(job):
-                    job.outcomes[r] = ("hung", r, f"stopped responding: its process is stopped (SIGSTOP or a "
-                                                  f"debugger; --timeout {job.timeout_s:g} s)")
-                bad = [o for o in job.outcomes.values() if o[0] != "ok"]
-            if job.deadline is None:
-                if bad:
-                    # A dead or failed rank leaves its peers blocked in a collective: give them a
-                    # moment to report (a dead peer's neighbours fail at once). A divergence or bad
-                    # input stops every rank on its own, at the same step.
-                    quick = any(o[0] in ("died", "failed", "hung") for o in bad)
-                    job.deadline = now + self.grace[0 if quick else 1]
-                elif len(job.outcomes) == job.world:
-                    job.deadline = now
-                else:
-                    stopped = self._stopped_rank(job, now)
-                    if stopped is not None:
-                        r, why = stopped
-                        job.outcomes[r] = ("hung", r, f"{why} (--timeout {job.timeout_s:g} s)")
-                        job.deadline = now + self.grace[0]
-            if len(job.outcomes) == job.world or (job.deadline is not None and now > job.deadline):
-                job.done = True
-
-    def _stopped_procs(self, job: Job) -> List[int]:
-        """The job's ranks, without an outcome, whose worker process is stopped (state T)."""
-        return [r for r, s in enumerate(job.slots) if r not in job.outcomes and (w := self.workers.get(s)) is not None
-                and w.proc.pid is not None and _proc_state(w.proc.pid) in ("T", "t")]
-
-    def _stopped_rank(self, job: Job, now: float) -> Optional[Tuple[int, str]]:
-        """A rank whose heartbeat thread has been silent longer than the job's timeout (its
-        process is stopped or wedged: guard.Heartbeat posts once a second from a thread, even
-        while the rank computes), or a lone rank that has been inside one step that long (a hang
-        in its own code). Its peers would notice only at their collective's timeout, and no one
-        waits on a lone rank."""
-        if now - job.started < job.timeout_s:
-            return None
-        wall = time.time()
-        for r, s in enumerate(job.slots):
-            if r in job.outcomes:
-                continue
-            key = f"shmlearn/hb/j{job.id}/{r}"  # guard.Heartbeat's key in this store
-            try:
-                if not self.store.check([key]):
-                    continue  # not training yet (data, model): the collectives' timeouts cover it
-                step, t, inside = (self.store.get(key).decode().split() + ["-1"])[:3]
-            except Exception:  # noqa: BLE001
-                continue
-            if wall - float(t) > job.timeout_s:
-                return r, f"stopped responding: no heartbeat for {wall - float(t):.0f} s"
-            if job.world == 1 and float(inside) > job.timeout_s:  # with peers, their collective names it
-                return r, f"no progress for {float(inside):.0f} s inside step {int(step) + 1}: a hang in its own code"
-        return None
 
     def _collect(self) -> List[Job]:
         ended = []

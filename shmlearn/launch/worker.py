@@ -19,7 +19,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 from shmlearn.launch import listen
 
-from shmlearn.launch import user_main
+from shmlearn.user import user_main
 from shmlearn.errors import BadInput, Diverged, user_traceback
 from shmlearn.launch.start import DistEnv, HeldStderr, destroy_group, die_with_owner
 

@@ -38,19 +38,13 @@ from torch import nn
 from shmlearn.nn._lazy import OnFirstUse
 from shmlearn.nn import fit
 from shmlearn.nn.conv_overlap import convolution_backward
+from shmlearn.nn.conv_pool_limits import MAX_OUT, supported, unfolds
 from shmlearn.nn.image_conv import ImageConv2d, triton_usable
 from shmlearn.nn.max_pool import ReduceMaxPool2d
 
 MODES = ("off", "triton", "auto")
 """--conv-pool: three ops as torch runs them; shmlearn's fused Triton kernels; auto: triton on
 CUDA with Triton installed, off otherwise."""
-MAX_OUT = 128
-"""Largest out_channels: a program holds all of them (two fp32 tiles of BLOCK_Q x out_channels)."""
-MAX_UNFOLDED_ROW = 64
-"""Largest kw x cin of a block read unfolded (cin not a multiple of 16): its window, kh rows of
-up to 64 values each (zero-filled to a power of two), is one tile."""
-MAX_WINDOW = 512
-"""Largest kh x (unfolded row) of such a block: a [BLOCK_Q, window] tile in registers."""
 
 
 def _pair(v) -> Tuple[int, int]:
@@ -258,21 +252,6 @@ class FusedMaxPool2d(nn.MaxPool2d):
 
 _CONVS = (nn.Conv2d, ImageConv2d, ConvReluPool2d)
 _POOLS = (nn.MaxPool2d, ReduceMaxPool2d, FusedMaxPool2d)
-
-
-def unfolds(cin: int) -> bool:
-    """Whether a block with cin input channels reads a row-unfolded copy of its input
-    (_conv_pool_triton.prepare): when a pixel's channels are not whole 16-value chunks (the
-    image's 1 or 3); else the kernels read x itself."""
-    return cin % 16 != 0
-
-
-def supported(cin: int, kh: int, kw: int) -> bool:
-    """Whether the kernels run a block with this input and kernel size."""
-    if not unfolds(cin):
-        return True
-    row = max(16, 1 << (kw * cin - 1).bit_length())  # the unfolded row, a power of two >= 16
-    return kw * cin <= MAX_UNFOLDED_ROW and kh * row <= MAX_WINDOW
 
 
 def _conv_qualifies(m: nn.Module) -> bool:

@@ -164,6 +164,18 @@ def save_figure(fig, path: str, *, root: Optional[str] = None, **kw) -> None:
         fig.savefig(f, format=os.path.splitext(path)[1][1:] or "png", **kw)
 
 
+def finish_figure(fig, path: str, *, root: Optional[str] = None, **kw) -> str:
+    """A pyplot figure laid out (tight_layout), saved whole or not at all (save_figure) and closed
+    even when the save fails (pyplot keeps every open figure alive); returns path."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    try:
+        save_figure(fig, path, root=root, **kw)
+    finally:
+        plt.close(fig)
+    return path
+
+
 def makedirs(path: str, *, root: Optional[str] = None) -> None:
     """os.makedirs(path, exist_ok=True), refusing a symlinked part that leads out of `root`."""
     if root is not None:

@@ -68,22 +68,21 @@ def _draw_phases(ax, runs: List[Run], title: str) -> None:
         ax.legend(fontsize=8)
 
 
-def loss_vs_time(runs: List[Run], title: str = "Training loss") -> Optional[bytes]:
-    runs = _with_loss(runs)
+def _curves(runs: List[Run], draw, title: str) -> Optional[bytes]:
+    """One figure of the default size with `draw(ax, runs, title)`; None without a run to draw."""
     if not runs:
         return None
     fig, ax = figure()
-    _draw_loss(ax, runs, title)
+    draw(ax, runs, title)
     return png(fig)
+
+
+def loss_vs_time(runs: List[Run], title: str = "Training loss") -> Optional[bytes]:
+    return _curves(_with_loss(runs), _draw_loss, title)
 
 
 def accuracy_vs_time(runs: List[Run], title: str = "Test accuracy (full test set)") -> Optional[bytes]:
-    runs = _with_accuracy(runs)
-    if not runs:
-        return None
-    fig, ax = figure()
-    _draw_accuracy(ax, runs, title)
-    return png(fig)
+    return _curves(_with_accuracy(runs), _draw_accuracy, title)
 
 
 def phases(runs: List[Run], title: str = "Mean time per step by phase") -> Optional[bytes]:

@@ -3,13 +3,13 @@ and of the --winner-metric, and the areas sorted by minimum loss (Fig. 5.1-5.4);
 counts the winners' phase times (Fig. 6.4-6.6), and throughput with scaling efficiency."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import numpy as np
 from matplotlib.patches import Rectangle
 
 from shmlearn.sweeps import winners
-from shmlearn.sweeps.results import metric_value
+from shmlearn.sweeps.winners import metric_value
 
 from .html import worker_count
 from .load import Run
@@ -56,16 +56,35 @@ class Cell(NamedTuple):
     """a completed run whose minimum loss is above the threshold"""
 
 
+def _grid(rows: List[Row]):
+    """A heat map's axes: the batch sizes and learning rates of `rows`, sorted; an all-NaN
+    [batches, lrs] array (NaN: an empty cell); and a row's (i, j) in it."""
+    batches = sorted({r["config"]["batch_size"] for r in rows})
+    lrs = sorted({r["config"]["lr"] for r in rows})
+
+    def at(r: Row) -> Tuple[int, int]:
+        return batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+
+    return batches, lrs, np.full((len(batches), len(lrs)), np.nan), at
+
+
+def _grid_png(fig, ax, batches: List[int], lrs: List[float], title: str) -> bytes:
+    """A heat map's axes labelled (learning rate across, batch size down) and the figure as PNG."""
+    labels, style = lr_ticks(lrs)
+    ax.set_xticks(range(len(lrs)), labels, **style)
+    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
+    ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
+    return png(fig)
+
+
 def heat_cells(rows: List[Row], *, threshold: float, axis: str = "wall"):
     """The heat map without drawing: batch sizes, learning rates, the colored areas on `axis`
     (completed and collapsed runs only, NaN elsewhere) and each cell's Cell. Pruned cells read
     'pruned' and '>area so far'; collapsed cells read 'collapsed' under their area."""
-    batches = sorted({r["config"]["batch_size"] for r in rows})
-    lrs = sorted({r["config"]["lr"] for r in rows})
-    area = np.full((len(batches), len(lrs)), np.nan)
+    batches, lrs, area, at = _grid(rows)
     cells: Dict[tuple, Cell] = {}
     for r in rows:
-        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+        i, j = at(r)
         kind = run_kind(r)
         if kind in FULL:
             area[i, j] = winners.area(r["summary"], axis)
@@ -114,23 +133,17 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
                     color="red" if c.over else "black" if light else "white")
         if c.row["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
-    labels, style = lr_ticks(lrs)
-    ax.set_xticks(range(len(lrs)), labels, **style)
-    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
-    ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
-    return png(fig)
+    return _grid_png(fig, ax, batches, lrs, title)
 
 
 def metric_cells(rows: List[Row], metric: str):
     """metric_heatmap without drawing: batch sizes, learning rates, the values (completed runs
     that report the metric; NaN elsewhere: an empty cell) and each cell's (row, label): the value,
     'n/a' (completed, no value), or the row's status ('diverged', 'pruned')."""
-    batches = sorted({r["config"]["batch_size"] for r in rows})
-    lrs = sorted({r["config"]["lr"] for r in rows})
-    vals = np.full((len(batches), len(lrs)), np.nan)
+    batches, lrs, vals, at = _grid(rows)
     cells: Dict[tuple, tuple] = {}
     for r in rows:
-        i, j = batches.index(r["config"]["batch_size"]), lrs.index(r["config"]["lr"])
+        i, j = at(r)
         v = metric_value(r, metric) if r["status"] == "completed" else None
         if v is not None:
             vals[i, j] = v
@@ -167,11 +180,7 @@ def metric_heatmap(rows: List[Row], *, metric: str, goal: str, winner_id: Option
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color="0.4")
         if r["id"] == winner_id:
             ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, ec="red", lw=2.5))
-    labels, style = lr_ticks(lrs)
-    ax.set_xticks(range(len(lrs)), labels, **style)
-    ax.set_yticks(range(len(batches)), [str(b) for b in batches])
-    ax.set(title=title, xlabel="learning rate", ylabel="batch size per worker")
-    return png(fig)
+    return _grid_png(fig, ax, batches, lrs, title)
 
 
 OFF_SCALE = 1000.0

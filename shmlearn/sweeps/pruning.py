@@ -1,7 +1,8 @@
 """Exact pruning of sweep trials (`sweep --prune`): stop a trial only when it can no longer win.
 
 The paper's winner of a worker count is the least loss area among the finished survivors (minimum
-loss <= the threshold, not collapsed: winners.py states the rule; its best_bounds gives the bound). A training loss is >= 0, so a run's area (loss integrated over training
+loss <= the threshold, not collapsed: winners.py states the rule; its best_bounds gives the bound,
+prune_bound and cannot_win apply it). A training loss is >= 0, so a run's area (loss integrated over training
 seconds) only grows with time: once a running trial's area so far exceeds the area of the best
 finished survivor of its worker count, its final area will too, and it cannot win. With
 --target-accuracy the sweep also ranks by training time to that accuracy; a trial can lose that
@@ -15,12 +16,10 @@ all-reduce (fast.Stepper.read).
 """
 from __future__ import annotations
 
-import math
 import time
 from typing import Optional, Tuple
 
-SLACK = 1e-9
-"""Relative margin: an area equal to the bound (to rounding) is not pruned; a tie might win."""
+from shmlearn.sweeps.winners import cannot_win, prune_bound
 
 
 def bound_key(sweep_key: str, workers: int) -> str:
@@ -30,13 +29,8 @@ def bound_key(sweep_key: str, workers: int) -> str:
 def post_bound(store, key: str, area: float, *, target: bool, time_to_target: Optional[float]) -> None:
     """The sweep's side: the best finished survivor's area, and the best time-to-target (inf
     while no run reached it; -inf when the sweep has no target, so time never saves a run)."""
-    t = -math.inf if not target else math.inf if time_to_target is None else time_to_target
-    store.set(key, f"{area!r} {t!r}")
-
-
-def cannot_win(area_so_far: float, train_s: float, bound: Tuple[float, float]) -> bool:
-    area, best_time = bound
-    return area_so_far > area * (1 + SLACK) and train_s > best_time * (1 + SLACK)
+    a, t = prune_bound(area, time_to_target, target)
+    store.set(key, f"{a!r} {t!r}")
 
 
 class Watch:

@@ -4,19 +4,13 @@ rule and their table, and the pruning bounds. Read by the sweep and the study th
 from __future__ import annotations
 
 import json
-import math
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from shmlearn.record import jsonl
-
-from shmlearn.record import readback
-
-from shmlearn.record import safe_write
-
-from shmlearn.sweeps import winners
 from shmlearn.errors import BadInput, count
-from shmlearn.sweeps.winners import best_bounds, time_to_accuracy  # noqa: F401 - re-exported
+from shmlearn.record import jsonl, readback, safe_write
+from shmlearn.sweeps import winners
+from shmlearn.sweeps.winners import metric_value
 
 AXIS_ORDER = ("workers", "batch_size", "lr")
 """Grid order, outermost first: trials of one worker count run together and pack the slots."""
@@ -120,7 +114,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
         diverged = sum(r["status"] == "diverged" for r in runs)
         pruned = sum(r["status"] == "pruned" for r in runs)
         fell = sum(winners.status(r) == "collapsed" for r in runs)
-        survivors = sorted((p for p in done if p.survives(threshold)), key=winners.Point.key)
+        survivors = winners.ranked(done, threshold)
         info: Dict[str, Any] = {"trials": len(runs), "points": len(group),
                                 "completed": sum(r["status"] == "completed" for r in runs),
                                 "diverged": diverged, "pruned": pruned, "collapsed": fell,
@@ -128,7 +122,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
                                 **winners.ranked_verdict([(winners.entry(p, swept, AXIS_ORDER, target_accuracy),
                                                           p.area, p.noise) for p in survivors])}
         if survivors:
-            firsts.append((survivors[0].key(), info["winner"], survivors[0].noise))
+            firsts.append((winners.overall_key(survivors[0]), info["winner"], survivors[0].noise))
         elif not done:
             info["reason"] = f"all {len(runs)} diverged" if diverged == len(runs) else "no completed run"
             # (pruning never leaves a worker count without a completed run: the bound comes from one)
@@ -140,10 +134,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
             info["reason"] = f"no run reached min loss <= {threshold:g} (best {low:.4g})"
         out["by_workers"][str(w)] = info
         if target_accuracy is not None:
-            reached = [(winners.time_to_accuracy(p.row, target_accuracy, time_axis), p) for p in done
-                       if not p.collapsed]
-            reached = sorted(((t, p) for t, p in reached if t is not None),
-                             key=lambda tp: (tp[0], -(tp[1].row["summary"].get("test_accuracy") or 0), tp[1].key()))
+            reached = winners.by_target(done, target_accuracy, time_axis)
             targets[str(w)] = {"reason": None, **winners.ranked_verdict(
                 [(winners.entry(p, swept, AXIS_ORDER, target_accuracy), t, winners.step_noise(p.row["summary"], time_axis))
                  for t, p in reached])}
@@ -151,7 +142,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
                 fastest.append(((reached[0][0], reached[0][1].index), targets[str(w)]["winner"], reached[0][1]))
             else:
                 targets[str(w)]["reason"] = f"no completed run reached test accuracy {target_accuracy:g}"
-    firsts.sort(key=lambda kv: kv[0][:3])
+    firsts.sort(key=lambda kv: kv[0])
     if firsts:
         v = winners.ranked_verdict([(e, k[0], n) for k, e, n in firsts])
         out["overall"], out["overall_runner_up"], out["overall_margin"] = v["winner"], v["runner_up"], v["margin"]
@@ -173,30 +164,20 @@ def winner_goal(metric: str) -> str:
     return metric_goal(metric[len("best_"):] if metric.startswith("best_") else metric)
 
 
-def metric_value(row: Dict[str, Any], metric: str) -> Optional[float]:
-    """The row's summary value of `metric` when it is a finite number (not a bool), else None."""
-    v = row["summary"].get(metric)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        return None
-    return float(v)
-
-
 def metric_winners(rows: List[Dict[str, Any]], metric: str, goal: str, swept: Sequence[str] = ()) -> Dict[str, Any]:
     """winners.json's metric verdict: per worker count the completed trial (not diverged, not
     pruned) with the least (goal 'min') or most ('max') value of summary.json's `metric`, and
     the overall best. Ties: the least loss area, then grid order (the row's index). Keys:
     winner_metric, winner_goal, by_metric {workers: {winner, reason}}, overall_by_metric, and
     metric_missing (one line naming the keys trials do report) when no completed trial reports it."""
-    sign = 1.0 if goal == "min" else -1.0
     by_w: Dict[int, List[Tuple[tuple, Dict[str, Any]]]] = {}
     groups: Dict[int, int] = {}  # completed trials per worker count
     for i, r in enumerate(rows):
         w = int(r["config"]["workers"])
         groups[w] = groups.get(w, 0) + (r["status"] == "completed")
-        v = metric_value(r, metric) if winners.status(r) == "completed" else None  # never a collapsed run
+        v = winners.metric_score(r, metric)
         if v is not None:
-            area = r["summary"].get("loss_area")
-            by_w.setdefault(w, []).append(((sign * v, math.inf if area is None else area, i), r))
+            by_w.setdefault(w, []).append((winners.metric_key(v, goal, r, i), r))
     by_metric: Dict[str, Any] = {}
     best = []
     for w in sorted(groups):

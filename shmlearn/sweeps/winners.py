@@ -5,9 +5,17 @@
       -> per worker count: winner = least area, runner-up, margin, "tied within noise"?
       -> overall: the best worker count's winner, each worker count's accuracy, why one lags
 
-results.py (the table), pruning.py (its bound), study.py / sweeps/study/search.py (the study's objective,
-constraint and pruner), sweep.py, trials.py and the report all ask here; nothing else states the
-rule.
+results.py (the verdicts and their table), pruning.py (the bound a running trial is held to),
+study/sweep.py and study/search.py (the study's objective, constraint and pruner), sweep.py,
+trials.py and the report all ask here; nothing else states the rule or its order.
+
+* **The orders** (`ranked`, `overall_key`, `by_target`, `metric_key`): within a worker count, least
+  area, then lower min loss, shorter training, grid order; across worker counts the same without
+  grid order (earlier worker counts first on a full tie); to a target accuracy, least time, then
+  higher final accuracy, then the area order; by --winner-metric, its best value, then least area,
+  then grid order.
+* **Pruning** (`prune_bound`, `cannot_win`): a trial is stopped only when it can no longer win any
+  ranking the sweep reports (pruning.py has the argument).
 
 * **Collapsed** (issue 55): a completed run whose final loss came back to within 10% of its
   starting loss after reaching half of it or less (a late blow-up without NaN: lr too high), or
@@ -41,6 +49,9 @@ CHANCE_MARGIN = 0.02
 FAR_BELOW_BEST = 0.05
 """The overall verdict explains a worker count whose winner's test accuracy is this far (absolute)
 or more below the best trial's."""
+PRUNE_SLACK = 1e-9
+"""Relative margin of `cannot_win`: an area equal to the bound (to rounding) is not pruned; a tie
+might win."""
 TARGET_SHARE = 0.9
 """Experiments' default time-to-accuracy target: this share of the best test accuracy any
 surviving trial reached (rounded to 4 digits; `--target-accuracy` fixes it instead)."""
@@ -197,6 +208,75 @@ def points(rows: List[Dict[str, Any]], axis: str = "wall") -> List[Point]:
     for i, r in enumerate(rows):
         groups.setdefault(r.get("point") or r["id"], []).append((i, r))
     return [Point(g, axis) for g in groups.values()]
+
+
+# --- the orders ---------------------------------------------------------------------------------
+
+def ranked(done: List[Point], threshold: float) -> List[Point]:
+    """The paper's rule within one worker count: of its completed points, those that survive, best
+    first (Point.key)."""
+    return sorted((p for p in done if p.survives(threshold)), key=Point.key)
+
+
+def overall_key(p: Point) -> tuple:
+    """A worker count's winner's place among the others': its Point.key without the grid index
+    (a full tie keeps worker-count order)."""
+    return p.key()[:3]
+
+
+def by_target(done: List[Point], target: float, axis: str) -> List[Tuple[float, Point]]:
+    """(time to `target` test accuracy on `axis`, point) of the points that reached it and did not
+    collapse, fastest first; ties: the higher final test accuracy, then Point.key."""
+    reached = [(time_to_accuracy(p.row, target, axis), p) for p in done if not p.collapsed]
+    return sorted(((t, p) for t, p in reached if t is not None),
+                  key=lambda tp: (tp[0], -(tp[1].row["summary"].get("test_accuracy") or 0), tp[1].key()))
+
+
+def metric_value(row: Dict[str, Any], metric: str) -> Optional[float]:
+    """The row's summary value of `metric` when it is a finite number (not a bool), else None."""
+    v = row["summary"].get(metric)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def metric_score(row: Dict[str, Any], metric: str) -> Optional[float]:
+    """The value --winner-metric ranks a row by: its metric_value where it completed and did not
+    collapse, else None (never a candidate)."""
+    return metric_value(row, metric) if status(row) == "completed" else None
+
+
+def metric_key(value: float, goal: str, row: Dict[str, Any], index: int) -> tuple:
+    """The metric verdict's order: the best value (least for goal 'min', most for 'max'), then the
+    least loss area, then grid order (the row's index)."""
+    a = row["summary"].get("loss_area")
+    return ((1.0 if goal == "min" else -1.0) * value, math.inf if a is None else a, index)
+
+
+def objective(row: Dict[str, Any], threshold: float, axis: str,
+              metric: Optional[str] = None) -> Tuple[Optional[float], float]:
+    """(value, constraint) a study is told of a finished row. The paper's rule: the loss area on
+    `axis` of a completed run (None otherwise: the study gives it the worst value) and `constraint`
+    (<= 0: a survivor's min loss). With --winner-metric: metric_score, and a constraint of 0 where
+    there is one (every completed run that reports it counts), inf where not."""
+    if metric is None:
+        value = area(row["summary"], axis) if row["status"] == "completed" else None
+        return value, constraint(row, threshold)
+    value = metric_score(row, metric)
+    return value, 0.0 if value is not None else math.inf
+
+
+def prune_bound(area_bound: float, time_to_target: Optional[float], target: bool) -> Tuple[float, float]:
+    """The bound a running trial is held to, from best_bounds' (area, time to target): the time is
+    -inf without a target (time never saves a run), inf while no run reached it."""
+    return area_bound, -math.inf if not target else math.inf if time_to_target is None else time_to_target
+
+
+def cannot_win(area_so_far: float, train_s: float, bound: Tuple[float, float]) -> bool:
+    """Whether a running trial can no longer win: its area so far (which only grows) is above the
+    bound's area and its training time is past the bound's time to target (prune_bound)."""
+    a, best_time = bound
+    return area_so_far > a * (1 + PRUNE_SLACK) and train_s > best_time * (1 + PRUNE_SLACK)
 
 
 # --- verdicts ---------------------------------------------------------------------------------------

@@ -104,7 +104,7 @@ class Heartbeat:
         """tag and store: a pooled job's name (launch.DistEnv.job) and the pool's own store
         (pool.worker_store). Such a job posts there even at one rank, where the pool reads the
         posts to notice a stopped rank, or one inside a step for longer than the job's timeout
-        (pool.Pool._stopped_rank). Otherwise the posts go to the process group's store.
+        (launch.supervise.Watchdog._stopped_rank). Otherwise the posts go to the process group's store.
         timeout_s: a lone rank with no store (an in-process 1-worker run) is watched here instead:
         inside one step for longer than this, the run is stopped naming it (`stalled`)."""
         self.rank, self.world_size = rank, world_size

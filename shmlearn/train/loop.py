@@ -46,7 +46,7 @@ from shmlearn.record import weights
 from shmlearn.launch.pool import current as current_pool, describe, run_local, worker_store
 from shmlearn.sweeps.pruning import Watch
 from shmlearn.record import runs
-from shmlearn.launch import user_main
+from shmlearn.user import user_main
 from shmlearn.record.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.user.tasks import loss_fn

@@ -16,7 +16,7 @@ from typing import Any, Optional
 
 import torch
 
-from shmlearn.launch import user_main
+from shmlearn.user import user_main
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import is_ref, load_ref
 

@@ -14,7 +14,7 @@ import os
 import sys
 from typing import Any
 
-from shmlearn.launch import user_main
+from shmlearn.user import user_main
 from shmlearn.errors import BadInput
 
 

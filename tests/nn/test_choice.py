@@ -37,7 +37,7 @@ def fake_needs(monkeypatch):
         calls.append((fn.__name__, num_stages, cc))
         if torch.bfloat16 in dtypes and cc < (8, 0):
             raise RuntimeError("PassManager::run failed\nbf16 dot needs sm_80")
-        if fn.__name__ == "_weight_grad_rows_kernel" and torch.bfloat16 not in dtypes:
+        if fn.__name__ == "weight_grad_rows_kernel" and torch.bfloat16 not in dtypes:
             return {None: 417792, 2: 278528, 1: 40960}.get(num_stages, 20480)
         return 20480
 
@@ -130,7 +130,7 @@ def test_a_real_compile_finds_the_fp32_tile_too_big_for_an_h100():
     consts = kernels._rows_constexprs(3, 32, 5, 5)
     ptrs = {"xr_ptr": torch.float32, "dy_ptr": torch.float32, "code_ptr": torch.uint8, "dw_ptr": torch.float32}
     try:
-        why = fit.why_not(kernels._weight_grad_rows_kernel, ptrs, consts, kernels.WGRAD_ROWS[0], h100)
+        why = fit.why_not(kernels.weight_grad_rows_kernel, ptrs, consts, kernels.WGRAD_ROWS[0], h100)
     except Exception as e:  # noqa: BLE001
         pytest.skip(f"Triton cannot compile for sm_90 here: {e}")
     if why and "cannot compile" in why:

@@ -141,12 +141,7 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
     c = doc["compute"]
     fig.suptitle(f"simulate: {c['model']}, batch {c['batch_size']}/worker, compute on {c['device']}; "
                  f"network: {doc['network']['name']}", fontsize=10)
-    fig.tight_layout()
-    try:
-        safe_write.save_figure(fig, path, dpi=110)  # whole or as it was
-    finally:
-        plt.close(fig)
-    return path
+    return safe_write.finish_figure(fig, path, dpi=110)  # whole or as it was
 
 
 def _fit_dict(f: Fit) -> Dict[str, Any]:

@@ -12,7 +12,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.trial import FrozenTrial, TrialState
 
 from shmlearn.errors import BadInput
-from shmlearn.sweeps.pruning import cannot_win
+from shmlearn.sweeps.winners import cannot_win, prune_bound
 from shmlearn.sweeps.results import winner_goal
 from shmlearn.sweeps.winners import best_bounds
 from shmlearn.sweeps.study.storage import redact, why_not_opened
@@ -141,8 +141,7 @@ class AreaPruner(optuna.pruners.BasePruner):
         b = self.bound(study, workers)
         if b is None or train_s is None or not math.isfinite(area):
             return False
-        t = -math.inf if self.target_accuracy is None else math.inf if b[1] is None else b[1]
-        return cannot_win(area, train_s, (b[0], t))
+        return cannot_win(area, train_s, prune_bound(b[0], b[1], self.target_accuracy is not None))
 
 
 def make_pruner(name: Optional[str], sc: SweepConfig):

@@ -53,20 +53,17 @@ import optuna  # noqa: F401 - first: without optuna, ImportError.name is "optuna
 from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState
 
-from shmlearn.record import safe_write
 from shmlearn.config.train_config import TrainConfig
-from shmlearn.record import readback
 from shmlearn.errors import BadInput, count
-from shmlearn.sweeps.pruning import bound_key, post_bound
+from shmlearn.record import readback, safe_write
+from shmlearn.record.runs import lock_dir
 from shmlearn.sweeps import winners
-from shmlearn.sweeps.results import metric_value
-from shmlearn.sweeps.winners import best_bounds
-from shmlearn.record.runs import lock_dir, read_jsonl
-from shmlearn.sweeps.study.book import BEAT_S, CLAIM_WAIT_S, HOST, LOOK_S, Owned, StudyBook  # noqa: F401 - re-exported
-from shmlearn.sweeps.study.search import (SPEC, AreaPruner, distributions, finished_rows, make_pruner,  # noqa: F401
-                                   make_sampler, open_study, space_size, study_spec)
-from shmlearn.sweeps.study.storage import open_storage, redact, unwritable
 from shmlearn.sweeps.grid import SweepConfig, expand_grid, trial_id
+from shmlearn.sweeps.study.book import BEAT_S, CLAIM_WAIT_S, HOST, LOOK_S, Owned, StudyBook  # noqa: F401 - re-exported
+from shmlearn.sweeps.study.pruning import StudyPruning
+from shmlearn.sweeps.study.search import (SPEC, AreaPruner, distributions, finished_rows, make_pruner,  # noqa: F401
+                                          make_sampler, open_study, space_size, study_spec)
+from shmlearn.sweeps.study.storage import open_storage, redact, unwritable
 from shmlearn.sweeps.trials import TrialRunner, raise_interrupt, sweep_goal
 
 
@@ -79,14 +76,10 @@ class StudySweep(TrialRunner):
             raise BadInput(f"--prune --pruner {sc.pruner}: --prune is the area pruner; give one of them")
         self.pruner_name = sc.pruner or ("area" if sc.prune else None)
         super().__init__(replace(sc, prune=self.pruner_name is not None))
-        self.eval_key = eval_key(sc.winner_metric)
-        """What median and halving compare at an eval point: test_loss, or --winner-metric's key in eval.jsonl."""
-        if self.pruner_name in ("median", "halving") and self.eval_key is None:
-            raise BadInput(f"--pruner {self.pruner_name} --winner-metric {sc.winner_metric}: the pruner compares the "
-                           f"metric at evaluation points, which report val_ and test_ keys only; give such a key "
-                           f"(val_loss, test_accuracy, best_val_loss, ...) or no pruner")
         self.sign = -1.0 if sweep_goal(sc) == "max" else 1.0
         """+1 or -1: the objective's worst value is sign * inf."""
+        self.pruning = StudyPruning(self.sc, self.pruner_name, self.sign)
+        """Eval points reported to the study, its pruner asked, bounds posted (study/pruning.py)."""
         self.book: Optional[StudyBook] = None
         """The study's trials as this process sees them (run_trials opens the study)."""
 
@@ -120,6 +113,7 @@ class StudySweep(TrialRunner):
         study = open_study(self.sc, storage, make_pruner(self.pruner_name, self.sc))
         os.makedirs(self.tmp_dir, exist_ok=True)
         self.book = StudyBook(self.sc, study, storage, self.space, self.grid_ids, self._config, self.failures)
+        self.pruning.book = self.book
         start = self.book.trials()
         done = len(finished_rows(start))
         what = (f"grid of {count(len(self.grid_ids), 'trial')}" if self.grid_ids is not None
@@ -171,7 +165,7 @@ class StudySweep(TrialRunner):
                     elif len(self.failures) > failures:
                         self.book.tell_failed(o, self.failures[-1][1])
                 self.book.beat()
-                self._progress(running.values())
+                self.pruning.progress(self.pool, running.values())
                 while len(running) < self.parallel:
                     if not ready:
                         nxt = self._next(busy=bool(running))
@@ -213,97 +207,24 @@ class StudySweep(TrialRunner):
             shutil.rmtree(final, ignore_errors=True)
         return o
 
-    # -- pruning (hooks of trials.py) ------------------------------------------------------------
+    # -- pruning (hooks of trials.py; the work: study/pruning.py) -------------------------------
     def prune_key(self, cfg: TrainConfig, tid: str) -> Optional[str]:
-        return bound_key(f"study-{tid}", cfg.workers) if self.pruner_name else None
+        return self.pruning.key(cfg, tid)
 
     def bounds(self) -> Dict[int, Tuple[float, Optional[float]]]:
-        return best_bounds(finished_rows(self.book.trials()), self.sc.threshold, self.sc.target_accuracy)
+        return self.pruning.bounds()
 
     def post_bounds(self, owned: Optional[List[Owned]] = None) -> None:
-        """The area rule's bound goes to each trial's rank 0 (before it starts, and whenever a trial
-        finishes), which checks it every step."""
-        if self.pruner_name != "area" or self.pool is None:
-            return
-        bounds = self.bounds()
-        for o in self.book.owned.values() if owned is None else owned:
-            if o.cfg.workers in bounds and not o.pruned:
-                area, t = bounds[o.cfg.workers]
-                post_bound(self.pool.store, self.prune_key(o.cfg, o.tid), area,
-                           target=self.sc.target_accuracy is not None, time_to_target=t)
+        self.pruning.post_bounds(self.pool, owned)
 
-    def _progress(self, running) -> None:
-        """Report each new eval point to the study and ask its pruner. AreaPruner gets the loss
-        area so far (its rule); median and halving get the test loss (or --winner-metric) there: Optuna's pruners
-        compare a trial's best value so far with its peers', which a growing area never is."""
-        for o in running:
-            if self.pruner_name is not None and not o.pruned:
-                self._report(o, o.run.tmp, decide=True)
-        self.post_bounds()
-
-    def _report(self, o: Owned, run_dir: str, *, decide: bool) -> None:
-        """Report the eval points of `run_dir` not reported yet; with `decide`, ask the pruner and
-        stop the trial if it says so. A trial that ends between two looks gets the rest reported
-        without deciding, so that its peers have values at every point."""
-        try:
-            evals = [e for e in read_jsonl(os.path.join(run_dir, "eval.jsonl")) if e.get("samples")]
-            metrics = (read_jsonl(os.path.join(run_dir, "metrics.jsonl"))
-                       if self.pruner_name == "area" and len(evals) > o.evals_seen else [])
-        except (OSError, ValueError, BadInput):
-            return  # not written yet, or a line being written
-        seen = len(evals)
-        for k in range(o.evals_seen, len(evals)):
-            t = evals[k]["time_s"]
-            if self.pruner_name == "area":
-                pts = [(m["time_s"], m["loss"]) for m in metrics if m["time_s"] <= t + 1e-9]
-                value = sum((t1 - t0) * (l0 + l1) / 2 for (t0, l0), (t1, l1) in zip(pts, pts[1:]))
-            else:
-                value = evals[k].get(self.eval_key)
-            if value is None or not math.isfinite(value):
-                continue
-            try:
-                o.trial.set_user_attr("shmlearn_progress", {"step": k + 1, "train_s": t, "value": value})
-                o.trial.report(value, k + 1)
-                stop = decide and o.trial.should_prune()
-            except UpdateFinishedTrialError:  # taken as lost by another process
-                break
-            if stop and self.pruner_name == "area":
-                # Its values here are areas over the logged steps, not exact: rank 0 applies the
-                # same rule to the exact area at every step (the bound posted), and stops there.
-                continue
-            if stop:
-                mine = [evals[j][self.eval_key] for j in range(k + 1) if evals[j].get(self.eval_key) is not None]
-                o.pruned = {"pruner": self.pruner_name, "step": k + 1, "value": value,
-                            "metric": "test loss" if self.eval_key == "test_loss" else self.eval_key,
-                            "best_so_far": (max if self.sign < 0 else min)(mine) if mine else value,
-                            "peers": self._peer_value(o, k + 1)}
-                post_bound(self.pool.store, self.prune_key(o.cfg, o.tid), -math.inf, target=False,
-                           time_to_target=None)  # (-inf, -inf): stop at the next step
-                seen = k + 1  # the rest are reported if the trial completes before it stops
-                break
-        o.evals_seen = seen
-
-    def _peer_value(self, o: Owned, step: int) -> Optional[float]:
-        """What the pruner compared with, for the record: the bound's area (area), else the
-        median of the completed trials' values at that eval point (Optuna's PercentilePruner takes
-        COMPLETE trials only: one still running, or pruned, was not among them)."""
-        if self.pruner_name == "area":
-            b = self.bounds().get(o.cfg.workers)
-            return b[0] if b else None
-        vals = sorted(t.intermediate_values[step] for t in self.book.trials(fresh=True)
-                      if t.state == TrialState.COMPLETE and t.number != o.trial.number
-                      and step in t.intermediate_values)
-        if not vals:
-            return None
-        n = len(vals)
-        return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2
+    def pruned_why(self, row: Dict[str, Any]) -> str:
+        return self.pruning.why(row)
 
     # -- telling -------------------------------------------------------------------------------
     def save(self, row: Dict[str, Any]) -> None:
         o = self.book.owned.pop(row["id"], None)
         if o is None:
             return
-        s = row["summary"]
         if row["status"] == "pruned" and o.pruned:
             row["pruned"].update(o.pruned)
         elif row["status"] == "pruned":
@@ -311,13 +232,8 @@ class StudySweep(TrialRunner):
         # A trial told to stop that completed first (a short one) is COMPLETE: it gets the rest of
         # its eval points, as every completed trial has.
         if self.pruner_name is not None and (not o.pruned or row["status"] != "pruned") and row.get("run_dir"):
-            self._report(o, os.path.join(self.dir, row["run_dir"]), decide=False)
-        if self.sc.winner_metric is None:  # the paper's rule (winners.py): the area on --time-axis
-            area = winners.area(s, self.sc.time_axis)
-            constraint = winners.constraint(row, self.sc.threshold)
-        else:  # the metric's verdict: every completed trial that reports it counts
-            area = metric_value(row, self.sc.winner_metric) if winners.status(row) == "completed" else None
-            constraint = 0.0 if area is not None else math.inf
+            self.pruning.report(self.pool, o, os.path.join(self.dir, row["run_dir"]), decide=False)
+        value, constraint = winners.objective(row, self.sc.threshold, self.sc.time_axis, self.sc.winner_metric)
         try:
             o.trial.set_user_attr("row", row)
             o.trial.set_user_attr("shmlearn_constraint", constraint)
@@ -326,28 +242,12 @@ class StudySweep(TrialRunner):
             if row["status"] == "pruned":
                 self.book.study.tell(o.trial, state=TrialState.PRUNED)
             else:
-                value = area if row["status"] == "completed" and area is not None else self.sign * math.inf
-                self.book.study.tell(o.trial, value)
+                self.book.study.tell(o.trial, self.sign * math.inf if value is None else value)
         except UpdateFinishedTrialError:
             print(f"sweep: trial #{o.trial.number} ({o.tid}) finished here after another process took it as "
                   f"lost; its rerun's result counts", file=sys.stderr, flush=True)
         # The counter of finished trials is the study's: other processes finish trials too.
         self.finished = len(finished_rows(self.book.trials(fresh=True))) - 1
-
-    def pruned_why(self, row: Dict[str, Any]) -> str:
-        p = row.get("pruned") or {}
-        peers = p.get("peers")
-        if p.get("pruner") == "median" and p.get("step"):
-            worse = "<" if self.sign < 0 else ">"
-            return (f"median pruner at eval point {p['step']}: best {p.get('metric', 'test loss')} so far "
-                    f"{p['best_so_far']:.4g}"
-                    + (f" {worse} the others' median {peers:.4g}" if peers is not None else ""))
-        if p.get("pruner") == "halving" and p.get("step"):
-            return (f"successive-halving pruner at eval point {p['step']}: {p.get('metric', 'test loss')} "
-                    f"{p['value']:.4g}, not in the best third at its rung")
-        b = p.get("bound_area", peers)
-        return (f"area so far {row['summary']['loss_area']:.4g} > best {b:.4g}" if b is not None
-                else f"area so far {row['summary']['loss_area']:.4g}")
 
     # -- the end -------------------------------------------------------------------------------
     def _end(self) -> int:
@@ -383,8 +283,6 @@ class StudySweep(TrialRunner):
         return self.exit_code("failed here (in the study as FAIL; the same command runs a grid's again)")
 
 
-
-
 def _refuse_another_sweeps(out: str, results: str, sc: SweepConfig) -> None:
     """BadInput when --out holds the results.jsonl of a pooled sweep or of another study."""
     spec_path = os.path.join(out, "sweep.json")
@@ -399,16 +297,6 @@ def _refuse_another_sweeps(out: str, results: str, sc: SweepConfig) -> None:
         raise BadInput(f"--out {out}: holds study {spec.get('study')} on {spec.get('storage')} "
                        f"({count(n, 'result')} in results.jsonl), which this study would replace; give it "
                        f"another --out")
-
-
-def eval_key(metric: Optional[str]) -> Optional[str]:
-    """The eval.jsonl key median and halving compare: test_loss without --winner-metric; the
-    metric (less a best_ prefix: the pruner takes the best so far itself) when it is a val_ or
-    test_ key; else None (no eval point reports it)."""
-    if metric is None:
-        return "test_loss"
-    key = metric[len("best_"):] if metric.startswith("best_") else metric
-    return key if key.startswith(("val_", "test_")) else None
 
 
 LAUNCHER_RANK = ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK")

@@ -1,6 +1,6 @@
 """A script with its training code at module level (no `if __name__ == "__main__":`), as
 pytorch/examples' scripts are, trains at 2 workers: each pool worker runs the script up to its
-shmlearn.train call and no further (shmlearn/launch/user_main.py), so the code after the call runs once,
+shmlearn.train call and no further (shmlearn/user/user_main.py), so the code after the call runs once,
 in the script's own process; a script with a main guard runs as before."""
 import os
 import subprocess
