@@ -229,7 +229,7 @@ class ConvReluPool2d(nn.Conv2d):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # Unbatched (C, H, W), or evaluating: torch's ops, the same three steps. Evaluation's
         # batches (1024, and a last one of any size) would each build and autotune kernels of
-        # their own, 25.8 s of a cold run's evaluation on an H200 (nn/built.py); torch's ops
+        # their own, 25.8 s of a cold run's evaluation on an H200 (step/built.py); torch's ops
         # evaluate at once.
         if x.dim() != 4 or not self.training:
             return F.max_pool2d(F.relu(super().forward(x)), 2)

@@ -12,8 +12,8 @@ import torch
 
 from shmlearn.step import flat_sgd
 from shmlearn.errors import BadInput
-from shmlearn.nn import built, choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
-from shmlearn.step import buckets
+from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
+from shmlearn.step import buckets, built
 from shmlearn.step.device import autocast
 from shmlearn.step.options import ADOPT_GRADS, step_hooks
 
@@ -50,7 +50,7 @@ class KernelChoice:
         choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
                             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
         self.build_key, self._deferred = self._defer_unbuilt(loader, dtype, total_steps)
-        """The record of this run's kernels in nn/built.py (None: none run, or no key), and the
+        """The record of this run's kernels in step/built.py (None: none run, or no key), and the
         kernels that auto left to torch because they are not built here yet."""
         self.image_conv = image_conv.resolve(opts.image_conv, opts.compile != "off", device.type)
         self.image_convs = image_conv.convert(model, self.image_conv)
@@ -152,7 +152,7 @@ class KernelChoice:
 
     def _defer_unbuilt(self, loader, dtype: torch.dtype, total_steps: int):
         """Under auto, the Triton kernels chosen stay only where they are built on this machine for
-        these shapes, or where the run is long enough to build them (nn/built.py): a short run on a
+        these shapes, or where the run is long enough to build them (step/built.py): a short run on a
         fresh machine would spend a minute compiling and autotuning them to save milliseconds.
         Returns (the record's key, the kernels left to torch)."""
         on = [c for c in self.kernels if c.path == "triton"]

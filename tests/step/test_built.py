@@ -1,5 +1,5 @@
 """Issue 52, GPU cold start: under auto a fused kernel runs only where it is built on this machine
-for the run's shapes, or where the run is long enough to build it (nn/built.py,
+for the run's shapes, or where the run is long enough to build it (step/built.py,
 step/kernels.py KernelChoice._defer_unbuilt); evaluation runs torch's ops, so it builds nothing of
 its own. The decisions are made on the CPU here: the device is never touched (the record's key is
 replaced, as only CUDA has one)."""
@@ -11,7 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shmlearn.nn import built, choice, conv_pool, mlp_head
+from shmlearn.nn import choice, conv_pool, mlp_head
+from shmlearn.step import built
 from shmlearn.step.kernels import KernelChoice
 
 
