@@ -305,8 +305,8 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
     """summary.json (DESIGN.md's output contract). history: the loop's step_times, step_losses
     (one per step done), evals (eval.jsonl's rows), eval_s and checkpoint_s; diverged: (step,
     rank, loss) or None; step: how a computing rank's step ran (Stepper.summary()); timing:
-    `phase_timing`; strategy: the strategy's
-    own fields (registry.Spec.summary); noise: the noise-scale tracker's, or None."""
+    `phase_timing`; strategy: the strategy's own fields (registry.Spec.summary); noise: the
+    noise-scale tracker's, or None."""
     step_times, step_losses, evals = history["step_times"], history["step_losses"], history["evals"]
     steps_done = len(step_losses)
     wall = step_times[-1] if step_times else 0.0

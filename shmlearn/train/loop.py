@@ -35,7 +35,7 @@ from shmlearn.user import recipe
 from shmlearn.user.tasks import loss_fn
 
 _HISTORY = ("step_times", "step_losses", "evals", "eval_s", "checkpoint_s", "last_eval_s", "last_ckpt_s")
-"""The _Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
+"""The Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
 
 
 class Loop:
@@ -135,7 +135,8 @@ class Loop:
                                                 weight_copy=cfg.weight_copy,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
-                               total_steps=self.steps, fault=self.fault, loss=train_loss(self.loss, self.task, cfg.label_smoothing),
+                               total_steps=self.steps, fault=self.fault,
+                               loss=train_loss(self.loss, self.task, cfg.label_smoothing),
                                reached=lambda step: setattr(self.heartbeat, "step", step),
                                compute_loss=self.compute)
         if self.lead and self.stepper.note:
