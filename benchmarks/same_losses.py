@@ -42,7 +42,7 @@ for strategy in registry.names():
                 losses = [json.loads(line)["loss"] for line in f]
             out[f"{strategy}-w{workers}-k{check_every}"] = {"losses": losses, "keys": list(r.summary),
                                                             "summary": r.summary}
-json.dump(out, open(sys.argv[1], "w"))
+json.dump({"from": shmlearn.__file__, "runs": out}, open(sys.argv[1], "w"))
 '''
 
 
@@ -55,7 +55,10 @@ def run(commit: str, tmp: str) -> dict:
     out = os.path.join(tmp, f"{commit}.json")
     subprocess.run([sys.executable, "-c", RUNS, out], check=True, cwd=tree, env={**os.environ, "PYTHONPATH": tree})
     with open(out) as f:
-        return json.load(f)
+        got = json.load(f)
+    if not got["from"].startswith(tree + os.sep):  # the commit's own code ran, not another copy's
+        raise SystemExit(f"{commit}: shmlearn was imported from {got['from']}, not {tree}")
+    return got["runs"]
 
 
 def main() -> int:
@@ -67,11 +70,12 @@ def main() -> int:
         a, b = run(args.before, tmp), run(args.after, tmp)
     differ = 0
     for name in a:
-        fields = [k for k in a[name]["summary"] if k not in CLOCK and a[name]["summary"][k] != b[name]["summary"].get(k)]
-        same = a[name]["losses"] == b[name]["losses"] and a[name]["keys"] == b[name]["keys"] and not fields
-        differ += not same
-        print(f"{name:22s} {len(a[name]['losses']):3d} steps  losses {'same' if a[name]['losses'] == b[name]['losses'] else 'DIFFER'}"
-              f"  keys {'same' if a[name]['keys'] == b[name]['keys'] else 'DIFFER'}  fields differing: {fields}")
+        was, now = a[name], b[name]
+        fields = [k for k in was["summary"] if k not in CLOCK and was["summary"][k] != now["summary"].get(k)]
+        losses, keys = was["losses"] == now["losses"], was["keys"] == now["keys"]
+        differ += not (losses and keys and not fields)
+        print(f"{name:22s} {len(was['losses']):3d} steps  losses {'same' if losses else 'DIFFER'}  "
+              f"keys {'same' if keys else 'DIFFER'}  fields differing: {fields}")
     print(f"{args.before} -> {args.after}: " + (f"{differ} runs differ" if differ else f"all {len(a)} runs the same"))
     return 1 if differ else 0
 

@@ -48,8 +48,9 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
     budget = cfg.budget_samples(data.n_train)
     steps = budget // (compute * cfg.batch_size * cfg.accumulate)  # --accumulate: micro-batches a step
     if steps == 0:
+        micro = f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else ""
         raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
-                       f"{cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else ""))
+                       f"{cfg.batch_size} samples{micro}")
     if cfg.label_smoothing and data.spec.task != "classification":
         raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
                        f"{cfg.dataset} is a {data.spec.task} task")
