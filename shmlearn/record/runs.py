@@ -285,7 +285,7 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
     return readback.read_jsonl(path)
 
 
-# -- summary.json: what one run's training loop (train/loop.py) hands over --------------------------------
+# -- summary.json: what one run's training loop (train/loop.py) hands over ---------------------------
 
 def phase_timing(step: StepSummary, timer, device_type: str) -> str:
     """summary.json's phase_timing: how phase_s was measured (step: the rank's Stepper.summary();
