@@ -19,12 +19,12 @@ __all__ = ["TrainConfig", "RunResult", "train", "load_model", "BadInput", "Diver
 # Imported on first use (PEP 562), not here: they import torch (~2-6 s), and the `shmlearn`
 # program refuses a bad --data-dir before that (cli.precheck); `shmlearn.train(...)`,
 # `from shmlearn import TrainConfig` work as before.
-_LAZY = {"TrainConfig": "shmlearn.config.train_config", "RunResult": "shmlearn.train.loop", "train": "shmlearn.train.loop",
+_LAZY = {"TrainConfig": "shmlearn.config.train_config", "RunResult": "shmlearn.train.entry", "train": "shmlearn.train.entry",
          "load_model": "shmlearn.record.weights"}
 
 if TYPE_CHECKING:
     from shmlearn.config.train_config import TrainConfig
-    from shmlearn.train.loop import RunResult, train
+    from shmlearn.train.entry import RunResult, train
     from shmlearn.record.weights import load_model
 
 

@@ -196,7 +196,7 @@ def _is_lead() -> bool:
 
 
 def cmd_train(ns: argparse.Namespace) -> int:
-    from shmlearn.train.loop import train  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.train.entry import train  # lazy: torch, after the CLI's cheap checks
     result = train(config_from_args(ns))
     if _is_lead():
         s = result.summary

@@ -13,7 +13,7 @@ from shmlearn.record import safe_write
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import Diverged
 from shmlearn.record.runs import read_jsonl, write_json_atomic
-from shmlearn.train.loop import RunResult, train
+from shmlearn.train.entry import RunResult, train
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from shmlearn.user import user_main
 from shmlearn.errors import BadInput, Diverged, user_traceback
 from shmlearn.launch.start import DistEnv, HeldStderr, destroy_group, die_with_owner
 
-PRELOAD = ("torch", "torch._dynamo", "shmlearn.train.loop", "shmlearn.data", "shmlearn.sync")
+PRELOAD = ("torch", "torch._dynamo", "shmlearn.train.entry", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group); a
 fork of the forkserver finds the first two imported (forkserver.THIRD_PARTY)."""
 

@@ -32,6 +32,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.record.metrics import metric_goal
 from shmlearn.record.tblog import TensorBoardLog
+from shmlearn.step.summary import StepSummary
 
 RUN_FILES = ("config.yaml", "metrics.jsonl", "eval.jsonl", "summary.json", "trace.json")
 SWEEP_FILES = ("results.jsonl", "sweep.json", "winners.json", "trials", "experiment.json")
@@ -284,33 +285,14 @@ def read_jsonl(path: str) -> List[Dict[str, Any]]:
     return readback.read_jsonl(path)
 
 
-# -- summary.json: what one run's training loop (train.py) hands over --------------------------------
+# -- summary.json: what one run's training loop (train/loop.py) hands over ---------------------------
 
-def step_fields(st) -> dict:
-    """summary.json's account of how a rank's step ran (mode, compiler, kernels); st: its fast.Stepper."""
-    return {
-        "step_mode": st.mode, "check_every": 1 if not st.fast else st.check_every,
-        "step_note": st.note,
-        "compile": st.compiled or "off", "compile_s": st.compile_s, "compile_read": st.read_compiled,
-        "image_conv": st.image_conv, "image_convs": st.image_convs,
-        "max_pool": st.max_pool, "max_pools": st.max_pools,
-        "conv_pool": st.conv_pool, "conv_pools": st.conv_pools,
-        "mlp_head": st.mlp_head, "mlp_heads": st.mlp_heads,
-        "kernels": [c.as_dict() for c in st.kernels], "kernel_notes": st.kernel_notes,
-        "conv_overlap": st.conv_overlap, "conv_overlaps": st.conv_overlaps,
-        "conv_overlap_deferred": st.deferred, "combo_kernels": st.combo,
-        "update_kernel": st.update_kernel, "update_in_backward": st.early_update,
-        "weight_copy": st.weight_copy, "grad_buckets": st.grad_buckets,
-        "graph_memsets_replaced": st.memsets_replaced,
-        "phase_sample_every": st.sample_every if st.graphs else None,
-    }
-
-
-def phase_timing(st, timer, device_type: str) -> str:
-    """summary.json's phase_timing: how phase_s was measured (st: the fast.Stepper; timer: the PhaseTimer)."""
+def phase_timing(step: StepSummary, timer, device_type: str) -> str:
+    """summary.json's phase_timing: how phase_s was measured (step: the rank's Stepper.summary();
+    timer: the PhaseTimer)."""
     how = "CUDA events" if device_type == "cuda" else "perf_counter"
-    if st.mode == "cuda-graph":
-        return (f"{how} on {timer.timed_steps} eager steps (one in {st.sample_every}); "
+    if step.step_mode == "cuda-graph":
+        return (f"{how} on {timer.timed_steps} eager steps (one in {step.phase_sample_every}); "
                 f"the other {timer.steps - timer.timed_steps} were CUDA graph replays")
     return f"{how} on every step"
 
@@ -318,12 +300,13 @@ def phase_timing(st, timer, device_type: str) -> str:
 def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any], workers: int, processes: int,
               launcher: str, streamed: bool, start_lrs, builtin_optimizer: bool, budget: int, samples_per_step: int,
               planned_steps: int, setup_s, auto_eval: bool, start_step: int, phase_s, timing: str,
-              step: Dict[str, Any], device: str, torch_version: str, strategy: Dict[str, Any],
+              step: StepSummary, device: str, torch_version: str, strategy: Dict[str, Any],
               noise: Optional[Dict[str, Any]], monitor: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
     """summary.json (DESIGN.md's output contract). history: the loop's step_times, step_losses
     (one per step done), evals (eval.jsonl's rows), eval_s and checkpoint_s; diverged: (step,
-    rank, loss) or None; step: `step_fields`; timing: `phase_timing`; strategy: the strategy's
-    own fields (registry.Spec.summary); noise: the noise-scale tracker's, or None."""
+    rank, loss) or None; step: how a computing rank's step ran (Stepper.summary()); timing:
+    `phase_timing`; strategy: the strategy's own fields (registry.Spec.summary); noise: the
+    noise-scale tracker's, or None."""
     step_times, step_losses, evals = history["step_times"], history["step_losses"], history["evals"]
     steps_done = len(step_losses)
     wall = step_times[-1] if step_times else 0.0
@@ -358,7 +341,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "phase_s": phase_s,
         "phase_timing": timing,
         "precision": cfg.precision, "channels_last": cfg.channels_last, "augment": cfg.augment,
-        **step,
+        **step.fields(),
         "device": device,
         "torch_version": torch_version,
         **strategy,  # strategy_params, and the strategy's own fields

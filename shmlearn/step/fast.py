@@ -1,4 +1,4 @@
-"""The training step, shared by the loop (train.py) and the benchmarks (bench/throughput.py).
+"""The training step, shared by the loop (train/loop.py) and the benchmarks (bench/throughput.py).
 
 Two ways to run a step, chosen once per run (`resolve_mode`):
 
@@ -51,6 +51,7 @@ from shmlearn.step.options import (ADOPT_GRADS, COMBO, COMBO_MAX_PIXELS, COMPILE
                                    DEFAULT_CHECK_EVERY, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, SAMPLE_COST, SAMPLE_EVERY,
                                    WEIGHT_COPY, StepOptions, Window, combo_kernels, fast_capable, optimizer_note,
                                    sample_period, step_hooks)
+from shmlearn.step.summary import StepSummary
 from shmlearn.user.tasks import loss_fn
 
 
@@ -143,7 +144,7 @@ class Stepper:
         note stays first either way)."""
         self.note = "; ".join(filter(None, [self.note if join else self._opt_note, line]))
 
-    # What summary.json, the bench and the tests read, kept by the parts.
+    # What `summary`, the bench and the tests read, kept by the parts.
     kernels, kernel_notes = _part("choice", "kernels"), _part("choice", "kernel_notes")
     image_conv, image_convs = _part("choice", "image_conv"), _part("choice", "image_convs")
     max_pool, max_pools = _part("choice", "max_pool"), _part("choice", "max_pools")
@@ -177,6 +178,23 @@ class Stepper:
 
     def autocast(self):
         return self.dstep.autocast()
+
+    def summary(self) -> StepSummary:
+        """How this rank's step ran (mode, compiler, kernels): what the run directory records."""
+        return StepSummary(
+            step_mode=self.mode, check_every=1 if not self.fast else self.check_every, step_note=self.note,
+            compile=self.compiled or "off", compile_s=self.compile_s, compile_read=self.read_compiled,
+            image_conv=self.image_conv, image_convs=self.image_convs,
+            max_pool=self.max_pool, max_pools=self.max_pools,
+            conv_pool=self.conv_pool, conv_pools=self.conv_pools,
+            mlp_head=self.mlp_head, mlp_heads=self.mlp_heads,
+            kernels=[c.as_dict() for c in self.kernels], kernel_notes=list(self.kernel_notes),
+            conv_overlap=self.conv_overlap, conv_overlaps=self.conv_overlaps,
+            conv_overlap_deferred=self.deferred, combo_kernels=self.combo,
+            update_kernel=self.update_kernel, update_in_backward=self.early_update,
+            weight_copy=self.weight_copy, grad_buckets=self.grad_buckets,
+            graph_memsets_replaced=self.memsets_replaced,
+            phase_sample_every=self.sample_every if self.graphs else None)
 
     # -- what the loop calls ----------------------------------------------------------------------
     def meets_after(self, step: int) -> bool:

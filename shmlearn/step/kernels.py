@@ -113,7 +113,7 @@ class KernelChoice:
         (torch's fused SGD, in the fast step) or optimizer (its step(), as configured)."""
         self.buckets = self._buckets(fast_why_not, fault)
         """The gradient average in buckets overlapped with the backward (step/buckets.py), or None."""
-        strategy.buckets = self.buckets
+        strategy.average_in_buckets(self.buckets)
 
     def _buckets(self, fast_why_not: Optional[str], fault) -> Optional[buckets.GradBuckets]:
         """--grad-buckets: on where `buckets_why_not` allows (BadInput if asked for where it cannot
@@ -265,7 +265,8 @@ class KernelChoice:
             update, _ = flat_sgd.bind(self.optimizer, s._trainable, s.params_flat, s.grads_flat, found_inf,
                                       early=early, copy=self.copy)
             if update is not None:
-                s.flat_update, self.update_kernel = update, "flat"
+                s.update_with(update)
+                self.update_kernel = "flat"
                 self.early_update = bool(early)
                 self.weight_copy = self.copy is not None
         if self.slots and not self.early_update:
@@ -286,6 +287,7 @@ class KernelChoice:
         """The model goes back to casting its weights (and holds no copy); no bucket hooks are left."""
         if self.buckets is not None:
             self.buckets.remove()
-            self.buckets = self.strategy.buckets = None
+            self.buckets = None
+            self.strategy.average_in_buckets(None)
         if self.copy is not None:
             conv_overlap.set_weight_copies(self.model, lambda p: None)

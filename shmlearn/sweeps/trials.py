@@ -40,7 +40,8 @@ from shmlearn.record.runs import check_sweep_out, lock_dir, read_jsonl, write_js
 from shmlearn.sweeps.grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_grid, ordered_axes, trial_id,
                                  trials_at_once, with_repeats)
 from shmlearn.sync import registry
-from shmlearn.train.loop import preload_data, rank_main
+from shmlearn.train.entry import rank_main
+from shmlearn.train.inputs import preload_data
 
 TRIAL_TIMES = "sweep_times.json"
 """In a trial's run directory: {elapsed_s, group_s}, as the sweep that ran it measured them."""

@@ -75,7 +75,7 @@ def clip_norm_(g: torch.Tensor, max_norm: float) -> None:
 
 class GradientRules:
     """What the run's --accumulate and --clip-grad-norm ask of every strategy (SyncStrategy's
-    concern apart from communication): train.py sets both before setup."""
+    concern apart from communication): train/rank.py sets both before setup."""
 
     accumulate: int = 1
     """Backwards whose gradients add up in .grad before each step (--accumulate; the step, step/,
@@ -129,9 +129,9 @@ class SyncStrategy(GradientRules, ABC):
     after `plan_step`, and its loss of the step is `step_loss()`. Not capturable in a graph."""
 
     timeout_s = None
-    """The run's --timeout, for groups a strategy makes itself (set by train.py before setup)."""
+    """The run's --timeout, for groups a strategy makes itself (set by train/rank.py before setup)."""
     run_steps = None
-    """The run's loop steps, for buffers a strategy sizes by them (set by train.py before setup)."""
+    """The run's loop steps, for buffers a strategy sizes by them (set by train/rank.py before setup)."""
 
     measures_noise: bool = False
     """Whether the strategy measures the gradient noise scale at 2+ workers (noise.py): it adds
@@ -140,7 +140,7 @@ class SyncStrategy(GradientRules, ABC):
     """Elements after the gradients and weights in the flat buffers: the loss of the fast step,
     and, for strategies that measure the noise scale, |g_local|^2 before it."""
     noise = None
-    """The run's NoiseMeter (noise.py) when --noise-scale is on, set by train.py after setup."""
+    """The run's NoiseMeter (noise.py) when --noise-scale is on, set by train/rank.py after setup."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -262,11 +262,26 @@ class SyncStrategy(GradientRules, ABC):
     else before the update, so that the average may run in buckets during the backward
     (step/buckets.py): it then calls `buckets.wait()` instead of averaging."""
     buckets = None
-    """The fast step's GradBuckets (step/buckets.py) when the average runs during the backward, else None."""
+    """The fast step's GradBuckets (step/buckets.py) when the average runs during the backward,
+    else None (`average_in_buckets` sets it)."""
 
     flat_update = None
-    """The fast step's update as one kernel over the flat buffers (flat_sgd.bind: fast.py sets it
-    where it can run), else None."""
+    """The fast step's update as one kernel over the flat buffers (flat_sgd.bind), else None
+    (`update_with` sets it)."""
+
+    # -- what the fast step hands over (step/kernels.py): the strategy's only inputs from step/ ---
+    def average_in_buckets(self, buckets) -> None:
+        """The GradBuckets that start the gradient average during the backward (step/buckets.py),
+        or None to take them back: gated_step then waits for them instead of averaging. Only a
+        strategy that `averages_in_buckets` takes them."""
+        if buckets is not None and not self.averages_in_buckets:
+            raise ValueError(f"strategy {self.name} does not average its gradient in buckets")
+        self.buckets = buckets
+
+    def update_with(self, flat_update) -> None:
+        """The fast step's update as one kernel over the flat buffers (flat_sgd.bind), which
+        `update_params` then runs instead of the optimizer's step()."""
+        self.flat_update = flat_update
 
     def update_params(self) -> None:
         """Every strategy's update (step and gated_step): the gradient clipped (`clip_`), then the

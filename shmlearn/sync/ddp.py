@@ -43,7 +43,7 @@ class DDP(SyncStrategy):
 
     @noise.setter
     def noise(self, meter) -> None:
-        """train.py sets the run's NoiseMeter after setup: from then on DDP reduces through the hook."""
+        """train/rank.py sets the run's NoiseMeter after setup: from then on DDP reduces through the hook."""
         self._noise = meter
         self._noise_parts = []
         if meter is not None and self.world_size > 1:

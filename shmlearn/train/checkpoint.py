@@ -166,6 +166,17 @@ def load_rank(run_dir: str, step: int, rank: int, map_location=None) -> Tuple[Op
     return (None, why) if why else (state, None)
 
 
+FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
+               "save_model", "cudnn_benchmark")
+"""Config fields that may differ between the original run and its resumption, or between ranks."""
+
+
+def agreed_fields(cfg) -> dict:
+    """The config fields (a TrainConfig's) that a resumption and every rank must agree on: the
+    checkpoint's `fields` (guard.check_agreement compares them across ranks too)."""
+    return {k: v for k, v in cfg.to_dict().items() if k not in FREE_FIELDS}
+
+
 STATE = {"step": int, "world_size": int, "config": dict, "model": dict, "optimizer": dict, "strategy": dict,
          "schedule": dict, "rng": {"torch": torch.Tensor, "cuda": (torch.Tensor, None)}, "loop": dict,
          "noise": (dict, None)}
@@ -196,7 +207,7 @@ def malformed(state: Any, step: int, path: str) -> Optional[str]:
     return None
 
 
-# -- a run's checkpoint: what the training loop (train.py) saves and resumes ---------------------
+# -- a run's checkpoint: what the training loop (train/loop.py) saves and resumes -----------------
 
 def run_state(step: int, world_size: int, fields: dict, *, strategy, optimizer, schedule, device: torch.device,
               loop: dict, noise) -> dict:

@@ -1,6 +1,7 @@
-"""THE training loop, shared by every strategy, experiment and sweep.
+"""THE training loop, shared by every strategy, experiment and sweep: one rank's run, from the
+first step to summary.json.
 
-    config -> launch -> (data, model, strategy) -> this loop -> run directory
+    config -> launch (entry.py) -> (data, model, strategy: rank.py) -> this loop -> run directory
 
 Per step: data -> compute (forward, backward) -> one small control all-reduce (loss, which ranks
 saw a non-finite loss, whether rank 0 wants an evaluation) -> strategy.step (sync + update).
@@ -9,288 +10,41 @@ step, before the bad gradient is applied, and evaluates at the same steps.
 """
 from __future__ import annotations
 
-import contextlib
-import copy
-import io
-import os
 import threading
 import time
-from dataclasses import dataclass, replace
 from typing import Any, Dict, List, Optional
 
 import torch
-import torch.distributed as dist
 
-from shmlearn.config.train_config import TrainConfig, validate
-from shmlearn.data import Dataset, check_present, normalizer
-from shmlearn.step.fast import StepOptions, Stepper
-# preload_data: sweep and study import it from here (a pool's init).
-from shmlearn.train.inputs import gathered_loader, preload_data, run_data, run_loader, run_model  # noqa: F401
-from shmlearn.train import checkpoint as ckpt
-from shmlearn.train import noise
 from shmlearn.config.train_config import checkpoint_period
-from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
-from shmlearn.train.guard import Fault, Heartbeat, check_agreement, check_replicas
-from shmlearn.launch.start import DistEnv, check_capacity, detect_env, free_port, init_process_group
-from shmlearn.launch.start import destroy_group as _destroy_group
-from shmlearn.config.limits import rank_threads
-from shmlearn.launch.placement import backend_for, default_workers, device_type, set_determinism  # noqa: F401
-from shmlearn.models import apply_init
-from shmlearn.data.stream import StreamLoader, StreamedData
-from shmlearn.user.parts import Parts, resolve_ref
-from shmlearn.user.refs import is_ref
-from shmlearn.user.optim import build_optimizer, build_schedule
-from shmlearn.train import evaluation
-from shmlearn.user import recipe
-from shmlearn.record import weights
-from shmlearn.launch.pool import current as current_pool, describe, run_local, worker_store
-from shmlearn.sweeps.pruning import Watch
-from shmlearn.record import runs
-from shmlearn.user import user_main
-from shmlearn.record.runs import RunDir, check_out_dir, default_run_dir, lock_out_dir, loss_area
-from shmlearn.sync import SyncStrategy, registry
-from shmlearn.user.tasks import loss_fn
+from shmlearn.data import Dataset, normalizer
+from shmlearn.data.stream import StreamedData
+from shmlearn.errors import Diverged, count
+from shmlearn.launch.pool import worker_store
+from shmlearn.record import runs, weights
+from shmlearn.record.runs import RunDir, loss_area
 from shmlearn.record.timing import PhaseTimer, chrome_trace
-
-
-@dataclass
-class RunResult:
-    status: str
-    """completed | diverged | failed"""
-    run_dir: Optional[str]
-    summary: Dict[str, Any]
-    model: Optional[torch.nn.Module] = None
-    """The trained model: rank 0's, on the CPU for local runs (the averaged one for weight-avg:
-    replicas are equal after the last step); this rank's under torchrun/mpirun/srun."""
-    rank: int = 0
-    """The rank this result is from: 0 for local runs; under a launcher every rank gets one, so a
-    script prints or saves where rank == 0."""
-
-
-# --- entry point -----------------------------------------------------------------------------
-
-def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None, optimizer=None,
-          scheduler=None) -> RunResult:
-    """Train as the config says: spawn local workers, or be one rank under a launcher.
-
-    model: an nn.Module (its weights are every rank's starting point), or a class or callable
-    returning one (called with the DataSpec if it has a required positional parameter); default
-    the config's `model`. data: (train_x, train_y, test_x, test_y) arrays or tensors, used as
-    given, or a pair of map-style torch Datasets (train, test), or a callable returning either;
-    default the config's `dataset`. loss: f(outputs, targets) -> mean loss; default the task's.
-    compute_loss: the general contract, f(model, batch) -> loss or (loss, {name: value}), for any
-    model and data: `data` is then (train, test) or (train, val, test) Datasets whose items have any
-    structure (data/tree.py), batch is a batch of them collated on the device, and evaluation
-    reports the mean loss and each metric (test_loss, test_NAME; val_loss, val_NAME).
-    optimizer: a torch.optim.Optimizer class (called with the model's parameters) or a callable
-    called with the model (parameter groups) returning an Optimizer; default the config's.
-    scheduler: a callable optimizer -> LRScheduler, stepped per epoch or per step as
-    cfg.scheduler_interval says (recipe.py). Local workers receive these pickled: define them at
-    the top level of your script (functools.partial of such is fine).
-
-    Raises BadInput (exit 2), Diverged (exit 3) or WorkerFailed (exit 1)."""
-    user_main.stop_if_importing()  # a pool worker running the script stops here (user_main.py)
-    parts = Parts(model, data, loss, optimizer, scheduler, compute_loss)
-    cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
-    validate(cfg)
-    recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
-    env = detect_env()
-    if env is not None:
-        return run_worker(cfg, env, parts=parts)
-    if model is None and is_ref(cfg.model):  # a wrong FILE.py:NAME fails here, before any process
-        resolve_ref(cfg.model, "--model")
-    if data is None and is_ref(cfg.dataset):
-        resolve_ref(cfg.dataset, "--dataset")
-    elif data is None:  # a missing --data-dir or file: one line now, not after the workers start
-        check_present(cfg.dataset, cfg.data_dir)
-    cuda = device_type(cfg.device) == "cuda"
-    spec = registry.spec(cfg)
-    if cfg.workers is None:
-        cfg = replace(cfg, workers=default_workers(cuda, torch.cuda.device_count() if cuda else 0, spec.servers))
-    world = spec.processes(cfg.workers)
-    noise.check(cfg, spec, cfg.workers)
-    backend = backend_for(cfg, cuda)
-    if cuda and world > torch.cuda.device_count() and backend == "nccl":
-        extra = f" + {count(spec.servers, 'server')}" if spec.servers else ""
-        raise BadInput(f"--workers {cfg.workers}: {world} processes ({count(cfg.workers, 'worker')}{extra}) need "
-                       f"{world} GPUs, {torch.cuda.device_count()} present (--backend gloo shares GPUs)")
-    if not cfg.resume and cfg.out:
-        check_out_dir(cfg.out)
-    if not cuda:
-        check_capacity(world, cfg.threads, cfg.oversubscribe)
-    cfg = replace(cfg, out=cfg.out or default_run_dir(cfg, cfg.workers, claim=True))
-    with lock_out_dir(cfg.out):  # BadInput if --out cannot be written, or another run writes there
-        if cfg.resume and (done := ckpt.finished(cfg.out)) is not None:  # never rewritten
-            return RunResult(status="completed", run_dir=cfg.out, summary=done)
-        if world == 1 and current_pool() is None:
-            caller_threads = torch.get_num_threads()  # the rank sets its own; the caller keeps its
-            try:
-                result = run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,
-                                                 launcher="local", master_port=free_port()), parts=parts)
-            except (BadInput, Diverged, WorkerFailed, KeyboardInterrupt):
-                raise
-            except (Exception, SystemExit) as e:  # noqa: BLE001 - one line naming the rank, as with 2+ workers
-                raise WorkerFailed(f"rank 0: {describe(e)}") from e
-            finally: torch.set_num_threads(caller_threads)  # noqa: E701 - train.py is at 600 lines
-            # On the CPU, as rank_main sends it: on the GPU its parameters view the strategy's flat buffer.
-            model = copy.deepcopy(result.model).cpu() if result.model is not None else None
-            return replace(result, model=model)
-        sent = parts.pickled() if parts.given() else None
-        summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent), world,
-                                           cuda=cuda, timeout_s=cfg.timeout, backend=backend)[0]
-    # The whole module (the user's class), so not weights_only: bytes rank 0 of this run sent over
-    # its pool's pipe, never read from a file (docs/security.md).
-    model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None
-    return RunResult(status=summary["status"], run_dir=run_dir, summary=summary, model=model)
-
-
-def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, want_model: bool = False,
-              parts: Optional[bytes] = None):
-    """One rank of a local run, in a pool worker: rank 0 returns (summary, run_dir, the trained
-    model on the CPU as torch.save bytes, or None). Bytes, not the module: its parameters are
-    views into one flat device buffer, and a pipe would try to share them. parts: the user's
-    model/data/loss, pickled (parts.py)."""
-    result = run_worker(TrainConfig(**cfg_dict), env, prune_key=prune_key, parts=Parts.unpickled(parts))
-    if env.rank != 0:
-        return None
-    blob = None
-    if want_model and result.model is not None:
-        buf = io.BytesIO()
-        torch.save(copy.deepcopy(result.model).cpu(), buf)
-        blob = buf.getvalue()
-    return result.summary, result.run_dir, blob
-
-
-# --- one rank --------------------------------------------------------------------------------
-
-def run_worker(cfg: TrainConfig, env: DistEnv, *, prune_key: Optional[str] = None,
-               parts: Optional[Parts] = None) -> RunResult:
-    """One rank's run. prune_key (sweeps with --prune): where the sweep posts the bound this run
-    must beat (pruning.py). parts: the user's own model/data/loss objects, if any."""
-    t_entry = time.perf_counter()
-    validate(cfg)
-    spec = registry.spec(cfg)
-    compute = spec.compute_ranks(env.world_size)
-    if compute < 1:
-        raise BadInput(f"{spec.flags()}: needs at least {spec.processes(1)} processes "
-                       f"({count(spec.servers, 'server')} + 1 worker)")
-    if cfg.workers is not None and cfg.workers != compute:
-        servers = f" + {count(spec.servers, 'server')}" if spec.servers else ""
-        raise BadInput(f"--workers {cfg.workers}: the launcher started {env.world_size} processes "
-                       f"({count(compute, 'worker')}{servers}); drop --workers or match it")
-    cfg = replace(cfg, workers=compute, out=cfg.out or default_run_dir(cfg, compute))
-    noise.check(cfg, spec, compute)
-    # Elastic restart: torchrun starts the same command again; it must continue, not restart.
-    if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":
-        cfg = replace(cfg, resume=True)
-    if env.rank == 0 and env.launcher != "local" and not cfg.resume:
-        check_out_dir(cfg.out)
-    # Under torchrun/mpirun/srun rank 0 holds --out's lock for the run (locally, train() does).
-    out_lock = lock_out_dir(cfg.out) if env.rank == 0 and env.launcher != "local" else contextlib.nullcontext()
-    with out_lock:
-        return _run_rank(cfg, env, spec, compute, prune_key, t_entry, parts or Parts())
-
-
-def _run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, compute: int, prune_key, t_entry,
-              parts: Parts) -> RunResult:
-
-    device = torch.device(device_type(cfg.device))
-    set_determinism(cfg.deterministic, device)
-    if device.type == "cuda":
-        device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
-        torch.cuda.set_device(device)
-    torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads))
-
-    # Everything that can fail on bad input happens here, before any collective, on every rank.
-    compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)
-    data = run_data(cfg, parts, compute_loss, device, env.rank, env.world_size)
-    budget = cfg.budget_samples(data.n_train)
-    steps = budget // (compute * cfg.batch_size * cfg.accumulate)  # --accumulate: micro-batches a step
-    if steps == 0:
-        raise BadInput(f"--samples {budget}: smaller than one step of {count(compute, 'worker')} x "
-                       f"{cfg.batch_size} samples" + (f" x {cfg.accumulate} micro-batches" if cfg.accumulate > 1 else ""))
-    if cfg.label_smoothing and data.spec.task != "classification":
-        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: only for classification; "
-                       f"{cfg.dataset} is a {data.spec.task} task")
-    user_loss = recipe.resolve_loss(cfg, parts.loss)
-    if cfg.label_smoothing and user_loss is not None:
-        raise BadInput(f"--label-smoothing {cfg.label_smoothing}: smooths the built-in cross-entropy, "
-                       f"and your own loss= replaces it (smooth inside your loss)")
-    if cfg.warmup >= steps:
-        raise BadInput(f"--warmup {cfg.warmup}: as long as the whole run ({steps} steps); "
-                       f"the learning rate would never reach --lr")
-    torch.manual_seed(cfg.seed)
-    model, metric_names = run_model(cfg, parts, data, compute_loss, user_loss)
-    apply_init(model, cfg.init)
-    strategy = spec.build(rank=env.rank, world_size=env.world_size)
-    strategy.timeout_s = cfg.timeout
-    strategy.run_steps = steps
-    strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
-    # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
-    shard = spec.shard(env.rank) or 0
-    loader, augment = run_loader(cfg, data, shard=shard, num_shards=compute, device=device)
-
-    backend = backend_for(cfg, device.type == "cuda")
-    owns_group = not dist.is_initialized()
-    if owns_group:
-        init_process_group(backend, env, cfg.timeout)
-    try:
-        if cfg.resume and (done := ckpt.finished(cfg.out, env.rank, env.world_size)) is not None:
-            return RunResult(status="completed", run_dir=cfg.out, summary=done, rank=env.rank)
-        loader, augment = gathered_loader(cfg, data, parts.data, loader, augment, shard=shard, num_shards=compute,
-                                          device=device, world=env.world_size)
-        check_agreement(_agreed_fields(cfg), data, model, env.rank, env.world_size)
-        model.to(device)
-        optimizer = recipe.build_user_optimizer(cfg, parts.optimizer, model) or build_optimizer(
-            cfg.optimizer, model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        start_lrs = [float(g["lr"]) for g in optimizer.param_groups]
-        strategy.setup(model, optimizer, channels_last=cfg.channels_last)
-        if cfg.noise_scale:  # augmented samples are drawn afresh: no finite population to correct for
-            strategy.noise = noise.NoiseMeter(workers=compute, batch_size=cfg.batch_size, steps=steps, device=device,
-                                              n_train=None if augment.active else data.n_train,
-                                              world_size=env.world_size,
-                                              every=cfg.noise_every or noise.default_every(compute))
-        check_replicas(strategy.params_flat, env.world_size)
-        schedule = recipe.build_user_scheduler(cfg, parts.scheduler, optimizer,
-                                               max(1, data.n_train // (compute * cfg.batch_size * cfg.accumulate)))
-        if schedule is None:
-            schedule = build_schedule(cfg.lr_schedule, optimizer, steps, cfg.warmup_steps(steps))
-        loop = _Loop(cfg, env, data, model, strategy, optimizer, schedule,
-                     loader if strategy.computes else None, steps, budget, device, prune_key=prune_key,
-                     t_entry=t_entry, loss=user_loss, spec=spec, compute_loss=compute_loss,
-                     metric_names=metric_names)
-        loop.start_lrs = start_lrs
-        return loop.run()
-    finally:
-        if isinstance(loader, StreamLoader):
-            loader.close()
-        if owns_group:
-            if device.type == "cuda":
-                _destroy_group(env.rank)
-            else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
-                dist.destroy_process_group()
-
-
-# Fields that may differ between the original run and its resumption, or between ranks.
-_FREE_FIELDS = ("out", "resume", "progress", "timeout", "checkpoint_every", "threads", "workers", "oversubscribe",
-                "save_model",
-                "cudnn_benchmark")
-
-
-def _agreed_fields(cfg: TrainConfig) -> dict:
-    return {k: v for k, v in cfg.to_dict().items() if k not in _FREE_FIELDS}
-
+from shmlearn.step.fast import StepOptions, Stepper
+from shmlearn.sweeps.pruning import Watch
+from shmlearn.sync import SyncStrategy, registry
+from shmlearn.train import checkpoint as ckpt
+from shmlearn.train import evaluation, noise
+from shmlearn.train.guard import Fault, Heartbeat
+from shmlearn.train.result import RunResult, gather_ranks
+from shmlearn.user import recipe
+from shmlearn.user.tasks import loss_fn
 
 _HISTORY = ("step_times", "step_losses", "evals", "eval_s", "checkpoint_s", "last_eval_s", "last_ckpt_s")
-"""The _Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
+"""The Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
 
 
-class _Loop:
-    """State of one rank's training run; `run()` is the loop itself."""
+class Loop:
+    """State of one rank's training run; `run()` is the loop itself (rank.py builds its parts)."""
 
     def __init__(self, cfg, env, data: Dataset, model, strategy: SyncStrategy, optimizer, schedule,
                  loader, steps, budget, device, prune_key: Optional[str] = None, t_entry: Optional[float] = None,
-                 loss=None, spec: Optional[registry.Spec] = None, compute_loss=None, metric_names=()):
+                 loss=None, spec: Optional[registry.Spec] = None, compute_loss=None, metric_names=(),
+                 start_lrs: Optional[List[float]] = None):
         self.cfg, self.env, self.data, self.model, self.strategy = cfg, env, data, model, strategy
         self.spec = spec if spec is not None else registry.spec(cfg)
         self.loss = loss
@@ -298,6 +52,8 @@ class _Loop:
         self.compute, self.metric_names = compute_loss, tuple(metric_names)
         """The general contract: the user's compute_loss(model, batch) and the metrics it returns."""
         self.optimizer, self.schedule = optimizer, schedule
+        self.start_lrs = start_lrs
+        """Each parameter group's learning rate before the first step (summary.json's start_lrs)."""
         self.loader, self.steps, self.budget, self.device = loader, steps, budget, device
         self.task = data.spec.task
         self.normalize = normalizer(data, device)
@@ -326,6 +82,8 @@ class _Loop:
         """The step at which --early-stop ended the run, or None."""
         self.t_entry = t_entry if t_entry is not None else time.perf_counter()
         self.setup_s = None
+        self.train_start_unix: Optional[float] = None
+        """When the clock started, Unix seconds (summary.json: time to first step)."""
         self.area = 0.0
         """Loss area so far, summed as runs.loss_area sums it (so the last value equals it)."""
         m = strategy.noise
@@ -338,6 +96,8 @@ class _Loop:
         self.fault = Fault.from_env(resumed=self.start_step > 0)
         self.heartbeat = Heartbeat(env.rank, env.world_size, tag=env.job,
                                    store=worker_store() if env.job else None, timeout_s=cfg.timeout)
+        self.stepper: Optional[Stepper] = None
+        """The step (step/fast.py), built by `_run` after a resumption and before the clock starts."""
         self.prune = None
         if prune_key and self.lead:
             if worker_store() is not None:
@@ -349,9 +109,8 @@ class _Loop:
             with self.heartbeat.naming_the_cause():
                 return self._run()
         finally:
-            stepper = getattr(self, "stepper", None)
-            if stepper is not None:
-                stepper.close()
+            if self.stepper is not None:
+                self.stepper.close()
             self.heartbeat.stop()
 
     def _run(self) -> RunResult:
@@ -359,9 +118,10 @@ class _Loop:
         # Only for a --samples the user gave: a budget in epochs (the default's or --epochs) is
         # rounded down to whole steps as any epoch loop drops its last partial batch.
         if self.lead and cfg.samples is not None and self.budget % self.samples_per_step and self.start_step == 0:
+            micro = f" x {cfg.accumulate}" if cfg.accumulate > 1 else ""
             print(f"shmlearn: budget {self.budget} samples is not a multiple of "
-                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}{f' x {cfg.accumulate}' * (cfg.accumulate > 1)}; running {self.steps} steps = "
-                  f"{self.steps * self.samples_per_step} samples", flush=True)
+                  f"{count(self.strategy.compute_ranks, 'worker')} x {cfg.batch_size}{micro}; "
+                  f"running {self.steps} steps = {self.steps * self.samples_per_step} samples", flush=True)
         # After _resume (a graph captures the optimizer's tensors), before the clock starts.
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
@@ -375,7 +135,8 @@ class _Loop:
                                                 weight_copy=cfg.weight_copy,
                                                 cudnn_benchmark=cfg.cudnn_benchmark != "off"),
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
-                               total_steps=self.steps, fault=self.fault, loss=self._train_loss(),
+                               total_steps=self.steps, fault=self.fault,
+                               loss=train_loss(self.loss, self.task, cfg.label_smoothing),
                                reached=lambda step: setattr(self.heartbeat, "step", step),
                                compute_loss=self.compute)
         if self.lead and self.stepper.note:
@@ -470,8 +231,8 @@ class _Loop:
         if bar is not None and win.losses:
             bar.update(len(win.losses))
             acc = self.evals[-1]["test_accuracy"] if self.evals else None
-            n = len(self.step_losses)
-            bar.set_postfix(loss=f"{win.losses[-1]:.4f}", samples_s=f"{n * self.samples_per_step / max(train_s, 1e-9):.0f}",
+            samples_s = len(self.step_losses) * self.samples_per_step / max(train_s, 1e-9)
+            bar.set_postfix(loss=f"{win.losses[-1]:.4f}", samples_s=f"{samples_s:.0f}",
                             acc="-" if acc is None else f"{acc:.4f}", refresh=False)
 
     # -- checkpoints (checkpoint.py) ------------------------------------------------------------
@@ -483,7 +244,7 @@ class _Loop:
         """Every rank writes its file; after a barrier rank 0 marks the checkpoint complete."""
         c0 = time.perf_counter()
         self.last_ckpt_s = train_s
-        state = ckpt.run_state(step, self.env.world_size, _agreed_fields(self.cfg), strategy=self.strategy,
+        state = ckpt.run_state(step, self.env.world_size, ckpt.agreed_fields(self.cfg), strategy=self.strategy,
                                optimizer=self.optimizer, schedule=self.schedule, device=self.device,
                                loop=self._history(), noise=self.noise)
         ckpt.save(self.cfg.out, step, self.env.rank, self.env.world_size, state, fault=self.fault)
@@ -492,7 +253,7 @@ class _Loop:
     def _resume(self) -> int:
         """Load the newest checkpoint that every rank can read; 0 if the run has none."""
         step, state = ckpt.resume(self.cfg.out, self.env.rank, self.env.world_size, self.device,
-                                  _agreed_fields(self.cfg))
+                                  ckpt.agreed_fields(self.cfg))
         if state is not None:
             loop = ckpt.restore(state, strategy=self.strategy, optimizer=self.optimizer, schedule=self.schedule,
                                 device=self.device)
@@ -504,21 +265,14 @@ class _Loop:
                 if self.step_losses else 0.0
         return step
 
-    def _train_loss(self):
-        """What the step minimizes: the user's loss, or the task's with --label-smoothing (None:
-        the step's default, the task's plain loss). Evaluation keeps the plain loss."""
-        if self.loss is not None or not self.cfg.label_smoothing:
-            return self.loss
-        task, smoothing = self.task, self.cfg.label_smoothing
-        return lambda out, y: loss_fn(task, out, y, label_smoothing=smoothing)
-
     def _auto_wants_eval(self, done: int, train_s: float) -> bool:
         """Rank 0, with the default schedule: whether to evaluate now (evaluation.py)."""
         if not (self.auto_eval and self.lead):
             return False
         return evaluation.due(steps=self.steps, done=done, train_s=train_s, cost_s=self.eval_cost_s,
                               test_per_rank=self.data.n_test / self.env.world_size,
-                              batch_size=self.cfg.batch_size * self.cfg.accumulate, eval_steps=[e["step"] for e in self.evals])
+                              batch_size=self.cfg.batch_size * self.cfg.accumulate,
+                              eval_steps=[e["step"] for e in self.evals])
 
     @torch.no_grad()
     def _evaluate(self, *, step: int, train_s: float) -> None:
@@ -547,46 +301,45 @@ class _Loop:
     def _start_lr(self):
         """The learning rate the run started at, as its optimizer had it (--lr is the built-in
         optimizers' only; a torch class or your own has its own)."""
-        lrs = getattr(self, "start_lrs", None)
-        return f"{lrs[0]:g}" if lrs else self.cfg.lr
+        return f"{self.start_lrs[0]:g}" if self.start_lrs else self.cfg.lr
 
     def _finish(self, status: str, diverged) -> RunResult:
+        """Every rank: hand rank 0 the trace and how the step ran; rank 0 writes summary.json,
+        the trace and the weights. Raises Diverged on every rank of a diverged run."""
         cfg, env = self.cfg, self.env
-        events = self.timer.trace_events()
-        step_fields = runs.step_fields(self.stepper)
-        mine = (events, step_fields if self.strategy.computes else None)
-        gathered = [None] * env.world_size if self.lead else None
-        if env.world_size > 1:
-            dist.gather_object(mine, gathered, dst=0)
-        else:
-            gathered = [mine]
-        if gathered:
-            # How the step ran is a computing rank's: a dedicated parameter server (rank 0) runs
-            # no model step, compiles nothing and reads no batches.
-            step_fields = next((f for _, f in gathered if f is not None), step_fields)
-            gathered = [e for e, _ in gathered]
+        own_step = self.stepper.summary()
+        traces, step = gather_ranks(self.timer.trace_events(), own_step, computes=self.strategy.computes,
+                                    rank=env.rank, world_size=env.world_size)
         summary = runs.summarize(
             cfg, status=status, diverged=diverged, history=self._history(), workers=self.strategy.compute_ranks,
             processes=env.world_size, launcher=env.launcher, streamed=isinstance(self.data, StreamedData),
-            start_lrs=getattr(self, "start_lrs", None), builtin_optimizer=recipe.is_builtin_optimizer(cfg),
+            start_lrs=self.start_lrs, builtin_optimizer=recipe.is_builtin_optimizer(cfg),
             budget=self.budget, samples_per_step=self.samples_per_step, planned_steps=self.steps,
             setup_s=self.setup_s, auto_eval=self.auto_eval, start_step=self.start_step,
-            phase_s=self.timer.mean_per_step(), timing=runs.phase_timing(self.stepper, self.timer, self.device.type),
-            step=step_fields, torch_version=torch.__version__,
+            phase_s=self.timer.mean_per_step(), timing=runs.phase_timing(own_step, self.timer, self.device.type),
+            step=step, torch_version=torch.__version__,
             device=torch.cuda.get_device_name(self.device) if self.device.type == "cuda" else "cpu",
             strategy=self.spec.summary(self.strategy), noise=self.noise.summary() if self.noise is not None else None,
             monitor=self.monitor.summary(self.evals, self.stopped_early) if self.monitor is not None else None)
-        summary["train_start_unix"] = getattr(self, "train_start_unix", None)  # the clock's start, Unix seconds
+        summary["train_start_unix"] = self.train_start_unix  # the clock's start, Unix seconds
         summary["chance_accuracy"] = runs.chance_accuracy(self.data.spec)  # the collapse rule's "ends at chance"
         if self.lead:
             save = cfg.save_model and status in ("completed", "pruned")
-            runs.write_results(self.rundir, summary, chrome_trace(gathered),
-                          (lambda: weights.save(cfg.out, self.strategy.model, self.data.spec)) if save else None)
+            runs.write_results(self.rundir, summary, chrome_trace(traces),
+                               (lambda: weights.save(cfg.out, self.strategy.model, self.data.spec)) if save else None)
         if diverged is not None:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
                            f"(lr {self._start_lr()}); run directory {cfg.out}", step=step, rank=rank)
         return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model, rank=self.env.rank)
+
+
+def train_loss(loss, task: str, label_smoothing: float):
+    """What the step minimizes: the user's loss, or the task's with --label-smoothing (None: the
+    step's default, the task's plain loss). Evaluation keeps the plain loss."""
+    if loss is not None or not label_smoothing:
+        return loss
+    return lambda out, y: loss_fn(task, out, y, label_smoothing=label_smoothing)
 
 
 def _progress(total: int, initial: int = 0):

@@ -44,7 +44,7 @@ def importing() -> Iterator[None]:
 
 
 def stop_if_importing() -> None:
-    """shmlearn.train.loop's first line: in a worker importing the script, end the import here."""
+    """train()'s first line (train/entry.py): in a worker importing the script, end the import here."""
     if _importing:
         raise MainStop()
 

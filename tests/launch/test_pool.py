@@ -16,7 +16,7 @@ from procs import alive as _alive
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import WorkerFailed
 from shmlearn.launch.pool import Pool, using
-from shmlearn.train.loop import rank_main, train
+from shmlearn.train.entry import rank_main, train
 
 SMALL = dict(dataset="digits", model="mlp", samples=1920, batch_size=16, eval_points=2, threads=1,
              progress=False, lr=0.1)

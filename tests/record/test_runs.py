@@ -107,3 +107,43 @@ def test_an_experiment_is_not_claimed_into_a_training_run(tmp_path):
     with pytest.raises(BadInput, match="holds a training run"):
         _claim(str(run), {"experiment": "linreg", "quick": True})
     assert not (run / "experiment.json").exists()
+
+
+def _step_summary(**changes):
+    from shmlearn.step.summary import StepSummary
+    fields = dict(step_mode="cuda-graph", check_every=8, step_note=None, compile="off", compile_s=None,
+                  compile_read=False, image_conv="cudnn", image_convs=0, max_pool="aten", max_pools=0,
+                  conv_pool="torch", conv_pools=0, mlp_head="torch", mlp_heads=0, kernels=[], kernel_notes=[],
+                  conv_overlap="off", conv_overlaps=0, conv_overlap_deferred=False, combo_kernels=False,
+                  update_kernel="flat", update_in_backward=False, weight_copy=False, grad_buckets=3,
+                  graph_memsets_replaced=2, phase_sample_every=50)
+    return StepSummary(**{**fields, **changes})
+
+
+def test_phase_timing_says_how_the_steps_summary_was_timed():
+    from types import SimpleNamespace
+    from shmlearn.record.runs import phase_timing
+    timer = SimpleNamespace(timed_steps=4, steps=200)
+    assert phase_timing(_step_summary(), timer, "cuda") == (
+        "CUDA events on 4 eager steps (one in 50); the other 196 were CUDA graph replays")
+    assert phase_timing(_step_summary(step_mode="fast-eager", phase_sample_every=None), timer, "cpu") == (
+        "perf_counter on every step")
+
+
+def test_summary_json_holds_the_steppers_summary_field_for_field(tmp_path):
+    """A run's summary.json has each StepSummary field under its own name, in its order, with the
+    value the step ran with (a 1-worker CPU run, fast step read every 3 steps)."""
+    import dataclasses
+    import shmlearn
+    from shmlearn.step.summary import StepSummary
+    res = shmlearn.train(TrainConfig(model="mlp", dataset="digits", workers=1, device="cpu", samples=64 * 6,
+                                     batch_size=64, check_every=3, eval_points=1, progress=False,
+                                     out=str(tmp_path / "run")))
+    with open(tmp_path / "run" / "summary.json") as f:
+        s = json.load(f)
+    names = [f.name for f in dataclasses.fields(StepSummary)]
+    keys = list(s)
+    assert keys[keys.index(names[0]):keys.index(names[0]) + len(names)] == names
+    assert (s["step_mode"], s["check_every"], s["compile"], s["grad_buckets"], s["phase_sample_every"]) == (
+        "fast-eager", 3, "off", 0, None)
+    assert s["phase_timing"] == "perf_counter on every step" and res.summary["step_mode"] == "fast-eager"

@@ -79,12 +79,15 @@ def _worker(rank, world, port, out):
         for buckets in ("on", "off"):
             st = _stepper(rank, world, buckets=buckets, adopt=adopt)
             res[adopt, buckets, "n"] = st.grad_buckets
+            # the strategy waits on the step's own buckets (handed over by average_in_buckets)
+            res[adopt, buckets, "held"] = st.strategy.buckets is st.choice.buckets
             res["init"] = st.strategy.params_flat.clone()
             _train(st)
             res[adopt, buckets] = st.strategy.params_flat.clone()
             i = next(k for k, p in enumerate(st.strategy._trainable) if p is st.model.unused)
             res[adopt, buckets, "grad"] = st.model.unused.grad is st.strategy._grad_views[i]
             st.close()
+            res[adopt, buckets, "released"] = st.strategy.buckets is None
     for args in (dict(strategy="weight-avg"),):
         try:
             _stepper(rank, world, buckets="on", adopt="on", **args)
@@ -104,6 +107,7 @@ def test_bucketed_average_trains_the_same_weights_on_two_processes(tmp_path):
             assert res[adopt, "on", "n"] == 3 and res[adopt, "off", "n"] == 0, (r, adopt)
             assert torch.equal(res[adopt, "on"], res[adopt, "off"]), (r, adopt)
             assert res[adopt, "on", "grad"], (r, adopt)  # .grad points into the flat buffer again
+            assert all(res[adopt, b, k] for b in ("on", "off") for k in ("held", "released")), (r, adopt)
         assert "strategy weight-avg does not average gradients after each backward" in res["refusal"]
     # the replicas agree, and training moved them
     assert torch.equal(ranks[0]["on", "on"], ranks[1]["on", "on"])

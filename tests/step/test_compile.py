@@ -96,7 +96,7 @@ def _worker(rank, world, port, out):
     compile succeeds (torch.compile gives the function back, as a build would, at no cost): both
     ranks must run eagerly, or they would run different steps. Rank 0 saves both runs' summaries
     and weights."""
-    from shmlearn.train.loop import run_worker
+    from shmlearn.train.entry import run_worker
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     env = DistEnv(rank=rank, world_size=world, local_rank=rank, local_world_size=world, launcher="local",

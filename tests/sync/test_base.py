@@ -86,3 +86,34 @@ def test_adopt_then_update_is_plain_sgd():
 def test_ddp_keeps_its_own_buckets():
     assert build_strategy("ddp", rank=0, world_size=1).adopts_grads is False
     assert build_strategy("allreduce", rank=0, world_size=1).adopts_grads is True
+
+
+def test_the_fast_steps_flat_update_replaces_the_optimizers_step_through_update_with():
+    """What the step hands the strategy (step/kernels.py): update_params runs the bound update
+    instead of optimizer.step(); unbound, the optimizer steps again (plain SGD, lr 0.1)."""
+    model, s = _setup(False)
+    ran = []
+    s.update_with(lambda: ran.append("flat"))
+    s.grads_flat.fill_(1.0)
+    before = s.params_flat.clone()
+    s.update_params()
+    assert ran == ["flat"] and torch.equal(s.params_flat, before)
+    s.update_with(None)
+    s.update_params()
+    assert ran == ["flat"]
+    torch.testing.assert_close(s.params_flat, before - 0.1)
+
+
+def test_only_a_strategy_that_averages_in_buckets_takes_the_steps_buckets():
+    buckets = object()  # what the step hands over: a GradBuckets (step/buckets.py)
+    s = build_strategy("allreduce", rank=0, world_size=2)
+    s.average_in_buckets(buckets)
+    assert s.buckets is buckets
+    s.average_in_buckets(None)
+    assert s.buckets is None
+    for name in ("ps", "weight-avg", "ddp"):
+        other = build_strategy(name, rank=0, world_size=2)
+        with pytest.raises(ValueError, match=f"^strategy {name} does not average its gradient in buckets$"):
+            other.average_in_buckets(buckets)
+        other.average_in_buckets(None)
+        assert other.buckets is None

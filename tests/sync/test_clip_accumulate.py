@@ -23,7 +23,7 @@ from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import epoch_permutation
 from shmlearn.launch.start import DistEnv, free_port
 from shmlearn.models import build_model
-from shmlearn.train.loop import run_worker
+from shmlearn.train.entry import run_worker
 from cli_inproc import run_main
 from procs import processes
 

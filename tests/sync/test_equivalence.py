@@ -13,7 +13,7 @@ import torch.multiprocessing as mp
 
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.launch.start import DistEnv, free_port
-from shmlearn.train.loop import run_worker
+from shmlearn.train.entry import run_worker
 from procs import processes
 
 B, STEPS = 8, 20

@@ -18,7 +18,7 @@ import shmlearn.sync
 from shmlearn.cli.main import main
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.sync import registry
-from shmlearn.train.loop import train
+from shmlearn.train.entry import train
 
 TOY = '''"""allreduce-half: the gradient averaged in `pieces` all-reduces (a toy: tests/sync/test_new_strategy.py)."""
 from __future__ import annotations

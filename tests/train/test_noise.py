@@ -22,7 +22,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.launch.start import DistEnv, free_port
 from shmlearn.train.noise import NoiseTracker, estimate
-from shmlearn.train.loop import run_worker
+from shmlearn.train.entry import run_worker
 from procs import processes
 
 B = 32
@@ -362,7 +362,7 @@ def test_unmeasured_steps_compute_the_whole_batch(tmp_path, check_every):
     """At 1 worker only a measured step is split in two halves: with BatchNorm (batch statistics)
     and frozen weights, every other step's loss is the loss of a run without --noise-scale,
     and each measured step's differs (so a split would show)."""
-    from shmlearn.train.loop import train
+    from shmlearn.train.entry import train
     losses = {}
     for on in (False, True):
         cfg = TrainConfig(threads=1, model="mlp", dataset="digits", optimizer="sgd", lr=1e-12, lr_schedule="constant",

@@ -31,9 +31,9 @@ from shmlearn.errors import BadInput
 from shmlearn.models import build_model
 from shmlearn.launch.pool import Pool, current, using
 from shmlearn.record.runs import default_run_dir
-from shmlearn.train.loop import default_workers
+from shmlearn.launch.placement import default_workers
 
-train_mod = importlib.import_module("shmlearn.train.loop")  # the module: `shmlearn.train` is also the function
+train_mod = importlib.import_module("shmlearn.train.entry")  # the module: `shmlearn.train` is also the function
 
 SPEC = load_dataset("digits").spec
 
@@ -413,7 +413,7 @@ def test_train_on_cuda_picks_the_default_that_fits(tmp_path, monkeypatch, gpus, 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     seen = {}
 
-    def fake_worker(cfg, env, parts=None):
+    def fake_worker(cfg, env, parts=None, settled=False):
         seen.update(workers=cfg.workers, world=env.world_size)
         return train_mod.RunResult(status="completed", run_dir=cfg.out, summary={"status": "completed"})
 

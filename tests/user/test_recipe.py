@@ -18,7 +18,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.launch.start import DistEnv, free_port
 from shmlearn.user.parts import Parts
-from shmlearn.train.loop import run_worker
+from shmlearn.train.entry import run_worker
 
 B, STEPS, WORLD = 8, 20, 2
 
