@@ -219,6 +219,28 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
+def _fashion94_starts(folder: str) -> str:
+    """recipes/fashion-94-2gpu.yaml from outside: once with empty caches, then twice warm; each
+    run's wall seconds and its summary's setup, compile and training seconds, in folder/fashion94.jsonl."""
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    recipe = os.path.join(ROOT_DIR, "recipes", "fashion-94-2gpu.yaml")
+    cache = os.path.join(folder, "caches")
+    env = f"SHMLEARN_CACHE_DIR={cache}/s TRITON_CACHE_DIR={cache}/t TORCHINDUCTOR_CACHE_DIR={cache}/i"
+    timed = ("import json, subprocess, sys, time; t = time.time(); "
+             "r = subprocess.run(sys.argv[3:]); wall = time.time() - t; "
+             "s = json.load(open(sys.argv[2] + '/summary.json')); "
+             "print(json.dumps(dict(case=sys.argv[1], rc=r.returncode, wall_s=wall, "
+             "setup_s=s.get('setup_time_s'), compile_s=s.get('compile_s'), train_s=s.get('wall_time_s'), "
+             "eval_s=s.get('eval_time_s'), test_accuracy=s.get('test_accuracy'))), flush=True)")
+    runs = []
+    for case in ("cold", "warm1", "warm2"):
+        out = os.path.join(folder, f"fashion94-{case}")
+        runs.append(f"env {env} {sys.executable} -c {shlex.quote(timed)} {case} {out} {sys.executable} -m shmlearn "
+                    f"train --config {recipe} --data-dir {data} --device cuda --no-progress --out {out} "
+                    f">> {folder}/fashion94.jsonl 2>> {folder}/fashion94.log")
+    return f"rm -rf {cache}; " + "; ".join(runs) + f"; cat {folder}/fashion94.jsonl"
+
+
 def _uw(folder: str, lanes, variants: str = "off,default") -> str:
     """Parts uw-12 and uw-4 (uw-c12, uw-c4: shmlearn compiled only, beside both baselines):
     benchmarks/user_workloads.py, the ViT then the LM, in each lane (CUDA_VISIBLE_DEVICES, GPU
@@ -796,6 +818,21 @@ def part_commands(p: str, workers: str) -> dict:
             f"--only fashion-net/fp32/ps/W1/compile --out {p('fn-10')}/run{i}.json > {p('fn-10')}/run{i}.log 2>&1"
             for i in range(10)) + " & wait; grep -h -o '\"verdict\": \"[a-z-]*\"' " + p("fn-10") + "/run*.json | sort | uniq -c"],
                   400),
+        # Issues 54 and 55 after the package move: the whole matrix at 1 and 2 workers beside the
+        # fashion-net compiled ps cell 10 times (correctness only).
+        "mix54": (["bash", "-c", f"mkdir -p {p('mix54')}/fn-10; (" + _matrix_all(p("mix54"), big) + ") & ("
+                   + " & ".join(
+                       f"CUDA_VISIBLE_DEVICES={i % int(big)} {sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} "
+                       f"--workers 1 --only fashion-net/fp32/ps/W1/compile --out {p('mix54')}/fn-10/run{i}.json "
+                       f"> {p('mix54')}/fn-10/run{i}.log 2>&1" for i in range(10)) + " & wait) & wait; "
+                   + f"grep -h -o '\"verdict\": \"[a-z-]*\"' {p('mix54')}/fn-10/run*.json | sort | uniq -c"], 900),
+        # Issue 52: cold and warm start on the GPU as a user runs it: start.py's floor and default
+        # alexnet-small run (cold: empty shmlearn, Triton and Inductor caches), then fashion-94 on
+        # two GPUs (recipes/fashion-94-2gpu.yaml) cold, then warm twice, each timed from outside.
+        "cold52": (["bash", "-c", shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
+                                                 "--cases", "floor,train",
+                                                 "--out", os.path.join(p("cold52"), "start-gpu.json")))
+                    + "; " + _fashion94_starts(p("cold52"))], 560),
         # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
         # W=2: two shards a pair of GPUs), then merged.
         "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
