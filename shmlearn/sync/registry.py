@@ -6,8 +6,8 @@ An Entry holds:
 * `params`: a dataclass of the strategy's parameters, declared beside its code with `param`:
   each field's type (a `Literal[...]` gives its choices), default, docstring (its --help) and
   the config key that sets it (`param("avg_period", 1)` is TrainConfig's `avg_period`, YAML's
-  `avg_period:` and `--avg-period`). TrainConfig composes every registered strategy's keys
-  (`options`): a strategy's parameter needs no edit to config.py. A parameter's value check
+  `avg_period:` and `--avg-period`). TrainConfig's sync section (`section`) has every
+  registered strategy's keys as fields: a strategy's parameter needs no edit to config/. A parameter's value check
   lives in its `__post_init__` (BadInput naming the flag); `servers` (a property, default 0) is
   how many ranks only serve.
 * the layout: W workers need W + servers processes; ranks 0..servers-1 serve, rank r >= servers
@@ -259,7 +259,7 @@ def get(name: str, flag: str = "--strategy") -> Entry:
 
 def options() -> Dict[str, Option]:
     """Every registered strategy's parameters by config key, in registration order; a key two
-    strategies share is one option naming both (TrainConfig composes these: config.options)."""
+    strategies share is one option naming both (TrainConfig's sync section: `section`)."""
     out: Dict[str, Option] = {}
     for e in entries().values():
         for o in e.options():
