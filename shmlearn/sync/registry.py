@@ -7,9 +7,9 @@ An Entry holds:
   each field's type (a `Literal[...]` gives its choices), default, docstring (its --help) and
   the config key that sets it (`param("avg_period", 1)` is TrainConfig's `avg_period`, YAML's
   `avg_period:` and `--avg-period`). TrainConfig's sync section (`section`) has every
-  registered strategy's keys as fields: a strategy's parameter needs no edit to config/. A parameter's value check
-  lives in its `__post_init__` (BadInput naming the flag); `servers` (a property, default 0) is
-  how many ranks only serve.
+  registered strategy's keys as fields: a strategy's parameter needs no edit to config/. A
+  parameter's value check lives in its `__post_init__` (BadInput naming the flag); `servers` (a
+  property, default 0) is how many ranks only serve.
 * the layout: W workers need W + servers processes; ranks 0..servers-1 serve, rank r >= servers
   computes on shard r - servers (Spec.processes, compute_ranks, shard).
 * capabilities: `fast_step` (the strategy implements gated_step, fast.py) and `rounds` (it
