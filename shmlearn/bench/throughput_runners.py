@@ -188,9 +188,9 @@ class _Shmlearn:
                                normalize=lambda t: (t.float() - mean) * inv, channels_last=c.channels_last)
         schedule = build_schedule("constant", opt, 1 << 30)
         self.timer = PhaseTimer(device, rank)
-        opts = step_options(c, mods)
+        opts, tuning = step_options(c, mods)
         self.stepper = Stepper(model=model, strategy=self.strategy, optimizer=opt, schedule=schedule,
-                               loader=loader, task="classification", device=device, opts=opts,
+                               loader=loader, task="classification", device=device, opts=opts, tuning=tuning,
                                timer=self.timer, rank=r, world_size=w, total_steps=1 << 20)
         self.bad = None
 

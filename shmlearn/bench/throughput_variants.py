@@ -7,13 +7,13 @@ says what each variant is.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import List, Optional
+from dataclasses import dataclass, field, fields
+from typing import List, Optional, Tuple
 
 import torch
 
 from shmlearn.errors import BadInput
-from shmlearn.step.fast import CUDA_GRAPH, PRECISIONS, StepOptions
+from shmlearn.step.fast import CUDA_GRAPH, PRECISIONS, StepOptions, StepTuning
 from shmlearn.models import MODELS
 from shmlearn.sync import registry
 
@@ -53,19 +53,21 @@ MODIFIERS = {"eager": {"cuda_graph": "off"}, "noise": {}, "noise1": {}, "compile
              "normal-priority": {"high_priority_capture": False}, "memset-nodes": {"memset_kernels": False},
              "eager-read": {"compile_read": False},
              "cudnn-all": {"cudnn_benchmark_limit": 0}}
-"""Strategy suffixes NAME:a+b (fast.py StepOptions fields each sets; noise attaches the meter at
+"""Strategy suffixes NAME:a+b (the StepOptions or StepTuning fields each sets, step/options.py; noise attaches the meter at
 the default --noise-every, noise1 at --noise-every 1)."""
 
 
-def step_options(c: "ThroughputConfig", mods) -> StepOptions:
-    """The fast step's options of a shmlearn variant with MODIFIERS `mods`: each sets its fields;
-    Inductor options add up (combo+aggressive asks for both)."""
+def step_options(c: "ThroughputConfig", mods) -> Tuple[StepOptions, StepTuning]:
+    """The fast step's settings and switches of a shmlearn variant with MODIFIERS `mods`: each sets
+    its fields; Inductor options add up (combo+aggressive asks for both)."""
     opts = dict(precision=c.precision, channels_last=c.channels_last, cuda_graph=c.cuda_graph,
                 check_every=c.check_every)
     for m in sorted(mods):
         for k, v in MODIFIERS[m].items():
             opts[k] = opts.get(k, ()) + v if k == "inductor" else v
-    return StepOptions(**opts)
+    settings = {f.name for f in fields(StepOptions)}
+    return (StepOptions(**{k: v for k, v in opts.items() if k in settings}),
+            StepTuning(**{k: v for k, v in opts.items() if k not in settings}))
 
 
 def strategy_names() -> List[str]:

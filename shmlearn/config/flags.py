@@ -228,6 +228,29 @@ def options_of(cls, *, names: Optional[Dict[str, str]] = None, strategies: Tuple
     return out
 
 
+@dataclass(kw_only=True)
+class Section:
+    """A config section: a keyword-only dataclass of settings declared beside the code that reads
+    them (StepOptions in step/options.py, DataOptions in data/options.py, ...), each field with
+    its docstring (its --help). TrainConfig is composed of them (config/train_config.py). A
+    field typed Literal[...] is checked against its choices once, here, when the section is
+    made (BadInput naming the flag), whether it is made alone (StepOptions for the bench) or as
+    part of a TrainConfig; the code that reads the value checks it no more."""
+
+    def __post_init__(self) -> None:
+        for option in _choice_options(type(self)):
+            option.check(getattr(self, option.name))
+
+
+@functools.lru_cache(maxsize=None)
+def _choice_options(cls) -> Tuple[Option, ...]:
+    """The Literal fields of the Section classes `cls` is made of (once per class: the type hints
+    cost ~1 ms). Fields of other bases (the strategies' parameters) are checked by their owner."""
+    own = {name for c in cls.__mro__ if issubclass(c, Section) and "__dataclass_fields__" in vars(c)
+           for name in vars(c).get("__annotations__", {})}
+    return tuple(o for o in options_of(cls) if o.name in own and o.choices is not None)
+
+
 # --- the flag table: the train flags without importing torch --------------------------------------
 # config.options() imports the modules that own the choices (models, nn, step, every strategy),
 # which import torch (~2-6 s): `shmlearn train --help` or a misspelled flag waited for it (issue 53).

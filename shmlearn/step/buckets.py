@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.nn import conv_overlap
-from shmlearn.step.options import GRAD_BUCKETS  # noqa: F401 - the choices, beside the mechanism
 
 BUCKET_MB = 25.0
 """Bucket size in MB (DDP's bucket_cap_mb default)."""

@@ -37,9 +37,10 @@ class Compiler:
     ones. choice: the KernelChoice (deferred GEMMs, the weight copy; put back if eager wins);
     graphs: the Graphs whose capture the auto timing uses; say(line, join): the step's note."""
 
-    def __init__(self, *, model, strategy, loader, device: torch.device, opts, world_size: int, fault,
+    def __init__(self, *, model, strategy, loader, device: torch.device, opts, tuning, world_size: int, fault,
                  check_every: int, fast: bool, dstep, choice, graphs, say):
         self.model, self.strategy, self.loader, self.device, self.opts = model, strategy, loader, device, opts
+        self.tuning = tuning
         self.world_size, self.fault, self.check_every, self.fast = world_size, fault, check_every, fast
         self.dstep, self.choice, self.graphs, self.say = dstep, choice, graphs, say
         self.read_compiled = False
@@ -60,7 +61,7 @@ class Compiler:
         dstep, sync = self.dstep, self.graphs.sync
         batch = self.loader.batch(0) if computes else None
         self.combo = combo_kernels(self.opts.combo_kernels, self.device, batch[0] if batch else None)
-        options = dict(self.opts.inductor)
+        options = dict(self.tuning.inductor)
         if self.combo:
             options["combo_kernels"] = True
         if self.choice.deferred:  # Inductor must not reuse what a deferred weight GEMM still reads
@@ -156,7 +157,7 @@ class Compiler:
                      f"forward and backward; {'compiled' if choice == 'default' else 'eager'}")
         if choice != "off":
             dstep.train_loss = compiled
-            if computes and self.opts.compile_read and self.fast and not self.strategy.free_running:
+            if computes and self.tuning.compile_read and self.fast and not self.strategy.free_running:
                 self._compile_read(mode, options)
         else:  # eager won: what auto chose for a compiled step is slower eagerly
             self.combo = False
@@ -164,7 +165,7 @@ class Compiler:
         self.compiled = choice
 
     def _compile_read(self, mode, options) -> None:
-        """The batch read compiled (StepOptions.compile_read), with the model's mode and options,
+        """The batch read compiled (StepTuning.compile_read), with the model's mode and options,
         and compiled now, its time added to compile_s: one read at the counter of step 0, which
         the next prepare() resets. A read that does not compile stays eager, and the run says why
         (the model is compiled all the same)."""

@@ -33,9 +33,10 @@ class DeviceStep:
     gradients, deferred weight GEMMs, the update in the backward, the weight copy). The skip flag
     and the step counter on the device exist once `arm` has run (the fast step)."""
 
-    def __init__(self, *, strategy, loader, loss, device: torch.device, opts, choice, fault, rank: int, reached,
+    def __init__(self, *, strategy, loader, loss, device: torch.device, opts, tuning, choice, fault, rank: int, reached,
                  hist: torch.Tensor, compute=None):
         self.strategy, self.loader, self.loss, self.device, self.opts = strategy, loader, loss, device, opts
+        self.tuning = tuning
         self.compute = compute
         """The user's compute_loss(model, batch), or None: `loss` on the model's outputs."""
         self.choice, self.fault, self.rank, self.reached, self.hist = choice, fault, rank, reached, hist
@@ -44,7 +45,7 @@ class DeviceStep:
         form (--compile), in which Inductor fuses the loss into the model's last kernels."""
         self.next_batch = loader.next_batch if loader is not None else None
         """() -> the batch at the loader's device counter (fast step): its `next_batch`, or that
-        compiled (StepOptions.compile_read); None on a rank that computes nothing (no loader)."""
+        compiled (StepTuning.compile_read); None on a rank that computes nothing (no loader)."""
         self.found_inf: Optional[torch.Tensor] = None
         self.t: Optional[torch.Tensor] = None
         self.zero: Optional[torch.Tensor] = None
@@ -139,7 +140,7 @@ class DeviceStep:
         if early:
             self._taken = [0] * len(k.slots)
             self._placed = {}
-        with conv_overlap.deferred(self.device, adopt and k.deferred, self.opts.side_streams,
+        with conv_overlap.deferred(self.device, adopt and k.deferred, self.tuning.side_streams,
                                    sink=self._take if early else None):
             loss = self._forward_backward(x, y, gate=early, buckets=buckets, adopt=adopt)
         if early:

@@ -32,7 +32,7 @@ in every `sample_every` runs eagerly instead (same kernels, same result) with CU
 its phases; phase_s is the mean over those sampled steps, step time comes from the wall clock.
 An eager step of a compiled model costs 8-25 replays (ResNet-34 at batch 128 on an H100: 12),
 so the period is chosen at capture to keep those steps within 1% of the time
-(`sample_period`), unless StepOptions.sample_every fixes it.
+(`sample_period`), unless StepTuning.sample_every fixes it.
 """
 from __future__ import annotations
 
@@ -49,7 +49,7 @@ from shmlearn.step.modes import ClassicStep, FastStep, FreeRunningStep, arm_fast
 # The options and constants live with the step's parts; callers import them from here too.
 from shmlearn.step.options import (ADOPT_GRADS, COMBO, COMBO_MAX_PIXELS, COMPILE, CUDA_GRAPH,  # noqa: F401
                                    DEFAULT_CHECK_EVERY, EARLY_UPDATE, GRAD_BUCKETS, PRECISIONS, SAMPLE_COST, SAMPLE_EVERY,
-                                   WEIGHT_COPY, StepOptions, Window, combo_kernels, fast_capable, optimizer_note,
+                                   WEIGHT_COPY, StepOptions, StepTuning, Window, combo_kernels, fast_capable, optimizer_note,
                                    sample_period, step_hooks)
 from shmlearn.step.summary import StepSummary
 from shmlearn.user.tasks import loss_fn
@@ -69,14 +69,15 @@ class Stepper:
 
     def __init__(self, *, model, strategy, optimizer, schedule, loader, task: str, device: torch.device,
                  opts: StepOptions, timer, rank: int, world_size: int, total_steps: int, fault=None,
-                 loss=None, reached=None, compute_loss=None):
-        """loss: f(outputs, targets) -> scalar; default the task's (tasks.loss_fn). compute_loss:
+                 loss=None, reached=None, compute_loss=None, tuning: StepTuning = StepTuning()):
+        """opts: the step's settings (a TrainConfig is one); tuning: the bench's switches. loss: f(outputs, targets) -> scalar; default the task's (tasks.loss_fn). compute_loss:
         the user's f(model, batch) -> loss or (loss, metrics), which replaces the forward and loss.
         reached: f(step), called when an eagerly run fast step has computed and is about to
         enter its collective (the loop's heartbeat: a rank that hangs before it is named)."""
         self.reached = reached
         self.model, self.strategy, self.optimizer, self.schedule = model, strategy, optimizer, schedule
         self.loader, self.task, self.device, self.opts, self.timer = loader, task, device, opts, timer
+        self.tuning = tuning
         self.rank, self.world_size, self.fault = rank, world_size, fault
         self.loss = loss or (lambda out, y: loss_fn(task, out, y))
         self.check_every = opts.check_every or DEFAULT_CHECK_EVERY.get(device.type, 1)
@@ -99,14 +100,14 @@ class Stepper:
         """Free running: this rank's step_loss() at every step, in float64 (a server's sum of W losses)."""
         self._pending_from: Optional[int] = None  # first step not yet read
         self.choice = KernelChoice(model=model, strategy=strategy, optimizer=optimizer, loader=loader, loss=self.loss,
-                                   device=device, opts=opts, fast=self.fast, fast_why_not=why_not, fault=fault,
+                                   device=device, opts=opts, tuning=tuning, fast=self.fast, fast_why_not=why_not, fault=fault,
                                    world_size=world_size, total_steps=total_steps)
-        self.dstep = DeviceStep(strategy=strategy, loader=loader, loss=self.loss, device=device, opts=opts,
+        self.dstep = DeviceStep(strategy=strategy, loader=loader, loss=self.loss, device=device, opts=opts, tuning=tuning,
                                 choice=self.choice, fault=fault, rank=rank, reached=reached, hist=self.hist,
                                 compute=compute_loss)
-        self.capture = Graphs(model=model, strategy=strategy, loader=loader, device=device, opts=opts,
+        self.capture = Graphs(model=model, strategy=strategy, loader=loader, device=device, opts=opts, tuning=tuning,
                               world_size=world_size, dstep=self.dstep, say=self._say)
-        self.compiler = Compiler(model=model, strategy=strategy, loader=loader, device=device, opts=opts,
+        self.compiler = Compiler(model=model, strategy=strategy, loader=loader, device=device, opts=opts, tuning=tuning,
                                  world_size=world_size, fault=fault, check_every=self.check_every, fast=self.fast,
                                  dstep=self.dstep, choice=self.choice, graphs=self.capture, say=self._say)
         if opts.compile != "off":

@@ -21,20 +21,21 @@ class Graphs:
     """The step's CUDA graphs (`graphs`, one per kind, `key`) and how they are made. dstep: the
     DeviceStep they capture; say(line): the step's note (why something runs otherwise)."""
 
-    def __init__(self, *, model, strategy, loader, device: torch.device, opts, world_size: int, dstep, say):
+    def __init__(self, *, model, strategy, loader, device: torch.device, opts, tuning, world_size: int, dstep, say):
         self.model, self.strategy, self.loader, self.device, self.opts = model, strategy, loader, device, opts
+        self.tuning = tuning
         self.world_size, self.dstep, self.say = world_size, dstep, say
         self.graphs = None
         """CUDA graphs of the step, one per kind (`kinds`, `key`), replayed by the fast step."""
         self._pool = None
         """The memory pool the step's graphs share (`capture`)."""
         self.memsets_replaced = 0
-        """Memset nodes of the step's CUDA graphs made kernel nodes (StepOptions.memset_kernels)."""
+        """Memset nodes of the step's CUDA graphs made kernel nodes (StepTuning.memset_kernels)."""
         self.memset_bytes = 0
         """The largest of them, in bytes."""
-        self.sample_every = opts.sample_every or SAMPLE_EVERY
+        self.sample_every = tuning.sample_every or SAMPLE_EVERY
         """Graph mode: one step in this many runs eagerly with phase timing (`capture_all_ranks`
-        sets it by measurement when StepOptions.sample_every is None)."""
+        sets it by measurement when StepTuning.sample_every is None)."""
         self.eager_over_replay = 0.0
         """Graph mode: the eager (sampled) step's time over a replay's, measured at capture."""
         self._eager_s = 0.0
@@ -75,7 +76,7 @@ class Graphs:
             dist.all_reduce(ok)
         if ok.item() == 0:
             self.graphs = graphs
-            if self.opts.sample_every is None and self.device.type == "cuda":  # every rank replays, then agrees
+            if self.tuning.sample_every is None and self.device.type == "cuda":  # every rank replays, then agrees
                 ratio = torch.tensor([self._eager_s / self._replay_s()], device=self.device)
                 if self.world_size > 1:
                     dist.all_reduce(ratio, op=dist.ReduceOp.MAX)  # every rank samples the same steps
@@ -179,10 +180,10 @@ class Graphs:
     def graph_of(self, fn):
         """fn's device work captured in a CUDA graph (fn does not run); replay() runs it. In
         the memory pool self._pool (the step's graphs share one, `_capture`), else its own."""
-        edit = self.opts.memset_kernels and graph_memsets.supported()
+        edit = self.tuning.memset_kernels and graph_memsets.supported()
         g = torch.cuda.CUDAGraph(keep_graph=True) if edit else torch.cuda.CUDAGraph()
         stream = None
-        if self.opts.high_priority_capture:  # a large negative number maps to the highest priority
+        if self.tuning.high_priority_capture:  # a large negative number maps to the highest priority
             stream = torch.cuda.Stream(self.device, priority=-100)
         # thread_local: other threads (NCCL's watchdog, the heartbeat) may make CUDA calls.
         with torch.cuda.graph(g, pool=self._pool, stream=stream, capture_error_mode="thread_local"):

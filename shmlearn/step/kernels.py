@@ -15,22 +15,23 @@ from shmlearn.errors import BadInput
 from shmlearn.nn import choice, conv_overlap, conv_pool, image_conv, max_pool, mlp_head
 from shmlearn.step import buckets, built
 from shmlearn.step.device import autocast
-from shmlearn.step.options import ADOPT_GRADS, step_hooks
+from shmlearn.step.options import step_hooks
 
 
 class KernelChoice:
     """The layers' kernels for one rank's step (summary.json's `kernels` and the counts beside it).
     fast: the step is the fast one; fast_why_not: fast.fast_capable's answer (None: it can run)."""
 
-    def __init__(self, *, model, strategy, optimizer, loader, loss, device: torch.device, opts, fast: bool,
+    def __init__(self, *, model, strategy, optimizer, loader, loss, device: torch.device, opts, tuning, fast: bool,
                  fast_why_not: Optional[str], fault, world_size: int, total_steps: int):
         self.model, self.strategy, self.optimizer, self.device, self.opts = model, strategy, optimizer, device, opts
+        self.tuning = tuning
         self.fast, self.world_size = fast, world_size
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
-            torch.backends.cudnn.benchmark = opts.cudnn_benchmark and not torch.backends.cudnn.deterministic
-            if opts.cudnn_benchmark_limit is not None:
-                torch.backends.cudnn.benchmark_limit = opts.cudnn_benchmark_limit
+            torch.backends.cudnn.benchmark = opts.cudnn_benchmark == "on" and not torch.backends.cudnn.deterministic
+            if tuning.cudnn_benchmark_limit is not None:
+                torch.backends.cudnn.benchmark_limit = tuning.cudnn_benchmark_limit
         if opts.image_conv == "triton" and (why := image_conv.triton_usable(device)):
             raise BadInput(why)
         if opts.conv_pool == "triton" and (why := conv_pool.usable(device)):
@@ -63,12 +64,10 @@ class KernelChoice:
         # After the two above: the convolutions they switched are theirs (conv_pool's blocks
         # take the overlapped backward through their own flag, with `all` asked for only: slower
         # on an H100 in alexnet-small's step, conv_overlap.py).
-        if opts.adopt_grads not in ADOPT_GRADS:
-            raise BadInput(f"adopt_grads {opts.adopt_grads!r}: choose one of {', '.join(ADOPT_GRADS)}")
-        adopt = opts.adopt_grads == "on" or (opts.adopt_grads == "auto" and device.type == "cuda")
+        adopt = tuning.adopt_grads == "on" or (tuning.adopt_grads == "auto" and device.type == "cuda")
         self.adopts = adopt and strategy.adopts_grads
         """Whether backwards take their gradients whole (DeviceStep.gradients; ADOPT_GRADS)."""
-        can_defer = self.adopts and opts.defer_wgrad and device.type == "cuda"
+        can_defer = self.adopts and tuning.defer_wgrad and device.type == "cuda"
         self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device, deferred=can_defer)
         plain = conv_overlap.convert(model, self.conv_overlap)
         self.conv_overlaps = plain + conv_pool.set_overlap(model, opts.conv_overlap == "all")
@@ -118,15 +117,13 @@ class KernelChoice:
     def _buckets(self, fast_why_not: Optional[str], fault) -> Optional[buckets.GradBuckets]:
         """--grad-buckets: on where `buckets_why_not` allows (BadInput if asked for where it cannot
         run); auto where it also pays: on CUDA, uncompiled, two buckets or more."""
-        mode = self.opts.grad_buckets
-        if mode not in buckets.GRAD_BUCKETS:
-            raise BadInput(f"--grad-buckets {mode}: choose one of {', '.join(buckets.GRAD_BUCKETS)}")
+        mode = self.opts.grad_buckets  # one of its choices: StepOptions checked it when it was made
         why = self.buckets_why_not(fast_why_not, fault)
         if mode == "on" and why:
             raise BadInput(f"--grad-buckets on: {why}")
         if mode == "off" or why or (mode == "auto" and (self.device.type != "cuda" or self.opts.compile != "off")):
             return None
-        b = buckets.GradBuckets(self.strategy, cap_mb=self.opts.bucket_mb)
+        b = buckets.GradBuckets(self.strategy, cap_mb=self.tuning.bucket_mb)
         if mode == "auto" and len(b) < 2:
             b.remove()  # one bucket: it could start only when the backward ends, as without buckets
             return None
@@ -232,7 +229,7 @@ class KernelChoice:
     def flat_why_not(self) -> Optional[str]:
         """None if the update will be the flat SGD kernel (flat_sgd.bind), else why not (one line)."""
         s = self.strategy
-        if not self.opts.flat_sgd:
+        if not self.tuning.flat_sgd:
             why = "--flat-sgd is off"
         elif step_hooks(self.optimizer):  # the kernel would update without calling step(), whose hooks run
             why = "the optimizer has step hooks, which run in its step()"

@@ -1,11 +1,20 @@
-"""The fast step's options and constants (StepOptions, the flag choices), the read's Window, and
-the small rules the step's parts share (shmlearn/step/fast.py says how a step runs)."""
+"""The fast step's options and constants: StepOptions (the step's section of the run's config:
+TrainConfig is composed of it), StepTuning (the bench's switches), the flag choices, the read's
+Window, and the small rules the step's parts share (shmlearn/step/fast.py says how a step runs)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Literal, Optional, Tuple
 
 import torch
+
+from shmlearn.config.flags import Section
+from shmlearn.errors import BadInput
+from shmlearn.nn.conv_overlap import MODES as CONV_OVERLAP
+from shmlearn.nn.conv_pool import MODES as CONV_POOL
+from shmlearn.nn.image_conv import MODES as IMAGE_CONV
+from shmlearn.nn.max_pool import MODES as MAX_POOL
+from shmlearn.nn.mlp_head import MODES as MLP_HEAD
 
 PRECISIONS = ("fp32", "bf16")
 CUDA_GRAPH = ("auto", "off")
@@ -29,7 +38,7 @@ the copy lose (3.850 -> 3.892)."""
 GRAD_BUCKETS = ("auto", "on", "off")
 """--grad-buckets (StepOptions.grad_buckets; step/buckets.py)."""
 ADOPT_GRADS = ("auto", "on", "off")
-"""StepOptions.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
+"""StepTuning.adopt_grads. On CUDA adopting saves a memset and an add kernel per parameter, in
 the graph (resnet18 at batch 128 on an H100: 62 kernels, 135 us). On the CPU the adds run inside
 autograd's C++, and adopting costs a Python permute and reshape per parameter and a cat: about
 45 us a step. 2-core CPU, fast step, ms per step (results/read-cpu/): the mlp at
@@ -64,52 +73,119 @@ the slowest: the default digits run (2 Gloo workers, mlp) trains in 1.11-1.13 s 
 Strategies and optimizers without a fast step read every step whatever this says."""
 
 
-@dataclass(frozen=True)
-class StepOptions:
-    precision: str = "fp32"
+@dataclass(kw_only=True)
+class StepOptions(Section):
+    """The step's section of the run's config: the settings a user gives the fast step and the
+    layers' kernels (flags, YAML keys and TrainConfig keywords: TrainConfig is composed of this
+    class, config/train_config.py, so a TrainConfig is the StepOptions the Stepper takes). A new
+    step option is a field here, with its docstring (its --help), and its use in the step.
+    Choices are checked once, when the options are made (flags.Section)."""
+
+    precision: Literal[PRECISIONS] = "fp32"
+    """fp32, or bf16: forward and backward under bf16 autocast (weights, gradients and optimizer
+    state stay fp32)."""
     channels_last: bool = False
-    cuda_graph: str = "auto"
+    """Keep conv weights and image batches in channels_last memory (faster convolutions on GPUs,
+    mostly with bf16)."""
+    compile: Literal[COMPILE] = "off"
+    """torch.compile the model (Inductor): off, default, max-autotune, or auto (compile, time a
+    few steps against eager, keep the faster). Its kernels run inside the fast step (on CUDA
+    inside the step's one CUDA graph); compile time is reported (summary.json compile_s) and
+    Inductor caches it for later runs and a sweep's trials."""
+    image_conv: Literal[IMAGE_CONV] = "auto"
+    """How each convolution of the input image runs (in_channels x kernel area <= 128, e.g. the
+    3-channel first conv; groups 1, dilation 1), which cuDNN runs far from its limits: cudnn
+    (torch's own), im2col (one gather plus cuBLAS GEMMs; pays with --compile), triton
+    (shmlearn's implicit-GEMM kernels; CUDA with Triton) or auto (im2col in a compiled step on
+    CUDA, else cudnn). Same maths, parameters and checkpoints; shmlearn/nn/image_conv.py."""
+    conv_pool: Literal[CONV_POOL] = "auto"
+    """How a Conv2d (stride 1) followed by ReLU and MaxPool2d(2) in an nn.Sequential runs: off
+    (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
+    with Triton) or auto (triton where it can run). Same outputs and gradients, parameters and
+    checkpoints; shmlearn/nn/conv_pool.py."""
+    mlp_head: Literal[MLP_HEAD] = "auto"
+    """How a classifier head of 2 or 3 Linear layers with ReLU between them (consecutive in an
+    nn.Sequential, widths <= 128) runs in fp16/bf16: off (torch's ops: about 15 kernels) or triton
+    (three fused Triton kernels, forward and backward; CUDA with Triton) or auto (triton where it
+    can run). Same outputs and gradients to rounding, parameters and checkpoints;
+    shmlearn/nn/mlp_head.py."""
+    conv_overlap: Literal[CONV_OVERLAP] = "auto"
+    """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
+    off (one after the other, as torch does), small (on two CUDA streams at once, for
+    convolutions whose batch x output height x width is at most 8192: the GEMMs that leave a
+    large GPU idle), all (every convolution, conv-pool blocks too) or auto (all on CUDA where the
+    fast step takes its gradients whole, small where it cannot, else off). Where the fast step
+    takes its gradients whole, the weight GEMMs run on until the backward ends, beside the
+    layers before them. Same cuDNN calls, so the same gradients, parameters and checkpoints;
+    shmlearn/nn/conv_overlap.py."""
+    combo_kernels: Literal[COMBO] = "auto"
+    """--compile: Inductor's combo kernels (independent small kernels launched as one): on, off,
+    or auto (on CUDA for batches of at most 262,144 image pixels, e.g. 256 images of 32x32,
+    where the step is bound by its many small kernels; off elsewhere). Same maths;
+    shmlearn/step/fast.py COMBO_MAX_PIXELS."""
+    update_in_backward: Literal[EARLY_UPDATE] = "auto"
+    """The fast step's SGD update of each convolution's weight inside the backward, on the side
+    stream, as soon as its gradient exists (instead of every parameter's after the backward): on,
+    off, or auto (on wherever it can run: allreduce at 1 worker or weight-avg, the flat SGD
+    kernel on CUDA, convolutions that run shmlearn's backward op; on asks for it and says why not
+    where it cannot). The same update, bit for bit; shmlearn/step/fast.py."""
+    grad_buckets: Literal[GRAD_BUCKETS] = "auto"
+    """The fast step's gradient all-reduce in buckets of 25 MB (the first 1 MB), each started as
+    soon as the backward has made its gradients, on a stream of its own, so that the average
+    overlaps the rest of the backward (as DDP's buckets do): on, off, or auto (on CUDA where the
+    gradient fills two buckets or more and the step is not compiled; on asks for it wherever it
+    can run, the CPU's Gloo included). The same sums of the same values: at two workers the same
+    bits; shmlearn/step/buckets.py."""
+    weight_copy: Literal[WEIGHT_COPY] = "auto"
+    """The fast step's update also writes the convolutions' weights cast to bf16, and the next
+    forward reads them there instead of casting every weight first (autocast's cast, a pass over
+    the weights on the forward's critical path): on, off, or auto (on wherever it can run: bf16,
+    the flat SGD kernel on CUDA, convolutions that run shmlearn's op; on says why not where it
+    cannot). The same weights cast the same way, so the same steps; shmlearn/step/fast.py."""
+    max_pool: Literal[MAX_POOL] = "auto"
+    """How max-pools run: aten (torch's kernels: int64 argmax indices, a scatter backward),
+    global (global max-pools as a max over the map with a pointwise backward, which Inductor
+    fuses), reduce (global and kernel == stride pools alike) or auto (global when the step is
+    compiled, else aten; every pool as a reduction was slower on fashion-net). Same outputs and
+    gradients, ties included; shmlearn/nn/max_pool.py."""
+    cuda_graph: Literal[CUDA_GRAPH] = "auto"
+    """auto: on CUDA, capture the whole fast step (data, forward, backward, gradient sync, update)
+    in one CUDA graph and replay it (falls back to eager, and says why, if capture fails); off."""
+    cudnn_benchmark: Literal["on", "off"] = "on"
+    """CUDA: on times every cuDNN convolution algorithm at each new input shape and keeps the
+    fastest; off takes cuDNN's heuristic choice. Timing costs seconds at each new batch shape and
+    pays back even in short sweep trials (measured: docs/performance.md, "Behind the code").
+    --deterministic turns it off."""
     check_every: Optional[int] = None
-    """None: DEFAULT_CHECK_EVERY by device."""
+    """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
+    steps; in between, a step never waits for the device. Default 10 on CPU, 50 on CUDA
+    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg with sgd, momentum or
+    nesterov (others read every step)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StepTuning:
+    """The bench's switches of the fast step (bench/throughput_variants.py MODIFIERS): ways to run
+    the same step that `bench throughput` times against each other. Not settings of a run (no
+    flag, no YAML key): a training run takes the defaults."""
+
     sample_every: Optional[int] = None
     """Graph mode: run one step in this many eagerly, with phase timing. None: `sample_period` of
     the eager step's time over the replay's, both measured at capture (256 at least)."""
-    cudnn_benchmark: bool = True
-    """CUDA: time cuDNN's algorithms per new shape (ignored with deterministic cuDNN)."""
     cudnn_benchmark_limit: Optional[int] = None
-    """How many of cuDNN's algorithms that timing tries per shape (torch.backends.cudnn.
-    benchmark_limit; 0: all of them); None leaves torch's setting (10) alone. Process-wide, as
-    torch's flag is (the bench's `cudnn-all` modifier)."""
-    compile: str = "off"
-    """COMPILE: off, default, max-autotune or auto."""
-    image_conv: str = "auto"
-    """How the input image's convolutions run: cudnn, im2col, triton or auto (im2col when compiled
-    on CUDA; shmlearn/nn/image_conv.py)."""
-    max_pool: str = "auto"
-    """How max-pools run: aten, global, reduce, or auto (global when compiled; shmlearn/nn/max_pool.py)."""
-    conv_pool: str = "auto"
-    """Conv + ReLU + 2x2 max-pool blocks: off, triton (one fused kernel) or auto (triton where it
-    can run; shmlearn/nn/conv_pool.py)."""
+    """How many of cuDNN's algorithms the timing of --cudnn-benchmark tries per shape
+    (torch.backends.cudnn.benchmark_limit; 0: all of them); None leaves torch's setting (10)
+    alone. Process-wide, as torch's flag is (the bench's `cudnn-all` modifier)."""
     adopt_grads: str = "auto"
     """ADOPT_GRADS: on: take each backward's gradient tensors and copy them into the flat buffer
     in one kernel (SyncStrategy.release_grads); off: zero the buffer and let autograd add each
     gradient into its view (the bench's `accumulate` modifier); auto: on on CUDA, off on the CPU."""
-    mlp_head: str = "auto"
-    """Classifier heads of 2-3 Linear layers with ReLU between: off, triton (three fused kernels)
-    or auto (triton where it can run; shmlearn/nn/mlp_head.py)."""
-    conv_overlap: str = "auto"
-    """A convolution's backward GEMMs: off (one after the other), small (two CUDA streams where
-    the GEMMs are small), all (two streams for every convolution, conv-pool blocks too) or auto
-    (on CUDA all where the weight GEMMs can be deferred, `defer_wgrad`, else small;
-    shmlearn/nn/conv_overlap.py)."""
     defer_wgrad: bool = True
     """With --conv-overlap: leave the weights' GEMMs on the side stream until the backward ends
     (conv_overlap.deferred), where the step adopts its gradients whole; False: each convolution's
     backward joins its two streams before returning (the bench's `joined-conv` modifier)."""
     side_streams: int = 1
     """Deferred weight GEMMs: how many side streams take them in turn (conv_overlap.deferred)."""
-    combo_kernels: str = "auto"
-    """--compile: Inductor's combo kernels: on, off or auto (`combo_kernels`)."""
     inductor: Tuple[Tuple[str, object], ...] = ()
     """--compile: further Inductor options as (name, value) pairs (the bench's aggressive,
     no-split and cdt modifiers)."""
@@ -117,14 +193,8 @@ class StepOptions:
     """SGD's update as one kernel over the flat buffers where it can run (flat_sgd.py: a Triton
     kernel on CUDA, torch's fused SGD called on the flat buffers on the CPU); False: the
     optimizer's step() with torch's fused SGD (the bench's `torch-sgd` modifier, to compare)."""
-    grad_buckets: str = "auto"
-    """GRAD_BUCKETS (step/buckets.py): the gradient average in buckets during the backward."""
     bucket_mb: float = 25.0
     """--grad-buckets: the size of a bucket in MB (the first is 1 MB; step/buckets.py)."""
-    update_in_backward: str = "auto"
-    """EARLY_UPDATE: on, off, or auto (on wherever it can run: `KernelChoice.early_why_not`, step/kernels.py)."""
-    weight_copy: str = "auto"
-    """WEIGHT_COPY: on, off, or auto (on wherever it can run: `KernelChoice.copy_why_not`, step/kernels.py)."""
     high_priority_capture: bool = True
     """CUDA graphs: capture the step on a stream of the highest priority, so that its kernels run
     before the side streams' (conv_overlap's weight GEMMs and updates, captured at the lowest
@@ -141,6 +211,10 @@ class StepOptions:
     (shmlearn/step/graph_memsets.py): a memset node between two kernels idles the GPU for several
     microseconds on each side.
     False: keep them (the bench's `memset-nodes` modifier)."""
+
+    def __post_init__(self) -> None:
+        if self.adopt_grads not in ADOPT_GRADS:
+            raise BadInput(f"adopt_grads {self.adopt_grads!r}: choose one of {', '.join(ADOPT_GRADS)}")
 
 
 SAMPLE_EVERY = 256

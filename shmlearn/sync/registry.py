@@ -6,10 +6,10 @@ An Entry holds:
 * `params`: a dataclass of the strategy's parameters, declared beside its code with `param`:
   each field's type (a `Literal[...]` gives its choices), default, docstring (its --help) and
   the config key that sets it (`param("avg_period", 1)` is TrainConfig's `avg_period`, YAML's
-  `avg_period:` and `--avg-period`). TrainConfig composes every registered strategy's keys
-  (`options`): a strategy's parameter needs no edit to config.py. A parameter's value check
-  lives in its `__post_init__` (BadInput naming the flag); `servers` (a property, default 0) is
-  how many ranks only serve.
+  `avg_period:` and `--avg-period`). TrainConfig's sync section (`section`) has every
+  registered strategy's keys as fields: a strategy's parameter needs no edit to config/. A
+  parameter's value check lives in its `__post_init__` (BadInput naming the flag); `servers` (a
+  property, default 0) is how many ranks only serve.
 * the layout: W workers need W + servers processes; ranks 0..servers-1 serve, rank r >= servers
   computes on shard r - servers (Spec.processes, compute_ranks, shard).
 * capabilities: `fast_step` (the strategy implements gated_step, fast.py) and `rounds` (it
@@ -188,6 +188,10 @@ def _entry_options(name: str, params: type) -> Tuple[Option, ...]:
 
 
 def register(entry: Entry) -> Entry:
+    if _COMPOSED and fields(entry.params):
+        raise TypeError(f"strategy {entry.name}: registered after TrainConfig was composed (shmlearn.config "
+                        f"imported), so its parameters could not be set; put its file in shmlearn/sync/ or a folder "
+                        f"of SHMLEARN_STRATEGY_PATH, whose files shmlearn.sync imports first")
     for f in fields(entry.params):
         if "config" not in f.metadata:
             raise TypeError(f"{entry.name}: parameter {f.name} names no config key (declare it with param)")
@@ -219,6 +223,33 @@ DEFAULT = "allreduce"
 """The reference strategy: TrainConfig's default, and what every strategy equals at one worker."""
 
 
+@dataclass(kw_only=True)
+class SyncSection:
+    """The sync section's own field; `section` adds the strategies' parameters to it."""
+
+    strategy: str = DEFAULT
+    """How the workers synchronize: a strategy registered in shmlearn.sync, by name."""
+
+
+_COMPOSED = False
+"""Whether `section` has been made: a strategy with parameters registered after it would have
+parameters no TrainConfig can take (`register` refuses it)."""
+
+
+def section() -> type:
+    """The sync section of the run's config: SyncSection's `strategy` and every registered
+    strategy's parameters as typed fields, by their config keys (a key two strategies share is
+    one field), with their defaults. A dataclass made from the entries, not written out, because
+    each strategy's file declares its own parameters (`param`) and a new file needs no edit
+    elsewhere; made once, when shmlearn.config is imported, after shmlearn.sync has imported
+    every strategy file. Their help is the registry's (`options`); their checks `spec`'s."""
+    global _COMPOSED
+    _COMPOSED = True
+    return dataclasses.make_dataclass(
+        "SyncOptions", [(o.name, o.type, field(default=o.default)) for o in options().values()],
+        bases=(SyncSection,), kw_only=True, namespace={"__module__": __name__})
+
+
 def get(name: str, flag: str = "--strategy") -> Entry:
     e = entries().get(name)
     if e is None:
@@ -228,7 +259,7 @@ def get(name: str, flag: str = "--strategy") -> Entry:
 
 def options() -> Dict[str, Option]:
     """Every registered strategy's parameters by config key, in registration order; a key two
-    strategies share is one option naming both (TrainConfig composes these: config.options)."""
+    strategies share is one option naming both (TrainConfig's sync section: `section`)."""
     out: Dict[str, Option] = {}
     for e in entries().values():
         for o in e.options():
@@ -241,13 +272,12 @@ def spec(cfg) -> Spec:
     """The strategy a TrainConfig chose, with its parameters; BadInput (one line) for an unknown
     strategy, a parameter out of range or not one of its choices, or another strategy's flag."""
     entry = get(cfg.strategy)
-    values = cfg.strategy_options  # {config key: value} of every strategy's parameters the config sets
-    mine = entry.config_fields()
     known = options()
+    # {config key: value} of every strategy's parameter the config has (a field of its sync section)
+    values = {c: getattr(cfg, c) for c in known if hasattr(cfg, c)}
+    mine = entry.config_fields()
     for c, v in values.items():
-        o = known.get(c)
-        if o is None:  # its strategy left the registry after the config was made
-            raise BadInput(f"--{c.replace('_', '-')}: no registered strategy takes it")
+        o = known[c]
         if c not in mine and v != o.default:
             given = o.flag if v is True else f"{o.flag} {v}"
             raise BadInput(f"{given}: only for --strategy {' or '.join(o.strategies)}, not {cfg.strategy}")

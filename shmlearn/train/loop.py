@@ -24,7 +24,7 @@ from shmlearn.launch.pool import worker_store
 from shmlearn.record import runs, weights
 from shmlearn.record.runs import RunDir, loss_area
 from shmlearn.record.timing import PhaseTimer, chrome_trace
-from shmlearn.step.fast import StepOptions, Stepper
+from shmlearn.step.fast import Stepper
 from shmlearn.sweeps.pruning import Watch
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.train import checkpoint as ckpt
@@ -125,15 +125,7 @@ class Loop:
         # After _resume (a graph captures the optimizer's tensors), before the clock starts.
         self.stepper = Stepper(model=self.model, strategy=self.strategy, optimizer=self.optimizer,
                                schedule=self.schedule, loader=self.loader, task=self.task, device=self.device,
-                               opts=StepOptions(precision=cfg.precision, channels_last=cfg.channels_last,
-                                                cuda_graph=cfg.cuda_graph, check_every=cfg.check_every,
-                                                compile=cfg.compile, image_conv=cfg.image_conv, max_pool=cfg.max_pool,
-                                                conv_pool=cfg.conv_pool, mlp_head=cfg.mlp_head,
-                                                conv_overlap=cfg.conv_overlap, combo_kernels=cfg.combo_kernels,
-                                                update_in_backward=cfg.update_in_backward,
-                                                grad_buckets=cfg.grad_buckets,
-                                                weight_copy=cfg.weight_copy,
-                                                cudnn_benchmark=cfg.cudnn_benchmark != "off"),
+                               opts=cfg,
                                timer=self.timer, rank=self.env.rank, world_size=self.env.world_size,
                                total_steps=self.steps, fault=self.fault,
                                loss=train_loss(self.loss, self.task, cfg.label_smoothing),

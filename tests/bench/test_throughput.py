@@ -150,12 +150,12 @@ def test_check_every_help_gives_the_real_defaults():
 def test_modifiers_set_their_fields_and_inductor_options_add_up():
     from shmlearn.bench.throughput import ThroughputConfig, step_options
     c = ThroughputConfig(precision="bf16", channels_last=True)
-    opts = step_options(c, {"compile", "combo", "aggressive", "cdt", "joined-conv", "2-streams"})
-    assert (opts.compile, opts.defer_wgrad, opts.side_streams, opts.combo_kernels) == ("default", False, 2, "on")
-    assert dict(opts.inductor) == {"coordinate_descent_tuning": True, "aggressive_fusion": True}
+    opts, tuning = step_options(c, {"compile", "combo", "aggressive", "cdt", "joined-conv", "2-streams"})
+    assert (opts.compile, tuning.defer_wgrad, tuning.side_streams, opts.combo_kernels) == ("default", False, 2, "on")
+    assert dict(tuning.inductor) == {"coordinate_descent_tuning": True, "aggressive_fusion": True}
     assert (opts.precision, opts.channels_last) == ("bf16", True)
-    plain = step_options(c, set())
-    assert (plain.inductor, plain.defer_wgrad, plain.side_streams, plain.compile) == ((), True, 1, "off")
+    plain, plain_tuning = step_options(c, set())
+    assert (plain_tuning.inductor, plain_tuning.defer_wgrad, plain_tuning.side_streams, plain.compile) == ((), True, 1, "off")
     assert plain.combo_kernels == "auto"
 
 

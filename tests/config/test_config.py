@@ -168,14 +168,15 @@ def test_backend_is_checked_once_with_the_flag_named():
 
 
 def test_a_literal_field_gives_validate_and_its_flag_the_same_choices():
-    """A field typed Literal[...] names its choices once: validate checks them and the train
-    flag offers them to argparse (whose refusal is the same one line)."""
+    """A field typed Literal[...] names its choices once: its section checks them when a config
+    is made (before validate) and the train flag offers them to argparse (whose refusal is the
+    same one line)."""
     import typing
     from shmlearn.cli.main import build_parser
-    from shmlearn.config.train_config import TrainFields, options
+    from shmlearn.config.train_config import options
     train = build_parser()._subparsers._group_actions[0].choices["train"]
     actions = {a.dest: a for a in train._actions}
-    hints = typing.get_type_hints(TrainFields)
+    hints = typing.get_type_hints(TrainConfig)
     chosen = {name: o.choices for name, o in options().items() if o.choices is not None}
     assert {"device", "backend", "precision", "compile", "loader", "lr_schedule", "image_conv", "conv_pool",
             "mlp_head", "conv_overlap", "max_pool", "combo_kernels", "update_in_backward", "weight_copy",
@@ -184,7 +185,7 @@ def test_a_literal_field_gives_validate_and_its_flag_the_same_choices():
     for name, choices in chosen.items():
         assert tuple(actions[name].choices) == choices, name
         with pytest.raises(BadInput, match=f"^--{name.replace('_', '-')} nope: choose "):
-            validate(TrainConfig(**{name: "nope"}))
+            validate(TrainConfig(**{name: "nope"}))  # a section's field refused when made; --strategy by validate
         validate(TrainConfig(**{name: choices[-1]}, **({"dataset": "tmp/own.py:load"} if name == "task" else {})))
 
 

@@ -46,7 +46,7 @@ def test_batch_larger_than_shard_is_bad_input():
 @pytest.mark.parametrize("augment,channels_last", [(None, False), (None, True), ("flip,translate:2", True)])
 @needs_build  # skips where Inductor cannot build its C++ (tests/inductor.py)
 def test_compiled_next_batch_reads_the_eager_batches(augment, channels_last, device):
-    """The fast step compiles the read (StepOptions.compile_read): torch.compile of next_batch
+    """The fast step compiles the read (StepTuning.compile_read): torch.compile of next_batch
     (Inductor's C++ kernels on the CPU, Triton's on a GPU) gives the host-indexed batches of
     `batch`, bit for bit, and advances the device counter as the eager read does, across epoch
     boundaries and a jump; also for a second loader of other data and normalization in the same

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.errors import BadInput
-from shmlearn.step.fast import StepOptions, Stepper
+from shmlearn.step.fast import StepOptions, Stepper, StepTuning
 from shmlearn.launch.start import free_port
 from shmlearn.user.optim import build_optimizer, build_schedule
 from shmlearn.step.buckets import plan
@@ -58,9 +58,10 @@ def _stepper(rank, world, *, buckets, adopt, strategy="allreduce", steps=12):
     # 0.004 MB: buckets of 1,048 floats or more. The flat buffer: unused (7), a (3,072 + 48),
     # b (1,536 + 32), c (320 + 10), 2 control slots; from its end: c and b (1,900), a (3,120),
     # unused (7, started when the backward has ended): three buckets
-    opts = StepOptions(check_every=4, grad_buckets=buckets, adopt_grads=adopt, bucket_mb=0.004)
+    opts = StepOptions(check_every=4, grad_buckets=buckets)
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 2),
                    loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
+                   tuning=StepTuning(adopt_grads=adopt, bucket_mb=0.004),
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps)
 
 

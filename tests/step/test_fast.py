@@ -20,7 +20,7 @@ from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.errors import BadInput
-from shmlearn.step.fast import StepOptions, Stepper
+from shmlearn.step.fast import StepOptions, Stepper, StepTuning
 from shmlearn.step.graphs import Graphs
 from shmlearn.train.guard import Fault
 from shmlearn.launch.start import free_port
@@ -52,8 +52,8 @@ def _stepper(check_every, *, fault=None, strategy="allreduce", optimizer="moment
                            normalize=normalizer(data, torch.device("cpu")), augment=Augment(flip=True))
     sched = build_schedule("linear", opt, steps, 3)
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=sched, loader=loader, task="classification",
-                   device=torch.device("cpu"), opts=StepOptions(check_every=check_every, sample_every=sample_every,
-                                                                adopt_grads=adopt_grads),
+                   device=torch.device("cpu"), opts=StepOptions(check_every=check_every),
+                   tuning=StepTuning(sample_every=sample_every, adopt_grads=adopt_grads),
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps, fault=fault)
 
 
@@ -419,9 +419,10 @@ def _early_stepper(monkeypatch, mode, *, extra=None, compile="off", nan_at=None,
         return value * float("nan") if count["n"] == (nan_at or 0) + 1 and nan_at is not None else value
     opts = StepOptions(check_every=4, conv_overlap="all", update_in_backward=mode, compile=compile,
                        precision=precision or ("bf16" if compile != "off" else "fp32"), channels_last=compile != "off",
-                       weight_copy=weight_copy, adopt_grads="on")  # as on CUDA, where the update in the backward runs
+                       weight_copy=weight_copy)
     return Stepper(model=model, strategy=s, optimizer=opt, schedule=build_schedule("linear", opt, steps, 3),
                    loader=loader, task="classification", device=torch.device("cpu"), opts=opts,
+                   tuning=StepTuning(adopt_grads="on"),  # as on CUDA, where the update in the backward runs
                    timer=PhaseTimer(torch.device("cpu")), rank=rank, world_size=world, total_steps=steps,
                    loss=loss if nan_at is not None else None)
 
@@ -485,7 +486,8 @@ def test_update_in_backward_on_says_why_it_cannot_run(monkeypatch):
     with pytest.raises(BadInput, match="--update-in-backward on: no convolution runs shmlearn's backward op"):
         Stepper(model=st.model, strategy=st.strategy, optimizer=st.optimizer, schedule=st.schedule, loader=st.loader,
                 task="classification", device=torch.device("cpu"), timer=st.timer, rank=0, world_size=1,
-                total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on", adopt_grads="on"))
+                total_steps=40, opts=StepOptions(check_every=4, update_in_backward="on"),
+                tuning=StepTuning(adopt_grads="on"))
 
 
 @interpreted

@@ -1,0 +1,32 @@
+"""The data's section of the run's config (DataOptions): which dataset, where its files are, the
+task of the user's own data, how it is read and augmented. TrainConfig is composed of it
+(config/train_config.py); the loaders read it (data/)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+from shmlearn.config.flags import Section
+from shmlearn.data.user import LOADERS, TASKS
+
+
+@dataclass(kw_only=True)
+class DataOptions(Section):
+    """The training and test data, and how batches are read."""
+
+    dataset: str = "digits"
+    """A built-in dataset by name (shmlearn.data.DATASETS), or your own:
+    FILE.py:NAME or pkg.module:NAME, NAME a callable returning (train_x, train_y, test_x, test_y)
+    arrays or a pair of torch Datasets."""
+    data_dir: Optional[str] = None
+    """Folder holding the dataset's files (IDX, CIFAR batches, tiny-imagenet-200)."""
+    task: Optional[Literal[TASKS]] = None
+    """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
+    Default: from the labels (integers: classification, floats: regression)."""
+    loader: Literal[LOADERS] = "auto"
+    """Your own torch Datasets only: resident (read whole onto the device), stream (a DataLoader
+    with worker processes reads each batch), or auto (resident when it takes at most half the
+    device's free memory)."""
+    augment: str = "none"
+    """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
+    translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""
