@@ -466,7 +466,7 @@ def test_a_lone_rank_hung_in_its_own_code_is_named_within_the_timeout(lone_hung,
     assert r.returncode == 1, (r.returncode, r.stderr)
     assert "rank 0" in r.stderr and "no progress for" in r.stderr and "inside step" in r.stderr, r.stderr
     assert "Traceback" not in r.stderr, r.stderr
-    assert elapsed < 6 + 45, elapsed
+    assert elapsed < 6 + 75, elapsed  # the timeout, plus start-up and teardown on a loaded 2-core machine
     time.sleep(1)
     assert processes_with_tag(tag) == []
 
