@@ -829,7 +829,7 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 52: cold and warm start on the GPU as a user runs it: start.py's floor and default
         # alexnet-small run (cold: empty shmlearn, Triton and Inductor caches), then fashion-94 on
         # two GPUs (recipes/fashion-94-2gpu.yaml) cold, then warm twice, each timed from outside.
-        "cold52": (["bash", "-c", shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
+        "cold52": (["bash", "-c", shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "1",
                                                  "--cases", "floor,train",
                                                  "--out", os.path.join(p("cold52"), "start-gpu.json")))
                     + "; " + _fashion94_starts(p("cold52"))], 560),
