@@ -232,6 +232,77 @@ def test_a_renamed_checkpoint_folder_does_not_resume_as_completed(interrupted, m
     assert not (interrupted / "summary.json").exists()
 
 
+def _tree(out):
+    """Every file under out and its bytes (the lock aside: taking it is no change)."""
+    found = {}
+    for d, _, names in os.walk(out):
+        for n in names:
+            if n != ".lock":
+                with open(os.path.join(d, n), "rb") as f:
+                    found[os.path.relpath(os.path.join(d, n), out)] = f.read()
+    return found
+
+
+def _insert_line(text, line):
+    rows = text.splitlines()
+    return "\n".join(rows[:1] + [line] + rows[1:]) + "\n"
+
+
+@pytest.mark.parametrize("name,damage,needle", [
+    ("summary.json", lambda t: '{"status": "compl', "summary.json: not valid JSON"),
+    ("summary.json", lambda t: "[1, 2]", "summary.json: expected an object at the top, got a list"),
+    ("config.yaml", lambda t: "- 1\n- 2\n", "config.yaml: expected an object at the top, got a list"),
+    ("config.yaml", lambda t: "lr: [0.1\nworkers: {\n", "config.yaml: not valid YAML"),
+    ("metrics.jsonl", lambda t: _insert_line(t, "not json {"), "metrics.jsonl line 2: not valid JSON"),
+    ("eval.jsonl", lambda t: _insert_line(t, "[1, 2]"), "eval.jsonl line 2: expected a JSON object, got a list"),
+], ids=["summary-not-json", "summary-list", "config-list", "config-not-yaml", "metrics-garbage", "eval-list-row"])
+def test_resume_refuses_a_damaged_run_file_and_rewrites_nothing(interrupted, monkeypatch, capfd, name, damage,
+                                                               needle):
+    """The campaign's read-resume-*: --resume took a damaged summary.json for no summary and
+    resumed from the checkpoints, rewriting config.yaml, cutting the logs and pruning checkpoints."""
+    path = interrupted / name
+    path.write_text(damage(path.read_text() if path.exists() else ""))
+    before = _tree(interrupted)
+    line = refused(["train", "--resume", "--out", str(interrupted), *RUN], monkeypatch, capfd)
+    assert f"{interrupted}/{needle}" in line, line
+    assert _tree(interrupted) == before
+
+
+def _finished_on_rank(rank, port, run_dir, out):
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        checkpoint.finished(run_dir, rank, 2)
+        said = "returned"
+    except BadInput as e:
+        said = str(e)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(said)
+    dist.destroy_process_group()
+
+
+def test_under_a_launcher_every_rank_gets_rank_0s_refusal(interrupted, tmp_path):
+    """Under torchrun rank 0 reads the run's files and broadcasts what it found: a refusal on rank
+    0 alone would leave rank 1 waiting in the broadcast until --timeout."""
+    from shmlearn.launch.start import free_port
+    from tests.procs import processes
+    (interrupted / "summary.json").write_text("[1, 2]")
+    processes(_finished_on_rank, (free_port(), str(interrupted), str(tmp_path / "said")), 2)
+    said = [(tmp_path / f"said.{r}").read_text() for r in (0, 1)]
+    assert said[0] == said[1] and f"{interrupted / 'summary.json'}: expected an object" in said[0], said
+
+
+def test_resume_of_a_whole_stopped_run_still_continues(interrupted):
+    from shmlearn.record import readback
+    assert readback.resume_check(str(interrupted)) is None  # nothing damaged: resumed, as before
+    summary = {"status": "completed", "steps": 16}
+    (interrupted / "summary.json").write_text(json.dumps(summary))
+    (interrupted / "metrics.jsonl").write_text("not json {\n")  # an ended run is never read past its summary
+    assert readback.resume_check(str(interrupted)) == summary
+
+
 def test_a_fifo_in_place_of_a_checkpoint_never_blocks(interrupted):
     path = _only_newest(interrupted)
     os.remove(path)
