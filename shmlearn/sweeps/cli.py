@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
 
 from shmlearn.config.train_config import load_yaml, options
@@ -93,8 +92,6 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     values.update({k: v for k, v in vars(ns).items()
                    if k not in ("command", "config", "func") and not k.startswith("sweep_")})
     fixed, axes = split_axes(values)
-    if not math.isfinite(ns.sweep_threshold):
-        raise BadInput(f"--threshold {ns.sweep_threshold}: expected a finite number (a minimum training loss)")
     for flag, v in (("--parallel", ns.sweep_parallel), ("--slots", ns.sweep_slots)):
         if v is not None and v < 1:
             raise BadInput(f"{flag} {v}: expected a whole number >= 1")

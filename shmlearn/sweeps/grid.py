@@ -254,9 +254,13 @@ def check_winner(sc: SweepConfig) -> None:
 
 
 def check_verdict(sc: SweepConfig) -> None:
-    """--time-axis, --repeats and --target-share before any trial: pruning bounds one run's
+    """--threshold, --time-axis, --repeats and --target-share before any trial: pruning bounds one run's
     wall-clock area, so it goes with neither --time-axis steps nor --repeats; a study runs each
     point once."""
+    if not (isinstance(sc.threshold, (int, float)) and math.isfinite(sc.threshold) and sc.threshold >= 0):
+        # a loss the winner rule compares is >= 0 (cross-entropy, MSE): below 0 no run survives
+        raise BadInput(f"--threshold {sc.threshold}: expected a finite number >= 0 (the highest minimum "
+                       f"training loss a winner may have)")
     if sc.time_axis not in TIME_AXES:
         raise BadInput(f"--time-axis {sc.time_axis}: expected one of {', '.join(TIME_AXES)}")
     if not isinstance(sc.repeats, int) or sc.repeats < 1:
