@@ -190,6 +190,18 @@ def _only_newest(out):
     return os.path.join(checkpoint.step_dir(str(out), 16), "rank0.ckpt")
 
 
+def test_weights_of_the_wrong_shapes_name_the_file(checkpointed, tmp_path):
+    """The campaign's read-load-model-wrong-shapes: the line named the run folder, not model.pt."""
+    from shmlearn import load_model
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    blob = torch.load(run / "model.pt", weights_only=True)
+    torch.save({**blob, "state_dict": {k: torch.zeros(3) for k in blob["state_dict"]}}, run / "model.pt")
+    with pytest.raises(BadInput) as e:
+        load_model(str(run))
+    assert str(e.value).startswith(f"{run / 'model.pt'}: the weights do not fit the model mlp ("), str(e.value)
+
+
 @pytest.mark.parametrize("edit,needle", [
     (lambda s: [1, 2], "malformed: "),
     (lambda s: {k: v for k, v in s.items() if k != "optimizer"}, "'optimizer' is missing"),
@@ -347,12 +359,18 @@ def test_a_stale_after_of_nan_is_refused_without_storage_too(tmp_path, monkeypat
     assert "--stale-after nan: expected seconds > 0" in line and not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    ("step_size=0", "--scheduler StepLR --scheduler-args step_size=0: stepping it raised ZeroDivisionError"),
-    ("step_size=1,gamma=nan", "--scheduler-args step_size=1,gamma=nan: gamma=nan; expected finite numbers"),
-], ids=["step-size-0", "gamma-nan"])
-def test_scheduler_arguments_that_cannot_run_are_refused_before_workers(tmp_path, monkeypatch, capfd, args, needle):
-    line = refused(["train", "--workers", "2", "--optimizer", "Adadelta", "--scheduler", "StepLR",
+@pytest.mark.parametrize("sched,args,needle", [
+    ("StepLR", "step_size=0", "--scheduler-args step_size=0: step_size=0; expected a whole number >= 1"),
+    ("StepLR", "step_size=1,gamma=nan", "--scheduler-args step_size=1,gamma=nan: gamma=nan; expected finite numbers"),
+    # torch takes these, and trains: a decay at every step, a cosine run backwards (were exit 0)
+    ("StepLR", "step_size=-1", "--scheduler-args step_size=-1: step_size=-1; expected a whole number >= 1"),
+    ("CosineAnnealingLR", "T_max=-5", "--scheduler-args T_max=-5: T_max=-5; expected a whole number >= 1"),
+    ("StepLR", "step_size=2.5", "--scheduler-args step_size=2.5: step_size=2.5; expected a whole number >= 1"),
+    ("CosineAnnealingLR", "T_max=0,eta_min=0.5", "--scheduler-args T_max=0,eta_min=0.5: T_max=0; expected a"),
+], ids=["step-size-0", "gamma-nan", "step-size-negative", "t-max-negative", "step-size-fraction", "t-max-0"])
+def test_scheduler_arguments_that_cannot_run_are_refused_before_workers(tmp_path, monkeypatch, capfd, sched, args,
+                                                                        needle):
+    line = refused(["train", "--workers", "2", "--optimizer", "Adadelta", "--scheduler", sched,
                     "--scheduler-args", args, "--out", str(tmp_path / "r")], monkeypatch, capfd)  # were exit 1
     assert needle in line, line
     assert not (tmp_path / "r").exists()  # before the run directory, so before any worker

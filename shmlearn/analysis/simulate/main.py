@@ -75,7 +75,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from shmlearn.bench.common import parse_int_list, try_pyplot
+from shmlearn.bench.common import MAX_WORKERS, parse_int_list, try_pyplot
 from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.config.limits import number, whole
@@ -261,7 +261,7 @@ def register(sub) -> None:
 
 
 def cmd_simulate(ns) -> int:
-    workers = parse_int_list(ns.workers, flag="--workers") if ns.workers else []
+    workers = parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS) if ns.workers else []
     if ns.avg_period < 1:
         raise BadInput(f"--avg-period {ns.avg_period}: must be >= 1")
     doc = simulate(comm=ns.comm, compute=ns.compute, ps_sim=ns.ps_sim, net_bw=ns.net_bw,
