@@ -22,8 +22,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-# shmlearn.config.train_config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
-# advise numpy: this module imports them in the functions that build the parser or run, after
+# shmlearn.config.train_config, train and simulate import torch (~2-6 s), and advise numpy: this module imports them in the functions that build the parser or run, after
 # `precheck` has refused what it can without them. The modules imported here load without both.
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
@@ -34,6 +33,8 @@ from shmlearn.config.flags import Option, choice_error, help_group, read_table, 
 from shmlearn.config.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch.start import detect_env
 from shmlearn.report.cli import register as register_report
+from shmlearn.sweeps.cli import register as register_sweep
+from shmlearn.experiments.cli import register as register_experiment
 
 if TYPE_CHECKING:
     from shmlearn.config.train_config import TrainConfig
@@ -155,11 +156,11 @@ def _registrar(name: str):
     if name == "advise":
         from shmlearn.analysis.advise import register  # lazy: numpy, after the CLI's cheap checks
     elif name == "experiment":
-        from shmlearn.experiments.cli import register  # lazy: torch, after the CLI's cheap checks
+        return register_experiment
     elif name == "simulate":
         from shmlearn.analysis.simulate.main import register  # lazy: torch, after the CLI's cheap checks
-    else:
-        from shmlearn.sweeps.cli import register  # lazy: torch, after the CLI's cheap checks
+    else:  # the sweep's parser takes the train flags from the table, as train's does: no torch
+        return lambda sub: register_sweep(sub, _train_options)
     return register
 
 
