@@ -144,13 +144,14 @@ without building their parsers (several import torch or numpy); tests/cli/test_c
 each line against the one its register() gives."""
 
 
-def _registrar(name: str):
+def _registrar(name: str, rest: Optional[List[str]] = None):
     """Each subcommand registers itself: register(subparsers) adds a parser with
-    set_defaults(func=handler), handler(namespace) -> exit code."""
+    set_defaults(func=handler), handler(namespace) -> exit code. rest: the words after the
+    subcommand's name (bench builds only the benchmark they name)."""
     if name == "train":
         return _register_train
     if name == "bench":
-        return register_bench
+        return lambda sub: register_bench(sub, rest)
     if name == "report":
         return register_report
     if name == "advise":
@@ -172,7 +173,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     chosen = argv[0] if argv else None
     for name, help_ in COMMANDS.items():
         if argv is None or name == chosen:
-            _registrar(name)(sub)
+            _registrar(name, None if argv is None else argv[1:])(sub)
         else:
             sub.add_parser(name, help=help_)
     return p

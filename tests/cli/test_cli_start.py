@@ -75,7 +75,7 @@ def test_sweep_help_answers_from_the_table_without_torch_as_it_did_live(tmp_path
 
 
 @pytest.mark.parametrize("argv", [["experiment", "--help"], ["experiment", "run", "--help"], ["report", "--help"],
-                                  ["advise", "--help"]])
+                                  ["advise", "--help"], ["bench", "--help"]])
 def test_a_subcommands_help_imports_no_torch(tmp_path, argv):
     out, _, seen = probe(argv, tmp_path / "cache")
     assert seen["code"] == 0 and not seen["torch"], seen
@@ -138,6 +138,15 @@ def test_the_command_list_is_each_commands_own_help():
     from shmlearn.cli.main import COMMANDS, build_parser
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {a.dest: a.help for a in sub._choices_actions} == COMMANDS
+
+
+def test_the_benchmark_list_is_each_benchmarks_own_help():
+    """`bench --help` lists the benchmarks from bench.SUBCOMMANDS without importing them."""
+    from shmlearn.bench import SUBCOMMANDS
+    from shmlearn.cli.main import build_parser
+    bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    sub = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in sub._choices_actions} == {k: v[1] for k, v in SUBCOMMANDS.items()}
 
 
 def _train_parser():
