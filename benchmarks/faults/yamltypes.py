@@ -66,12 +66,17 @@ def _read_as_true(t: str, field: str):
     return verify
 
 
+def _wrong_type(t: str, field: str, ty: str) -> List[Cmd]:
+    if ty == "quoted-yes":
+        return [train_cmd(t, {field: WRONG[ty]}, 0, verify=_read_as_true(t, field))]
+    return [train_cmd(t, {field: WRONG[ty]}, verify=_names_field(field))]
+
+
 for _field, _types in FIELDS:
     for _ty in _types:
         case(f"yaml-{_field}-{_ty}", "53", f"train --config with {_field}: {WRONG[_ty]}" +
              (" (read as true, as meant)" if _ty == "quoted-yes" else ""))(
-            lambda t, f=_field, ty=_ty: [train_cmd(t, {f: WRONG[ty]}, 0, verify=_read_as_true(t, f))
-                                         if ty == "quoted-yes" else train_cmd(t, {f: WRONG[ty]}, verify=_names_field(f))])
+            lambda t, f=_field, ty=_ty: _wrong_type(t, f, ty))
 
 
 def _said_why(word: str):

@@ -1,6 +1,6 @@
-"""The grid of a sweep: SweepConfig (defined in sweep_config.py), the flags' values ('A,B,C', 'START:STOP:STEP'), the grid's
-trials in order, and each trial's id (a hash of its config). Nothing here runs a trial (trials.py,
-sweep.py, study.py do)."""
+"""The grid of a sweep: SweepConfig (defined in sweep_config.py), the flags' values ('A,B,C',
+'START:STOP:STEP'), the grid's trials in order, and each trial's id (a hash of its config).
+Nothing here runs a trial (trials.py, sweep.py, study.py do)."""
 from __future__ import annotations
 
 import dataclasses
