@@ -323,3 +323,14 @@ def test_a_worker_count_past_any_machine_is_one_line(tmp_path, capsys):
                  "--out", str(tmp_path / "sim")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--workers 1,2000000: 2,000,000 is more than 1,000,000" in err[0], err
+
+
+def test_an_out_that_cannot_be_made_names_the_out_given(tmp_path, capsys):
+    """The campaign's full-simulate-out-proc: the line named /proc/shmlearn-nowhere, not the --out."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(_summary(workers=1, processes=1, model="mlp", dataset="digits")))
+    assert main(["simulate", "--compute", str(run), "--net-bw", "10", "--out", "/proc/shmlearn-nowhere/sim"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shmlearn: error: simulate --out /proc/shmlearn-nowhere/sim: cannot "
+                                               "write /proc/shmlearn-nowhere"), err

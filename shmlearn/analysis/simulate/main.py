@@ -270,7 +270,7 @@ def cmd_simulate(ns) -> int:
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
                    allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch,
                    comm_after_compute=ns.comm_after_compute)
-    with safe_write.cli_output("simulate"):  # a full disk, a read-only folder: one line, earlier files kept
+    with safe_write.cli_output(f"simulate --out {ns.out}"):  # a full disk, a read-only folder: one line
         os.makedirs(ns.out, exist_ok=True)
         safe_write.write_json(os.path.join(ns.out, "simulate.json"), doc, indent=1)
     n = doc["network"]
@@ -293,7 +293,7 @@ def cmd_simulate(ns) -> int:
     if doc["validation"]:
         print(format_validation(doc["validation"]))
     print(f"wrote {os.path.join(ns.out, 'simulate.json')}")
-    with safe_write.cli_output("simulate"):
+    with safe_write.cli_output(f"simulate --out {ns.out}"):
         png = plot(doc, os.path.join(ns.out, "simulate.png"))
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0
