@@ -180,8 +180,9 @@ for _how, _body in LOSSES.items():
         def _(t, body=_body, w=_w):
             path = write(out_of(t, "my_loss.py"), body)
             args = TINY[:-5] + ["--workers", str(w), "--eval-points", "1", "--no-progress"]
-            return [Cmd(args + ["--loss", f"{path}:loss", "--out", out_of(t)], {1, 2}, one_line=True,
-                        says=["loss"], limit=150)]
+            # exit 2: one line; exit 1 (the rank's failure): its line, then the user's own frames
+            # below it ("in your code:", launch/worker.describe), which is no traceback
+            return [Cmd(args + ["--loss", f"{path}:loss", "--out", out_of(t)], {1, 2}, says=["loss"], limit=150)]
 
 
 DTYPE_DATA = """import numpy as np
