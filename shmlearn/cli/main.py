@@ -28,7 +28,7 @@ from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.cli import exits
-from shmlearn.launch import forkserver
+from shmlearn.launch import forkserver, user_main
 from shmlearn.config.flags import Option, choice_error, help_group, read_table, write_table
 from shmlearn.config.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch.start import detect_env
@@ -297,6 +297,7 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
 def entry() -> None:
     """The `shmlearn` program (console script and `python -m shmlearn`)."""
     exits.install()  # Ctrl-C, SIGHUP, a closed stdout, an OSError: one line and its exit code
+    user_main.program_owns_main()  # its workers import no script: the console script is not the user's
     code = exits.guarded(lambda: main(early_workers=True), sys.argv[1:])
     exits.finishing()
     try:
