@@ -53,9 +53,41 @@ def _unwinding() -> bool:
     return False
 
 
+RECHECK_S = (0.2, 0.3, 0.5, 1.0)
+"""Pauses (seconds) after a first Ctrl-C before each check that the program is handling it: Python
+prints and drops a KeyboardInterrupt raised inside a finalizer (__del__, a weakref callback;
+torch's import runs many), and the command went on (a run stopped 0.5 s after its start trained
+to its end, exit 0). Where no KeyboardInterrupt is being handled, it is raised again."""
+_recheck = False
+"""Set by the recheck thread just before it interrupts the main thread: that signal is ours."""
+
+
+def _recheck_later(signum: int) -> None:
+    import _thread
+    import threading
+    import time
+
+    def run() -> None:
+        global _recheck
+        for pause in RECHECK_S:
+            time.sleep(pause)
+            if _said or _finished:
+                return
+            _recheck = True
+            _thread.interrupt_main(signum)
+    threading.Thread(target=run, name="shmlearn-ctrl-c-recheck", daemon=True).start()
+
+
 def _on_signal(signum, frame) -> None:
-    global _interrupts
+    global _interrupts, _recheck
+    if _recheck:  # the recheck of a first Ctrl-C (_recheck_later), not one more press
+        _recheck = False
+        if _said or _finished or _unwinding():
+            return
+        raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
     _interrupts += 1
+    if _interrupts == 1:
+        _recheck_later(signum)
     if _interrupts == 2 and not _finished:
         if _unwinding():
             # The first one's cleanup is under way (the pool ends its workers, a study gives its

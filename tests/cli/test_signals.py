@@ -161,3 +161,16 @@ def test_a_second_ctrl_c_after_a_first_that_python_dropped_stops_the_command(tmp
     assert r.returncode == 130, (r.stdout, r.stderr)
     assert r.stdout == "the first was lost\n", r.stdout
     assert r.stderr.strip().splitlines()[-1] == "shmlearn: interrupted (Ctrl-C); the same command continues the sweep"
+
+
+def test_a_single_ctrl_c_that_python_dropped_still_stops_the_command():
+    """The campaign's int-train-w1-at-0.5s (2 runs in 9): the one Ctrl-C landed in a finalizer and
+    the run trained to its end, exit 0. The program checks that it is handling it, and raises it
+    again where it is not."""
+    one = LOST_FIRST.replace('    os.kill(os.getpid(), signal.SIGINT)\n    for _ in range(10 ** 7)',
+                             '    for _ in range(10 ** 8)')
+    assert one != LOST_FIRST
+    r = subprocess.run([sys.executable, "-c", one], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 130, (r.stdout, r.stderr)
+    assert r.stdout == "the first was lost\n", r.stdout
+    assert r.stderr.strip().splitlines()[-1] == "shmlearn: interrupted (Ctrl-C); the same command continues the sweep"
