@@ -22,7 +22,8 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-# shmlearn.config.train_config, train and simulate import torch (~2-6 s), and advise numpy: this module imports them in the functions that build the parser or run, after
+# shmlearn.config.train_config, train and simulate import torch (~2-6 s), and advise numpy: this
+# module imports them in the functions that build the parser or run, after
 # `precheck` has refused what it can without them. The modules imported here load without both.
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
