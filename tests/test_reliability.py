@@ -594,6 +594,16 @@ def test_sys_exit_in_a_user_loss_is_a_failure_naming_the_rank(tmp_path, workers)
     assert "Traceback" not in r.stderr
 
 
+def test_a_strategy_file_that_calls_sys_exit_at_import_is_one_line_before_any_worker(tmp_path):
+    """sys.exit(3) at the top of a strategy file ended the program with 3 and no line."""
+    (tmp_path / "quits.py").write_text("import sys\nsys.exit(3)\n")
+    r = run(BASE + ["--out", str(tmp_path / "r")], extra_env={"SHMLEARN_STRATEGY_PATH": str(tmp_path)})
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [f"shmlearn: error: strategy file {tmp_path / 'quits.py'}: called "
+                                             f"sys.exit(3) (at {tmp_path / 'quits.py'}:2 in <module>)"], r.stderr
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_strategy_file_that_raises_at_import_is_one_line_before_any_worker(tmp_path):
     (tmp_path / "broken.py").write_text("raise RuntimeError('not ready yet')\n")
     r = run(BASE + ["--out", str(tmp_path / "r")], extra_env={"SHMLEARN_STRATEGY_PATH": str(tmp_path)})

@@ -71,8 +71,10 @@ def _set(key: str, value) -> Callable[[dict], None]:
     return lambda d: d.__setitem__(key, value)
 
 
-def _drop(key: str) -> Callable[[dict], None]:
-    return lambda d: d.pop(key, None)
+def _drop_workers(row: dict) -> None:
+    """A results.jsonl row without its worker count: the trial's config holds it (config.workers)."""
+    row.pop("workers", None)
+    row.get("config", {}).pop("workers", None)
 
 
 def _first_row(edit: Callable[[dict], None]) -> Callable[[List[str]], List[str]]:
@@ -99,7 +101,7 @@ DAMAGE: Dict[str, Callable[[str], None]] = {
     "list-row": _jsonl_edit(_garbage_after(2, "[1, 2]")),
     "missing": _remove,
     "eval-string-accuracy": _jsonl_edit(_rows_edit(_set("test_accuracy", "high"))),
-    "row-without-workers": _jsonl_edit(_first_row(_drop("workers"))),
+    "row-without-workers": _jsonl_edit(_first_row(_drop_workers)),
     "summary-null": _jsonl_edit(_first_row(_set("summary", None))),
     "a-directory": _to_dir,
 }

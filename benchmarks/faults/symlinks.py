@@ -58,7 +58,11 @@ for _n in ("metrics.jsonl", "eval.jsonl", "summary.json", "config.yaml"):
           f"and linked back (--resume truncated the file outside)")
     def _(t, n=_n):
         run = fixture(t, "ckpt")
-        os.replace(os.path.join(run, n), _outside(t, n))  # rows past the checkpoint: --resume would cut them
+        if os.path.exists(os.path.join(run, n)):
+            os.replace(os.path.join(run, n), _outside(t, n))  # rows past the checkpoint: --resume would cut them
+        else:  # a stopped run has no summary.json: the link goes to the user's own file, which must stay
+            with open(_outside(t, n), "w") as f:
+                f.write('{"status": "failed"}\n')
         os.symlink(_outside(t, n), os.path.join(run, n))
         return [Cmd(registry.FIXTURES["ckpt"] + ["--resume", "--out", run], EITHER)]
 

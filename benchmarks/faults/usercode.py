@@ -27,11 +27,19 @@ def _unchanged_since_first(t, results) -> List[str]:
     return [f"the finished run's {x}" for x in changes(before, digest(out_of(t)), added_ok=True)]
 
 
+def _prints(text: str):
+    """`text` printed, on stdout or stderr: "already completed" is a note of a command that
+    succeeded (exit 0), and the program prints such notes on stdout."""
+    def verify(res) -> List[str]:
+        return [] if text in res["stdout"] + res["stderr"] else [f"prints no '{text}'"]
+    return verify
+
+
 @case("resume-finished-w1", "53", "--resume of a finished 1-worker run without checkpoints (it trained again "
       "from step 0 and rewrote its files)", keep=lambda t: [out_of(t)])
 def _(t):
     run = fixture(t, "run")
-    return [Cmd(FIXTURES["run"] + ["--resume", "--out", run], 0, says=["already completed"], limit=120)]
+    return [Cmd(FIXTURES["run"] + ["--resume", "--out", run], 0, verify=_prints("already completed"), limit=120)]
 
 
 for _ckpt in (False, True):
@@ -40,8 +48,8 @@ for _ckpt in (False, True):
           between=_snapshot, check=_unchanged_since_first)
     def _(t, ckpt=_ckpt):
         args = BASE + ["--workers", "2", *(["--checkpoint-every", "50"] if ckpt else []), "--out", out_of(t)]
-        return [Cmd(args, 0), Cmd(args + ["--resume"], 0, says=["already completed"]),
-                Cmd(args + ["--resume"], 0, says=["already completed"])]
+        return [Cmd(args, 0), Cmd(args + ["--resume"], 0, verify=_prints("already completed")),
+                Cmd(args + ["--resume"], 0, verify=_prints("already completed"))]
 
 
 @case("sweep-out-into-train-run", "53", "sweep --out RUN, RUN a finished train run (train refuses the reverse)",
@@ -172,8 +180,9 @@ for _how, _body in LOSSES.items():
         def _(t, body=_body, w=_w):
             path = write(out_of(t, "my_loss.py"), body)
             args = TINY[:-5] + ["--workers", str(w), "--eval-points", "1", "--no-progress"]
-            return [Cmd(args + ["--loss", f"{path}:loss", "--out", out_of(t)], {1, 2}, one_line=True,
-                        says=["loss"], limit=150)]
+            # exit 2: one line; exit 1 (the rank's failure): its line, then the user's own frames
+            # below it ("in your code:", launch/worker.describe), which is no traceback
+            return [Cmd(args + ["--loss", f"{path}:loss", "--out", out_of(t)], {1, 2}, says=["loss"], limit=150)]
 
 
 DTYPE_DATA = """import numpy as np

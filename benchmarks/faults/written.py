@@ -49,11 +49,14 @@ def run_dir_problems(out: str) -> List[str]:
 
 
 def summary(out: str) -> Dict[str, Any]:
+    """The run's summary.json; {} where there is none, or what is there is no object (a case
+    that damaged it on purpose)."""
     try:
         with open(os.path.join(out, "summary.json")) as f:
-            return json.load(f)
+            s = json.load(f)
     except (OSError, ValueError):
         return {}
+    return s if isinstance(s, dict) else {}
 
 
 def completed(out: str) -> List[str]:

@@ -5,7 +5,10 @@ line of bounded length."""
 from __future__ import annotations
 
 import functools
+import os
 from typing import Any, Dict, List
+
+import yaml
 
 from benchmarks.faults import registry
 from benchmarks.faults.core import Cmd
@@ -50,10 +53,30 @@ def train_cmd(t: str, values: Dict[str, str], expect: Any = 2, verify=None) -> C
     return Cmd(["train", "--config", path, "--no-progress", *out], expect, verify=verify, limit=120)
 
 
+def _read_as_true(t: str, field: str):
+    """A quoted "yes" for a bool is read as the user meant (config.flags.Option.coerce): the run's
+    config.yaml records true."""
+    def verify(res: Dict[str, Any]) -> List[str]:
+        try:
+            with open(os.path.join(out_of(t), "config.yaml")) as f:
+                got = yaml.safe_load(f).get(field)
+        except (OSError, AttributeError, yaml.YAMLError) as e:
+            return [f"config.yaml unreadable: {e}"]
+        return [] if got is True else [f"config.yaml has {field}: {got!r}, expected true"]
+    return verify
+
+
+def _wrong_type(t: str, field: str, ty: str) -> List[Cmd]:
+    if ty == "quoted-yes":
+        return [train_cmd(t, {field: WRONG[ty]}, 0, verify=_read_as_true(t, field))]
+    return [train_cmd(t, {field: WRONG[ty]}, verify=_names_field(field))]
+
+
 for _field, _types in FIELDS:
     for _ty in _types:
-        case(f"yaml-{_field}-{_ty}", "53", f"train --config with {_field}: {WRONG[_ty]}")(
-            lambda t, f=_field, ty=_ty: [train_cmd(t, {f: WRONG[ty]}, verify=_names_field(f))])
+        case(f"yaml-{_field}-{_ty}", "53", f"train --config with {_field}: {WRONG[_ty]}" +
+             (" (read as true, as meant)" if _ty == "quoted-yes" else ""))(
+            lambda t, f=_field, ty=_ty: _wrong_type(t, f, ty))
 
 
 def _said_why(word: str):

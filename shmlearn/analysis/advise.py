@@ -45,6 +45,7 @@ def load_run(run_dir: str) -> Optional[Dict[str, Any]]:
     it did not complete or has no noise-scale rows (--noise-scale was off). Its files are read
     through readback: a missing or malformed one is one line naming it."""
     s = readback.run_summary(run_dir)
+    readback.run_config(run_dir, missing_ok=True)  # a damaged run directory is refused whole, not read around
     rows = readback.run_metrics(run_dir)
     noise = [[r["step"], r["time_s"], r["loss"], r["noise_scale"]["b_simple"]] for r in rows
              if isinstance(r.get("noise_scale"), dict) and r["noise_scale"].get("b_simple") is not None]
@@ -275,7 +276,7 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
             "predictions": preds, "recommendation": rec}
 
 
-def plot(doc: Dict[str, Any], out: str) -> Optional[str]:
+def plot(doc: Dict[str, Any], out: str, root: Optional[str] = None) -> Optional[str]:
     try:
         from shmlearn.report.mpl import figure, png  # lazy: matplotlib
     except ImportError:
@@ -308,7 +309,7 @@ def plot(doc: Dict[str, Any], out: str) -> Optional[str]:
            title="time to the target")
     a1.legend(fontsize=7)
     a2.legend(fontsize=7, ncol=2)
-    safe_write.write(out, png(fig))  # whole or as it was
+    safe_write.write(out, png(fig), root=root)  # whole or as it was; never through a link out of root
     return out
 
 
@@ -329,18 +330,21 @@ def register(sub) -> None:
 
 
 def cmd_advise(ns) -> int:
-    from shmlearn.bench.common import parse_int_list  # lazy: torch (bench.common), after the cheap checks
+    from shmlearn.bench.common import MAX_WORKERS, parse_int_list  # lazy: torch (bench.common), after the cheap checks
     if ns.target_loss is not None and not (ns.target_loss > 0 and math.isfinite(ns.target_loss)):
         raise BadInput(f"--target-loss {ns.target_loss}: must be a positive number")
     for flag, f in (("--comm", ns.comm), ("--comm-after-compute", ns.comm_after_compute)):
         if f is not None and not os.path.isfile(f):
             raise BadInput(f"{flag} {f}: no such file")
-    doc = advise(ns.path, target_loss=ns.target_loss, workers=parse_int_list(ns.workers, flag="--workers"),
-                 comm=ns.comm, comm_after_compute=ns.comm_after_compute)
+    doc = advise(ns.path, target_loss=ns.target_loss, comm=ns.comm, comm_after_compute=ns.comm_after_compute,
+                 workers=parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS))
     out = ns.out or os.path.join(ns.path, "advise")
+    # The default folder is the run's (or sweep's): a RUN/advise link that leads out of it is
+    # refused. An --out given is where the user asked the files to go, a link or not.
+    root = out if ns.out else ns.path
     with safe_write.cli_output("advise"):  # a full disk, a read-only folder: one line, earlier files kept
-        os.makedirs(out, exist_ok=True)
-        safe_write.write_json(os.path.join(out, "advise.json"), doc, indent=1)
+        safe_write.makedirs(out, root=root)
+        safe_write.write_json(os.path.join(out, "advise.json"), doc, root=root, indent=1)
     fit = f"; a free fit to the measured steps gives {doc['b_crit_fit']:.0f}" if doc["b_crit_fit"] else ""
     print(f"target loss {doc['target_loss']:.4g} ({doc['target_from']}); B_simple at the target {doc['b_simple']:.1f} "
           f"(= predicted critical batch){fit}; S_min {doc['s_min']:.0f} steps")
@@ -363,6 +367,6 @@ def cmd_advise(ns) -> int:
                                           "measured this setup: train it to check)"))
     print(f"wrote {os.path.join(out, 'advise.json')}")
     with safe_write.cli_output("advise"):
-        png = plot(doc, os.path.join(out, "advise.png"))
+        png = plot(doc, os.path.join(out, "advise.png"), root)
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0

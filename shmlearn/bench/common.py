@@ -43,10 +43,14 @@ def format_size(n: float) -> str:
 MAX_COUNTS = 100_000
 """Values a list of counts may hold ('1-100000'): each is a worker count something is predicted or
 run at; a range past it is a typo (1-1000000000 took every byte of memory)."""
+MAX_WORKERS = 1_000_000
+"""The largest worker count advise and simulate predict at: the largest training jobs run about
+100,000 accelerators, so 1,000,000,000,000 is a typo, not a question (it was answered, exit 0)."""
 
 
-def parse_int_list(text: str, *, flag: str) -> List[int]:
-    """'1,2,4' or '1-4' (inclusive) or a mix: '1-3,8'; at most MAX_COUNTS values."""
+def parse_int_list(text: str, *, flag: str, most: Optional[int] = None) -> List[int]:
+    """'1,2,4' or '1-4' (inclusive) or a mix: '1-3,8'; at most MAX_COUNTS values, each at most
+    `most` (None: no bound)."""
     out: List[int] = []
     try:
         for part in text.split(","):
@@ -62,6 +66,8 @@ def parse_int_list(text: str, *, flag: str) -> List[int]:
         raise BadInput(f"{flag} {text}: expected integers like 2,3,4 or 1-4") from None
     if not out or min(out) < 1:
         raise BadInput(f"{flag} {text}: expected positive integers like 2,3,4 or 1-4")
+    if most is not None and max(out) > most:
+        raise BadInput(f"{flag} {text}: {max(out):,} is more than {most:,}; expected counts up to {most:,}")
     return sorted(set(out))
 
 

@@ -5,8 +5,9 @@ command in `guarded`):
 * Ctrl-C: 130, however many times it is pressed. The first raises KeyboardInterrupt where the
   program is (imports, the pool's start, training), so the pool ends its workers, the run's files
   are closed and a study gives its trials back; a second one lets that cleanup finish (it was a
-  KeyboardInterrupt inside it, a traceback and exit -2); a third leaves at once (os._exit). The
-  line starts on a line of its own (a progress bar may be open).
+  KeyboardInterrupt inside it, a traceback and exit -2), or, where no KeyboardInterrupt is being
+  handled (Python dropped the first, raised inside a finalizer), is the first; a third leaves at
+  once (os._exit). The line starts on a line of its own (a progress bar may be open).
 * SIGHUP (the terminal or ssh session closed): the same path as Ctrl-C, exit 129.
 * BrokenPipeError (`shmlearn ... | head -1`): 1; stdout points at /dev/null from then on, so the
   interpreter's exit does not fail on it a second time.
@@ -40,13 +41,63 @@ _argv: List[str] = []
 """The command line guarded() runs (for the line of a second Ctrl-C)."""
 
 
+def _unwinding() -> bool:
+    """Whether the code a signal interrupted is handling a KeyboardInterrupt (an except or
+    finally block on its way out, or code those call): the exception it handles, or one that
+    exception was raised while handling, is one."""
+    e = sys.exc_info()[1]
+    while e is not None:
+        if isinstance(e, KeyboardInterrupt):
+            return True
+        e = e.__context__
+    return False
+
+
+RECHECK_S = (0.2, 0.3, 0.5, 1.0)
+"""Pauses (seconds) after a first Ctrl-C before each check that the program is handling it: Python
+prints and drops a KeyboardInterrupt raised inside a finalizer (__del__, a weakref callback;
+torch's import runs many), and the command went on (a run stopped 0.5 s after its start trained
+to its end, exit 0). Where no KeyboardInterrupt is being handled, it is raised again."""
+_recheck = False
+"""Set by the recheck thread just before it interrupts the main thread: that signal is ours."""
+
+
+def _recheck_later(signum: int) -> None:
+    import _thread
+    import threading
+    import time
+
+    def run() -> None:
+        global _recheck
+        for pause in RECHECK_S:
+            time.sleep(pause)
+            if _said or _finished:
+                return
+            _recheck = True
+            _thread.interrupt_main(signum)
+    threading.Thread(target=run, name="shmlearn-ctrl-c-recheck", daemon=True).start()
+
+
 def _on_signal(signum, frame) -> None:
-    global _interrupts
+    global _interrupts, _recheck
+    if _recheck:  # the recheck of a first Ctrl-C (_recheck_later), not one more press
+        _recheck = False
+        if _said or _finished or _unwinding():
+            return
+        raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
     _interrupts += 1
+    if _interrupts == 1:
+        _recheck_later(signum)
     if _interrupts == 2 and not _finished:
-        # The first one's cleanup is under way (the pool ends its workers, a study gives its trials
-        # back): let it finish.
-        return
+        if _unwinding():
+            # The first one's cleanup is under way (the pool ends its workers, a study gives its
+            # trials back): let it finish.
+            return
+        # The first one was lost: raised inside a finalizer (__del__, a weakref callback: torch's
+        # import runs many), where Python prints and drops an exception, so the command went on
+        # (a run at 0.5 s trained to its end, exit 0). This one is the first.
+        _interrupts = 1
+        raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
     if _interrupts > 1:  # pressed again: leave now, without a traceback
         code = 129 if signum == signal.SIGHUP else 130
         if not _said:

@@ -22,18 +22,20 @@ import re
 import sys
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
-# shmlearn.config.train_config, train, simulate, sweep_cli and experiments.cli import torch (~2-6 s), and
-# advise numpy: this module imports them in the functions that build the parser or run, after
+# shmlearn.config.train_config, train and simulate import torch (~2-6 s), and advise numpy: this
+# module imports them in the functions that build the parser or run, after
 # `precheck` has refused what it can without them. The modules imported here load without both.
 from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.cli import exits
-from shmlearn.launch import forkserver
+from shmlearn.launch import forkserver, user_main
 from shmlearn.config.flags import Option, choice_error, help_group, read_table, write_table
 from shmlearn.config.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch.start import detect_env
 from shmlearn.report.cli import register as register_report
+from shmlearn.sweeps.cli import register as register_sweep
+from shmlearn.experiments.cli import register as register_experiment
 
 if TYPE_CHECKING:
     from shmlearn.config.train_config import TrainConfig
@@ -143,23 +145,24 @@ without building their parsers (several import torch or numpy); tests/cli/test_c
 each line against the one its register() gives."""
 
 
-def _registrar(name: str):
+def _registrar(name: str, rest: Optional[List[str]] = None):
     """Each subcommand registers itself: register(subparsers) adds a parser with
-    set_defaults(func=handler), handler(namespace) -> exit code."""
+    set_defaults(func=handler), handler(namespace) -> exit code. rest: the words after the
+    subcommand's name (bench builds only the benchmark they name)."""
     if name == "train":
         return _register_train
     if name == "bench":
-        return register_bench
+        return lambda sub: register_bench(sub, rest)
     if name == "report":
         return register_report
     if name == "advise":
         from shmlearn.analysis.advise import register  # lazy: numpy, after the CLI's cheap checks
     elif name == "experiment":
-        from shmlearn.experiments.cli import register  # lazy: torch, after the CLI's cheap checks
+        return register_experiment
     elif name == "simulate":
         from shmlearn.analysis.simulate.main import register  # lazy: torch, after the CLI's cheap checks
-    else:
-        from shmlearn.sweeps.cli import register  # lazy: torch, after the CLI's cheap checks
+    else:  # the sweep's parser takes the train flags from the table, as train's does: no torch
+        return lambda sub: register_sweep(sub, _train_options)
     return register
 
 
@@ -171,7 +174,7 @@ def build_parser(argv: Optional[List[str]] = None) -> argparse.ArgumentParser:
     chosen = argv[0] if argv else None
     for name, help_ in COMMANDS.items():
         if argv is None or name == chosen:
-            _registrar(name)(sub)
+            _registrar(name, None if argv is None else argv[1:])(sub)
         else:
             sub.add_parser(name, help=help_)
     return p
@@ -295,6 +298,7 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
 def entry() -> None:
     """The `shmlearn` program (console script and `python -m shmlearn`)."""
     exits.install()  # Ctrl-C, SIGHUP, a closed stdout, an OSError: one line and its exit code
+    user_main.program_owns_main()  # its workers import no script: the console script is not the user's
     code = exits.guarded(lambda: main(early_workers=True), sys.argv[1:])
     exits.finishing()
     try:

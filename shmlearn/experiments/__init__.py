@@ -1,5 +1,8 @@
 """The seed experiments, one file each, each a function of a Context that builds configs and
-runs them through the shared training loop (and the sweep where it sweeps)."""
+runs them through the shared training loop (and the sweep where it sweeps).
+
+This package's own import is light (the names, the command's parser: `shmlearn experiment
+--help` answers without torch); what runs an experiment is imported by the functions that do."""
 from __future__ import annotations
 
 import importlib
@@ -9,10 +12,7 @@ import time
 from typing import Dict, Tuple
 
 from shmlearn.errors import BadInput
-from shmlearn.experiments.common import Context
 from shmlearn.config.limits import usable_cores
-from shmlearn.launch.pool import Pool, using
-from shmlearn.record.runs import check_sweep_out, write_json_atomic
 
 # name -> (module, one line on what it reproduces)
 EXPERIMENTS: Dict[str, Tuple[str, str]] = {
@@ -34,6 +34,8 @@ def run_experiment(name: str, *, quick: bool = False, device: str = "auto", out:
                    axes: Dict[str, list] = None) -> str:
     if name not in EXPERIMENTS:
         raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
+    from shmlearn.experiments.common import Context  # lazy: torch (the training loop)
+    from shmlearn.launch.pool import Pool, using  # lazy: torch
     out = out or default_out(name, quick)
     module = importlib.import_module(f"shmlearn.experiments.{EXPERIMENTS[name][0]}")
     allowed = getattr(module, "AXES", ())  # the axes a fixed-list experiment lets --axis replace
@@ -71,6 +73,7 @@ def _claim(out: str, what: dict) -> None:
     """The folder belongs to one experiment invocation (experiment.json). The same invocation
     again resumes it (finished runs are read back); anything else is refused, so no result in
     the folder is overwritten."""
+    from shmlearn.record.runs import check_sweep_out, write_json_atomic  # lazy: torch (the config)
     check_sweep_out(out)  # not a file, not a training run's folder
     marker = os.path.join(out, "experiment.json")
     if os.path.exists(marker):

@@ -1,10 +1,8 @@
 """`shmlearn experiment list` and `shmlearn experiment run NAME [--quick] [--device] [--out]`."""
 from __future__ import annotations
 
-from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.experiments import EXPERIMENTS, default_out, run_experiment
-from shmlearn.sweeps.sweep import parse_values
 
 
 def register(sub) -> None:
@@ -39,6 +37,8 @@ def _run(ns) -> int:
 
 
 def _axes(items) -> dict:
+    from shmlearn.config.train_config import TrainConfig  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.sweeps.grid import parse_values  # lazy: torch, after the CLI's cheap checks
     fields = set(TrainConfig().to_dict())
     axes = {}
     for item in items:

@@ -3,8 +3,9 @@ MASTER_ADDR, MASTER_PORT), Open MPI (OMPI_COMM_WORLD_*), MPICH/Intel MPI (PMI_*)
 
 Every variable it knows is checked where it is set, before any socket opens: its type (a whole
 number), its range (a port from 1 to 65535, a world of at least one rank) and its consistency with
-the others (a rank inside its world, a rank given with its world size). Each problem is one line
-naming the variable, its value and what is expected; all of them together are one BadInput (exit 2).
+the others (a rank inside its world, a rank given with its world size). Each problem names the
+variable, its value and what is expected, once; all of them together are one BadInput (exit 2) of
+one line, problems separated by "; " (a refusal is one line, whatever the launcher set wrong).
 Imports nothing of torch's: the CLI asks it before its heavy imports.
 """
 from __future__ import annotations
@@ -62,7 +63,11 @@ class _Reader:
         self.problems: List[str] = []
 
     def problem(self, name: str, expected: str) -> None:
-        self.problems.append(f"{name}={self.env.get(name, '')!r}: expected {expected}")
+        self.add(f"{name}={self.env.get(name, '')!r}: expected {expected}")
+
+    def add(self, line: str) -> None:
+        if line not in self.problems:  # a variable read twice (SLURM_STEP_NUM_TASKS) is one problem
+            self.problems.append(line)
 
     def number(self, name: str, lo: int, hi: Optional[int] = None, what: str = "") -> Optional[int]:
         raw = self.env.get(name)
@@ -97,7 +102,7 @@ def _family(r: _Reader, family) -> Optional[tuple]:
     rank = r.number(rank_var, 0, what=" (this process's rank)")
     for have, lack in ((rank_var, size_var), (size_var, rank_var)):
         if have in env and lack not in env:
-            r.problems.append(f"{have}={env[have]!r} is set but {lack} is not: a rank of {launcher} needs both")
+            r.add(f"{have}={env[have]!r} is set but {lack} is not: a rank of {launcher} needs both")
     local_rank = r.first(local_vars, 0)
     local_world = r.first(local_size_vars, 1)
     if rank is not None and world is not None and rank >= world:
@@ -157,7 +162,7 @@ def parse(env: Mapping[str, str]) -> Optional[DistEnv]:
             slurm = procid, world, local or 0, r.number("SLURM_STEP_TASKS_PER_NODE_INT", 1) or world
     addr, port = _master(r, "127.0.0.1", None)
     if r.problems:
-        raise BadInput("launcher environment: " + "\n".join(r.problems))
+        raise BadInput("launcher environment: " + "; ".join(r.problems))
     if torchrun is not None:
         return DistEnv(*torchrun, launcher="torchrun", master_addr=addr, master_port=port or DEFAULT_PORT)
     if ompi is not None or pmi is not None:

@@ -371,3 +371,22 @@ def run_metrics(run_dir: str, *, missing_ok: bool = False) -> List[Dict[str, Any
 def run_evals(run_dir: str, *, missing_ok: bool = True) -> List[Dict[str, Any]]:
     return read_jsonl(os.path.join(run_dir, "eval.jsonl"), row=EVAL_ROW, optional=EVAL_OPTIONAL,
                       missing_ok=missing_ok)
+
+
+ENDED = ("completed", "diverged")
+"""A run's statuses that --resume does not continue."""
+
+
+def resume_check(run_dir: str) -> Optional[Dict[str, Any]]:
+    """What --resume reads of RUN before anything in it is touched: the summary of a run that
+    ended (ENDED: nothing to continue, nothing rewritten), else None once every file a resume
+    keeps reads back whole: summary.json (if any), config.yaml, metrics.jsonl and eval.jsonl. A
+    resume rewrites config.yaml and cuts the logs back to the checkpoint's step, so a damaged one
+    is refused here (BadInput naming it), as the user left it, never rewritten around the damage."""
+    summary = run_summary(run_dir, missing_ok=True)
+    if summary.get("status") in ENDED:
+        return summary
+    run_config(run_dir, missing_ok=True)
+    run_metrics(run_dir, missing_ok=True)
+    run_evals(run_dir)
+    return None

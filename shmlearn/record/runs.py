@@ -100,17 +100,11 @@ def check_sweep_out(path: str) -> None:
 
 
 def finished(path: str) -> Optional[Dict[str, Any]]:
-    """The summary.json of a run in `path` that ended (completed or diverged), or None: no
-    summary (a run killed or still to start), or one that is not a run's result. What --resume
-    reads before anything is touched (checkpoint.finished)."""
-    try:
-        with open(os.path.join(path, "summary.json")) as f:
-            summary = json.load(f)
-    except (OSError, ValueError):
-        return None
-    if isinstance(summary, dict) and summary.get("status") in ("completed", "diverged"):
-        return summary
-    return None
+    """The summary.json of a run in `path` that ended (completed or diverged), or None: a run to
+    continue (no summary: killed, or still to start). What --resume reads before anything is
+    touched (checkpoint.finished); a damaged summary.json, config.yaml, metrics.jsonl or
+    eval.jsonl is BadInput naming it (readback.resume_check), never resumed over."""
+    return readback.resume_check(path)
 
 
 def lock_dir(path: str, busy: str, *, shared: bool = False):

@@ -64,8 +64,8 @@ def save(run_dir: str, model: torch.nn.Module, spec: DataSpec, stem: str = "mode
 
 
 def read(run_dir: str, stem: str = "model"):
-    """(state_dict, DataSpec) of a run directory's weights (stem "best": --save-best's); BadInput
-    naming the folder if none."""
+    """(state_dict, DataSpec, the file read) of a run directory's weights (stem "best":
+    --save-best's); BadInput naming the folder if none."""
     names = [n.replace("model.", f"{stem}.", 1) for n in (SAFETENSORS, TORCH)]
     st, pt = (os.path.join(run_dir, n) for n in names)
     if os.path.lexists(st):
@@ -103,7 +103,7 @@ def read(run_dir: str, stem: str = "model"):
     fields = {f.name for f in dataclasses.fields(DataSpec)}
     try:
         readback.need(spec, {"input_shape": list}, f"{path}: data_spec")
-        return state, DataSpec(**{**spec, "input_shape": tuple(spec["input_shape"])})
+        return state, DataSpec(**{**spec, "input_shape": tuple(spec["input_shape"])}), path
     except TypeError:
         raise BadInput(f"{path}: data_spec has keys {sorted(spec)}; expected {sorted(fields)}") from None
 
@@ -119,7 +119,7 @@ def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) ->
     if not os.path.lexists(path):
         raise BadInput(f"{run_dir}: no config.yaml; expected a run directory")
     cfg = TrainConfig.from_dict(readback.run_config(run_dir), source=path)  # each value of its field's type
-    state, spec = read(run_dir, "best" if best else "model")
+    state, spec, path = read(run_dir, "best" if best else "model")
     if model is not None:
         net = user_model(model, spec, "model=")
     elif is_ref(cfg.model):
@@ -129,7 +129,7 @@ def load_model(run_dir: str, model: Optional[Any] = None, best: bool = False) ->
     try:
         net.load_state_dict(state)
     except (RuntimeError, KeyError, ValueError, TypeError) as e:
-        raise BadInput(f"{run_dir}: the weights do not fit the model {cfg.model} "
+        raise BadInput(f"{path}: the weights do not fit the model {cfg.model} "
                        f"({str(e).splitlines()[0][:200]})") from None
     return net.eval()
 

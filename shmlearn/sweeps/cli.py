@@ -1,24 +1,29 @@
 """The `shmlearn sweep` command, above the two ways it runs: a grid in this process's pool
 (sweep.Sweep) or, with --storage, an Optuna study (study.run_study); both run their trials
-with trials.TrialRunner."""
+with trials.TrialRunner.
+
+The parser (`register`) imports nothing of torch's: the train flags come from the caller's
+options (the CLI's flag table, config/flags.py), the sweep's own from SweepConfig
+(sweep_config.py), so `shmlearn sweep --help` and a misspelled flag answer at once; the modules
+that run a sweep (config, grid, sweep: torch) are imported by the functions that run one."""
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import os
+from typing import Callable, Iterable, Optional
 
-from shmlearn.config.train_config import load_yaml, options
 from shmlearn.errors import BadInput
-from shmlearn.config.flags import field_docs, help_group
+from shmlearn.config.flags import Option, field_docs, help_group
 from shmlearn.record.readback import Word
-from shmlearn.sweeps.sweep import NOT_SWEPT, PRUNERS, SEARCHES, Sweep, SweepConfig, check_search, split_axes
-from shmlearn.sweeps.grid import GOALS, check_winner
+from shmlearn.sweeps.sweep_config import GOALS, NOT_SWEPT, PRUNERS, SEARCHES, SweepConfig
 
 
 def run_sweep(sc: SweepConfig) -> int:
     """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed; 2 if no
     completed trial reports --winner-metric)."""
+    from shmlearn.sweeps.grid import check_search, check_winner  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.sweeps.sweep import Sweep  # lazy: torch, after the CLI's cheap checks
     check_search(sc)
     check_winner(sc)
     if sc.storage is not None:
@@ -33,7 +38,14 @@ def run_sweep(sc: SweepConfig) -> int:
     return Sweep(sc).run()
 
 
-def register(sub) -> None:
+def _live_options() -> Iterable[Option]:
+    from shmlearn.config.train_config import options  # lazy: torch (a caller without the flag table)
+    return options().values()
+
+
+def register(sub, train_options: Optional[Callable[[], Iterable[Option]]] = None) -> None:
+    """The `sweep` parser. train_options: TrainConfig's options (config.options), as the CLI reads
+    them from its flag table without torch; None reads them live."""
     p = sub.add_parser("sweep", help="sweep any train flags; pick the best per worker count",
                        description="Run every combination of the given flag values as a training run "
                                    "(each flag takes A,B,C or START:STOP:STEP), P at a time without "
@@ -41,7 +53,7 @@ def register(sub) -> None:
                                    "The same command again continues where the last one stopped.")
     p.add_argument("--config", metavar="FILE.yaml", help="YAML of any of these flags; a list is an axis; flags win")
     made: dict = {}
-    for o in options().values():  # TrainConfig's options (config.options), each strategy's under it
+    for o in (train_options or _live_options)():  # TrainConfig's options, each strategy's under it
         if o.name in NOT_SWEPT:
             continue
         where = help_group(p, o, made)
@@ -85,6 +97,8 @@ def register(sub) -> None:
 
 
 def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
+    from shmlearn.config.train_config import load_yaml  # lazy: torch, after the CLI's cheap checks
+    from shmlearn.sweeps.grid import split_axes  # lazy: torch, after the CLI's cheap checks
     values = load_yaml(ns.config) if getattr(ns, "config", None) else {}
     values = _typed({k.replace("-", "_"): v for k, v in values.items()}, f"--config {ns.config}")
     for k in NOT_SWEPT:
@@ -93,8 +107,6 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
     values.update({k: v for k, v in vars(ns).items()
                    if k not in ("command", "config", "func") and not k.startswith("sweep_")})
     fixed, axes = split_axes(values)
-    if not math.isfinite(ns.sweep_threshold):
-        raise BadInput(f"--threshold {ns.sweep_threshold}: expected a finite number (a minimum training loss)")
     for flag, v in (("--parallel", ns.sweep_parallel), ("--slots", ns.sweep_slots)):
         if v is not None and v < 1:
             raise BadInput(f"{flag} {v}: expected a whole number >= 1")
@@ -118,6 +130,7 @@ def _typed(values: dict, source: str) -> dict:
     (flags.Option.coerce), each item of a list (an axis) alone; text is left to parse_values
     ('16,32', '16:64:16' are lists and ranges in a sweep), and so is a list or mapping nested in
     a value (its line says a value may not nest)."""
+    from shmlearn.config.train_config import options  # lazy: torch, after the CLI's cheap checks
     known = options()
     out = {}
     for k, v in values.items():

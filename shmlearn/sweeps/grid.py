@@ -1,6 +1,6 @@
-"""The grid of a sweep: SweepConfig, the flags' values ('A,B,C', 'START:STOP:STEP'), the grid's
-trials in order, and each trial's id (a hash of its config). Nothing here runs a trial (trials.py,
-sweep.py, study.py do)."""
+"""The grid of a sweep: SweepConfig (defined in sweep_config.py), the flags' values ('A,B,C',
+'START:STOP:STEP'), the grid's trials in order, and each trial's id (a hash of its config).
+Nothing here runs a trial (trials.py, sweep.py, study.py do)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,6 @@ import itertools
 import json
 import math
 import re
-from dataclasses import dataclass, field
 from decimal import Decimal, InvalidOperation
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -18,9 +17,8 @@ from shmlearn.errors import BadInput, count
 from shmlearn.config.flags import BOOL_WORDS
 from shmlearn.sweeps.results import AXIS_ORDER
 from shmlearn.sweeps.winners import TIME_AXES
+from shmlearn.sweeps.sweep_config import GOALS, NOT_SWEPT, PRUNERS, SEARCHES, SweepConfig  # noqa: F401 - re-exported
 
-NOT_SWEPT = ("out", "progress", "resume")
-"""Set by the sweep: each trial writes its own run directory, fresh, with no progress bar."""
 MAX_TRIALS = 100_000
 
 
@@ -28,75 +26,6 @@ def trials_at_once(parallel: Optional[int], cuda: bool, slots: int) -> int:
     """SweepConfig.parallel for this machine: as asked, else every GPU (each its own device) or
     one trial at a time on CPU cores (which share memory bandwidth)."""
     return parallel or (slots if cuda else 1)
-
-
-@dataclass(kw_only=True)
-class SweepConfig:
-    fixed: Dict[str, Any] = field(default_factory=dict)
-    """TrainConfig fields shared by every trial (one value each)."""
-    axes: Dict[str, List[Any]] = field(default_factory=dict)
-    """TrainConfig fields swept, each with its values in order; the grid is their product."""
-    threshold: float = 1.8
-    """Winners: drop runs whose minimum training loss is above this (the paper's 1.8)."""
-    target_accuracy: Optional[float] = None
-    """Winners also by the least training seconds to reach this test accuracy."""
-    time_axis: str = "wall"
-    """The clock the loss area is integrated over: wall (the paper's: training seconds as measured)
-    or steps (the step index times the run's 10th-percentile step time, a step the machine's other
-    work hardly slowed: a busy machine moves it far less, so a rerun reaches the same verdict). Every verdict names its runner-up and margin, and says
-    'tied within noise' where the margin is within the timing noise (docs/sweeps.md)."""
-    repeats: int = 1
-    """Train each grid point this many times (seeds seed, seed+1, ...): the verdict takes the
-    median area of a point's repeats, and their spread joins the noise that decides 'tied within
-    noise'. A point is a survivor only when every repeat is."""
-    target_share: Optional[float] = None
-    """Without --target-accuracy: also rank by the least time to this share of the best test
-    accuracy a surviving trial reached (0.9: 90% of it), known once the trials are done (so not
-    used by --prune). Experiments set it to 0.9."""
-    winner_metric: Optional[str] = None
-    """Winners also by this summary.json key (val_loss, test_loss, best_val_loss, test_accuracy,
-    test_<metric> of --compute-loss, ...): per worker count the completed trial with its best
-    value; ties go to the least loss area. An Optuna study (--storage) optimizes it."""
-    winner_goal: Optional[str] = None
-    """min or max: which value of --winner-metric is best. Default: max for accuracy-like names
-    (accuracy, acc, f1, precision, recall, auc, ...), else min (a loss, perplexity, MSE)."""
-    parallel: Optional[int] = None
-    """Trials at once. Default: on GPUs, as many as there are free GPUs (1-worker trials fill
-    every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, 1
-    (trials that run together share memory bandwidth and caches, which shows in their
-    wall-clock areas)."""
-    slots: Optional[int] = None
-    """CPU cores (or GPUs) the sweep may use. Default: all this process may run on."""
-    out: str = ""
-    """Sweep directory: results.jsonl, winners.json, trials/, figures/, report.html."""
-    report: bool = True
-    """Write figures and report.html at the end."""
-    prune: bool = False
-    """Stop a trial as soon as it can no longer win (its loss area so far exceeds the best
-    finished survivor's of its worker count, and with a target accuracy its time passes the
-    best time-to-target): the winners equal the full grid's. Off by default: the paper's
-    figures need every run's full area."""
-    storage: Optional[str] = None
-    """Optuna storage shared by every process of the study (study.py): an RDB URL
-    (sqlite:///PATH, postgresql://..., mysql://...) or journal:PATH (a JournalFileStorage on a
-    shared filesystem). None: the sweep of this one process, results.jsonl its store."""
-    study: Optional[str] = None
-    """Optuna study name (with storage): every process given the same storage, study and flags
-    works on one study."""
-    search: str = "grid"
-    """grid (every combination, Optuna's GridSampler with storage), tpe or random (with storage:
-    `trials` samples between each axis's smallest and largest value)."""
-    trials: Optional[int] = None
-    """tpe/random: trials in the study, counted over all its processes."""
-    pruner: Optional[str] = None
-    """With storage: area (the exact rule of `prune`), median or halving (Optuna's
-    MedianPruner and SuccessiveHalvingPruner, for tpe/random only: they change the winners)."""
-    search_seed: Optional[int] = None
-    """Seed of the tpe/random (and grid's order) sampler; processes sharing a study should each
-    give another (e.g. the Slurm array index), else their random trials repeat and are dropped."""
-    stale_after: float = 60.0
-    """With storage: a running trial whose heartbeat has not moved for this many seconds (or
-    whose process on this host is gone) is lost; it is failed and run again."""
 
 
 # --- grid ----------------------------------------------------------------------------------
@@ -231,7 +160,6 @@ def expand_grid(fixed: Dict[str, Any], axes: Dict[str, List[Any]], *, cuda: bool
         trials.append(cfg)
     return trials
 
-GOALS = ("min", "max")
 METRIC_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
@@ -254,9 +182,13 @@ def check_winner(sc: SweepConfig) -> None:
 
 
 def check_verdict(sc: SweepConfig) -> None:
-    """--time-axis, --repeats and --target-share before any trial: pruning bounds one run's
+    """--threshold, --time-axis, --repeats and --target-share before any trial: pruning bounds one run's
     wall-clock area, so it goes with neither --time-axis steps nor --repeats; a study runs each
     point once."""
+    if not (isinstance(sc.threshold, (int, float)) and math.isfinite(sc.threshold) and sc.threshold >= 0):
+        # a loss the winner rule compares is >= 0 (cross-entropy, MSE): below 0 no run survives
+        raise BadInput(f"--threshold {sc.threshold}: expected a finite number >= 0 (the highest minimum "
+                       f"training loss a winner may have)")
     if sc.time_axis not in TIME_AXES:
         raise BadInput(f"--time-axis {sc.time_axis}: expected one of {', '.join(TIME_AXES)}")
     if not isinstance(sc.repeats, int) or sc.repeats < 1:
@@ -291,10 +223,6 @@ def with_repeats(trials: List[TrainConfig], repeats: int) -> Tuple[List[TrainCon
             out.append(c)
             point_of[trial_id(c)] = (point, k)
     return out, point_of
-
-
-SEARCHES = ("grid", "tpe", "random")
-PRUNERS = ("area", "median", "halving")
 
 
 def check_search(sc: SweepConfig) -> None:

@@ -31,6 +31,7 @@ import time
 from typing import Any, Dict, List, Optional, Tuple
 
 from shmlearn.config.train_config import TrainConfig
+from shmlearn.record import safe_write
 from shmlearn.errors import count
 from shmlearn.sweeps.pruning import bound_key, post_bound
 from shmlearn.sweeps.results import ResultStore, pick_winners, winners_table  # noqa: F401 - re-exported
@@ -83,7 +84,7 @@ class Sweep(TrialRunner):
 
     def _schedule(self, pending: List[TrainConfig]) -> None:
         """Run the pending trials in grid order on one pool; a failed one is retried once at once."""
-        os.makedirs(self.tmp_dir, exist_ok=True)
+        safe_write.makedirs(self.tmp_dir, root=self.dir)
         queue: List[Tuple[TrainConfig, int]] = [(c, 1) for c in pending]
         free = list(range(self.nslots))
         running: Dict[int, Running] = {}

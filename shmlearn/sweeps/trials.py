@@ -126,6 +126,8 @@ class TrialRunner(abc.ABC):
         if self.sc.slots is not None and self.sc.slots < 1:
             raise BadInput(f"--slots {self.sc.slots}: expected a whole number > 0")
         check_sweep_out(self.dir)  # not a file, not a training run's folder
+        # A damaged sweep.json is refused (one line naming it) before this run rewrites it.
+        readback.sweep_spec(self.dir)
         check_verdict(self.sc)
         self.cuda, self.nslots = find_slots(self.sc)
         self.parallel = trials_at_once(self.sc.parallel, self.cuda, self.nslots)
@@ -138,8 +140,9 @@ class TrialRunner(abc.ABC):
             if big > torch.cuda.device_count():
                 raise BadInput(f"--workers: a trial needs {big} processes, one GPU each; "
                                f"{torch.cuda.device_count()} GPUs present")
-        try:
-            os.makedirs(self.trials_dir, exist_ok=True)
+        try:  # trials/ or trials/.tmp a link out of --out: refused before anything is made through it
+            safe_write.makedirs(self.trials_dir, root=self.dir)
+            safe_write.check(self.tmp_dir, self.dir)
         except OSError as e:
             raise BadInput(f"--out {self.dir}: cannot write there ({e.strerror})") from None
         lock = self.lock()

@@ -27,9 +27,11 @@ for _found in sorted((m for m in pkgutil.iter_modules(__path__) if m.name not in
                      key=lambda m: m.name):
     try:
         importlib.import_module(f"{__name__}.{_found.name}")
-    except Exception as _e:  # noqa: BLE001 - the user's file: one line naming it, before any worker starts
-        raise BadInput(f"strategy file {os.path.join(_found.module_finder.path, _found.name)}.py: raised at import: "
-                       f"{one_line(_e)}{user_frame(_e)}") from None
+    except (Exception, SystemExit) as _e:  # noqa: BLE001 - the user's file: one line naming it, before any worker
+        # starts; a sys.exit() there ended the program with its code and no line (the campaign's exit 3)
+        what = f"called sys.exit({_e.code!r})" if isinstance(_e, SystemExit) else f"raised at import: {one_line(_e)}"
+        raise BadInput(f"strategy file {os.path.join(_found.module_finder.path, _found.name)}.py: {what}"
+                       f"{user_frame(_e)}") from None
 
 
 def build_strategy(name: str, *, rank: int, world_size: int, group=None, **config) -> SyncStrategy:

@@ -300,11 +300,19 @@ def finished(run_dir: str, rank: int = 0, world_size: int = 1) -> Optional[dict]
     """--resume on a run that already ended, before anything in its folder is touched: its
     summary (rank 0 says so, and where the results are) for a completed run; Diverged for a run
     that diverged (resuming would only replay it); None for a run to continue. Collective where
-    world_size > 1 (rank 0 reads summary.json, every rank learns what it found)."""
-    got = [runs.finished(run_dir) if rank == 0 else None]
+    world_size > 1 (rank 0 reads the run's files, every rank learns what it found: a damaged
+    file is the same BadInput on every rank, not rank 0's alone while the others wait)."""
+    got: List[Any] = [None]
+    if rank == 0:
+        try:
+            got = [runs.finished(run_dir)]
+        except BadInput as e:
+            got = [e]
     if world_size > 1:
         dist.broadcast_object_list(got, src=0)
     summary = got[0]
+    if isinstance(summary, BadInput):
+        raise BadInput(str(summary))
     if summary is None:
         return None
     where = os.path.join(run_dir, "summary.json")

@@ -61,6 +61,21 @@ def parse_args(text: Optional[str], flag: str) -> Dict[str, Any]:
     return out
 
 
+PERIODS = ("step_size", "T_max")
+"""Scheduler arguments that are a period in steps or epochs, which torch takes at any sign:
+StepLR(step_size=-1) decays at every step, CosineAnnealingLR(T_max=-5) runs its cosine backwards
+(0 divides by zero, found only when stepped)."""
+
+
+def check_periods(args: Dict[str, Any], text: Any) -> None:
+    """Each of PERIODS in a scheduler's keywords a whole number >= 1; else BadInput naming it."""
+    for key in PERIODS:
+        v = args.get(key)
+        if key in args and (not isinstance(v, int) or isinstance(v, bool) or v < 1):
+            raise BadInput(f"--scheduler-args {text}: {key}={v}; expected a whole number >= 1 "
+                           f"(a period in steps or epochs)")
+
+
 def _pairs(text: str, flag: str) -> Dict[str, Any]:
     items, depth, cur = [], 0, ""
     for ch in str(text):
@@ -138,7 +153,9 @@ def validate(cfg) -> None:
             if cls is None or cls.__name__ in ("ChainedScheduler", "SequentialLR"):
                 raise BadInput(f"--scheduler {cfg.scheduler}: choose a torch.optim.lr_scheduler class "
                                f"({_torch_names('scheduler')}), or your own as FILE.py:NAME")
-        parse_args(cfg.scheduler_args, "--scheduler-args")
+        args = parse_args(cfg.scheduler_args, "--scheduler-args")
+        if not is_ref(cfg.scheduler):  # torch's classes; a user's own names its arguments as it likes
+            check_periods(args, cfg.scheduler_args)
         if is_builtin_optimizer(cfg) and (cfg.warmup or cfg.warmup_fraction is not None):
             raise BadInput(f"--warmup: belongs to the built-in --lr-schedule; --scheduler {cfg.scheduler} "
                            f"replaces it")

@@ -24,6 +24,16 @@ from typing import Iterator, Optional, Tuple
 
 _importing = False
 """True while this worker runs the user's script (import_main): shmlearn.train then stops it."""
+_program = False
+"""True in the `shmlearn` program (cli.main.entry): its __main__ is a console script or
+shmlearn/__main__.py, never a script of the user's, and a console script without a main guard
+would run the whole command again in every worker (a sweep's workers each ran the sweep)."""
+
+
+def program_owns_main() -> None:
+    """The `shmlearn` program is running: its workers import no script (main_reference)."""
+    global _program
+    _program = True
 
 
 class MainStop(BaseException):
@@ -52,9 +62,10 @@ def stop_if_importing() -> None:
 def main_reference(init=None) -> Optional[Tuple[str, str]]:
     """("path", FILE) or ("name", MODULE) of the script a worker must import, as multiprocessing
     decides it (spawn.get_preparation_data), or None: no file (an interactive session, `python
-    -c`), or a package's __main__ (`python -m shmlearn`, `python -m pytest`), which multiprocessing
-    never imports either; None too where the pool's init (fn, args) comes from the script, which
-    the worker unpickles before it could run the script: multiprocessing imports it then."""
+    -c`, the `shmlearn` program's console script: main_file), or a package's __main__ (`python -m
+    shmlearn`, `python -m pytest`), which multiprocessing never imports either; None too where the
+    pool's init (fn, args) comes from the script, which the worker unpickles before it could run
+    the script: multiprocessing imports it then."""
     if getattr(init[0] if init else None, "__module__", "") == "__main__":
         return None
     main = sys.modules.get("__main__")
@@ -73,7 +84,9 @@ def main_reference(init=None) -> Optional[Tuple[str, str]]:
 def main_file() -> Optional[str]:
     """The file of the script `__main__` runs, as the process has it, or None where there is no file
     a worker could import: an interactive session, `python -c`, and `python -` (a script read from
-    stdin, whose __file__ is '<stdin>')."""
+    stdin, whose __file__ is '<stdin>'), and the `shmlearn` program's own script (program_owns_main)."""
+    if _program:
+        return None
     path = getattr(sys.modules.get("__main__"), "__file__", None)
     if not path or (path.startswith("<") and path.endswith(">")):
         return None

@@ -129,3 +129,44 @@ def test_committed_sweeps_advice_is_what_the_notes_say():
         assert doc["b_simple"] == pytest.approx(saved["b_simple"]) and doc["b_crit_fit"] == pytest.approx(saved["b_crit_fit"])
         assert [m["steps"] for m in doc["measured"]] == [m["steps"] for m in saved["measured"]]
         assert math.isfinite(doc["steps_error"]["median"])
+
+
+# --- a run directory as the user left it (issue 53's fault campaign) ------------------------------
+
+@pytest.fixture
+def run(tmp_path):
+    _write_run(tmp_path / "run", 1, 32, 0.1, 300, 400, 0.004, b_simple=50.0)
+    (tmp_path / "run" / "config.yaml").write_text("model: mlp\nworkers: 1\n")
+    return tmp_path / "run"
+
+
+def test_the_default_output_folder_a_link_out_of_the_run_is_refused(run, tmp_path, capsys):
+    """RUN/advise a link to a folder elsewhere: advise.json and advise.png were written there."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink(outside, run / "advise")
+    assert main(["advise", str(run), "--workers", "1,2"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run / 'advise'}: a symlink to {outside}, outside {run}" in err[0], err
+    assert os.listdir(outside) == []
+
+
+def test_an_out_given_as_a_link_is_where_the_user_asked_the_files_to_go(run, tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    os.symlink(outside, tmp_path / "adv")
+    assert main(["advise", str(run), "--workers", "1,2", "--out", str(tmp_path / "adv")]) == 0
+    assert json.loads((outside / "advise.json").read_text())["kind"] == "run"
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--workers", "1,1000000000000"], "--workers 1,1000000000000: 1,000,000,000,000 is more than 1,000,000"),
+    ([], "config.yaml: expected an object at the top, got a list"),
+], ids=["workers-1e12", "config-a-list"])
+def test_a_run_advise_cannot_read_or_a_count_past_any_machine_is_one_line(run, tmp_path, capsys, argv, says):
+    if not argv:
+        (run / "config.yaml").write_text("- 1\n- 2\n")  # was read around: exit 0
+    assert main(["advise", str(run), *argv, "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (tmp_path / "o").exists()

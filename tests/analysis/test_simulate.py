@@ -301,3 +301,36 @@ def test_predictions_match_the_compiled_step_on_4_h200s(model):
         if model == "alexnet-small-b128" and w == 4:
             continue
         assert abs(v["error"]) <= TOLERANCE, f"{v['name']}: {v['error']:+.1%}"
+
+
+def test_a_compute_run_whose_config_yaml_is_damaged_is_one_line(tmp_path, capsys):
+    """simulate --compute RUN read summary.json only: a config.yaml that is a list passed (exit 0)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(_summary(workers=1, processes=1, model="mlp", dataset="digits")))
+    (run / "config.yaml").write_text("- 1\n- 2\n")
+    assert main(["simulate", "--compute", str(run), "--net-bw", "10", "--out", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run / 'config.yaml'}: expected an object at the top, got a list" in err[0], err
+    assert not (tmp_path / "sim").exists()
+
+
+def test_a_worker_count_past_any_machine_is_one_line(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(_summary(workers=1, processes=1, model="mlp", dataset="digits")))
+    assert main(["simulate", "--compute", str(run), "--net-bw", "10", "--workers", "1,2000000",
+                 "--out", str(tmp_path / "sim")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--workers 1,2000000: 2,000,000 is more than 1,000,000" in err[0], err
+
+
+def test_an_out_that_cannot_be_made_names_the_out_given(tmp_path, capsys):
+    """The campaign's full-simulate-out-proc: the line named /proc/shmlearn-nowhere, not the --out."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "summary.json").write_text(json.dumps(_summary(workers=1, processes=1, model="mlp", dataset="digits")))
+    assert main(["simulate", "--compute", str(run), "--net-bw", "10", "--out", "/proc/shmlearn-nowhere/sim"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("shmlearn: error: simulate --out /proc/shmlearn-nowhere/sim: cannot "
+                                               "write /proc/shmlearn-nowhere"), err

@@ -61,6 +61,27 @@ def test_train_help_and_a_typo_answer_from_the_table_without_torch(tmp_path):
                            "(see `shmlearn --help`)"), err
 
 
+def test_sweep_help_answers_from_the_table_without_torch_as_it_did_live(tmp_path):
+    """`sweep --help` imported torch (its parser read TrainConfig's options live); it reads the
+    flag table as train's does, and says the same."""
+    cache = tmp_path / "cache"
+    live_help, _, first = probe(["sweep", "--help"], cache)  # no table yet: read live, kept
+    assert first["code"] == 0 and first["torch"]
+    table_help, _, second = probe(["sweep", "--help"], cache)
+    assert second["code"] == 0 and not second["torch"], second
+    assert table_help == live_help and "--threshold" in table_help and "--batch-size" in table_help
+    _, err, typo = probe(["sweep", "--worker", "1"], cache)
+    assert typo["code"] == 2 and not typo["torch"] and "did you mean --workers?" in err, (typo, err)
+
+
+@pytest.mark.parametrize("argv", [["experiment", "--help"], ["experiment", "run", "--help"], ["report", "--help"],
+                                  ["advise", "--help"], ["bench", "--help"]])
+def test_a_subcommands_help_imports_no_torch(tmp_path, argv):
+    out, _, seen = probe(argv, tmp_path / "cache")
+    assert seen["code"] == 0 and not seen["torch"], seen
+    assert out.startswith(f"usage: shmlearn {' '.join(argv[:-1])}"), out
+
+
 def test_the_table_parses_every_kind_of_flag_as_the_live_options_do(tmp_path):
     """What a table-built parser gives the config is what the live one gives: types (int, float,
     Optional), choices, --no-X switches, a strategy's parameter."""
@@ -117,6 +138,15 @@ def test_the_command_list_is_each_commands_own_help():
     from shmlearn.cli.main import COMMANDS, build_parser
     sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert {a.dest: a.help for a in sub._choices_actions} == COMMANDS
+
+
+def test_the_benchmark_list_is_each_benchmarks_own_help():
+    """`bench --help` lists the benchmarks from bench.SUBCOMMANDS without importing them."""
+    from shmlearn.bench import SUBCOMMANDS
+    from shmlearn.cli.main import build_parser
+    bench = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices["bench"]
+    sub = next(a for a in bench._actions if isinstance(a, argparse._SubParsersAction))
+    assert {a.dest: a.help for a in sub._choices_actions} == {k: v[1] for k, v in SUBCOMMANDS.items()}
 
 
 def _train_parser():

@@ -47,11 +47,21 @@ def test_each_problem_is_one_line_naming_the_variable_its_value_and_what_is_expe
     assert "expected" in text or "is not" in text
 
 
-def test_every_problem_is_reported_at_once_one_line_each():
+def test_every_problem_is_reported_at_once_in_one_line():
     text = refused({"RANK": "x", "WORLD_SIZE": "y", "MASTER_PORT": "0"})
-    lines = text.splitlines()
-    assert len(lines) == 3 and any("RANK='x'" in x for x in lines) and any("WORLD_SIZE='y'" in x for x in lines)
-    assert any("MASTER_PORT='0'" in x for x in lines)
+    assert len(text.splitlines()) == 1, text
+    problems = text.split(": ", 1)[1].split("; ")
+    assert len(problems) == 3, text
+    assert [p.split("=")[0] for p in problems] == ["WORLD_SIZE", "RANK", "MASTER_PORT"], text
+
+
+def test_a_variable_read_twice_is_one_problem_and_the_refusal_one_line():
+    # srun's SLURM_NTASKS and SLURM_STEP_NUM_TASKS both wrong: SLURM_STEP_NUM_TASKS is read as a
+    # count and as the world size, and was named twice, over three lines (the campaign's
+    # env-slurm-ntasks-x)
+    text = refused({"SLURM_PROCID": "0", "SLURM_NTASKS": "x", "SLURM_STEP_NUM_TASKS": "x"})
+    assert len(text.splitlines()) == 1, text
+    assert text.count("SLURM_STEP_NUM_TASKS='x'") == 1 and text.count("SLURM_NTASKS='x'") == 1, text
 
 
 def test_valid_environments_are_read_as_before():

@@ -190,6 +190,18 @@ def _only_newest(out):
     return os.path.join(checkpoint.step_dir(str(out), 16), "rank0.ckpt")
 
 
+def test_weights_of_the_wrong_shapes_name_the_file(checkpointed, tmp_path):
+    """The campaign's read-load-model-wrong-shapes: the line named the run folder, not model.pt."""
+    from shmlearn import load_model
+    run = tmp_path / "run"
+    shutil.copytree(checkpointed, run)
+    blob = torch.load(run / "model.pt", weights_only=True)
+    torch.save({**blob, "state_dict": {k: torch.zeros(3) for k in blob["state_dict"]}}, run / "model.pt")
+    with pytest.raises(BadInput) as e:
+        load_model(str(run))
+    assert str(e.value).startswith(f"{run / 'model.pt'}: the weights do not fit the model mlp ("), str(e.value)
+
+
 @pytest.mark.parametrize("edit,needle", [
     (lambda s: [1, 2], "malformed: "),
     (lambda s: {k: v for k, v in s.items() if k != "optimizer"}, "'optimizer' is missing"),
@@ -230,6 +242,77 @@ def test_a_renamed_checkpoint_folder_does_not_resume_as_completed(interrupted, m
     line = refused(["train", "--resume", "--out", str(interrupted), *RUN], monkeypatch, capfd)
     assert f"{root}/step-00000016/rank0.ckpt: holds step 8, not the folder's 16" in line, line
     assert not (interrupted / "summary.json").exists()
+
+
+def _tree(out):
+    """Every file under out and its bytes (the lock aside: taking it is no change)."""
+    found = {}
+    for d, _, names in os.walk(out):
+        for n in names:
+            if n != ".lock":
+                with open(os.path.join(d, n), "rb") as f:
+                    found[os.path.relpath(os.path.join(d, n), out)] = f.read()
+    return found
+
+
+def _insert_line(text, line):
+    rows = text.splitlines()
+    return "\n".join(rows[:1] + [line] + rows[1:]) + "\n"
+
+
+@pytest.mark.parametrize("name,damage,needle", [
+    ("summary.json", lambda t: '{"status": "compl', "summary.json: not valid JSON"),
+    ("summary.json", lambda t: "[1, 2]", "summary.json: expected an object at the top, got a list"),
+    ("config.yaml", lambda t: "- 1\n- 2\n", "config.yaml: expected an object at the top, got a list"),
+    ("config.yaml", lambda t: "lr: [0.1\nworkers: {\n", "config.yaml: not valid YAML"),
+    ("metrics.jsonl", lambda t: _insert_line(t, "not json {"), "metrics.jsonl line 2: not valid JSON"),
+    ("eval.jsonl", lambda t: _insert_line(t, "[1, 2]"), "eval.jsonl line 2: expected a JSON object, got a list"),
+], ids=["summary-not-json", "summary-list", "config-list", "config-not-yaml", "metrics-garbage", "eval-list-row"])
+def test_resume_refuses_a_damaged_run_file_and_rewrites_nothing(interrupted, monkeypatch, capfd, name, damage,
+                                                               needle):
+    """The campaign's read-resume-*: --resume took a damaged summary.json for no summary and
+    resumed from the checkpoints, rewriting config.yaml, cutting the logs and pruning checkpoints."""
+    path = interrupted / name
+    path.write_text(damage(path.read_text() if path.exists() else ""))
+    before = _tree(interrupted)
+    line = refused(["train", "--resume", "--out", str(interrupted), *RUN], monkeypatch, capfd)
+    assert f"{interrupted}/{needle}" in line, line
+    assert _tree(interrupted) == before
+
+
+def _finished_on_rank(rank, port, run_dir, out):
+    import datetime
+    import torch.distributed as dist
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=60))
+    try:
+        checkpoint.finished(run_dir, rank, 2)
+        said = "returned"
+    except BadInput as e:
+        said = str(e)
+    with open(f"{out}.{rank}", "w") as f:
+        f.write(said)
+    dist.destroy_process_group()
+
+
+def test_under_a_launcher_every_rank_gets_rank_0s_refusal(interrupted, tmp_path):
+    """Under torchrun rank 0 reads the run's files and broadcasts what it found: a refusal on rank
+    0 alone would leave rank 1 waiting in the broadcast until --timeout."""
+    from shmlearn.launch.start import free_port
+    from tests.procs import processes
+    (interrupted / "summary.json").write_text("[1, 2]")
+    processes(_finished_on_rank, (free_port(), str(interrupted), str(tmp_path / "said")), 2)
+    said = [(tmp_path / f"said.{r}").read_text() for r in (0, 1)]
+    assert said[0] == said[1] and f"{interrupted / 'summary.json'}: expected an object" in said[0], said
+
+
+def test_resume_of_a_whole_stopped_run_still_continues(interrupted):
+    from shmlearn.record import readback
+    assert readback.resume_check(str(interrupted)) is None  # nothing damaged: resumed, as before
+    summary = {"status": "completed", "steps": 16}
+    (interrupted / "summary.json").write_text(json.dumps(summary))
+    (interrupted / "metrics.jsonl").write_text("not json {\n")  # an ended run is never read past its summary
+    assert readback.resume_check(str(interrupted)) == summary
 
 
 def test_a_fifo_in_place_of_a_checkpoint_never_blocks(interrupted):
@@ -276,12 +359,18 @@ def test_a_stale_after_of_nan_is_refused_without_storage_too(tmp_path, monkeypat
     assert "--stale-after nan: expected seconds > 0" in line and not (tmp_path / "sw").exists()
 
 
-@pytest.mark.parametrize("args,needle", [
-    ("step_size=0", "--scheduler StepLR --scheduler-args step_size=0: stepping it raised ZeroDivisionError"),
-    ("step_size=1,gamma=nan", "--scheduler-args step_size=1,gamma=nan: gamma=nan; expected finite numbers"),
-], ids=["step-size-0", "gamma-nan"])
-def test_scheduler_arguments_that_cannot_run_are_refused_before_workers(tmp_path, monkeypatch, capfd, args, needle):
-    line = refused(["train", "--workers", "2", "--optimizer", "Adadelta", "--scheduler", "StepLR",
+@pytest.mark.parametrize("sched,args,needle", [
+    ("StepLR", "step_size=0", "--scheduler-args step_size=0: step_size=0; expected a whole number >= 1"),
+    ("StepLR", "step_size=1,gamma=nan", "--scheduler-args step_size=1,gamma=nan: gamma=nan; expected finite numbers"),
+    # torch takes these, and trains: a decay at every step, a cosine run backwards (were exit 0)
+    ("StepLR", "step_size=-1", "--scheduler-args step_size=-1: step_size=-1; expected a whole number >= 1"),
+    ("CosineAnnealingLR", "T_max=-5", "--scheduler-args T_max=-5: T_max=-5; expected a whole number >= 1"),
+    ("StepLR", "step_size=2.5", "--scheduler-args step_size=2.5: step_size=2.5; expected a whole number >= 1"),
+    ("CosineAnnealingLR", "T_max=0,eta_min=0.5", "--scheduler-args T_max=0,eta_min=0.5: T_max=0; expected a"),
+], ids=["step-size-0", "gamma-nan", "step-size-negative", "t-max-negative", "step-size-fraction", "t-max-0"])
+def test_scheduler_arguments_that_cannot_run_are_refused_before_workers(tmp_path, monkeypatch, capfd, sched, args,
+                                                                        needle):
+    line = refused(["train", "--workers", "2", "--optimizer", "Adadelta", "--scheduler", sched,
                     "--scheduler-args", args, "--out", str(tmp_path / "r")], monkeypatch, capfd)  # were exit 1
     assert needle in line, line
     assert not (tmp_path / "r").exists()  # before the run directory, so before any worker

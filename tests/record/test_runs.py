@@ -93,8 +93,9 @@ def test_finished_is_a_run_that_completed_or_diverged(tmp_path):
     for status, done in (("failed", False), ("completed", True), ("diverged", True)):
         rd.write_summary({"status": status, "steps": 3})
         assert (finished(rd.path) is not None) == done
-    (tmp_path / "r" / "summary.json").write_text("[1, 2]")  # not a run's result
-    assert finished(rd.path) is None
+    (tmp_path / "r" / "summary.json").write_text("[1, 2]")  # damaged: refused, never resumed over (issue 53)
+    with pytest.raises(BadInput, match="summary.json: expected an object at the top, got a list"):
+        finished(rd.path)
     rd.close()
     assert not [n for n in os.listdir(rd.path) if ".tmp" in n]
 

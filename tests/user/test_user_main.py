@@ -51,3 +51,23 @@ def test_a_script_training_at_module_level_runs_the_code_after_train_once(tmp_pa
     assert after == [str(after[0]), "completed"]  # once, completed
     tops = (tmp_path / "run.top").read_text().split()
     assert len(tops) == 3 and after[0] in tops  # the script's process and its 2 workers
+
+
+CONSOLE = "from shmlearn.cli.main import entry\nentry()\n"
+"""A `shmlearn` console script without pip's `if __name__ == "__main__":` guard."""
+
+
+def test_the_programs_console_script_is_not_run_again_in_its_workers(tmp_path):
+    """The campaign's cwd-shmlearn-folder-sweep: every pool worker ran the console script as the
+    user's, i.e. the whole sweep again, which found the sweep's lock held and exited 2: each trial
+    'worker died (exited with code 2)'. The program's workers import no script."""
+    script = tmp_path / "shmlearn-script"
+    script.write_text(CONSOLE)
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "PYTEST_CURRENT_TEST")}
+    out = tmp_path / "s"
+    r = subprocess.run([sys.executable, str(script), "sweep", "--dataset", "digits", "--model", "softmax",
+                        "--samples", "512", "--workers", "1", "--lr", "0.1,0.2", "--no-report", "--no-progress",
+                        "--out", str(out)], capture_output=True, text=True, timeout=600,
+                       env=dict(env, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2

@@ -109,6 +109,8 @@ def load_compute(path: str, batch: Optional[int] = None) -> Compute:
     """A run directory or its summary.json (one worker), a throughput JSON, or a `bench
     throughput` JSON (its one-worker row at `batch`)."""
     d = _read_json("--compute", path)
+    if os.path.isdir(path):  # a run directory: a damaged one is refused whole, not read around
+        readback.run_config(path, missing_ok=True)
     if d.get("benchmark") == "throughput" and "results" in d:
         d = throughput_compute(d, batch, path)
     model = d.get("model")

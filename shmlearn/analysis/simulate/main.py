@@ -75,7 +75,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from shmlearn.bench.common import parse_int_list, try_pyplot
+from shmlearn.bench.common import MAX_WORKERS, parse_int_list, try_pyplot
 from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.config.limits import number, whole
@@ -256,7 +256,7 @@ def register(sub) -> None:
 
 
 def cmd_simulate(ns) -> int:
-    workers = parse_int_list(ns.workers, flag="--workers") if ns.workers else []
+    workers = parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS) if ns.workers else []
     if ns.avg_period < 1:
         raise BadInput(f"--avg-period {ns.avg_period}: must be >= 1")
     doc = simulate(comm=ns.comm, compute=ns.compute, ps_sim=ns.ps_sim, net_bw=ns.net_bw,
@@ -265,7 +265,7 @@ def cmd_simulate(ns) -> int:
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
                    allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch,
                    comm_after_compute=ns.comm_after_compute)
-    with safe_write.cli_output("simulate"):  # a full disk, a read-only folder: one line, earlier files kept
+    with safe_write.cli_output(f"simulate --out {ns.out}"):  # a full disk, a read-only folder: one line
         os.makedirs(ns.out, exist_ok=True)
         safe_write.write_json(os.path.join(ns.out, "simulate.json"), doc, indent=1)
     n = doc["network"]
@@ -288,7 +288,7 @@ def cmd_simulate(ns) -> int:
     if doc["validation"]:
         print(format_validation(doc["validation"]))
     print(f"wrote {os.path.join(ns.out, 'simulate.json')}")
-    with safe_write.cli_output("simulate"):
+    with safe_write.cli_output(f"simulate --out {ns.out}"):
         png = plot(doc, os.path.join(ns.out, "simulate.png"))
     print(f"wrote {png}" if png else "no plot: matplotlib is not installed")
     return 0
