@@ -101,14 +101,16 @@ class StepOptions(Section):
     conv_pool: Literal[CONV_POOL] = "auto"
     """How a Conv2d (stride 1) followed by ReLU and MaxPool2d(2) in an nn.Sequential runs: off
     (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
-    with Triton) or auto (triton where it can run). Same outputs and gradients, parameters and
-    checkpoints; shmlearn/nn/conv_pool.py."""
+    with Triton) or auto (triton where it can run and is already built on this machine for these
+    shapes, or the run has 10,000+ steps: a first build takes about a minute; step/built.py).
+    Evaluation runs torch's ops. Same outputs and gradients, parameters and checkpoints;
+    shmlearn/nn/conv_pool.py."""
     mlp_head: Literal[MLP_HEAD] = "auto"
     """How a classifier head of 2 or 3 Linear layers with ReLU between them (consecutive in an
     nn.Sequential, widths <= 128) runs in fp16/bf16: off (torch's ops: about 15 kernels) or triton
     (three fused Triton kernels, forward and backward; CUDA with Triton) or auto (triton where it
-    can run). Same outputs and gradients to rounding, parameters and checkpoints;
-    shmlearn/nn/mlp_head.py."""
+    can run and is built, as --conv-pool auto). Evaluation runs torch's ops. Same outputs and
+    gradients to rounding, parameters and checkpoints; shmlearn/nn/mlp_head.py."""
     conv_overlap: Literal[CONV_OVERLAP] = "auto"
     """How a convolution's backward runs its two GEMMs (the input's gradient and the weight's):
     off (one after the other, as torch does), small (on two CUDA streams at once, for

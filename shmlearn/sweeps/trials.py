@@ -330,19 +330,7 @@ class TrialRunner(abc.ABC):
         print(winners_table(w), flush=True)
         self.metric_missing = w.get("metric_missing")
         if self.sc.report:
-            try:
-                from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
-            except ImportError as e:
-                print(f"sweep: no report ({e}); pip install matplotlib", file=sys.stderr)
-                return
-            try:
-                path = write_report([self.dir])
-            except OSError as e:  # a full disk: the results are safe in results.jsonl
-                print(f"sweep: could not write the report ({e}); the results are recorded; "
-                      f"`shmlearn report {self.dir}` writes it again", file=sys.stderr, flush=True)
-                self.report_failed = True
-                return
-            print(f"sweep: report {path}", flush=True)
+            self.report_failed = not draw_report(self.dir)
 
     def exit_code(self, failed: str) -> int:
         """0, or 1 when a trial failed (each listed, after `failed`) or the report could not be
@@ -360,6 +348,24 @@ class TrialRunner(abc.ABC):
             print(f"sweep: {self.metric_missing}", file=sys.stderr, flush=True)
             code = 2
         return code
+
+
+def draw_report(folder: str) -> bool:
+    """The sweep's report (report.html and its figures) in folder; False where it could not be
+    written (a full disk: the results are safe in results.jsonl). Without matplotlib: a note, True."""
+    try:
+        from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
+    except ImportError as e:
+        print(f"sweep: no report ({e}); pip install matplotlib", file=sys.stderr)
+        return True
+    try:
+        path = write_report([folder])
+    except OSError as e:
+        print(f"sweep: could not write the report ({e}); the results are recorded; "
+              f"`shmlearn report {folder}` writes it again", file=sys.stderr, flush=True)
+        return False
+    print(f"sweep: report {path}", flush=True)
+    return True
 
 
 def result_row(cfg: TrainConfig, tid: str, summary: Dict[str, Any], run_dir: str, evals: List[Dict[str, Any]],
