@@ -29,7 +29,8 @@ from shmlearn.bench import register as register_bench
 from shmlearn.data.files import FILE_DATASETS, check_present
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.cli import exits
-from shmlearn.launch import forkserver, user_main
+from shmlearn.launch import forkserver
+from shmlearn.user import user_main
 from shmlearn.config.flags import Option, choice_error, help_group, read_table, write_table
 from shmlearn.config.flags import field_docs, scalar_type as _scalar_type  # noqa: F401 - cli's API, read from here
 from shmlearn.launch.start import detect_env
