@@ -25,6 +25,7 @@ import sys
 from typing import Callable, List
 
 from shmlearn.errors import BadInput, one_line
+from shmlearn.record import safe_write
 
 
 class Hangup(KeyboardInterrupt):
@@ -103,6 +104,7 @@ def _on_signal(signum, frame) -> None:
         if not _said:
             code = interrupted(_argv, hangup=signum == signal.SIGHUP)
         _flush_quietly()
+        safe_write.discard_unfinished()
         os._exit(code)
     raise Hangup() if signum == signal.SIGHUP else KeyboardInterrupt()
 
@@ -181,6 +183,7 @@ def guarded(command: Callable[[], int], argv: List[str]) -> int:
     try:
         return command()
     except KeyboardInterrupt as e:
+        safe_write.discard_unfinished()
         return interrupted(argv, hangup=isinstance(e, Hangup))
     except BadInput as e:  # raised where the command's own handler does not reach (an import)
         _say(f"shmlearn: error: {e}")

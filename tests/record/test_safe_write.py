@@ -227,3 +227,30 @@ def test_simulate_on_a_full_disk_is_one_line_and_keeps_the_earlier_output(tmp_pa
     assert r.stderr.strip().count("\n") == 0, r.stderr
     assert "predictions" in json.loads((out / "simulate.json").read_text())  # written whole before the PNG
     assert sorted(p.name for p in out.iterdir()) == ["simulate.json"]
+
+
+def test_a_temporary_file_left_by_an_interrupt_before_its_block_is_removed_on_the_way_out(tmp_path):
+    """The fault campaign's int-sweep-report: a Ctrl-C right after a temporary file's create, before
+    the block that removes it on an error, left figures/*.png.tmp.* behind. The program's Ctrl-C
+    path removes what this process created and neither renamed nor removed; finished writes stay."""
+    from shmlearn.record import safe_write as sw
+    sw.write(str(tmp_path / "kept.json"), "{}")
+    fd, tmp = sw._temp(str(tmp_path / "figure.png"))  # created, as the interrupt finds it
+    os.close(fd)
+    assert os.path.exists(tmp)
+    sw.discard_unfinished()
+    assert sorted(os.listdir(tmp_path)) == ["kept.json"]
+    assert not sw._PENDING
+
+
+def test_ctrl_c_in_a_command_removes_its_unfinished_temporary_files(tmp_path, capsys):
+    """exits.guarded: a KeyboardInterrupt escaping the command discards the unfinished temporaries."""
+    from shmlearn.cli import exits
+    from shmlearn.record import safe_write as sw
+
+    def command():
+        fd, _ = sw._temp(str(tmp_path / "report.html"))
+        os.close(fd)
+        raise KeyboardInterrupt
+    assert exits.guarded(command, ["sweep"]) == 130
+    assert os.listdir(tmp_path) == []
