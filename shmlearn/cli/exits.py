@@ -150,8 +150,10 @@ def _say(line: str, own_line: bool = False) -> None:
 
 
 def interrupted(argv: List[str], hangup: bool = False) -> int:
-    """The line and exit code of an interrupted command."""
+    """The line and exit code of an interrupted command (every interrupt's way out): the temporary
+    files it left unfinished are removed first."""
     global _said
+    safe_write.discard_unfinished()
     what = "hangup (SIGHUP)" if hangup else "interrupted (Ctrl-C)"
     if _said:
         return 129 if hangup else 130
@@ -183,7 +185,6 @@ def guarded(command: Callable[[], int], argv: List[str]) -> int:
     try:
         return command()
     except KeyboardInterrupt as e:
-        safe_write.discard_unfinished()
         return interrupted(argv, hangup=isinstance(e, Hangup))
     except BadInput as e:  # raised where the command's own handler does not reach (an import)
         _say(f"shmlearn: error: {e}")

@@ -88,14 +88,17 @@ def _temp(path: str) -> tuple:
         except FileExistsError:
             _PENDING.discard(tmp)
             continue
+        except BaseException:  # interrupted once it was made: the caller never gets its name
+            _remove(tmp)
+            raise
 
 
 def _remove(tmp: str) -> None:
-    _PENDING.discard(tmp)
     try:
         os.remove(tmp)
     except OSError:
         pass  # already gone, or the folder went away with it
+    _PENDING.discard(tmp)  # after: an interrupt in between leaves it for discard_unfinished
 
 
 def discard_unfinished() -> None:
