@@ -25,7 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from typing import Iterable, Optional
+from typing import Iterable, Optional, Sequence, Tuple
 
 import torch
 
@@ -91,3 +91,26 @@ def mark_built(k: Optional[str], what: dict) -> None:
         safe_write.write(_path(k), json.dumps(what, indent=1, sort_keys=True) + "\n", fsync=False)
     except OSError:
         pass
+
+
+UPDATE_NOTE = ("the flat SGD update runs torch's fused SGD over the flat buffers, as its Triton kernel is not "
+               f"built on this device for this model yet (a run of {BUILD_MIN_STEPS}+ steps builds it once; "
+               "later runs use it)")
+
+
+def update_backend(choices: Sequence[str], variant: str, numel: int, dtype: torch.dtype, device: torch.device,
+                   total_steps: int) -> Tuple[str, Optional[str], Optional[str]]:
+    """The flat SGD update's implementation (flat_sgd.backends' `choices`, the default first) under
+    the rule above: its Triton kernel where it is built here for this variant (its constexprs:
+    momentum, Nesterov, weight decay, the weight copy, the update in the backward) and this
+    parameter layout, or where the run is long enough to build it; otherwise torch's fused SGD over
+    the same buffers. A cold build of the kernel's variants (one per constexpr set and per
+    alignment of the parameters updated one by one) was 8 Triton compiles, ~20 s of a 32 s first run
+    of alexnet-small's 0.2 s of training (one H200, 2026-11-28, results/start-gpu-2026-11-28b/).
+    Returns (backend, the record's key to mark once the kernel ran or None, a note or None)."""
+    if choices[0] != "triton":
+        return choices[0], None, None
+    k = key([f"flat-sgd {variant}"], (numel,), dtype, device)
+    if k is None or is_built(k) or total_steps >= BUILD_MIN_STEPS:
+        return "triton", k, None
+    return "torch", None, UPDATE_NOTE

@@ -147,6 +147,7 @@ class Stepper:
 
     # What `summary`, the bench and the tests read, kept by the parts.
     kernels, kernel_notes = _part("choice", "kernels"), _part("choice", "kernel_notes")
+    quiet_notes = _part("choice", "quiet_notes")
     image_conv, image_convs = _part("choice", "image_conv"), _part("choice", "image_convs")
     max_pool, max_pools = _part("choice", "max_pool"), _part("choice", "max_pools")
     conv_pool, conv_pools = _part("choice", "conv_pool"), _part("choice", "conv_pools")
@@ -189,7 +190,7 @@ class Stepper:
             max_pool=self.max_pool, max_pools=self.max_pools,
             conv_pool=self.conv_pool, conv_pools=self.conv_pools,
             mlp_head=self.mlp_head, mlp_heads=self.mlp_heads,
-            kernels=[c.as_dict() for c in self.kernels], kernel_notes=list(self.kernel_notes),
+            kernels=[c.as_dict() for c in self.kernels], kernel_notes=[*self.kernel_notes, *self.quiet_notes],
             conv_overlap=self.conv_overlap, conv_overlaps=self.conv_overlaps,
             conv_overlap_deferred=self.deferred, combo_kernels=self.combo,
             update_kernel=self.update_kernel, update_in_backward=self.early_update,

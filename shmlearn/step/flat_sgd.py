@@ -53,6 +53,13 @@ def why_not(optimizer, trainable: List[torch.nn.Parameter], params_flat: torch.T
     return None
 
 
+def backends(device: torch.device) -> Tuple[str, ...]:
+    """The update's implementations that run on `device`, the default first: on CUDA the Triton
+    kernel and torch's fused SGD over the same flat buffers (what a run takes while the kernel is
+    not built on the machine: step/kernels.py), on the CPU torch's alone."""
+    return ("triton", "torch") if _backend(device) == "triton" else ("torch",)
+
+
 def _backend(device: torch.device) -> str:
     """triton (_flat_sgd_triton.py: CUDA, and Triton's interpreter, where its tests run it on the
     CPU) or torch (_flat_sgd_torch.py: torch's fused SGD over the flat buffers, on the CPU)."""
@@ -78,6 +85,8 @@ class FlatUpdate:
         self.copy = copy
         """The weights cast to a lower precision, laid out as params_flat (`bind`), or None."""
         self._lr_cache: Optional[torch.Tensor] = None
+        self.ran = False
+        """Whether the kernel was launched (so built, where it is Triton's: step/built.py)."""
         self.early = frozenset(early)
         base = params_flat.data_ptr()
         size = params_flat.element_size()
@@ -109,6 +118,7 @@ class FlatUpdate:
             if self._lr_cache is None:
                 self._lr_cache = torch.zeros((), dtype=torch.float32, device=self._p.device)
             lr = self._lr_cache.fill_(float(lr))
+        self.ran = True
         self._kernel.sgd_(p, g, m, lr, self._skip, momentum=float(group["momentum"]),
                           dampening=float(group["dampening"]), weight_decay=float(group["weight_decay"]),
                           nesterov=bool(group["nesterov"]), **where)
@@ -136,19 +146,20 @@ class FlatUpdate:
 
 def bind(optimizer: torch.optim.SGD, trainable: List[torch.nn.Parameter], params_flat: torch.Tensor,
          grads_flat: torch.Tensor, found_inf: torch.Tensor,
-         early: Sequence[int] = (), copy: Optional[torch.Tensor] = None) -> Tuple[Optional[FlatUpdate], Optional[str]]:
+         early: Sequence[int] = (), copy: Optional[torch.Tensor] = None,
+         backend: Optional[str] = None) -> Tuple[Optional[FlatUpdate], Optional[str]]:
     """(update, None): `update()` applies one SGD step of `optimizer`'s hyperparameters to
     params_flat from grads_flat, skipped while found_inf is non-zero, and the momentum buffers
     are now views of one flat buffer (their values kept). early: indices (into trainable) of
     parameters that `update.take` updates instead, each from its own gradient (update() leaves
     them alone). copy: a flat buffer of params_flat's length (`weight_copy`) that every update
     writes its new weights into, cast to the copy's dtype; filled from params_flat here. (None, why)
-    where it cannot (why_not). Call after any optimizer.load_state_dict: loading replaces the
-    state's tensors."""
+    where it cannot (why_not). backend: triton or torch (`backends`); None: the device's default
+    (`_backend`). Call after any optimizer.load_state_dict: loading replaces the state's tensors."""
     why = why_not(optimizer, trainable, params_flat)
     if why is not None:
         return None, why
-    if _backend(params_flat.device) == "triton":
+    if (backend or _backend(params_flat.device)) == "triton":
         from shmlearn.step import _flat_sgd_triton as kernel  # lazy: Triton, on first use
     else:
         kernel = _flat_sgd_torch

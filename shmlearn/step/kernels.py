@@ -26,7 +26,7 @@ class KernelChoice:
                  fast_why_not: Optional[str], fault, world_size: int, total_steps: int):
         self.model, self.strategy, self.optimizer, self.device, self.opts = model, strategy, optimizer, device, opts
         self.tuning = tuning
-        self.fast, self.world_size = fast, world_size
+        self.fast, self.world_size, self.total_steps = fast, world_size, total_steps
         if device.type == "cuda":
             # Fixed shapes: pick the fastest conv once (by timing, so not with --deterministic).
             torch.backends.cudnn.benchmark = opts.cudnn_benchmark == "on" and not torch.backends.cudnn.deterministic
@@ -50,6 +50,12 @@ class KernelChoice:
         """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
         choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
                             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
+        self._update_key: Optional[str] = None
+        self._update = None
+        """The flat SGD update's record key in step/built.py (marked once it ran), and the update."""
+        self.quiet_notes: list = []
+        """Notes summary.json records (`kernel_notes`) but the run does not print: what auto chose
+        that changes no result a user reads, only how the step gets there."""
         self.build_key, self._deferred = self._defer_unbuilt(loader, dtype, total_steps)
         """The record of this run's kernels in step/built.py (None: none run, or no key), and the
         kernels that auto left to torch because they are not built here yet."""
@@ -259,9 +265,18 @@ class KernelChoice:
         s = self.strategy
         if self.flat_why_not() is None and not s.free_running:
             early = [i for w, b, _ in self.slots.values() for i in (w, b) if i is not None]
+            g = self.optimizer.param_groups[0]
+            variant = (f"momentum={bool(g['momentum'])} nesterov={bool(g['nesterov'])} wd={bool(g['weight_decay'])} "
+                       f"copy={self.copy is not None} early={early}")
+            backend, self._update_key, note = built.update_backend(
+                flat_sgd.backends(s.params_flat.device), variant, s.params_flat.numel(), s.params_flat.dtype,
+                self.device, self.total_steps)
             update, _ = flat_sgd.bind(self.optimizer, s._trainable, s.params_flat, s.grads_flat, found_inf,
-                                      early=early, copy=self.copy)
+                                      early=early, copy=self.copy, backend=backend)
             if update is not None:
+                self._update = update
+                if note:
+                    self.quiet_notes.append(note)
                 s.update_with(update)
                 self.update_kernel = "flat"
                 self.early_update = bool(early)
@@ -281,7 +296,11 @@ class KernelChoice:
             self.image_conv, self.image_convs = "cudnn", image_conv.convert(self.model, "cudnn")
 
     def release(self) -> None:
-        """The model goes back to casting its weights (and holds no copy); no bucket hooks are left."""
+        """The model goes back to casting its weights (and holds no copy); no bucket hooks are left.
+        A flat SGD kernel that ran is recorded as built (step/built.py)."""
+        if self._update_key is not None and self._update is not None and self._update.ran:
+            built.mark_built(self._update_key, {"device": torch.cuda.get_device_name(self.device), "kernel": "flat-sgd"})
+            self._update_key = None
         if self.buckets is not None:
             self.buckets.remove()
             self.buckets = None

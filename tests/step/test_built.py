@@ -114,3 +114,64 @@ def test_evaluation_runs_torchs_ops_and_never_the_fused_kernels(monkeypatch):
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
         want = F.linear(F.relu(F.linear(h, head[0].weight, head[0].bias)), head[2].weight, head[2].bias)
     assert torch.equal(out, want)
+
+
+# -- the flat SGD update (flat_sgd.py): its Triton kernel under the same rule --------------------
+
+CUDA = torch.device("cuda", 0)  # never touched: update_backend only passes it to the (replaced) key
+
+
+def test_a_short_run_updates_with_torchs_fused_sgd_until_the_kernel_is_built(cache):
+    backend, k, note = built.update_backend(("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA,
+                                            total_steps=898)
+    assert (backend, k) == ("torch", None) and "not built on this device" in note
+    # A run long enough builds it, and leaves nothing recorded until the kernel ran (the caller marks).
+    backend, k, note = built.update_backend(("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA,
+                                            total_steps=built.BUILD_MIN_STEPS)
+    assert backend == "triton" and k == "k-150000" and note is None and not built.is_built(k)
+    built.mark_built(k, {"kernel": "flat-sgd"})
+    # Built: every later run of the variant and layout takes the kernel, however short.
+    assert built.update_backend(("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA,
+                                total_steps=10)[:2] == ("triton", "k-150000")
+    # Another layout is another build.
+    assert built.update_backend(("triton", "torch"), "momentum=True", 150_001, torch.float32, CUDA,
+                                total_steps=10)[0] == "torch"
+
+
+def test_the_cpu_has_one_update_and_no_record(cache):
+    assert built.update_backend(("torch",), "momentum=True", 100, torch.float32, torch.device("cpu"),
+                                total_steps=10) == ("torch", None, None)
+    assert not list(cache.iterdir())
+
+
+def test_bind_takes_the_backend_it_is_given_and_both_give_torchs_sgd():
+    """flat_sgd.bind(backend=torch) over the flat buffers steps as torch.optim.SGD does (the path a
+    short GPU run takes; on the CPU it is the only one)."""
+    from shmlearn.step import flat_sgd
+    torch.manual_seed(0)
+    ref = nn.Linear(5, 3)
+    mine = nn.Linear(5, 3)
+    mine.load_state_dict(ref.state_dict())
+    params = list(mine.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    grads = torch.zeros_like(flat)
+    at = 0
+    for p in params:  # the parameters as views of one flat buffer, as sync/base.py lays them out
+        n = p.numel()
+        p.data = flat[at:at + n].view_as(p)
+        at += n
+    opt = torch.optim.SGD(params, lr=torch.tensor(0.1), momentum=0.9, weight_decay=1e-3)
+    ref_opt = torch.optim.SGD(ref.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-3)
+    update, why = flat_sgd.bind(opt, params, flat, grads, torch.zeros(()), backend="torch")
+    assert why is None and not update.ran
+    x = torch.randn(7, 5)
+    for _ in range(3):
+        ref_opt.zero_grad()
+        F.mse_loss(ref(x), torch.zeros(7, 3)).backward()
+        ref_opt.step()
+        gs = torch.autograd.grad(F.mse_loss(mine(x), torch.zeros(7, 3)), params)
+        grads.copy_(torch.cat([g.reshape(-1) for g in gs]))
+        update()
+    assert update.ran
+    for a, b in zip(ref.parameters(), params):
+        torch.testing.assert_close(a.detach(), b.detach())
