@@ -254,19 +254,30 @@ def precheck(argv: List[str]) -> None:
 
 
 def prestart(argv: List[str]) -> None:
-    """Start the forkserver the local CPU workers of `train`, `sweep` and `experiment run` fork
-    from (forkserver.py), before this process imports torch, so that both import at once. Not
-    for a train of --workers 1 (it runs here), nor under a launcher, nor where a GPU may be used
-    (GPU pools spawn: it would import for nothing)."""
+    """Start the forkserver the local workers of `train`, `sweep` and `experiment run` fork from
+    (forkserver.py), CPU or GPU, before this process imports torch, so that both import at once.
+    Not for a train that runs here (--workers 1, or a host with one GPU visible and no --workers),
+    nor under a launcher."""
     if (not argv or argv[0] not in ("train", "sweep", "experiment") or "-h" in argv or "--help" in argv
             or (argv[0] == "experiment" and argv[1:2] != ["run"]) or detect_env() is not None):
         return
     given = _flag_values(argv[1:], ("--workers", "--device"))
-    gpu = os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")  # NVIDIA or ROCm driver
-    if argv[0] == "train" and given.get("--workers") == "1":
+    if argv[0] == "train" and (given.get("--workers") == "1" or (
+            "--workers" not in given and given.get("--device") != "cpu" and _visible_gpus() == 1)):
         return
-    if given.get("--device") == "cpu" or not gpu:
-        forkserver.start()
+    forkserver.start()
+
+
+def _visible_gpus() -> int:
+    """How many GPUs a process here would see, without importing torch: CUDA_VISIBLE_DEVICES's
+    entries where it is set, else the NVIDIA driver's device files (0 without a driver)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None:
+        return len([d for d in visible.split(",") if d.strip() and not d.strip().startswith("-")])
+    try:
+        return sum(name[6:].isdigit() for name in os.listdir("/dev") if name.startswith("nvidia"))
+    except OSError:
+        return 0
 
 
 def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> int:

@@ -1,5 +1,5 @@
 """How a pool starts its workers: spawned fresh, or forked from a forkserver that has imported
-torch once (every CPU pool: train, sweeps, experiments, the Python API).
+torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
@@ -16,8 +16,12 @@ What stays as a spawned worker had it:
 * only third-party modules are preloaded: shmlearn's own modules, the user's script (__main__)
   and the user's parts (pickled, parts.py) are imported in each worker, as before; a strategy
   file added after the forkserver started is found (tests/sync/test_new_strategy.py).
-* CUDA: importing torch does not initialize it, and the forkserver runs nothing else; GPU pools,
-  and any pool once this process has initialized CUDA, spawn as before.
+* CUDA: the forkserver imports torch and torch._dynamo and runs nothing else, so it never
+  initializes CUDA (nor asks the driver anything), and a fork of it initializes its own as a
+  spawned worker did: GPU pools fork from it too (issue 52: a spawned GPU worker imported torch
+  and torch._dynamo after its owner had imported torch, ~10 s on an H200 host without bytecode
+  caches). A pool of an owner that has initialized CUDA itself still spawns: it has no forkserver
+  of its own making to trust with its import-time state.
 * stdout and stderr: a worker takes its owner's file descriptors 1 and 2 at its start
   (pool_worker.OwnerStdio), not the forkserver's: pytest's capture and a notebook's cell see it.
 * the environment: a worker takes its owner's os.environ at its start (pool_worker); what
@@ -134,13 +138,12 @@ def autostart() -> bool:
     torchrun's (docs/ports.md). Only where it pays and is safe: a script file (not an interactive
     session, `python -c` or pytest, which would keep the forkserver's import-time state for every
     later pool), not a multiprocessing child (the workers import the script too), not a rank of a
-    launcher, no GPU driver (GPU pools spawn), and not turned off (SHMLEARN_FORKSERVER=0). Elsewhere
+    launcher, and not turned off (SHMLEARN_FORKSERVER=0). Elsewhere
     the first CPU pool starts it (context)."""
     main = sys.modules.get("__main__")
     if (_turned_off() or not getattr(main, "__file__", None)
             or "pytest" in sys.modules or mp.parent_process() is not None
-            or any(k in os.environ for k in LAUNCHER_ENV)
-            or os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd")):
+            or any(k in os.environ for k in LAUNCHER_ENV)):
         return False
     return start()
 
@@ -168,13 +171,14 @@ def _turned_off() -> bool:
 
 
 def context(cuda: bool):
-    """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU pool of
-    a process without CUDA whose import-time environment is unchanged since the forkserver
-    started; else spawn. The first CPU pool of a process that has none (the Python API in a
+    """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU or GPU
+    pool of a process that has not initialized CUDA and whose import-time environment is unchanged
+    since the forkserver started; else spawn. `cuda`: the pool's workers use GPUs (they fork all
+    the same: see the module docstring). The first CPU pool of a process that has none (the Python API in a
     notebook, pytest or `python -c`, where autostart starts none at import) starts it here: it
     imports torch once, where each spawned worker imported it, and every later pool, and every
     worker a pool replaces, forks ready. SHMLEARN_FORKSERVER=0: every pool spawns."""
-    if cuda or _turned_off() or _cuda_initialized():
+    if _turned_off() or _cuda_initialized():
         return mp.get_context("spawn")
     if _started_env is None and (mp.parent_process() is not None or not start()):
         return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here

@@ -1,6 +1,7 @@
 """The program's CPU workers fork from a forkserver that imported torch once (shmlearn/launch/forkserver.py,
 issue 41's start-up), and are still what a spawned worker was: the owner's environment, Ctrl-C
-ignored, a seed of their own, dead with their owner; GPU pools and CUDA keep spawn."""
+ignored, a seed of their own, dead with their owner; GPU pools fork too, an owner that
+initialized CUDA spawns."""
 import json
 import multiprocessing as mp
 import os
@@ -97,7 +98,7 @@ def test_forked_workers_die_with_their_owner(probe):
             os.kill(x, 9)
 
 
-def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_environment(monkeypatch):
+def test_the_forkserver_for_owners_without_cuda_and_an_unchanged_import_environment(monkeypatch):
     monkeypatch.setattr(forkserver, "_started_env", None)
     monkeypatch.setenv("SHMLEARN_FORKSERVER", "0")
     assert forkserver.context(False) is mp.get_context("spawn")  # turned off: spawn, as before
@@ -106,9 +107,10 @@ def test_the_forkserver_only_for_cpu_pools_without_cuda_and_an_unchanged_import_
     assert forkserver.context(False) is mp.get_context("forkserver")  # not started: the first pool starts it
     assert forkserver._started_env == forkserver._import_env()
     assert forkserver.context(False) is mp.get_context("forkserver")
-    assert forkserver.context(True) is mp.get_context("spawn")  # a GPU pool
+    assert forkserver.context(True) is mp.get_context("forkserver")  # a GPU pool: its forks initialize CUDA
     monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: True)
     assert forkserver.context(False) is mp.get_context("spawn")  # CUDA initialized in the owner
+    assert forkserver.context(True) is mp.get_context("spawn")
     monkeypatch.setattr(forkserver, "_cuda_initialized", lambda: False)
     # Inductor sets its cache folder's variable at its first compile; it is read when used
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/somewhere-else")
@@ -126,6 +128,7 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
     calls = []
     monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
     monkeypatch.setattr(os.path, "exists", lambda p: False)  # no GPU driver
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and none visible
     cli.prestart(argv)
     assert bool(calls) == started
     calls.clear()
@@ -133,6 +136,29 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
     monkeypatch.setenv("WORLD_SIZE", "2")
     cli.prestart(argv)
     assert not calls
+
+
+@pytest.mark.parametrize("argv,visible,started", [
+    (["train"], "0", False),                         # one GPU: the run is this process's own
+    (["train"], "0,1", True),                        # two: a pool of two GPU workers forks from it
+    (["train", "--workers", "2"], "0", True),        # asked for (Gloo shares the GPU)
+    (["train", "--device", "cpu"], "0", True),       # the CPU's default of 2 workers
+    (["sweep"], "0", True), (["experiment", "run", "cnn"], "0,1,2,3", True)])
+def test_on_a_gpu_host_it_starts_for_pools_and_not_for_a_run_of_one_gpu(monkeypatch, argv, visible, started):
+    calls = []
+    monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    cli.prestart(argv)
+    assert bool(calls) == started
+
+
+def test_visible_gpus_reads_cuda_visible_devices_else_the_driver(monkeypatch):
+    for value, n in (("", 0), ("0", 1), ("0,1,3", 3), ("-1", 0), ("GPU-5d1f,GPU-77aa", 2)):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", value)
+        assert cli._visible_gpus() == n, value
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    monkeypatch.setattr(os, "listdir", lambda d: ["nvidia0", "nvidia1", "nvidiactl", "nvidia-uvm", "null"])
+    assert cli._visible_gpus() == 2
 
 
 def test_a_command_that_ends_before_the_forkserver_imported_does_not_leave_it_holding_its_pipes():
@@ -211,9 +237,6 @@ def test_a_scripts_import_starts_the_forkserver_its_workers_fork_from(tmp_path, 
                        env=dict(base, PYTHONPATH=os.pathsep.join(sys.path), **env))
     assert r.returncode == 0, r.stderr[-2000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
-    if os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd"):
-        assert not out["started"]  # GPU hosts spawn
-        return
     assert out["started"] is started
     if started:
         assert out["parents"] == [out["server"], out["server"]]
