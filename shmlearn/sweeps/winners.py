@@ -27,9 +27,15 @@ trials.py and the report all ask here; nothing else states the rule or its order
   machine's other work hardly slowed. The median step time (what issue 55 first proposed) moved
   with sustained load: 3 reruns of the README's digits sweep on a CPU at load average 14-24 named
   3 different overall winners on it; on p10 3 reruns named the same one twice and called the third
-  a tie (results/sweep-digits/NOTES.md).
+  a tie (results/sweep-digits/NOTES.md). The p10 is **pooled** over the trials whose step costs
+  the same (`cost_key`: every setting but those that only change the numbers a step computes, lr
+  and seed among them): their median p10 prices each of them, so two learning rates at one batch
+  size compare by their loss per step alone, which the load cannot move, and the price of a
+  batch size rests on every trial that ran it. The wall axis keeps each run's own clock.
 * **Noise**: each area carries a relative half-width, half the interquartile spread of the run's
-  step times over their median (how far the machine's load moved a step). With `--repeats N`
+  step times over their median (how far the machine's load moved a step); on the steps axis two
+  points of one step cost share their price, so only their repeats' spread is noise between them
+  (`margin`'s same_cost). With `--repeats N`
   (the same grid point trained N times, seeds seed..seed+N-1) the area is the median of the
   repeats and the half-width is at least half their range over the median. Two areas are **tied
   within noise** when their intervals area x (1 +- half-width) overlap.
@@ -40,6 +46,13 @@ import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 TIME_AXES = ("wall", "steps")
+COST_FREE = ("lr", "seed", "lr_schedule", "warmup", "warmup_fraction", "label_smoothing", "staleness_lr", "init",
+             "samples", "epochs", "eval_every", "eval_points", "eval_at_start", "log_every", "timeout",
+             "checkpoint_every", "save_model", "monitor", "early_stop", "save_best", "tensorboard")
+"""Settings that change what a step computes but not what it costs (`cost_key`): the values of
+the learning rate and its schedule, the seed, and when the run evaluates, logs or saves (outside
+the steps the step time measures). Momentum and weight decay stay in the key: zero or not changes
+the update's work."""
 COLLAPSE_RETURN = 0.9
 """Collapsed: the final loss is at least this share of the starting loss (within 10% of it) ..."""
 COLLAPSE_DROP = 0.5
@@ -104,22 +117,48 @@ def step_time(summary: Dict[str, Any]) -> Optional[float]:
     return st.get("p10", st.get("median"))
 
 
-def clock_scale(summary: Dict[str, Any], axis: str) -> Optional[float]:
-    """Seconds on `axis` per wall-clock training second: 1 on wall; p10 step x steps / wall time
-    on steps (None where the run predates step times)."""
+def clock_scale(summary: Dict[str, Any], axis: str, step_s: Optional[float] = None) -> Optional[float]:
+    """Seconds on `axis` per wall-clock training second: 1 on wall; p10 step (or `step_s`, the
+    pooled one) x steps / wall time on steps (None where the run predates step times)."""
     if axis == "wall":
         return 1.0
-    st, steps, wall = step_time(summary), summary.get("steps"), summary.get("wall_time_s")
+    st = step_s if step_s is not None else step_time(summary)
+    steps, wall = summary.get("steps"), summary.get("wall_time_s")
     if st is None or not steps or not wall:
         return None
     return st * steps / wall
 
 
-def area(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
+def cost_key(config: Dict[str, Any]) -> str:
+    """What a trial's step costs depends on: its config without COST_FREE (12 hex digits of its
+    JSON's hash; winners.json records it as each entry's step_cost)."""
+    import hashlib
+    import json
+    text = json.dumps({k: v for k, v in config.items() if k not in COST_FREE}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def pooled_step_times(rows: List[Dict[str, Any]]) -> Dict[str, float]:
+    """cost_key -> the median of the completed runs' p10 step times (`step_time`) of that cost."""
+    times: Dict[str, List[float]] = {}
+    for r in rows:
+        st = step_time(r.get("summary") or {}) if r.get("status") == "completed" else None
+        if st is not None:
+            times.setdefault(cost_key(r["config"]), []).append(st)
+    out = {}
+    for k, v in times.items():
+        v = sorted(v)
+        n = len(v)
+        out[k] = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+    return out
+
+
+def area(summary: Dict[str, Any], axis: str = "wall", step_s: Optional[float] = None) -> Optional[float]:
     """The loss area on `axis`: wall, summary loss_area (loss x s); steps, loss_area_steps x the
-    p10 step time (loss x s). A run from before step times were kept: its wall area."""
+    p10 step time (loss x s), or `step_s` (the pooled one: pooled_step_times). A run from before
+    step times were kept: its wall area."""
     if axis == "steps":
-        st, a = step_time(summary), summary.get("loss_area_steps")
+        st, a = (step_s if step_s is not None else step_time(summary)), summary.get("loss_area_steps")
         if a is not None and st is not None and summary.get("loss_area") is not None:
             return a * st
     return summary.get("loss_area")
@@ -135,9 +174,11 @@ def step_noise(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
     return (q3 - q1) / med / 2
 
 
-def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall") -> Optional[float]:
-    """Training seconds (on `axis`) at the first evaluation whose test accuracy reached `target`."""
-    scale = clock_scale(row["summary"], axis) or 1.0
+def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall",
+                     step_s: Optional[float] = None) -> Optional[float]:
+    """Training seconds (on `axis`; `step_s` as clock_scale's) at the first evaluation whose test
+    accuracy reached `target`."""
+    scale = clock_scale(row["summary"], axis, step_s) or 1.0
     for t, acc in row.get("eval_curve") or []:
         if acc is not None and acc >= target:
             return t * scale
@@ -149,12 +190,16 @@ def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall") -> 
 class Point:
     """One grid point: its repeats' rows (one row without --repeats), in grid order."""
 
-    def __init__(self, rows: List[Tuple[int, Dict[str, Any]]], axis: str):
+    def __init__(self, rows: List[Tuple[int, Dict[str, Any]]], axis: str, pooled: Optional[Dict[str, float]] = None):
         self.index = rows[0][0]
         self.rows = [r for _, r in rows]
         self.axis = axis
-        done = sorted((area(r["summary"], axis), i) for i, r in enumerate(self.rows)
-                      if r["status"] == "completed" and area(r["summary"], axis) is not None)
+        self.cost = cost_key(self.rows[0]["config"]) if axis == "steps" else None
+        """The step cost this point shares with others (steps axis; None on wall)."""
+        self.step_s = (pooled or {}).get(self.cost) if self.cost is not None else None
+        """The pooled p10 step time that prices its steps (None: each run's own)."""
+        done = sorted((area(r["summary"], axis, self.step_s), i) for i, r in enumerate(self.rows)
+                      if r["status"] == "completed" and area(r["summary"], axis, self.step_s) is not None)
         self.areas = [a for a, _ in done]
         # The repeat with the median area stands for the point (its accuracy, its curves).
         self.row = self.rows[done[(len(done) - 1) // 2][1]] if done else self.rows[0]
@@ -167,7 +212,7 @@ class Point:
     def area(self) -> Optional[float]:
         a = self.areas
         if not a or len(a) < self.repeats:
-            return area(self.row["summary"], self.axis) if len(self.rows) == 1 else None
+            return area(self.row["summary"], self.axis, self.step_s) if len(self.rows) == 1 else None
         n = len(a)
         return a[n // 2] if n % 2 else (a[n // 2 - 1] + a[n // 2]) / 2
 
@@ -207,7 +252,8 @@ def points(rows: List[Dict[str, Any]], axis: str = "wall") -> List[Point]:
     groups: Dict[str, List[Tuple[int, Dict[str, Any]]]] = {}
     for i, r in enumerate(rows):
         groups.setdefault(r.get("point") or r["id"], []).append((i, r))
-    return [Point(g, axis) for g in groups.values()]
+    pooled = pooled_step_times(rows) if axis == "steps" else None
+    return [Point(g, axis, pooled) for g in groups.values()]
 
 
 # --- the orders ---------------------------------------------------------------------------------
@@ -227,7 +273,7 @@ def overall_key(p: Point) -> tuple:
 def by_target(done: List[Point], target: float, axis: str) -> List[Tuple[float, Point]]:
     """(time to `target` test accuracy on `axis`, point) of the points that reached it and did not
     collapse, fastest first; ties: the higher final test accuracy, then Point.key."""
-    reached = [(time_to_accuracy(p.row, target, axis), p) for p in done if not p.collapsed]
+    reached = [(time_to_accuracy(p.row, target, axis, p.step_s), p) for p in done if not p.collapsed]
     return sorted(((t, p) for t, p in reached if t is not None),
                   key=lambda tp: (tp[0], -(tp[1].row["summary"].get("test_accuracy") or 0), tp[1].key()))
 
@@ -281,11 +327,16 @@ def cannot_win(area_so_far: float, train_s: float, bound: Tuple[float, float]) -
 
 # --- verdicts ---------------------------------------------------------------------------------------
 
-def margin(first: Tuple[float, Optional[float]], second: Tuple[float, Optional[float]]) -> Dict[str, Any]:
+def margin(first: Tuple[float, Optional[float]], second: Tuple[float, Optional[float]],
+           same_cost: Optional[Tuple[Optional[float], Optional[float]]] = None) -> Dict[str, Any]:
     """(value, relative half-width) of the winner and the runner-up: their margin, absolute and
     relative to the winner's value, the noise it is judged against (the half-widths' sum, in the
-    value's unit) and whether it is within it ('tied': None where neither noise was measured)."""
+    value's unit) and whether it is within it ('tied': None where neither noise was measured).
+    same_cost: the two share one pooled step price (steps axis), so the step-time spread cancels
+    and only their repeats' spreads (given here, None without repeats) are noise."""
     (a, na), (b, nb) = first, second
+    if same_cost is not None:
+        na, nb = same_cost[0] or 0.0, same_cost[1] or 0.0
     noise = None if na is None and nb is None else a * (na or 0.0) + b * (nb or 0.0)
     return {"value": b - a, "relative": (b - a) / a if a else None, "noise": noise,
             "tied": None if noise is None else (b - a) <= noise}
@@ -297,13 +348,14 @@ def entry(p: Point, swept: Sequence[str], axes_order: Sequence[str], target: Opt
     s, c = row["summary"], row["config"]
     e = {"id": row["id"], "workers": c["workers"], "batch_size": c["batch_size"], "lr": c["lr"],
          "loss_area": s.get("loss_area"), "area": p.area, "noise": p.noise, "repeats": p.repeats,
-         "repeat_areas": p.areas if p.repeats > 1 else None, "min_loss": s.get("min_loss"),
+         "repeat_areas": p.areas if p.repeats > 1 else None, "repeat_spread": p.repeat_spread,
+         "step_cost": p.cost, "min_loss": s.get("min_loss"),
          "final_loss": s.get("final_loss"), "test_accuracy": s.get("test_accuracy"),
          "wall_time_s": s.get("wall_time_s"), "step_time_s": step_time(s),
          "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
          "axes": {a: c.get(a) for a in swept if a not in axes_order}}
     if target is not None:
-        e["time_to_target_s"] = time_to_accuracy(row, target, p.axis)
+        e["time_to_target_s"] = time_to_accuracy(row, target, p.axis, p.step_s)
     return e
 
 
@@ -311,8 +363,11 @@ def ranked_verdict(ranked: List[Tuple[Dict[str, Any], float, Optional[float]]]) 
     """From (entry, value, noise) best first: winner, runner_up and margin (None without a second)."""
     out: Dict[str, Any] = {"winner": ranked[0][0] if ranked else None, "runner_up": None, "margin": None}
     if len(ranked) > 1:
-        out["runner_up"] = ranked[1][0]
-        out["margin"] = margin(ranked[0][1:], ranked[1][1:])
+        first, second = ranked[0][0], ranked[1][0]
+        out["runner_up"] = second
+        same = (first.get("step_cost") is not None and first.get("step_cost") == second.get("step_cost"))
+        out["margin"] = margin(ranked[0][1:], ranked[1][1:],
+                               (first.get("repeat_spread"), second.get("repeat_spread")) if same else None)
     return out
 
 

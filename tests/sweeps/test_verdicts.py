@@ -232,6 +232,45 @@ def test_a_sweep_with_repeats_on_the_steps_axis_merges_each_points_runs(tmp_path
     w = json.load(open(out / "winners.json"))
     e = w["by_workers"]["1"]["winner"]
     assert w["time_axis"] == "steps" and e["repeats"] == 2 and len(e["repeat_areas"]) == 2
-    areas = sorted(winners.area(x["summary"], "steps") for x in rows if x["config"]["lr"] == e["lr"])
+    price = winners.pooled_step_times(rows)  # every run here costs the same a step: one price for all
+    assert len(price) == 1
+    areas = sorted(winners.area(x["summary"], "steps", *price.values()) for x in rows if x["config"]["lr"] == e["lr"])
     assert e["area"] == pytest.approx(sum(areas) / 2)  # the median of two
     assert "least loss area (p10 step time x steps)" in r.stdout and "median of 2 repeats" in r.stdout
+
+
+def _row(i, lr, batch, area_steps, p10, iqr=0.0, workers=1):
+    cfg = {"workers": workers, "batch_size": batch, "lr": lr, "seed": 0, "model": "mlp"}
+    summ = {"status": "completed", "loss_area": area_steps * p10, "loss_area_steps": area_steps, "steps": 100,
+            "wall_time_s": 100 * p10, "min_loss": 0.01, "final_loss": 0.02, "start_loss": 2.3, "test_accuracy": 0.9,
+            "step_time_s": {"p10": p10, "p25": p10 * (1 - iqr), "median": p10, "p75": p10 * (1 + iqr), "n": 100}}
+    return {"id": f"t{i}", "status": "completed", "config": cfg, "summary": summ}
+
+
+def test_steps_axis_prices_learning_rates_of_one_batch_alike_so_load_cannot_flip_them():
+    """Two learning rates at one batch size cost the same a step: on the steps axis both are priced
+    at their pooled p10, so the one with less loss per step wins however the load slowed it, and the
+    call is clear (the step-time spread cancels). Each run's own p10 would have flipped it."""
+    rows = [_row(0, 0.1, 64, area_steps=100.0, p10=0.030, iqr=0.4),   # less loss per step, slowed by load
+            _row(1, 0.3, 64, area_steps=104.0, p10=0.010, iqr=0.4),
+            _row(2, 0.5, 64, area_steps=150.0, p10=0.012, iqr=0.4),
+            _row(3, 0.1, 16, area_steps=400.0, p10=0.004, iqr=0.1)]   # another batch: its own price
+    assert winners.area(rows[0]["summary"], "steps") > winners.area(rows[1]["summary"], "steps")  # unpooled: lr 0.3
+    price = winners.pooled_step_times(rows)
+    assert sorted(price.values()) == [0.004, 0.012]  # b16's own; b64's median of 0.010, 0.012, 0.030
+    w = pick_winners(rows, threshold=0.1, time_axis="steps")["by_workers"]["1"]
+    assert (w["winner"]["lr"], w["winner"]["batch_size"]) == (0.1, 64)
+    assert w["winner"]["area"] == pytest.approx(100.0 * 0.012)
+    assert (w["runner_up"]["lr"], w["runner_up"]["batch_size"]) == (0.3, 64)
+    assert w["margin"]["relative"] == pytest.approx(0.04) and w["margin"]["tied"] is False
+    assert w["margin"]["noise"] == 0.0
+    # On the wall axis each run keeps its own clock: the slowed run loses, within noise.
+    wall = pick_winners(rows, threshold=0.1, time_axis="wall")["by_workers"]["1"]
+    assert wall["winner"]["lr"] == 0.3 and wall["margin"]["tied"] is True
+
+
+def test_trials_of_different_step_cost_keep_the_step_time_noise():
+    rows = [_row(0, 0.1, 64, area_steps=100.0, p10=0.010, iqr=0.4), _row(1, 0.1, 32, area_steps=190.0, p10=0.005, iqr=0.4)]
+    w = pick_winners(rows, threshold=0.1, time_axis="steps")["by_workers"]["1"]
+    assert w["winner"]["batch_size"] == 32  # 0.95 against 1.00 loss x s: 5% apart, inside 40% noise
+    assert w["margin"]["tied"] is True and w["margin"]["noise"] > 0
