@@ -829,6 +829,23 @@ def part_commands(p: str, workers: str) -> dict:
         # Issue 52: cold and warm start on the GPU as a user runs it: start.py's floor and default
         # alexnet-small run (cold: empty shmlearn, Triton and Inductor caches), then fashion-94 on
         # two GPUs (recipes/fashion-94-2gpu.yaml) cold, then warm twice, each timed from outside.
+        # Issue 52 after the flat-update rule and GPU pools from the forkserver: start.py on ONE GPU
+        # (cold: empty caches; warm), beside fashion-94 on GPUs 2 and 3 cold and warm twice.
+        "start56": (["bash", "-c", "CUDA_VISIBLE_DEVICES=0 " + shlex.join(_py(
+            os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "1", "--cases", "floor,train",
+            "--out", os.path.join(p("start56"), "start-gpu.json"))) + f" > {p('start56')}/start.log 2>&1 & "
+            + "(export CUDA_VISIBLE_DEVICES=2,3; " + _fashion94_starts(p("start56")) + ") & wait; "
+            + f"tail -n 5 {p('start56')}/start.log"], 400),
+        # Issues 52 and 55: the seed's alexnet-sweep grid at workers 1, 2, 4 on four GPUs (its
+        # efficiency, the paper's winners with margins and time-to-accuracy winners), then the
+        # default GPU sweep (8 trials).
+        "sweeps56": (["bash", "-c", shlex.join(_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                                                   "--out", os.path.join(p("sweeps56"), "alexnet-sweep")))
+                      + f" > {p('sweeps56')}/alexnet-sweep.log 2>&1; tail -n 40 {p('sweeps56')}/alexnet-sweep.log; "
+                      + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--out", os.path.join(p("sweeps56"), "default")))
+                      + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
+        # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
+        "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")]), 560),
         "cold52": (["bash", "-c", shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "1",
                                                  "--cases", "floor,train",
                                                  "--out", os.path.join(p("cold52"), "start-gpu.json")))
