@@ -71,7 +71,11 @@ def import_before_group() -> None:
     on, so destroy_process_group() no longer frees it: Gloo's threads live on, and at interpreter
     exit the group is destroyed under them ("terminate called without an active exception",
     SIGABRT of a finished rank: 6 of 10 runs of a script calling shmlearn.train() under mpirun;
-    torch 2.13). Imported first, those modules find no group to hold."""
+    torch 2.13). Imported first, those modules find no group to hold. Not where this process runs
+    its optimizers without Dynamo (launch/lean.py): nothing imports it then."""
+    from shmlearn.launch import lean
+    if lean.active():
+        return
     import torch._dynamo  # noqa: F401
 
 

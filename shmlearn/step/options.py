@@ -291,7 +291,10 @@ _PROBED: Dict[Tuple[type, str], Optional[str]] = {}
 def fused_why_not(cls: type, device: torch.device) -> Optional[str]:
     """None if torch's fused `cls` runs on `device` and skips its update while found_inf is 1,
     else why not (one line). Asked of the installed torch once per class and device type: a step
-    of a 4-value parameter with the flag set (it must not move), then cleared (it must)."""
+    of a 4-value parameter with the flag set (it must not move), then cleared (it must). The step
+    is the class's own, unwrapped, under no_grad (what its wrapper sets up): the wrapper imports
+    torch._dynamo, which a run that compiles nothing need not load (launch/lean.py)."""
+    import inspect
     key = (cls, device.type)
     if key not in _PROBED:
         try:
@@ -299,10 +302,13 @@ def fused_why_not(cls: type, device: torch.device) -> Optional[str]:
             p.grad = torch.ones(4, device=device)
             opt = cls([p], lr=0.5, fused=True)
             opt.found_inf = torch.ones((), dtype=torch.float32, device=device)
-            opt.step()
+            step = inspect.unwrap(cls.step)
+            with torch.no_grad():
+                step(opt)
             skipped = bool(torch.equal(p.detach(), torch.ones_like(p)))
             opt.found_inf.zero_()
-            opt.step()
+            with torch.no_grad():
+                step(opt)
             moved = not torch.equal(p.detach(), torch.ones_like(p))
             _PROBED[key] = None if skipped and moved else \
                 f"torch {torch.__version__}'s fused {cls.__name__} does not skip its update on found_inf"

@@ -26,6 +26,7 @@ from shmlearn.user import user_main
 from shmlearn.launch.placement import backend_for, default_workers, device_type
 from shmlearn.launch.pool import current as current_pool, describe, run_local
 from shmlearn.launch.start import DistEnv, check_capacity, detect_env, free_port
+from shmlearn.launch import lean
 from shmlearn.record.runs import check_out_dir, default_run_dir, lock_out_dir
 from shmlearn.sync import registry
 from shmlearn.train import checkpoint as ckpt
@@ -92,6 +93,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
         if cfg.resume and (done := ckpt.finished(cfg.out)) is not None:  # never rewritten
             return RunResult(status="completed", run_dir=cfg.out, summary=done)
         if world == 1 and current_pool() is None:
+            if user_main.in_program() and cfg.compile == "off":  # nothing here compiles: no Dynamo
+                lean.skip_dynamo_in_optimizers()
             caller_threads = torch.get_num_threads()  # the rank sets its own; the caller keeps its
             try:
                 result = run_worker(cfg, DistEnv(rank=0, world_size=1, local_rank=0, local_world_size=1,

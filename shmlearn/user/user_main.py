@@ -36,6 +36,11 @@ def program_owns_main() -> None:
     _program = True
 
 
+def in_program() -> bool:
+    """Whether this process is the `shmlearn` program's own (program_owns_main), not a user's script."""
+    return _program
+
+
 class MainStop(BaseException):
     """Raised by shmlearn.train inside a worker's import of the script: the import ends there. A
     BaseException, so that a script's `except Exception` does not swallow it."""
