@@ -21,6 +21,7 @@ from shmlearn.launch import env as launch_env
 from shmlearn.launch.env import DistEnv
 from shmlearn.config.limits import mem_available, usable_cores
 from shmlearn.launch.parent import die_with_parent
+from shmlearn.launch import lean
 
 
 detect_env = launch_env.detect_env
@@ -73,7 +74,6 @@ def import_before_group() -> None:
     SIGABRT of a finished rank: 6 of 10 runs of a script calling shmlearn.train() under mpirun;
     torch 2.13). Imported first, those modules find no group to hold. Not where this process runs
     its optimizers without Dynamo (launch/lean.py): nothing imports it then."""
-    from shmlearn.launch import lean
     if lean.active():
         return
     import torch._dynamo  # noqa: F401
