@@ -61,6 +61,12 @@ READ_WHEN_USED = ("TORCHINDUCTOR_CACHE_DIR",)
 any other: Inductor sets TORCHINDUCTOR_CACHE_DIR itself at its first compile, and with it every
 later pool of a process that compiled once would spawn."""
 
+FORKSERVER_ENV = {"PYTHONSAFEPATH": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+"""Set for the forkserver's start only (its forks take their owner's environment at their start):
+PYTHONSAFEPATH, see _neutral_cwd; PYTORCH_NVML_BASED_CUDA_CHECK, so that a torch.cuda.is_available()
+during its imports asks NVML, not the CUDA driver, whose answer registers torch's fork handler and
+leaves every fork unable to initialize CUDA ("Cannot re-initialize CUDA in forked subprocess")."""
+
 _started_env: Optional[Dict[str, str]] = None
 """Those variables as they were when start() started the forkserver; None: not started here."""
 
@@ -88,17 +94,18 @@ def start() -> bool:
     # thread leaves by its alive pipe, after its imports).
     if threading.current_thread() is threading.main_thread():
         os.environ[OWNER_ENV] = str(os.getpid())
-    safe_before = os.environ.get("PYTHONSAFEPATH")
-    os.environ["PYTHONSAFEPATH"] = "1"  # see _neutral_cwd
+    before = {k: os.environ.get(k) for k in FORKSERVER_ENV}
+    os.environ.update(FORKSERVER_ENV)
     try:
         with _neutral_cwd():
             forkserver.ensure_running()
     finally:
         os.environ.pop(OWNER_ENV, None)
-        if safe_before is None:
-            os.environ.pop("PYTHONSAFEPATH", None)
-        else:
-            os.environ["PYTHONSAFEPATH"] = safe_before
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
     _started_env = _import_env()
     atexit.register(_stop)  # before any pool registers its close, so that runs first
