@@ -138,7 +138,10 @@ class FlagGate:
         def step(opt, *args, **kwargs):
             return gate.run(inner, *args, **kwargs)
 
-        # A bound method, as torch's LR schedulers expect of optimizer.step (they wrap its __func__).
+        # A bound method, as torch's LR schedulers expect of optimizer.step (they wrap its __func__),
+        # marked as theirs where their wrapper is inside (else their first step() warns of an override).
+        if hasattr(inner, "_wrapped_by_lr_sched"):
+            step._wrapped_by_lr_sched = True
         optimizer.step = types.MethodType(step, optimizer)
 
     def run(self, inner, *args, **kwargs):
