@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
 from shmlearn.data.base import DataSpec, dataset_len
+from shmlearn.data.iterable import TrainStream, is_stream
 from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import call_user
@@ -57,6 +58,13 @@ class TreeData:
     shardable: Tuple[str, ...] = ()
     """Splits collated with default_collate from a map-style Dataset: those a run of W ranks may
     collate in parts (part_bounds decides from the split's length)."""
+    stream: Any = None
+    """The train split when it is an IterableDataset without __len__ (data/iterable.py TrainStream):
+    never collated whole, `train` holds its first two items; else None."""
+    stream_n: int = 0
+    """A stream's samples in the run (its --samples budget): what n_train reads for it."""
+    host: bool = False
+    """The train tree stays in host memory (data/host.py HostTreeLoader; `to`)."""
     mean = None  # nothing to normalize (data/base.py normalizer reads these)
     std = None
 
@@ -66,7 +74,7 @@ class TreeData:
 
     @property
     def n_train(self) -> int:
-        return self._n("train")
+        return self.stream_n if self.stream is not None else self._n("train")
 
     @property
     def n_test(self) -> int:
@@ -81,10 +89,13 @@ class TreeData:
         """Whether this rank holds only its part of a split (gather_parts completes it)."""
         return bool(self.parts)
 
-    def to(self, device: torch.device) -> "TreeData":
+    def to(self, device: torch.device, host_train: bool = False) -> "TreeData":
+        """The splits on `device`; host_train: the train split (too large for the device, or a
+        stream's first items) stays where it is, in host memory."""
         move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
-        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler,
-                        dict(self.parts), self.shardable)
+        host = host_train and self.stream is None
+        return TreeData(self.spec, self.train if host else move(self.train), move(self.test), move(self.val),
+                        self.sampler, dict(self.parts), self.shardable, self.stream, self.stream_n, host)
 
     def split(self, name: str):
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -124,12 +135,16 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
     if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
             isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
         names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
-        trees, sampler, parts, shardable = {}, None, {}, []
+        trees, sampler, parts, shardable, stream = {}, None, {}, [], None
         for n, d in zip(names, obj):
             collate = None
             if isinstance(d, torch.utils.data.DataLoader):
                 d, collate, s = _unwrap(d, what, n)
                 sampler = s if n == "train" else sampler
+            if n == "train" and is_stream(d):  # never read whole: data/host.py reads it a batch a step
+                stream = TrainStream(d, collate, what)
+                trees[n] = stream.head
+                continue
             if collate is None and not isinstance(d, torch.utils.data.IterableDataset):
                 shardable.append(n)  # a collate_fn may pad to the split's longest item: whole only
             trees[n], total = collate_part(d, what, n, collate=collate, rank=rank,
@@ -137,7 +152,7 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
             if total is not None:
                 parts[n] = total
         data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
-        data.sampler, data.parts, data.shardable = sampler, parts, tuple(shardable)
+        data.sampler, data.parts, data.shardable, data.stream = sampler, parts, tuple(shardable), stream
         return data
     got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
     raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
@@ -189,7 +204,8 @@ def collate_part(ds, what: str, split: str, collate=None, rank: int = 0, world: 
     """(tree, the split's items or None): the split collated on the CPU (COLLATE_CHUNK items at a
     time with torch's default_collate; in one call with a DataLoader's own collate_fn, which may
     pad to the longest item), or where part_bounds(n, rank, world) cuts it, only rank's part and
-    the split's length. A finite IterableDataset is read once, in order."""
+    the split's length. An IterableDataset with a length is read once, in order (a train split
+    without one is a stream: data/iterable.py)."""
     if isinstance(ds, torch.utils.data.IterableDataset):
         items = []
         try:
