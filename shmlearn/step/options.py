@@ -161,8 +161,9 @@ class StepOptions(Section):
     check_every: Optional[int] = None
     """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
     steps; in between, a step never waits for the device. Default 10 on CPU, 50 on CUDA
-    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg with sgd, momentum or
-    nesterov (others read every step)."""
+    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg and an optimizer with a
+    fused or foreach implementation (torch.optim's but LBFGS and SparseAdam; docs/recipe.md);
+    others read every step."""
 
 
 @dataclass(frozen=True, kw_only=True)
