@@ -38,6 +38,8 @@ CUSTOM = "custom"
 COLLATE_CHUNK = 4096
 """Items collated at a time (each chunk's tensors are concatenated): default_collate of a whole
 split at once would hold every item's tensors and the stacked copy together."""
+GATHER_CHUNK = 64 << 20
+"""Bytes a rank sends per all-gather of a part kept in host memory under NCCL (`_gather_leaf`)."""
 SHARD_MIN = 4096
 """Splits of at least this many items are collated in parts, one a rank, and gathered: below it
 a rank's whole read costs less than a gather's start (tens of ms)."""
@@ -279,14 +281,27 @@ def gather_parts(data: TreeData, what: str) -> None:
 
 
 def _gather_leaf(piece: torch.Tensor, n: int, world: int) -> torch.Tensor:
-    """The n rows of one tensor from the ranks' equal parts of ceil(n / W) rows (the last padded)."""
+    """The n rows of one tensor from the ranks' equal parts of ceil(n / W) rows (the last padded).
+    Under NCCL through the GPU: whole for a part on the device, GATHER_CHUNK bytes at a time for a
+    part kept in host memory (data/host.py: a split the device cannot hold is never whole there)."""
     b = -(-n // world)
-    comm = piece.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    nccl = dist.get_backend() == "nccl"
+    host_part = nccl and piece.device.type != "cuda"
+    comm = piece.device if nccl and not host_part else torch.device("cpu")
     p = piece.to(comm)
     if len(p) < b:
         p = torch.cat([p, p.new_zeros((b - len(p), *p.shape[1:]))])
     flat = p.contiguous().reshape(-1).view(torch.uint8)
-    if comm.type == "cuda":
+    if host_part:
+        out = torch.empty(world, flat.numel(), dtype=torch.uint8)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        for lo in range(0, flat.numel(), GATHER_CHUNK):
+            hi = min(flat.numel(), lo + GATHER_CHUNK)
+            got = torch.empty(world * (hi - lo), dtype=torch.uint8, device=dev)
+            dist.all_gather_into_tensor(got, flat[lo:hi].to(dev))
+            out[:, lo:hi].copy_(got.view(world, hi - lo))
+        out = out.reshape(-1)
+    elif comm.type == "cuda":
         out = torch.empty(world * flat.numel(), dtype=torch.uint8, device=comm)
         dist.all_gather_into_tensor(out, flat)
     else:
