@@ -227,3 +227,22 @@ def test_a_nan_in_the_fast_step_with_rmsprop_is_never_applied():
     fast.close()  # the user's optimizer loses the gate: step() is the scheduler's wrapper of torch's again
     assert not isinstance(vars(fast.optimizer)["step"], types.MethodType), "the optimizer keeps the gate after the run"
 
+
+
+def test_a_gated_optimizers_checkpoint_loads_into_a_plain_one(tmp_path):
+    """The state lives in the gate's flat buffers as views: torch.save keeps each buffer once, and a
+    fresh optimizer (a resumed run's, before its gate) loads the same values."""
+    model = _model()
+    pflat, gflat = flatten_parameters(model)
+    opt = CENTERED(model.parameters())
+    FlagGate(opt, torch.zeros(()), pflat)
+    for k in range(3):
+        gflat.copy_(torch.linspace(-1, 1, len(gflat)) * (k + 1))
+        opt.step()
+    torch.save(opt.state_dict(), tmp_path / "opt.pt")
+    fresh = CENTERED(_model().parameters())
+    fresh.load_state_dict(torch.load(tmp_path / "opt.pt"))
+    for a, b in zip(_state(opt), _state(fresh)):
+        assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert float(_state(fresh)[0]["step"]) == 3.0
+    assert os.path.getsize(tmp_path / "opt.pt") < 4 * 4 * len(gflat) + 8192  # 3 state tensors a weight, once each
