@@ -3,8 +3,8 @@ the device cannot hold and for an IterableDataset with no length (an endless str
 
     HostTreeLoader     the collated train tree stays in host memory (DataOptions.loader: stream,
                        or auto when it takes more than half of the device's free memory); each
-                       batch is gathered there, into pinned memory on CUDA, and copied to the
-                       device asynchronously. The same batches as TreeLoader's (it computes them:
+                       batch is gathered there, copied into pinned memory on CUDA and from
+                       there to the device asynchronously. The same batches as TreeLoader's (it computes them:
                        the same permutation or sampler, shards and --accumulate), so the same run.
     StreamTreeLoader   the train split is an IterableDataset without __len__: it is never read
                        whole. Every rank iterates it in order; loader step L is the items
