@@ -768,10 +768,11 @@ def part_commands(p: str, workers: str) -> dict:
             600),
         "matrix-w2": (_py(os.path.join(HERE, "gpu_matrix.py"), "--workers", "2",
                           "--out", os.path.join(p("matrix-w2"), "gpu-matrix-w2.json")), 600),
-        # Issue 51: the user's recipe cells of the matrix (AdamW in the fast step, clipping,
-        # accumulation) at 1 worker and at 2.
+        # Issue 51: the user's recipe cells of the matrix (AdamW, RMSprop, NAdam, Adagrad in the fast
+        # step, clipping, accumulation) at 1 worker and at 2.
         "matrix-51": (["bash", "-c", "; ".join(
-            f"{sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --workers {w} --only /adamw,/clip,/accumulate "
+            f"{sys.executable} {os.path.join(HERE, 'gpu_matrix.py')} --workers {w} "
+            f"--only /adamw,/clip,/accumulate,/rmsprop,/nadam,/adagrad "
             f"--out {p('matrix-51')}/gpu-matrix-51-w{w}.json" for w in (1, 2))], 900),
         # Issue 51: a user's ViT-tiny and GPT-style LM with AdamW (the LM clipped) through shmlearn.train
         # against DDP and DDP + compile at 1, 2 and 4 GPUs (as many as the machine has); or one workload a part.

@@ -96,6 +96,14 @@ ADAMW = {"adamw": {"optimizer": "adamw", "lr": 1e-3},
 """Issue 51: the built-in AdamW in the fast step (torch's fused AdamW reading the skip flag,
 captured in the step's graph), alone and with clipping and accumulation: what it trains (`maths`)
 goes to the reference's classic step too."""
+ADAMW.update({"rmsprop": {"optimizer": "rmsprop", "lr": 1e-3}, "adagrad": {"optimizer": "adagrad", "lr": 1e-2},
+              "nadam": {"optimizer": "nadam", "lr": 1e-3},
+              "rmsprop+clip+accumulate=2": {"optimizer": "rmsprop", "lr": 1e-3, "clip_grad_norm": 0.5, "accumulate": 2}})
+"""Issue 51 too: optimizers with no fused step that reads the skip flag (RMSprop, NAdam) run torch's
+foreach implementation, capturable, behind step/gate.py's FlagGate, captured in the step's graph;
+Adagrad runs torch's fused one where the installed torch has it on CUDA, else (its foreach step keeps
+its step count on the host) the classic step with a note. summary.json's step_mode and step_note
+(in the JSON) say which ran."""
 ADAMW_CELLS = (("adamw", "alexnet-small", "bf16", "allreduce", "default"),
                ("adamw", "alexnet-small", "fp32", "allreduce", "default"),
                ("adamw", "alexnet-small", "bf16", "allreduce", "no-graph"),
@@ -104,8 +112,18 @@ ADAMW_CELLS = (("adamw", "alexnet-small", "bf16", "allreduce", "default"),
                ("adamw", "fashion-net", "fp32", "ps", "default"),
                ("adamw", "lenet", "fp32", "weight-avg", "default"),
                ("adamw+clip+accumulate=2", "alexnet-small", "bf16", "allreduce", "default"),
-               ("adamw+clip+accumulate=2", "resnet18", "bf16", "allreduce", "compile"))
-"""(maths, model, precision, strategy, step) of the AdamW cells."""
+               ("adamw+clip+accumulate=2", "resnet18", "bf16", "allreduce", "compile"),
+               ("rmsprop", "alexnet-small", "bf16", "allreduce", "default"),
+               ("rmsprop", "alexnet-small", "fp32", "allreduce", "no-graph"),
+               ("rmsprop", "alexnet-small", "bf16", "allreduce", "compile"),
+               ("rmsprop", "resnet18", "bf16", "allreduce", "default"),
+               ("rmsprop", "fashion-net", "fp32", "ps", "default"),
+               ("rmsprop", "lenet", "fp32", "weight-avg", "default"),
+               ("rmsprop+clip+accumulate=2", "alexnet-small", "bf16", "allreduce", "default"),
+               ("nadam", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adagrad", "alexnet-small", "bf16", "allreduce", "default"),
+               ("adagrad", "fashion-net", "fp32", "allreduce", "no-graph"))
+"""(maths, model, precision, strategy, step) of the optimizer cells (AdamW, RMSprop, NAdam, Adagrad)."""
 
 
 def adamw_cells() -> list:

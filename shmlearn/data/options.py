@@ -24,9 +24,10 @@ class DataOptions(Section):
     """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
     Default: from the labels (integers: classification, floats: regression)."""
     loader: Literal[LOADERS] = "auto"
-    """Your own torch Datasets only: resident (read whole onto the device), stream (a DataLoader
-    with worker processes reads each batch), or auto (resident when it takes at most half the
-    device's free memory)."""
+    """Your own torch Datasets only: resident (read whole onto the device), stream ((x, y)
+    Datasets: a DataLoader with worker processes reads each batch; with compute_loss: the
+    collated train split stays in host memory and each batch is copied to the device), or auto
+    (resident when it takes at most half the device's free memory)."""
     augment: str = "none"
     """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
     translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""

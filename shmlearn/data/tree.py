@@ -28,6 +28,7 @@ from torch.utils._pytree import tree_flatten, tree_map, tree_unflatten
 from torch.utils.data import default_collate
 
 from shmlearn.data.base import DataSpec, dataset_len
+from shmlearn.data.iterable import TrainStream, is_stream
 from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import call_user
@@ -37,6 +38,8 @@ CUSTOM = "custom"
 COLLATE_CHUNK = 4096
 """Items collated at a time (each chunk's tensors are concatenated): default_collate of a whole
 split at once would hold every item's tensors and the stacked copy together."""
+GATHER_CHUNK = 64 << 20
+"""Bytes a rank sends per all-gather of a part kept in host memory under NCCL (`_gather_leaf`)."""
 SHARD_MIN = 4096
 """Splits of at least this many items are collated in parts, one a rank, and gathered: below it
 a rank's whole read costs less than a gather's start (tens of ms)."""
@@ -57,6 +60,13 @@ class TreeData:
     shardable: Tuple[str, ...] = ()
     """Splits collated with default_collate from a map-style Dataset: those a run of W ranks may
     collate in parts (part_bounds decides from the split's length)."""
+    stream: Any = None
+    """The train split when it is an IterableDataset without __len__ (data/iterable.py TrainStream):
+    never collated whole, `train` holds its first two items; else None."""
+    stream_n: int = 0
+    """A stream's samples in the run (its --samples budget): what n_train reads for it."""
+    host: bool = False
+    """The train tree stays in host memory (data/host.py HostTreeLoader; `to`)."""
     mean = None  # nothing to normalize (data/base.py normalizer reads these)
     std = None
 
@@ -66,7 +76,7 @@ class TreeData:
 
     @property
     def n_train(self) -> int:
-        return self._n("train")
+        return self.stream_n if self.stream is not None else self._n("train")
 
     @property
     def n_test(self) -> int:
@@ -81,10 +91,13 @@ class TreeData:
         """Whether this rank holds only its part of a split (gather_parts completes it)."""
         return bool(self.parts)
 
-    def to(self, device: torch.device) -> "TreeData":
+    def to(self, device: torch.device, host_train: bool = False) -> "TreeData":
+        """The splits on `device`; host_train: the train split (too large for the device, or a
+        stream's first items) stays where it is, in host memory."""
         move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
-        return TreeData(self.spec, move(self.train), move(self.test), move(self.val), self.sampler,
-                        dict(self.parts), self.shardable)
+        host = host_train and self.stream is None
+        return TreeData(self.spec, self.train if host else move(self.train), move(self.test), move(self.val),
+                        self.sampler, dict(self.parts), self.shardable, self.stream, self.stream_n, host)
 
     def split(self, name: str):
         return {"train": self.train, "val": self.val, "test": self.test}[name]
@@ -124,12 +137,16 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
     if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
             isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
         names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
-        trees, sampler, parts, shardable = {}, None, {}, []
+        trees, sampler, parts, shardable, stream = {}, None, {}, [], None
         for n, d in zip(names, obj):
             collate = None
             if isinstance(d, torch.utils.data.DataLoader):
                 d, collate, s = _unwrap(d, what, n)
                 sampler = s if n == "train" else sampler
+            if n == "train" and is_stream(d):  # never read whole: data/host.py reads it a batch a step
+                stream = TrainStream(d, collate, what)
+                trees[n] = stream.head
+                continue
             if collate is None and not isinstance(d, torch.utils.data.IterableDataset):
                 shardable.append(n)  # a collate_fn may pad to the split's longest item: whole only
             trees[n], total = collate_part(d, what, n, collate=collate, rank=rank,
@@ -137,7 +154,7 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
             if total is not None:
                 parts[n] = total
         data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
-        data.sampler, data.parts, data.shardable = sampler, parts, tuple(shardable)
+        data.sampler, data.parts, data.shardable, data.stream = sampler, parts, tuple(shardable), stream
         return data
     got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
     raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
@@ -189,7 +206,8 @@ def collate_part(ds, what: str, split: str, collate=None, rank: int = 0, world: 
     """(tree, the split's items or None): the split collated on the CPU (COLLATE_CHUNK items at a
     time with torch's default_collate; in one call with a DataLoader's own collate_fn, which may
     pad to the longest item), or where part_bounds(n, rank, world) cuts it, only rank's part and
-    the split's length. A finite IterableDataset is read once, in order."""
+    the split's length. An IterableDataset with a length is read once, in order (a train split
+    without one is a stream: data/iterable.py)."""
     if isinstance(ds, torch.utils.data.IterableDataset):
         items = []
         try:
@@ -263,14 +281,27 @@ def gather_parts(data: TreeData, what: str) -> None:
 
 
 def _gather_leaf(piece: torch.Tensor, n: int, world: int) -> torch.Tensor:
-    """The n rows of one tensor from the ranks' equal parts of ceil(n / W) rows (the last padded)."""
+    """The n rows of one tensor from the ranks' equal parts of ceil(n / W) rows (the last padded).
+    Under NCCL through the GPU: whole for a part on the device, GATHER_CHUNK bytes at a time for a
+    part kept in host memory (data/host.py: a split the device cannot hold is never whole there)."""
     b = -(-n // world)
-    comm = piece.device if dist.get_backend() == "nccl" else torch.device("cpu")
+    nccl = dist.get_backend() == "nccl"
+    host_part = nccl and piece.device.type != "cuda"
+    comm = piece.device if nccl and not host_part else torch.device("cpu")
     p = piece.to(comm)
     if len(p) < b:
         p = torch.cat([p, p.new_zeros((b - len(p), *p.shape[1:]))])
     flat = p.contiguous().reshape(-1).view(torch.uint8)
-    if comm.type == "cuda":
+    if host_part:
+        out = torch.empty(world, flat.numel(), dtype=torch.uint8)
+        dev = torch.device("cuda", torch.cuda.current_device())
+        for lo in range(0, flat.numel(), GATHER_CHUNK):
+            hi = min(flat.numel(), lo + GATHER_CHUNK)
+            got = torch.empty(world * (hi - lo), dtype=torch.uint8, device=dev)
+            dist.all_gather_into_tensor(got, flat[lo:hi].to(dev))
+            out[:, lo:hi].copy_(got.view(world, hi - lo))
+        out = out.reshape(-1)
+    elif comm.type == "cuda":
         out = torch.empty(world * flat.numel(), dtype=torch.uint8, device=comm)
         dist.all_gather_into_tensor(out, flat)
     else:

@@ -21,10 +21,13 @@ Two ways to run a step, chosen once per run (`resolve_mode`):
   other workers learn of a bad rank only at the next round, so their own replicas may take up to
   K - 1 more local steps before the run stops (the diverged run writes no checkpoint, and the
   reported step is the first bad one).
-  Needs: a strategy with `gated_step` (allreduce, ps, weight-avg) and an optimizer whose torch
-  class has a fused implementation that reads the skip flag (SGD, Adam, AdamW; Adagrad on the CPU:
-  options.FUSED_SKIPPING), stepped with the user's hyperparameters; anything else, and a subclass
-  that overrides step(), runs classic with a note (options.optimizer_note). Step hooks run: the
+  Needs: a strategy with `gated_step` (allreduce, ps, weight-avg) and an optimizer the step can
+  skip on the device, stepped with the user's hyperparameters (options.optimizer_why_not, by
+  capability): torch's fused implementation where it reads the skip flag (SGD, Adam, AdamW;
+  Adagrad on the CPU), else its foreach one (capturable on CUDA) behind step/gate.py, which puts
+  the weights and the state back on a skipped step (RMSprop, NAdam, RAdam, Adamax, Adadelta, ASGD,
+  Rprop). A step() that needs a closure (LBFGS), a subclass that overrides step() and a class with
+  neither implementation run classic with a note (options.optimizer_note). Step hooks run: the
   fast step then calls the optimizer's step() every step, eagerly.
 
 Phase timing in graph mode: a replayed step is one launch and is not split into phases. One step
@@ -99,6 +102,7 @@ class Stepper:
         self.free_hist = torch.zeros(total_steps + 1, dtype=torch.float64) if strategy.free_running else None
         """Free running: this rank's step_loss() at every step, in float64 (a server's sum of W losses)."""
         self._pending_from: Optional[int] = None  # first step not yet read
+        self._gate = None  # step/gate.py's FlagGate of the user's optimizer (the fast step arms it)
         self.choice = KernelChoice(model=model, strategy=strategy, optimizer=optimizer, loader=loader, loss=self.loss,
                                    device=device, opts=opts, tuning=tuning, fast=self.fast, fast_why_not=why_not, fault=fault,
                                    world_size=world_size, total_steps=total_steps)
@@ -128,6 +132,7 @@ class Stepper:
         optimizer other than SGD)."""
         lr = arm_fast(optimizer=self.optimizer, strategy=self.strategy, choice=self.choice, dstep=self.dstep,
                       fused=fused)
+        self._gate = lr.gate
         common = dict(strategy=self.strategy, optimizer=self.optimizer, schedule=self.schedule, loader=self.loader,
                       timer=self.timer, dstep=self.dstep, lr=lr)
         if self.strategy.free_running:
@@ -225,6 +230,9 @@ class Stepper:
             torch.cuda.synchronize(self.device)
             self.graphs = None
         self.choice.release()  # the model goes back to casting its weights (and holds no copy)
+        if self._gate is not None:  # the user's optimizer steps as written after the run
+            self._gate.remove()
+            self._gate = None
 
     def flush(self, done: int) -> Optional[Window]:
         """Read whatever is pending (the benchmark does, between timed repeats)."""

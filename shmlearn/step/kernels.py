@@ -256,12 +256,13 @@ class KernelChoice:
             return "no convolution runs shmlearn's op (--conv-overlap off, or none in the model)"
         return self.flat_why_not()
 
-    def bind_update(self, found_inf: torch.Tensor) -> None:
-        """The fast step's update, once the optimizer runs torch's fused implementation: for SGD
-        the flat SGD kernel where it can run (with the convolutions' updates in the backward and the
-        weight copy where chosen), and what it could not bind put back; otherwise, and with step
-        hooks, the optimizer's own step() (sync/base.py update_params)."""
-        self.update_kernel = "torch-fused"
+    def bind_update(self, found_inf: torch.Tensor, kind: str = "fused") -> None:
+        """The fast step's update, once the optimizer runs torch's `kind` implementation (fused, or
+        foreach behind step/gate.py): for SGD the flat SGD kernel where it can run (with the
+        convolutions' updates in the backward and the weight copy where chosen), and what it could
+        not bind put back; otherwise, and with step hooks, the optimizer's own step() (sync/base.py
+        update_params)."""
+        self.update_kernel = f"torch-{kind}"
         s = self.strategy
         if self.flat_why_not() is None and not s.free_running:
             early = [i for w, b, _ in self.slots.values() for i in (w, b) if i is not None]

@@ -14,13 +14,19 @@ from typing import List, Optional
 
 import torch
 
-from shmlearn.step.options import torch_class
+from shmlearn.step.gate import FlagGate
+from shmlearn.step.options import IMPLEMENTATION_FLAGS, implementation, torch_class
 
 
-HYPERPARAMETERS = ("momentum", "dampening", "nesterov", "weight_decay", "betas", "eps", "amsgrad", "maximize",
-                   "lr_decay")
-"""The param-group values besides lr that torch's fused SGD, Adam, AdamW and Adagrad read at each
-step() (`GroupValues` watches them)."""
+def hyperparameters(cls: type) -> tuple:
+    """The param-group values besides lr that `cls.step()` reads: the keywords its constructor
+    takes, less the ones that choose an implementation (options.IMPLEMENTATION_FLAGS)."""
+    import inspect
+    try:
+        names = inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return ()
+    return tuple(k for k in names if k not in ("self", "params", "lr", "defaults") + IMPLEMENTATION_FLAGS)
 
 
 class GroupValues:
@@ -28,13 +34,15 @@ class GroupValues:
     lr: one device tensor per param group (None: the group keeps a float, which its step() reads
     each time: Adam, AdamW and Adagrad on the CPU, where nothing is captured)."""
 
-    def __init__(self, optimizer, lr: List[Optional[torch.Tensor]]):
+    def __init__(self, optimizer, lr: List[Optional[torch.Tensor]], gate: Optional[FlagGate] = None):
         self.lr = lr
+        self.gate = gate
+        """The skip of an optimizer without a fused step (step/gate.py), or None."""
+        self._names = hyperparameters(torch_class(optimizer))
         self._armed = [self._others(g) for g in optimizer.param_groups]
 
-    @staticmethod
-    def _others(group: dict) -> dict:
-        return {k: group[k] for k in HYPERPARAMETERS if k in group}
+    def _others(self, group: dict) -> dict:
+        return {k: group[k] for k in self._names if k in group}
 
     def __iter__(self):
         return iter(self.lr)
@@ -77,36 +85,49 @@ def _device_state(optimizer, cls: type, dev: torch.device) -> None:
 
 
 def arm_fast(*, optimizer, strategy, choice, dstep, fused: bool) -> GroupValues:
-    """The fast step's device state (dstep.arm) and, fused: torch's fused implementation of the
-    optimizer's class (options.FUSED_SKIPPING) reading its learning rate from the device and
-    skipping on the flag, then the update kernel (choice.bind_update). The user's hyperparameters
-    stay as they are; only the implementation changes (fused, no foreach; capturable on CUDA,
-    which a CUDA graph's capture asks of Adam). fused=False (a free-running strategy with another
-    optimizer): the flags only; the strategy then skips the update itself (async-ps's server sees
-    the losses on the host). Returns what `keep_lr_tensors` keeps."""
+    """The fast step's device state (dstep.arm) and, fused: the optimizer's update made to read
+    its learning rate from the device and skip on the flag, then the update kernel
+    (choice.bind_update). How, by what the installed torch has (options.implementation): torch's
+    fused implementation of the class, which reads the flag itself (fused, no foreach; capturable
+    on CUDA, which a CUDA graph's capture asks of Adam), or its foreach one (capturable on CUDA)
+    behind step/gate.py's FlagGate. The user's hyperparameters stay as they are; only the
+    implementation changes. fused=False (a free-running strategy with an optimizer the fast step
+    cannot update): the flags only; the strategy then skips the update itself (async-ps's server
+    sees the losses on the host). Returns what `keep_lr_tensors` keeps."""
     dstep.arm()
     if not fused:
         return GroupValues(optimizer, [])
     dev = dstep.device
     cls = torch_class(optimizer)
+    kind = implementation(optimizer, dev)
     lr: List[Optional[torch.Tensor]] = []
     for g in optimizer.param_groups:
-        # One kernel for all parameters, a learning rate read from the device (the schedule fills
-        # it in place), and found_inf to skip a step without a host sync.
-        g["fused"], g["foreach"] = True, False
+        # One kernel for all parameters (fused) or a few (foreach), a learning rate read from the
+        # device (the schedule fills it in place), and found_inf to skip a step without a host sync.
+        if kind == "fused":
+            g["fused"], g["foreach"] = True, False
+        else:
+            g["foreach"] = True
+            if "fused" in g:
+                g["fused"] = False
         if "capturable" in g and dev.type == "cuda":
             g["capturable"] = True
         # A tensor lr where a graph may read it (CUDA) and for SGD everywhere (flat_sgd reads it);
-        # Adam, AdamW and Adagrad on the CPU keep the float their step() reads each time.
+        # the others on the CPU keep the float their step() reads each time (torch's foreach step
+        # takes a tensor lr only when capturable).
         if (dev.type == "cuda" or cls is torch.optim.SGD) and not isinstance(g["lr"], torch.Tensor):
             g["lr"] = torch.tensor(float(g["lr"]), dtype=torch.float32, device=dev)
         lr.append(g["lr"] if isinstance(g["lr"], torch.Tensor) else None)
-    _device_state(optimizer, cls, dev)
-    optimizer.found_inf = dstep.found_inf
-    choice.bind_update(dstep.found_inf)
+    gate = None
+    if kind == "fused":
+        _device_state(optimizer, cls, dev)
+        optimizer.found_inf = dstep.found_inf
+    else:
+        gate = FlagGate(optimizer, dstep.found_inf, strategy.params_flat)
+    choice.bind_update(dstep.found_inf, kind)
     if strategy.noise is not None:
         strategy.noise.bind(dstep.t)  # its history is indexed by the step, as the losses are
-    return GroupValues(optimizer, lr)
+    return GroupValues(optimizer, lr, gate)
 
 
 def step_schedule(optimizer, schedule) -> None:

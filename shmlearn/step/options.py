@@ -161,8 +161,9 @@ class StepOptions(Section):
     check_every: Optional[int] = None
     """Read the losses (NaN check, logging, rank 0's eval/checkpoint requests) every this many
     steps; in between, a step never waits for the device. Default 10 on CPU, 50 on CUDA
-    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg with sgd, momentum or
-    nesterov (others read every step)."""
+    (fast.DEFAULT_CHECK_EVERY). Above 1 needs allreduce, ps or weight-avg and an optimizer with a
+    fused or foreach implementation (torch.optim's but LBFGS and SparseAdam; docs/recipe.md);
+    others read every step."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -251,11 +252,28 @@ class Window:
     """Rank 0 asks every rank to stop here (a pruned sweep trial, pruning.py)."""
 
 
-FUSED_SKIPPING = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW, torch.optim.Adagrad)
-"""torch.optim classes whose fused implementation reads the optimizer's `found_inf` in step() and
-skips the update on the device while it is 1 (the fast step's skip flag, fast.py), with their step
-counters put back. Which of them has a fused kernel on a device depends on torch (Adagrad's is
-CPU-only in torch 2.13): `fused_why_not` asks the installed torch once per class and device."""
+IMPLEMENTATION_FLAGS = ("fused", "foreach", "capturable", "differentiable")
+"""The keywords of a torch.optim class that choose how its step() runs, not what it computes."""
+
+
+def accepts(cls: type, keyword: str) -> bool:
+    """Whether optimizer class `cls` takes `keyword` (fused, foreach, capturable) when built."""
+    import inspect
+    try:
+        return keyword in inspect.signature(cls.__init__).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def needs_closure(cls: type) -> bool:
+    """Whether `cls.step` must be given a closure (LBFGS: it evaluates the loss itself, several
+    times a step), which no step of shmlearn passes."""
+    import inspect
+    try:
+        p = inspect.signature(inspect.unwrap(cls.step)).parameters.get("closure")
+    except (TypeError, ValueError):
+        return False
+    return p is not None and p.default is inspect.Parameter.empty
 
 
 def torch_class(optimizer) -> type:
@@ -319,13 +337,16 @@ def fused_why_not(cls: type, device: torch.device) -> Optional[str]:
 
 
 def optimizer_why_not(optimizer, device: torch.device) -> Optional[str]:
-    """None if the fast step can update with `optimizer` (torch's fused implementation of its
-    class, reading the skip flag, with the user's hyperparameters), else why not (one line)."""
+    """None if the fast step can update with `optimizer` with the user's hyperparameters, else why
+    not (one line). By capability, not by name (`implementation` says which it takes): torch's
+    fused implementation of its class where the installed torch has one on `device` that skips
+    its update on the flag (`fused_why_not`), else its foreach implementation, capturable in a
+    CUDA graph on CUDA, gated by step/gate.py. Refused: a step() that needs a closure, a subclass
+    that overrides step(), differentiable=True, and a class with neither."""
     name = type(optimizer).__name__
     cls = torch_class(optimizer)
-    if cls not in FUSED_SKIPPING:
-        return (f"optimizer {name}: torch has no fused {cls.__name__} that skips a step on a device flag "
-                f"(the fast step's are {', '.join(c.__name__ for c in FUSED_SKIPPING)})")
+    if needs_closure(cls):
+        return f"optimizer {name}: its step() needs a closure (it evaluates the loss itself), which the fast step has not"
     if overrides_step(optimizer):
         return f"optimizer {name} overrides step(): the classic step calls it as written"
     groups = optimizer.param_groups
@@ -334,7 +355,23 @@ def optimizer_why_not(optimizer, device: torch.device) -> Optional[str]:
     params = [p for g in groups for p in g["params"]]
     if any(not p.is_floating_point() or p.is_sparse or p.device.type != device.type for p in params):
         return f"optimizer {name}: parameters that are not dense floating point on {device}"
-    return fused_why_not(cls, device)
+    fused = fused_why_not(cls, device) if accepts(cls, "fused") else f"torch has no fused {cls.__name__}"
+    if fused is None:
+        return None
+    if not (accepts(cls, "foreach") and hasattr(cls, "_init_group")):
+        return f"optimizer {name}: {fused}, and no foreach implementation to step on the device"
+    if device.type == "cuda" and not accepts(cls, "capturable"):
+        return (f"optimizer {name}: {fused}, and its foreach step (no capturable=True) keeps its step count on "
+                f"the host")
+    return None
+
+
+def implementation(optimizer, device: torch.device) -> str:
+    """Which of torch's implementations the fast step runs for an optimizer `optimizer_why_not`
+    admits: "fused" (it reads the skip flag itself) or "foreach" (step/gate.py puts its weights
+    and state back on a skipped step)."""
+    cls = torch_class(optimizer)
+    return "fused" if accepts(cls, "fused") and fused_why_not(cls, device) is None else "foreach"
 
 
 def fast_capable(strategy, optimizer, device: Optional[torch.device] = None) -> Optional[str]:
@@ -359,7 +396,10 @@ def optimizer_note(optimizer, why_not: Optional[str], fast: bool, device: torch.
     if hooks:
         return (f"optimizer {name} has {hooks} step hook{'s' * (hooks > 1)}: the fast step calls its step() every "
                 f"step, eagerly (no flat kernel, no CUDA graph), so they run")
-    if torch_class(optimizer) is not torch.optim.SGD:
-        how = "fused=True, capturable=True" if device.type == "cuda" else "fused=True"
-        return f"optimizer {name} runs torch's fused implementation in the fast step ({how}), with its hyperparameters"
-    return None
+    if torch_class(optimizer) is torch.optim.SGD:
+        return None
+    kind = implementation(optimizer, device)
+    cuda = device.type == "cuda" and accepts(torch_class(optimizer), "capturable")
+    how = f"{kind}=True" + (", capturable=True" if cuda else "")
+    back = "; a skipped step puts its weights and state back" if kind == "foreach" else ""
+    return f"optimizer {name} runs torch's {kind} implementation in the fast step ({how}), with its hyperparameters{back}"

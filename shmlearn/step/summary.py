@@ -51,7 +51,8 @@ class StepSummary:
     combo_kernels: bool
     """Whether the compiled step runs Inductor's combo kernels (--combo-kernels, step/compile.py)."""
     update_kernel: str
-    """What applies the update: flat, torch-fused or optimizer (step/kernels.py)."""
+    """What applies the update: flat, torch-fused, torch-foreach (behind step/gate.py) or optimizer
+    (step/kernels.py)."""
     update_in_backward: bool
     """Whether convolutions take their SGD step inside the backward."""
     weight_copy: bool

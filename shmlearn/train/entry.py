@@ -21,6 +21,7 @@ import torch
 
 from shmlearn.config.train_config import TrainConfig, validate
 from shmlearn.data import check_present
+from shmlearn.data.iterable import check_budget, given_stream
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.user import user_main
 from shmlearn.launch.placement import backend_for, default_workers, device_type
@@ -65,6 +66,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
     cfg = parts.labelled(cfg)  # before validation: the labels are what config.yaml records
     validate(cfg)
     recipe.check_refs(cfg, parts)  # a wrong --optimizer/--scheduler/--loss fails here, before any process
+    if compute_loss is not None and given_stream(data):  # an endless train stream needs --samples
+        check_budget(cfg.samples, "data=")
     env = detect_env()
     if env is not None:
         cfg = settle(cfg, registry.spec(cfg), processes=env.world_size)

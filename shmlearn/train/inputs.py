@@ -14,7 +14,9 @@ from shmlearn.data import Dataset, load_dataset, normalizer
 from shmlearn.data.augment import Augment
 from shmlearn.data.loader import ShardedLoader
 from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
-from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows_slice, tree_data
+from shmlearn.data.host import HostTreeLoader, StreamTreeLoader, keeps_on_host, tree_bytes
+from shmlearn.data.iterable import check_budget
+from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows, rows_slice, tree_data
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
 from shmlearn.models import build_model
@@ -68,15 +70,35 @@ def cached_tree_data(cfg: TrainConfig, given, device: torch.device, rank: int = 
     once whole). Rank `rank` of `world` collates its part of each large split; the run completes
     them with gathered_loader once its process group exists."""
     if given is not None:
-        return tree_data(given, "data=", rank=rank, world=world).to(device)
-    key = ("tree", cfg.dataset, str(device))
+        return _placed(cfg, tree_data(given, "data=", rank=rank, world=world), device, "data=")
+    key = ("tree", cfg.dataset, str(device), cfg.loader)
     if key in _DATA_CACHE:
-        return _DATA_CACHE[key]
-    data = tree_data(resolve_ref(cfg.dataset, "--dataset"), f"--dataset {cfg.dataset}", name=cfg.dataset,
-                     rank=rank, world=world).to(device)
+        return _budgeted(cfg, _DATA_CACHE[key], f"--dataset {cfg.dataset}")
+    what = f"--dataset {cfg.dataset}"
+    data = _placed(cfg, tree_data(resolve_ref(cfg.dataset, "--dataset"), what, name=cfg.dataset, rank=rank,
+                                  world=world), device, what)
     if not data.pending:
         _make_room()
         _DATA_CACHE[key] = data
+    return data
+
+
+def _placed(cfg: TrainConfig, data: TreeData, device: torch.device, what: str) -> TreeData:
+    """The tree's splits on the device, but a train split kept in host memory (--loader stream,
+    or auto where it would take more than half the device's free memory: data/host.py) or given
+    as a stream (which needs --samples: data/iterable.py)."""
+    if data.stream is not None:
+        return _budgeted(cfg, data.to(device), what)
+    part = rows(data.train)
+    nbytes = tree_bytes(data.train) * (data.parts.get("train", part) / max(part, 1))  # the whole split's
+    return data.to(device, host_train=keeps_on_host(cfg.loader, int(nbytes), device))
+
+
+def _budgeted(cfg: TrainConfig, data: TreeData, what: str) -> TreeData:
+    """A stream's run: its budget is --samples (BadInput otherwise), which n_train then reads."""
+    if data.stream is not None:
+        check_budget(cfg.samples, what)
+        data.stream_n = cfg.samples
     return data
 
 
@@ -88,13 +110,19 @@ def gathered_loader(cfg: TrainConfig, data, given, loader, augment, *, shard: in
     run_loader could not build it on a part."""
     if isinstance(data, TreeData) and world > 1:
         gather_parts(data, "data=" if given is not None else f"--dataset {cfg.dataset}")
-        key = ("tree", cfg.dataset, str(device))
+        key = ("tree", cfg.dataset, str(device), cfg.loader)
         if given is None and key not in _DATA_CACHE:
             _make_room()
             _DATA_CACHE[key] = data
     if loader is None:
         return run_loader(cfg, data, shard=shard, num_shards=num_shards, device=device)
     return loader, augment
+
+
+def host_fed(data) -> bool:
+    """Whether training batches come from host memory (summary.json data_path "stream"): streamed
+    (x, y) Datasets, a general-contract train split kept on the host, or a train stream."""
+    return isinstance(data, StreamedData) or (isinstance(data, TreeData) and (data.host or data.stream is not None))
 
 
 def preload_data(slot: int, datasets: list, cuda: bool) -> None:
@@ -159,6 +187,13 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
                            f"compute_loss, augment in your function or Dataset")
         if data.pending:  # a part of the split: gathered_loader builds it once the parts are gathered
             return None, augment
+        if data.stream is not None:
+            return StreamTreeLoader(data.stream, device=device, batch_size=cfg.batch_size, shard=shard,
+                                    num_shards=num_shards, accumulate=cfg.accumulate), augment
+        if data.host:
+            return HostTreeLoader(data.train, device=device, batch_size=cfg.batch_size, shard=shard,
+                                  num_shards=num_shards, seed=cfg.seed, sampler=data.sampler,
+                                  accumulate=cfg.accumulate), augment
         return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
                           seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate), augment
     if augment.active and not data.spec.is_image:

@@ -18,7 +18,6 @@ import torch
 
 from shmlearn.config.train_config import checkpoint_period
 from shmlearn.data import Dataset, normalizer
-from shmlearn.data.stream import StreamedData
 from shmlearn.errors import Diverged, count
 from shmlearn.launch.pool import worker_store
 from shmlearn.record import runs, weights
@@ -29,6 +28,7 @@ from shmlearn.sweeps.pruning import Watch
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.train import checkpoint as ckpt
 from shmlearn.train import evaluation, noise
+from shmlearn.train.inputs import host_fed
 from shmlearn.train.guard import Fault, Heartbeat
 from shmlearn.train.result import RunResult, gather_ranks
 from shmlearn.user import recipe
@@ -304,7 +304,7 @@ class Loop:
                                     rank=env.rank, world_size=env.world_size)
         summary = runs.summarize(
             cfg, status=status, diverged=diverged, history=self._history(), workers=self.strategy.compute_ranks,
-            processes=env.world_size, launcher=env.launcher, streamed=isinstance(self.data, StreamedData),
+            processes=env.world_size, launcher=env.launcher, streamed=host_fed(self.data),
             start_lrs=self.start_lrs, builtin_optimizer=recipe.is_builtin_optimizer(cfg),
             budget=self.budget, samples_per_step=self.samples_per_step, planned_steps=self.steps,
             setup_s=self.setup_s, auto_eval=self.auto_eval, start_step=self.start_step,

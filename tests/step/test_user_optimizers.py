@@ -3,16 +3,17 @@ never bypassed. Each run is compared with what a user writes without shmlearn: o
 whole batch (the W workers' batches concatenated), the same optimizer, hooks and scheduler, torch
 only. Step hooks run once a step; a subclass that overrides step() runs the classic step; Adam,
 AdamW and SGD run torch's fused implementation in the fast step with the user's hyperparameters;
-a NaN is never applied; an optimizer without a fused implementation runs classic with a note."""
+a NaN is never applied; RMSprop runs its foreach implementation behind the gate (more optimizers
+in test_foreach_optimizers.py); one with neither, or whose step() needs a closure, is refused."""
 import json
 import os
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 import shmlearn
-from stepping import run_steps
+import stepping
+from stepping import flat as _flat, nll, run_steps
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.data import load_dataset, normalizer
 from shmlearn.data.loader import ShardedLoader
@@ -27,10 +28,6 @@ from shmlearn.record.timing import PhaseTimer
 B, STEPS = 8, 20
 CALLS = {"pre": 0}
 """Calls of `halve_grads` in this process (the 1-worker runs train here)."""
-
-
-def nll(out, y):
-    return F.nll_loss(F.log_softmax(out, dim=1), y)
 
 
 def halve_grads(optimizer, args, kwargs):
@@ -89,30 +86,9 @@ def _cfg(out, workers, **kw):
                        eval_points=1, progress=False, out=str(out), device="cpu", **kw)
 
 
-def _flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def plain_loop(make, steps=STEPS, batch=B, hook=None, scheduler=None):
-    """One process, torch only, the loader's batches of `batch` samples (a pure function of seed
-    and step: the W workers' batches of a step concatenated are this batch)."""
-    data = load_dataset("digits")
-    torch.manual_seed(0)
-    model = build_model("mlp", data.spec)
-    optimizer = make(model)
-    if hook is not None:
-        optimizer.register_step_pre_hook(hook)
-    sched = scheduler(optimizer) if scheduler is not None else None
-    loader = ShardedLoader(data.train_x, data.train_y, batch_size=batch, shard=0, num_shards=1, seed=0,
-                           normalize=normalizer(data, torch.device("cpu")))
-    for step in range(steps):
-        x, y = loader.batch(step)
-        optimizer.zero_grad()
-        nll(model(x), y).backward()
-        optimizer.step()
-        if sched is not None:
-            sched.step()
-    return _flat(model)
+    """One process, torch only (stepping.plain_loop)."""
+    return stepping.plain_loop(make, steps, batch, hook=hook, scheduler=scheduler)
 
 
 def test_a_step_pre_hook_runs_once_a_step_in_the_fast_step(tmp_path):
@@ -193,24 +169,32 @@ def test_a_scheduler_that_changes_betas_reaches_the_fast_step(tmp_path):
     torch.testing.assert_close(_flat(res.model), plain_loop(adamw, scheduler=one_cycle), rtol=1e-4, atol=1e-5)
 
 
-def test_rmsprop_runs_classic_and_says_why_in_summary(tmp_path):
+def test_rmsprop_runs_the_fast_step_and_says_so_in_summary(tmp_path):
     res = shmlearn.train(_cfg(tmp_path / "run", 1), optimizer=rmsprop, loss=nll)
     s = res.summary
-    assert s["step_mode"] == "classic"
-    assert s["step_note"].startswith("optimizer RMSprop: torch has no fused RMSprop that skips a step on a device flag")
-    assert s["step_note"].endswith("; it runs the classic step")
+    assert (s["step_mode"], s["update_kernel"]) == ("fast-eager", "torch-foreach")
+    line = ("optimizer RMSprop runs torch's foreach implementation in the fast step (foreach=True), with its "
+            "hyperparameters; a skipped step puts its weights and state back")
     with open(os.path.join(res.run_dir, "summary.json")) as f:
-        assert '"step_note": "optimizer RMSprop: torch has no fused RMSprop' in f.read()
+        assert json.load(f)["step_note"] == line
     torch.testing.assert_close(_flat(res.model), plain_loop(rmsprop), rtol=1e-4, atol=1e-5)
+    assert (plain_loop(rmsprop) - plain_loop(rmsprop, steps=0)).abs().max() > 1e-3, "training did not move the weights"
 
 
 def test_the_probe_finds_the_fused_optimizers_of_this_torch():
     cpu = torch.device("cpu")
     for cls in (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW):
         assert options.fused_why_not(cls, cpu) is None, cls
-    p = [torch.nn.Parameter(torch.zeros(2))]
-    assert "LBFGS" in options.optimizer_why_not(torch.optim.LBFGS(p), cpu)
+    p = [torch.nn.Parameter(torch.zeros(2, 2))]
+    assert options.optimizer_why_not(torch.optim.LBFGS(p), cpu) == \
+        "optimizer LBFGS: its step() needs a closure (it evaluates the loss itself), which the fast step has not"
     assert "differentiable" in options.optimizer_why_not(torch.optim.Adam(p, differentiable=True), cpu)
+    for cls in (torch.optim.SparseAdam, torch.optim.Muon):  # neither fused nor foreach
+        assert options.optimizer_why_not(cls(p), cpu) == \
+            f"optimizer {cls.__name__}: torch has no fused {cls.__name__}, and no foreach implementation to step on the device"
+    for cls in (torch.optim.Adagrad, torch.optim.RMSprop, torch.optim.NAdam, torch.optim.RAdam, torch.optim.ASGD):
+        assert options.optimizer_why_not(cls(p), cpu) is None, cls
+    assert [options.implementation(c(p), cpu) for c in (torch.optim.Adagrad, torch.optim.RMSprop)] == ["fused", "foreach"]
 
 
 def _stepper(optimizer, check_every, fault=None, steps=12):

@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-import torch.nn.functional as F
+
+import stepping
 
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
@@ -40,10 +41,6 @@ def step_lr(optimizer):
     return torch.optim.lr_scheduler.StepLR(optimizer, step_size=6, gamma=0.5)
 
 
-def nll(out, y):
-    return F.nll_loss(F.log_softmax(out, dim=1), y)
-
-
 OPTIMIZERS = {"adamw": adamw_groups, "sgd": sgd}
 CASES = [  # (strategy, optimizer, extra config, step mode it must report)
     ("allreduce", "adamw", {}, "fast-eager"),  # torch's fused AdamW in the fast step
@@ -62,44 +59,23 @@ def _cfg(out, workers, batch, strategy="allreduce", **kw):
                        scheduler_interval="step", out=str(out), **kw)
 
 
-def _flat(model):
-    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-
-
 def _worker(rank, world, port, tmp):
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     env = DistEnv(rank=rank, world_size=world, local_rank=rank, local_world_size=world,
                   launcher="local", master_port=port)
     for i, (strategy, opt, extra, _) in enumerate(CASES):
-        parts = Parts(optimizer=OPTIMIZERS[opt], scheduler=step_lr, loss=nll)
+        parts = Parts(optimizer=OPTIMIZERS[opt], scheduler=step_lr, loss=stepping.nll)
         cfg = parts.labelled(_cfg(os.path.join(tmp, f"run{i}"), world, B, strategy, **extra))
         res = run_worker(cfg, env, parts=parts)
-        torch.save((_flat(res.model), res.summary["step_mode"]), os.path.join(tmp, f"case{i}-rank{rank}.pt"))
+        torch.save((stepping.flat(res.model), res.summary["step_mode"]), os.path.join(tmp, f"case{i}-rank{rank}.pt"))
     dist.destroy_process_group()
     os._exit(0)  # as shmlearn's workers leave (launch._child)
 
 
 def plain_loop(opt: str, steps: int = STEPS, batch: int = WORLD * B) -> torch.Tensor:
-    """What a user writes without shmlearn: one process, the whole batch, torch only. The batches
-    are the loader's (a pure function of seed and step: the W workers' batches concatenated)."""
-    from shmlearn.data import load_dataset, normalizer
-    from shmlearn.data.loader import ShardedLoader
-    from shmlearn.models import build_model
-    data = load_dataset("digits")
-    torch.manual_seed(0)
-    model = build_model("mlp", data.spec)
-    optimizer = OPTIMIZERS[opt](model)
-    scheduler = step_lr(optimizer)
-    loader = ShardedLoader(data.train_x, data.train_y, batch_size=batch, shard=0, num_shards=1, seed=0,
-                           normalize=normalizer(data, torch.device("cpu")))
-    for step in range(steps):
-        x, y = loader.batch(step)
-        optimizer.zero_grad()
-        nll(model(x), y).backward()
-        optimizer.step()
-        scheduler.step()
-    return _flat(model)
+    """What a user writes without shmlearn (stepping.plain_loop), with OPTIMIZERS[opt] and step_lr."""
+    return stepping.plain_loop(OPTIMIZERS[opt], steps, batch, scheduler=step_lr)
 
 
 def test_user_optimizer_and_scheduler_match_a_plain_single_process_loop(tmp_path):
