@@ -219,4 +219,31 @@ def context(cuda: bool):
         return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here
     if _import_env() != _started_env:
         return mp.get_context("spawn")
+    global _served
+    _served = True
     return mp.get_context("forkserver")
+
+
+_served = False
+"""Whether a pool of this process has started a worker from the forkserver (context)."""
+
+
+def stop_idle() -> None:
+    """End the forkserver this process started, if no worker came from it yet: a pool whose
+    workers fork from the caller (caller_fork) does not need it, and on a small machine its
+    imports, still running when a script's train() forks (a script that imported torch before
+    shmlearn started it late), take a core from the workers. A later pool that needs one starts
+    it again (context). Never once it has served: its forks report their exit through it."""
+    global _started_env
+    if _started_env is None or _served:
+        return
+    from multiprocessing import forkserver
+    server = forkserver._forkserver  # no public handle on it
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        server._stop()  # reaps it, closes its alive pipe and socket: ensure_running starts anew
+    _started_env = None

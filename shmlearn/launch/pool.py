@@ -102,6 +102,7 @@ class Pool:
     def _spawn(self, slot: int) -> _Worker:
         why_not = "a GPU pool" if self.cuda else forkserver.caller_fork(self.one_thread)
         if why_not is None:  # a fork of this process: its modules, the script's objects, its data
+            forkserver.stop_idle()
             ctx, main = mp.get_context("fork"), None
             # this process's ends of the other workers' pipes, which the fork would keep open
             siblings = tuple(w.conn for w in self.workers.values())

@@ -210,3 +210,41 @@ def test_a_pool_of_several_thread_ranks_does_not_fork_the_caller():
         pool.run(_say, ("hi",), slots=[0], backend=None)
         assert pool.startup[0]["start"] in ("forkserver", "spawn")
         assert "intra-op" in pool.startup[0]["why_not_fork"]
+
+
+IDLE = r"""
+import json, os, sys
+import torch, torch._dynamo
+import shmlearn                       # a script's import starts the forkserver (forkserver.autostart)
+from multiprocessing import forkserver as mpf
+from shmlearn.launch import forkserver
+from shmlearn.launch.pool import Pool
+
+
+def where(env):
+    return os.getppid()
+
+
+if __name__ == "__main__":
+    first = mpf._forkserver._forkserver_pid
+    with Pool(2, one_thread=True) as pool:   # forks of this process: the forkserver is not needed
+        forked = pool.run(where, slots=[0, 1], backend=None)
+    gone = not os.path.exists(f"/proc/{first}") and forkserver._started_env is None
+    with Pool(1) as pool:                    # a pool that needs it starts it again
+        again = pool.run(where, slots=[0], backend=None)
+    print(json.dumps({"owner": os.getpid(), "first": first, "forked": forked, "gone": gone, "again": again,
+                      "second": mpf._forkserver._forkserver_pid}), flush=True)
+"""
+
+
+def test_an_unused_forkserver_is_stopped_when_the_workers_fork_from_the_caller(tmp_path):
+    """It would import torch beside the workers (a script that imported torch before shmlearn starts
+    it late); a later pool that needs one starts it again."""
+    path = tmp_path / "idle.py"
+    path.write_text(IDLE)
+    out, err = _communicate(_run(path))
+    assert "Traceback" not in err, err
+    seen = json.loads(out.strip().splitlines()[-1])
+    assert seen["first"] and seen["gone"], seen
+    assert seen["forked"] == [seen["owner"]] * 2
+    assert seen["second"] not in (None, seen["first"]) and seen["again"] == [seen["second"]], seen
