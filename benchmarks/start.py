@@ -20,7 +20,9 @@ Each row records the wall time, the CPU seconds of the process and the children 
 the first and last line's time and the first step's (from
 summary.json's train_start_unix: the launch's own clock, both unix seconds on one machine), and
 the run's own phases (summary.json: setup, compile, train, eval; a sweep's timing.json: training,
-evaluation, overhead per trial). The JSON ends with issue 52's CPU acceptance figures:
+evaluation, overhead per trial, and how each worker started: fork, forkserver or spawn). A run's
+wall in consecutive phases: to_entry_s (to the rank's entry: interpreter, imports, checks, the
+workers' start), setup_s, train_s, eval_s, end_s (files, the pool's close, exit). The JSON ends with issue 52's CPU acceptance figures:
 train_overhead_s = train's wall - (its training + evaluation) - the floor (<= 2.5 s) and
 sweep_ratio = sweep's wall / trial's wall (<= 1.3), from the medians.
 """
@@ -141,6 +143,13 @@ def phases(case: str, out: str, row: Dict[str, Any]) -> None:
                 "setup_s": s.get("setup_time_s"), "compile_s": s.get("compile_s"), "train_s": s.get("wall_time_s"),
                 "eval_s": (s.get("eval_time_s") or 0.0) + (s.get("checkpoint_time_s") or 0.0),
                 "steps": s.get("steps"), "test_accuracy": s.get("test_accuracy")})
+    if row["first_step_s"] is not None and row["setup_s"] is not None and row["train_s"] is not None:
+        # The process's wall in consecutive phases: to the rank's entry (the interpreter, imports,
+        # the config's checks, the workers' start), the rank's setup (data, model, strategy; its
+        # compile included), training, evaluation, and the rest (the files, the pool's close, exit).
+        to_entry = row["first_step_s"] - row["setup_s"]
+        row["to_entry_s"] = to_entry
+        row["end_s"] = row["wall_s"] - row["first_step_s"] - row["train_s"] - row["eval_s"]
 
 
 def run(device: str, repeats: int, temps: List[str], cases: List[str], timeout_s: float) -> List[Dict[str, Any]]:
@@ -178,7 +187,8 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
     """Per case and temperature: n, median and spread of each figure; then the acceptance."""
     from shmlearn.bench.common import stats
     out: Dict[str, Any] = {}
-    keys = ("wall_s", "cpu_s", "first_line_s", "last_line_s", "first_step_s", "setup_s", "compile_s", "train_s", "eval_s")
+    keys = ("wall_s", "cpu_s", "first_line_s", "last_line_s", "first_step_s", "to_entry_s", "setup_s", "compile_s",
+            "train_s", "eval_s", "end_s")
     for r in rows:
         out.setdefault(f"{r['case']}/{r['temp']}", []).append(r)
     table = {}

@@ -1,5 +1,6 @@
-"""How a pool starts its workers: spawned fresh, or forked from a forkserver that has imported
-torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API).
+"""How a pool starts its workers: spawned fresh, forked from a forkserver that has imported
+torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API), or forked from the
+caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
@@ -177,6 +178,44 @@ def _turned_off() -> bool:
     return os.environ.get("SHMLEARN_FORKSERVER", "1") == "0"
 
 
+def caller_fork(one_thread: bool) -> Optional[str]:
+    """None where a CPU pool's worker may be a fork of this process itself, else why not (a pool
+    then starts it from the forkserver or spawns it: context). A fork of the caller needs no
+    imports, no run of the user's script up to its train() call (user_main.py) and no second read
+    of its data: everything the caller defined and loaded is there (issue 51: a ported script's
+    workers were ready 0.7-0.9 s after the pool asked, every one re-reading Fashion-MNIST). Only
+    where that is safe and pays:
+    * one intra-op thread a worker (one_thread: the pool's ranks get cores // processes <= 1, or
+      --threads 1), made so before the worker's first op (pool_worker): libgomp, torch's OpenMP,
+      keeps the caller's thread team, whose threads a fork does not have, and a fork's first
+      parallel region of 2+ threads waits for them forever once the caller ran one; a region of
+      one thread uses no team (tests/launch/test_pool_fork.py, both ways);
+    * the caller has imported torch._dynamo (the first optimizer it built did): else the worker
+      would import it after the fork, ~2 s a worker that the forkserver spends at the program's
+      start, beside the caller's own imports;
+    * CUDA not initialized (a fork cannot use it) and no process group of the caller's (its Gloo
+      threads and sockets would be copied half);
+    * no other Python thread (a fork copies the locks they hold, not them: a notebook's kernel
+      threads own its output), and called from the main thread;
+    * not turned off (SHMLEARN_FORKSERVER=0: every pool spawns), and fork exists (POSIX)."""
+    if _turned_off():
+        return "SHMLEARN_FORKSERVER=0"
+    if "fork" not in mp.get_all_start_methods():
+        return "no fork on this platform"
+    if not one_thread:
+        return "its workers run 2+ intra-op threads (libgomp after a fork)"
+    if "torch._dynamo" not in sys.modules:
+        return "torch._dynamo not imported here (the forkserver imports it)"
+    if _cuda_initialized():
+        return "CUDA is initialized here"
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return "this process is in a process group"
+    if threading.current_thread() is not threading.main_thread() or threading.active_count() > 1:
+        return "other threads run here"
+    return None
+
+
 def context(cuda: bool):
     """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU or GPU
     pool of a process that has not initialized CUDA and whose import-time environment is unchanged
@@ -191,4 +230,31 @@ def context(cuda: bool):
         return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here
     if _import_env() != _started_env:
         return mp.get_context("spawn")
+    global _served
+    _served = True
     return mp.get_context("forkserver")
+
+
+_served = False
+"""Whether a pool of this process has started a worker from the forkserver (context)."""
+
+
+def stop_idle() -> None:
+    """End the forkserver this process started, if no worker came from it yet: a pool whose
+    workers fork from the caller (caller_fork) does not need it, and on a small machine its
+    imports, still running when a script's train() forks (a script that imported torch before
+    shmlearn started it late), take a core from the workers. A later pool that needs one starts
+    it again (context). Never once it has served: its forks report their exit through it."""
+    global _started_env
+    if _started_env is None or _served:
+        return
+    from multiprocessing import forkserver
+    server = forkserver._forkserver  # no public handle on it
+    pid = getattr(server, "_forkserver_pid", None)
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+        server._stop()  # reaps it, closes its alive pipe and socket: ensure_running starts anew
+    _started_env = None

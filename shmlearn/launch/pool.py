@@ -25,14 +25,17 @@ import atexit
 import contextlib
 import datetime
 import itertools
+import multiprocessing as mp
 import os
 import signal
 import time
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing.connection import wait
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from shmlearn.config.limits import usable_cores
 from shmlearn.errors import BadInput, count
 from shmlearn.launch import forkserver, listen
 from shmlearn.user import user_main
@@ -57,6 +60,10 @@ class _Worker:
     pending: Optional[Task] = None
     """A task waiting for the worker to finish starting."""
     t_spawn: float = field(default_factory=time.monotonic)
+    start: str = ""
+    """How it started: fork (of this process), forkserver or spawn."""
+    why_not_fork: Optional[str] = None
+    """Why it is not a fork of this process (forkserver.caller_fork), for the startup record."""
 
 
 class Pool:
@@ -64,12 +71,15 @@ class Pool:
     indices); see the module docstring. Not thread-safe: one thread drives it."""
 
     def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, init: Optional[tuple] = None,
-                 quick_grace_s: float = 1.0, grace_s: float = 10.0):
+                 quick_grace_s: float = 1.0, grace_s: float = 10.0, one_thread: bool = False):
         """init: (fn, args): each worker calls fn(slot, *args) once after its imports, before its
-        first job (what every job will need: the dataset on the device)."""
+        first job (what every job will need: the dataset on the device). one_thread: every job's
+        ranks run one intra-op thread, so a worker may fork from this process where
+        forkserver.caller_fork finds it safe (checked at each start: a replacement too)."""
         self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
         self.cuda = cuda
         self.init = init
+        self.one_thread = one_thread
         # On loopback only (torch's own store would listen on every interface): listen.py
         self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
         self.watchdog = Watchdog(self.store, quick_grace_s, grace_s)
@@ -90,17 +100,25 @@ class Pool:
 
     # -- workers --------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> _Worker:
-        ctx = forkserver.context(self.cuda)
+        why_not = "a GPU pool" if self.cuda else forkserver.caller_fork(self.one_thread)
+        if why_not is None:  # a fork of this process: its modules, the script's objects, its data
+            forkserver.stop_idle()
+            ctx, main = mp.get_context("fork"), None
+            # this process's ends of the other workers' pipes, which the fork would keep open
+            siblings = tuple(w.conn for w in self.workers.values())
+        else:
+            ctx = forkserver.context(self.cuda)
+            main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
+            siblings = None
         parent, child = ctx.Pipe(duplex=True)
-        main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
         p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
                         args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main,
-                              OwnerStdio()),
+                              OwnerStdio(), siblings),
                         daemon=False)
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         _start(p, main)
         child.close()
-        w = _Worker(slot, p, parent, t_spawn=t0)
+        w = _Worker(slot, p, parent, t_spawn=t0, start=ctx.get_start_method(), why_not_fork=why_not)
         self.workers[slot] = w
         self.started_workers += 1
         return w
@@ -204,7 +222,8 @@ class Pool:
                     continue
                 if msg[0] == "ready":
                     w.ready = True
-                    self.startup.append({"slot": w.slot, "ready_s": time.monotonic() - w.t_spawn, **msg[3]})
+                    self.startup.append({"slot": w.slot, "ready_s": time.monotonic() - w.t_spawn, **msg[3],
+                                         "start": w.start, "why_not_fork": w.why_not_fork})
                     if w.pending is not None:
                         w.conn.send(w.pending)
                         w.pending = None
@@ -302,7 +321,11 @@ def _start(p, main) -> None:
     try:
         # No file to import (`python -`: '<stdin>'): multiprocessing would try to run it anyway.
         with user_main.no_main_import() if main is not None or user_main.main_file() is None else contextlib.nullcontext():
-            p.start()
+            with warnings.catch_warnings():
+                # Python 3.12+ warns at a fork of a process with native threads (torch's; the
+                # store's): a fork of the caller is made only where caller_fork found it safe.
+                warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+                p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
 
@@ -330,11 +353,14 @@ def current() -> Optional[Pool]:
     return _current[-1] if _current else None
 
 
-def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None) -> list:
+def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None,
+              threads: Optional[int] = None, rank_threads: bool = False) -> list:
     """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
     or on a pool of `world` workers made for this call. Returns every rank's result; raises
     BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
-    (Gloo on GPUs: ranks may share one)."""
+    (Gloo on GPUs: ranks may share one). rank_threads: fn sets each rank's intra-op threads as
+    limits.rank_threads does (--threads `threads`, else at most the cores over `world`); where that
+    is one, the pool made here may fork its workers from this process (Pool's one_thread)."""
     backend = backend or ("nccl" if cuda else "gloo")
     pool = current()
     if pool is not None:
@@ -345,5 +371,6 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, back
             raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
                            f"of {len(pool.slots)}")
         return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
-    with Pool(world, cuda=cuda) as pool:
+    one_thread = rank_threads and not cuda and (threads or max(1, usable_cores() // world)) == 1
+    with Pool(world, cuda=cuda, one_thread=one_thread) as pool:
         return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)

@@ -91,10 +91,24 @@ def _take_stdio(out, err) -> None:
 
 
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str],
-                 main: Optional[Tuple[str, str]] = None, stdio: None = None) -> None:
+                 main: Optional[Tuple[str, str]] = None, stdio: None = None, siblings: Optional[tuple] = None) -> None:
     """One pool worker's life: its imports, the user's script up to its shmlearn.train call
     (main: user_main.main_reference(), which multiprocessing did not import), then jobs until told
-    to leave. stdio: an OwnerStdio where it was passed, which its unpickling has put in place."""
+    to leave. stdio: an OwnerStdio where it was passed, which its unpickling has put in place.
+    siblings: not None in a fork of the owner itself (forkserver.caller_fork): the owner's ends of
+    the other workers' pipes, closed here, so that only the owner holds them."""
+    if siblings is not None:
+        # First, before any op: one intra-op thread (libgomp's team is the owner's; caller_fork).
+        # The rank sets its own count later, 1 too for such a pool (limits.rank_threads).
+        sys.modules["torch"].set_num_threads(1)
+        for c in siblings:
+            c.close()
+        for sig in signal.valid_signals():  # the owner's handlers (the program's SIGHUP) are not ours:
+            try:                            # the defaults, as a spawned worker or the forkserver's fork has
+                if callable(signal.getsignal(sig)):
+                    signal.signal(sig, signal.SIG_DFL)
+            except (OSError, ValueError):
+                pass
     # Ctrl-C reaches the terminal's whole process group: the pool's owner handles it (it replaces
     # or kills its workers); here it only printed KeyboardInterrupt tracebacks. Ignored, then
     # unblocked (Pool._spawn, or the forkserver, started this process with it blocked: one
@@ -105,8 +119,8 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     if os.getppid() != parent_pid:  # a fork of the forkserver (forkserver.py): be what a spawn is
         os.environ.clear()
         os.environ.update(environ)  # the owner's now, not the forkserver's at its start
-        if "numpy" in sys.modules:  # forks share the forkserver's seed; a spawned one drew its own
-            sys.modules["numpy"].random.seed()
+    if (siblings is not None or os.getppid() != parent_pid) and "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()  # forks share their parent's seed; a spawned one drew its own
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()

@@ -114,7 +114,8 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
         summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent, True), world,
-                                           cuda=cuda, timeout_s=cfg.timeout, backend=backend)[0]
+                                           cuda=cuda, timeout_s=cfg.timeout, backend=backend,
+                                           threads=cfg.threads, rank_threads=True)[0]
     # The whole module (the user's class), so not weights_only: bytes rank 0 of this run sent over
     # its pool's pipe, never read from a file (docs/security.md).
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None

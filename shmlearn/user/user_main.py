@@ -11,6 +11,9 @@ starts workers without multiprocessing's (`no_main_import`), and the worker runs
 passes is defined by then. What ran before the call (argument parsing, reading the data) runs in
 every worker, as it does in every rank under torchrun; what follows the call runs only in the
 script's own process. A script with a main guard runs as before (the guard keeps its body out).
+Where train()'s pool forks its workers from the script's process itself (launch/forkserver.py,
+caller_fork: one intra-op thread a rank, torch._dynamo imported, no CUDA), nothing runs again: a
+worker is a copy of that process at its train() call.
 `--model FILE.py:NAME` and the like import a file the same way (refs.py).
 """
 from __future__ import annotations

@@ -69,14 +69,16 @@ def test_a_one_worker_run_checks_its_config_once(tmp_path, calls):
 def test_a_pool_run_settles_once_and_tells_its_ranks(tmp_path, calls, monkeypatch):
     sent = {}
 
-    def fake_local(fn, args, world, *, cuda, timeout_s, backend=None):
-        sent.update(fn=fn, args=args, world=world)
+    def fake_local(fn, args, world, *, cuda, timeout_s, backend=None, **kw):
+        sent.update(fn=fn, args=args, world=world, kw=kw)
         return [({"status": "completed"}, args[0]["out"], None)]
     monkeypatch.setattr(entry, "run_local", fake_local)
     entry.train(TrainConfig(**TINY, out=str(tmp_path / "run")))
     assert calls == {"validate": 1, "noise": 1}
     cfg_dict, prune_key, want_model, parts, settled = sent["args"]
     assert sent["fn"] is entry.rank_main and sent["world"] == 2 and cfg_dict["workers"] == 2 and settled is True
+    # the ranks set their threads as limits.rank_threads does: the pool may fork them from here
+    assert sent["kw"] == {"threads": TINY.get("threads"), "rank_threads": True}
 
 
 def test_under_a_launcher_train_checks_once_and_its_rank_not_again(tmp_path, calls, monkeypatch):

@@ -417,7 +417,7 @@ def test_train_on_cuda_picks_the_default_that_fits(tmp_path, monkeypatch, gpus, 
         seen.update(workers=cfg.workers, world=env.world_size)
         return train_mod.RunResult(status="completed", run_dir=cfg.out, summary={"status": "completed"})
 
-    def fake_local(fn, args, world, *, cuda, timeout_s, backend=None):
+    def fake_local(fn, args, world, *, cuda, timeout_s, backend=None, **kw):
         seen.update(workers=args[0]["workers"], world=world, cuda=cuda)
         return [({"status": "completed"}, args[0]["out"], None)]
     monkeypatch.setattr(train_mod, "run_worker", fake_worker)
