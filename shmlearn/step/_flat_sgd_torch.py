@@ -10,6 +10,7 @@ while the skip flag is 1, as the Triton kernel does (_flat_sgd_triton.py has the
 """
 from __future__ import annotations
 
+import contextlib
 from typing import List, Tuple
 
 import torch
@@ -25,6 +26,21 @@ def sgd_(params: torch.Tensor, grads: torch.Tensor, momentum_buf, lr: torch.Tens
          copy=None) -> None:
     """_flat_sgd_triton.sgd_'s contract, on any device torch's fused SGD runs on. table: the
     [start, end) ranges of `block_table`."""
+    # The weights and their copy are written as the Triton kernel writes them: without moving their
+    # autograd version. The update in the backward (fast.py) steps a convolution's weight, and
+    # writes its copy, once that convolution's backward is done with them, while the step's graph
+    # still holds them as saved tensors; a version bump there failed the backward ("modified by an
+    # inplace operation", bf16 cells of the GPU matrix, 4 H200s, 2026-11-28).
+    with contextlib.ExitStack() as keep:
+        for t in (params, copy):
+            if t is not None:
+                keep.enter_context(torch.autograd._unsafe_preserve_version_counter(t))
+        _sgd(params, grads, momentum_buf, lr, skip, momentum=momentum, dampening=dampening,
+             weight_decay=weight_decay, nesterov=nesterov, src=src, table=table, copy=copy)
+
+
+def _sgd(params, grads, momentum_buf, lr, skip, *, momentum, dampening, weight_decay, nesterov, src, table,
+         copy) -> None:
     if src is not None:  # the gradient kept in grads, also where the step is skipped (as the kernel)
         grads.copy_(_flat(src))
     bufs = [params, grads, momentum_buf, copy]

@@ -284,3 +284,22 @@ def _update_writes_the_weight_copy():
     nan = s3.params_flat.isnan()  # NaN stays NaN (its bits differ between torch's own casts)
     assert torch.equal(buf.isnan(), nan) and nan.sum() == 1
     assert torch.equal(buf.view(torch.int16)[~nan], s3.params_flat.bfloat16().view(torch.int16)[~nan])
+
+
+def test_the_torch_update_leaves_the_autograd_version_of_weights_and_copy_as_the_kernel_does():
+    """The update in the backward steps a weight, and writes its bf16 copy, while the step's graph
+    still holds them: torch's fused SGD over the flat buffers must not move their versions (the
+    Triton kernel does not), or that backward fails. And the values are written all the same."""
+    from shmlearn.step import _flat_sgd_torch
+    torch.manual_seed(0)
+    p, g = torch.randn(10), torch.randn(10)
+    copy = p.to(torch.bfloat16)
+    w = torch.randn(4, dtype=torch.bfloat16, requires_grad=True)
+    v = torch.randn(4, requires_grad=True)
+    y = (w * copy[2:6]).sum() + (v * p[2:6]).sum()  # saves a view of each buffer for the backward
+    want = p - 0.1 * g
+    _flat_sgd_torch.sgd_(p, g, None, torch.tensor(0.1), torch.zeros(()), momentum=0.0, dampening=0.0,
+                         weight_decay=0.0, nesterov=False, copy=copy)
+    y.backward()  # "modified by an inplace operation" if a version moved
+    torch.testing.assert_close(p, want)
+    assert torch.equal(copy, p.to(torch.bfloat16))
