@@ -183,7 +183,7 @@ LOSSES = {
                   "    return F.cross_entropy(out, y, reduction='none')\n",
 }
 for _how, _body in LOSSES.items():
-    for _w in ((1, 2) if _how == "sys-exit-3" else (2,)):
+    for _w in ((1, 2) if _how.startswith("sys-exit") else (2,)):
         @case(f"user-loss-{_how}-w{_w}", "53", f"train --loss FILE.py:loss that {_how.replace('-', ' ')} "
               f"({_w} worker{'s' if _w > 1 else ''})")
         def _(t, body=_body, w=_w):
