@@ -96,11 +96,13 @@ def clean_env(tag: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str
 
 
 def _child_setup(fsize: Optional[int]) -> Callable[[], None]:
-    """In the run's process before exec: Ctrl-C handled as in a terminal (a campaign started in
-    the background of a shell without job control inherits SIGINT ignored, and so would every
-    run, so a Ctrl-C case would see no signal), and an optional file-size limit."""
+    """In the run's process before exec: Ctrl-C and hangups handled as in a terminal (a campaign
+    started in the background of a shell without job control inherits SIGINT ignored, one started
+    under nohup SIGHUP, and so would every run, so a Ctrl-C or SIGHUP case would see no signal),
+    and an optional file-size limit."""
     def apply() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         if fsize:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     return apply
