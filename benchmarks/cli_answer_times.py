@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -55,7 +56,13 @@ def main(argv=None) -> int:
     ap.add_argument("--out", default=None, help="JSON file to write [print only]")
     a = ap.parse_args(argv)
     cache = tempfile.mkdtemp(prefix="shmlearn-cli-times-")
-    env = _env(os.path.abspath(a.code), cache)
+    try:
+        return _measure(a, _env(os.path.abspath(a.code), cache))
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+
+
+def _measure(a: argparse.Namespace, env: Dict[str, str]) -> int:
     rows = {}
     for c in COMMANDS:  # untimed: the first run fills the tables (and may import torch to), the second says
         first = once(c, env, importtime=True)  # whether an answer from them imports torch

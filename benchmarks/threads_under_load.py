@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -64,6 +65,7 @@ def main(argv=None) -> int:
         for b in busy:  # ours, by id
             b.send_signal(signal.SIGKILL)
             b.wait()
+        shutil.rmtree(work, ignore_errors=True)
     med = {k: statistics.median(r["samples_per_s"] for r in v) for k, v in rows.items()}
     ratio = med["--threads 1"] / med["default threads"]
     head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=code, capture_output=True, text=True).stdout.strip()
