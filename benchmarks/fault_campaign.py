@@ -1,8 +1,11 @@
 """The fault campaign of issues 15, 38 and 53: every fault and bad input those issues list, as
 real subprocesses of `python -m shmlearn` (CPU workers, digits, small budgets).
 
-    python benchmarks/fault_campaign.py [--class NAME[,NAME...]] [--only NAME[,NAME...]]
-                                        [--repeat 3] [--limit 180] [--list]
+    python benchmarks/fault_campaign.py [--class NAME[,NAME...]] [--only NAME[,NAME$...]]
+                                        [--repeat 3] [--limit 180] [--list] [--code DIR] [--json NAME]
+
+--code DIR runs the cases against another checkout's shmlearn (a worktree of an older commit:
+what a case did before its fix; benchmarks/issue53_acceptance.py does so for issue 53's cases).
 
 The cases live in benchmarks/faults/, one module per class (its __init__ lists them). Each run
 carries its own SHMLEARN_TEST_TAG, so every process it started (launcher, pool workers,

@@ -17,6 +17,19 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REPO = os.path.dirname(HERE)
 RESULTS = os.path.join(REPO, "results", "fault_campaign")
+_CODE = [REPO]
+"""The checkout whose shmlearn the cases run (`--code DIR`; this repository by default): its
+folder leads PYTHONPATH, and the earlier rounds' cases run in it."""
+
+
+def code() -> str:
+    return _CODE[0]
+
+
+def use_code(path: str) -> None:
+    """Run the cases against the shmlearn of checkout `path` (an older commit's worktree: what a
+    case did before its fix). The campaign itself, its fixtures' damage included, stays this tree's."""
+    _CODE[0] = os.path.abspath(path)
 sys.path.insert(0, os.path.join(REPO, "tests"))  # the tests' helpers the campaign shares (procs, stuck_data)
 from procs import processes_with_tag as tagged  # noqa: E402 - processes by SHMLEARN_TEST_TAG
 BASE = ["train", "--dataset", "digits", "--model", "mlp", "--samples", "12800", "--batch-size", "32",
@@ -76,18 +89,20 @@ def clean_env(tag: str, extra: Optional[Dict[str, str]] = None) -> Dict[str, str
            and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     # The repository first on the path: a case run from another folder (its own cwd) still runs
     # this tree's shmlearn, as an installed one would be found.
-    path = [REPO] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p != REPO]
+    path = [code()] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p and p not in (REPO, code())]
     env.update(PYTHONUNBUFFERED="1", PYTHONDONTWRITEBYTECODE="1", SHMLEARN_TEST_TAG=tag,
                PYTHONPATH=os.pathsep.join(path), **(extra or {}))
     return env
 
 
 def _child_setup(fsize: Optional[int]) -> Callable[[], None]:
-    """In the run's process before exec: Ctrl-C handled as in a terminal (a campaign started in
-    the background of a shell without job control inherits SIGINT ignored, and so would every
-    run, so a Ctrl-C case would see no signal), and an optional file-size limit."""
+    """In the run's process before exec: Ctrl-C and hangups handled as in a terminal (a campaign
+    started in the background of a shell without job control inherits SIGINT ignored, one started
+    under nohup SIGHUP, and so would every run, so a Ctrl-C or SIGHUP case would see no signal),
+    and an optional file-size limit."""
     def apply() -> None:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
         if fsize:  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     return apply
@@ -144,7 +159,7 @@ def expects(expect: Any, rc: Optional[int]) -> bool:
 
 
 class Running:
-    def __init__(self, cmd: Cmd, tag: str, logdir: str, name: str, cwd: str = REPO):
+    def __init__(self, cmd: Cmd, tag: str, logdir: str, name: str, cwd: Optional[str] = None):
         self.cmd, self.tag = cmd, tag
         self.fault_t: Optional[float] = None
         """monotonic time of the fault, where the campaign knows it."""
@@ -164,7 +179,7 @@ class Running:
             reader, stdout = os.pipe()
         self.t0 = time.monotonic()
         # Its own session: a kill of "the process group" is then ours alone.
-        self.proc = subprocess.Popen([sys.executable, *argv], cwd=cmd.cwd or cwd, env=env,
+        self.proc = subprocess.Popen([sys.executable, *argv], cwd=cmd.cwd or cwd or code(), env=env,
                                      stdin=subprocess.PIPE if cmd.stdin is not None else subprocess.DEVNULL,
                                      stdout=stdout, stderr=self._err, start_new_session=True,
                                      preexec_fn=_child_setup(cmd.fsize))

@@ -10,7 +10,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional
 
-from benchmarks.faults.core import REPO, Cmd, clean_env, orphans_after
+from benchmarks.faults.core import Cmd, clean_env, code, orphans_after
 
 LEGACY = ("issue15", "issue38")
 """Classes of the earlier rounds: run from the repository as their cwd, as they always were."""
@@ -83,7 +83,7 @@ def fixture(tmp: str, name: str, dest: str = "run") -> str:
         tag = uuid.uuid4().hex
         env = clean_env(tag, {"SHMLEARN_FAULT": FIXTURE_FAULT[name]} if name in FIXTURE_FAULT else None)
         p = subprocess.run([sys.executable, "-m", "shmlearn", *FIXTURES[name], "--out", src + ".part"],
-                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                           cwd=code(), env=env, capture_output=True, text=True, timeout=600)
         orphans_after(tag)
         if p.returncode != (1 if name in FIXTURE_FAULT else 0):
             raise RuntimeError(f"fixture {name}: exit {p.returncode}: {p.stderr[-500:]}")

@@ -15,7 +15,7 @@ import time
 import uuid
 from typing import Any, Dict, List, Optional, Sequence
 
-from benchmarks.faults.core import REPO, RESULTS, SETTLE_S, Cmd, Running, orphans_after
+from benchmarks.faults.core import RESULTS, SETTLE_S, Cmd, Running, code, orphans_after, use_code
 from benchmarks.faults.registry import CASES, LEGACY, Case, out_of
 from benchmarks.faults.written import changes, digest, make_sentinel, sha, summary
 
@@ -26,7 +26,7 @@ def run_case(c: Case, tmp: str, logdir: str, limit: float) -> Dict[str, Any]:
     cwd of its own (tmp/cwd)."""
     tag = uuid.uuid4().hex
     outside = make_sentinel(os.path.join(tmp, "outside"))
-    cwd = REPO if c.klass in LEGACY else os.path.join(tmp, "cwd")
+    cwd = code() if c.klass in LEGACY else os.path.join(tmp, "cwd")
     os.makedirs(cwd, exist_ok=True)
     try:
         cmds = c.build(tmp)
@@ -242,7 +242,7 @@ def _why(run: Dict[str, Any]) -> List[str]:
 
 
 def git(*args: str) -> str:
-    return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(["git", *args], cwd=code(), capture_output=True, text=True).stdout.strip()
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -251,7 +251,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     load_all()
     p = argparse.ArgumentParser(description="The fault campaign: every fault and bad input of issues 15, 38 "
                                 "and 53 as real subprocesses of python -m shmlearn.")
-    p.add_argument("--only", help="comma-separated case names (prefixes) to run")
+    p.add_argument("--only", help="comma-separated case names (prefixes; NAME$: that case alone) to run")
     p.add_argument("--class", dest="klass", metavar="NAME[,NAME...]",
                    help="run only these classes (issue15, issue38, and issue 53's: see --list)")
     p.add_argument("--list", action="store_true", help="list the cases (after --only/--class) and their classes")
@@ -260,7 +260,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--out", default=RESULTS, help="where the JSON and README.md go")
     p.add_argument("--keep", action="store_true", help="keep the run directories and logs (printed)")
     p.add_argument("--readme", metavar="FILE.json", help="only write README.md again from a campaign's JSON")
+    p.add_argument("--code", metavar="DIR", help="run the cases against the shmlearn of this checkout (e.g. a "
+                   "worktree of an older commit: `git worktree add DIR COMMIT`) [this repository]")
+    p.add_argument("--json", metavar="NAME.json", help="the JSON's file name in --out [<date>.json, or "
+                   "<date>-partial.json with --only/--class]")
     a = p.parse_args(argv)
+    if a.code:
+        if not os.path.isfile(os.path.join(a.code, "shmlearn", "__init__.py")):
+            raise SystemExit(f"--code {a.code}: no shmlearn/__init__.py there; expected a checkout of the project")
+        use_code(a.code)
     if a.readme:
         with open(a.readme) as f:
             doc = json.load(f)
@@ -270,7 +278,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     classes = sorted({c.klass for c in CASES})
     if a.klass and not set(a.klass.split(",")) <= set(classes):
         raise SystemExit(f"--class {a.klass}: no such class; classes: {', '.join(classes)}")
-    cases = [c for c in CASES if (not a.only or any(c.name.startswith(o) for o in a.only.split(",")))
+    cases = [c for c in CASES if (not a.only or any(c.name == o[:-1] if o.endswith("$") else c.name.startswith(o)
+                                                    for o in a.only.split(",")))
              and (not a.klass or c.klass in a.klass.split(","))]
     if a.list:
         for c in cases:
@@ -310,9 +319,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     name = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d") + ".json"
     if a.only or a.klass:
         name = name.replace(".json", "-partial.json")
+    name = a.json or name
     with open(os.path.join(a.out, name), "w") as f:
         json.dump(doc, f, indent=1)
-    if not a.only and not a.klass:
+    if not a.only and not a.klass and not a.code:
         with open(os.path.join(a.out, "README.md"), "w") as f:
             f.write(write_readme(doc, name))
     print(json.dumps(doc["totals"]), json.dumps(doc["bounds"], indent=1), sep="\n")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import functools
 import os
+import tomllib
 from typing import Dict, List
 
 from benchmarks.faults import registry
-from benchmarks.faults.core import BASE, REPO, TINY, Cmd
+from benchmarks.faults.core import BASE, TINY, Cmd, code
 from benchmarks.faults.registry import FIXTURES, fixture, out_of, write
 from benchmarks.faults.written import changes, completed, digest, run_dir_problems
 
@@ -84,15 +85,23 @@ class Editable:
 
 sys.meta_path.insert(sys.meta_path.index(PathFinder) + 1, Editable)
 """
-CONSOLE = "from shmlearn.cli.main import entry\nentry()\n"
+CONSOLE = "from {module} import {func}\n{func}()\n"
 """The `shmlearn` console script: its folder, not the cwd, is sys.path[0] in the launcher."""
+
+
+def console_script() -> str:
+    """The console script pip writes for the checkout under test, from its pyproject.toml's
+    `[project.scripts] shmlearn = "MODULE:FUNC"` (an older checkout's entry point differs)."""
+    with open(os.path.join(code(), "pyproject.toml"), "rb") as f:
+        module, func = tomllib.load(f)["project"]["scripts"]["shmlearn"].split(":")
+    return CONSOLE.format(module=module, func=func)
 
 
 def installed(t: str, cwd: str, args: List[str], expect=0, **kw) -> Cmd:
     """`shmlearn ARGS` run from `cwd` as an editable install of this tree runs it."""
     site = out_of(t, "site")
-    write(os.path.join(site, "sitecustomize.py"), EDITABLE.format(repo=REPO))
-    script = write(out_of(t, "bin/shmlearn"), CONSOLE)
+    write(os.path.join(site, "sitecustomize.py"), EDITABLE.format(repo=code()))
+    script = write(out_of(t, "bin/shmlearn"), console_script())
     return Cmd(args, expect, argv=[script, *args], cwd=cwd, env={"PYTHONPATH": site}, **kw)
 
 
@@ -118,7 +127,7 @@ def _(t):
 
 
 API = """import shmlearn
-from shmlearn.config.train_config import TrainConfig
+from shmlearn import TrainConfig
 {guard}r = shmlearn.train(TrainConfig(dataset="digits", model="softmax", samples=1024, workers={w}, eval_points=1,
 {ind}                               progress=False, out={out!r}))
 {ind}print("status", r.summary["status"])
@@ -174,7 +183,7 @@ LOSSES = {
                   "    return F.cross_entropy(out, y, reduction='none')\n",
 }
 for _how, _body in LOSSES.items():
-    for _w in ((1, 2) if _how == "sys-exit-3" else (2,)):
+    for _w in ((1, 2) if _how.startswith("sys-exit") else (2,)):
         @case(f"user-loss-{_how}-w{_w}", "53", f"train --loss FILE.py:loss that {_how.replace('-', ' ')} "
               f"({_w} worker{'s' if _w > 1 else ''})")
         def _(t, body=_body, w=_w):
@@ -222,3 +231,23 @@ for _cmd, _flag in (("train", "--worker"), ("train", "--sampl"), ("sweep", "--pa
         base = TINY if cmd == "train" else ["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "1024",
                                             "--lr", "0.1,0.2", "--no-report", "--no-progress"]
         return [Cmd(base + [flag, "1", "--out", out_of(t)], 2, says=[flag])]
+
+
+def _no_flag_help(flag: str):
+    """The help paragraph of `flag` (a --no-X switch) says what the switch does, naming it; it
+    read "Save the final weights ...", the opposite."""
+    def verify(res) -> List[str]:
+        text = res["stdout"]
+        start = text.find(f"\n  {flag} ")
+        if start < 0:
+            return [f"the help has no {flag} paragraph"]
+        end = text.find("\n  -", start + 1)
+        para = " ".join(text[start:end if end > 0 else None].split()[1:])
+        return [] if flag in para and not para.startswith("Save") else [f"{flag}'s help says: {para[:80]!r}"]
+    return verify
+
+
+@case("help-no-save-model", "53", "train --help: the --no-save-model paragraph says what the flag does (it said "
+      "the opposite: 'Save the final weights')")
+def _(t):
+    return [Cmd(["train", "--help"], 0, verify=_no_flag_help("--no-save-model"))]

@@ -143,3 +143,11 @@ for _field, _value in SWEEP_WRONG:
         out = [] if f == "out" else ["--out", out_of(t, "s")]
         return [Cmd(["sweep", "--config", path, "--no-report", "--no-progress", *out], 2, verify=_names_field(f),
                     limit=120)]
+
+
+@case("yaml-save_model-quoted-no", "53", 'train --config with save_model: "no" (a truthy string: it saved the model)')
+def _(t):
+    def verify(res: Dict[str, Any]) -> List[str]:
+        saved = [n for n in ("model.pt", "model.safetensors") if os.path.exists(os.path.join(out_of(t), n))]
+        return [f"saved {', '.join(saved)} although save_model is \"no\""] if saved else []
+    return [train_cmd(t, {"save_model": '"no"'}, 0, verify=verify)]

@@ -1,43 +1,26 @@
 """Benchmarks: `shmlearn bench <name>`.
 
-Each benchmark module has `register(bench_subparsers)`, which adds its parser with
-set_defaults(func=handler). To add one (e.g. `bench throughput`), add its name, register function
-and help line to `SUBCOMMANDS`; the `bench` parent command needs no other change. A module is
-imported only when its own parser is built (`bench NAME ...`): `bench --help` lists them by name
-and help line without importing them (torch), and they import torch.distributed only inside the
-workers.
+Each benchmark has a register function (`register(bench_subparsers)`: bench/parsers.py holds those of
+comm, ps-sim and throughput, timeline's is its own), which adds its parser with
+set_defaults(func=handler). To add one, add its name, register function and help line to
+`SUBCOMMANDS`; the `bench` parent command needs no other change. The parsers import no torch, so
+`bench --help` and `bench NAME --help` answer at once (issue 53); each handler imports its
+benchmark's module (torch) when it runs, and only the benchmark named is built in full.
 """
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Tuple
 
-
-def _comm(sub) -> None:
-    from shmlearn.bench.comm import register  # lazy: torch; every bench.* import runs this file
-    register(sub)
-
-
-def _ps_sim(sub) -> None:
-    from shmlearn.bench.ps_sim import register  # lazy: torch; every bench.* import runs this file
-    register(sub)
-
-
-def _throughput(sub) -> None:
-    from shmlearn.bench.throughput import register  # lazy: torch; every bench.* import runs this file
-    register(sub)
-
-
-def _timeline(sub) -> None:
-    from shmlearn.bench.timeline import register  # lazy: torch; every bench.* import runs this file
-    register(sub)
+from shmlearn.bench.parsers import comm, ps_sim, throughput
+from shmlearn.bench.timeline import register as timeline
 
 
 SUBCOMMANDS: Dict[str, Tuple[Callable, str]] = {
-    "comm": (_comm, "latency and bus bandwidth of the collectives vs size and workers"),
-    "ps-sim": (_ps_sim, "the seed's dummy-gradient parameter-shard benchmark"),
-    "throughput": (_throughput, "steps/s of shmlearn's step vs a plain PyTorch loop, its CUDA graph, "
+    "comm": (comm, "latency and bus bandwidth of the collectives vs size and workers"),
+    "ps-sim": (ps_sim, "the seed's dummy-gradient parameter-shard benchmark"),
+    "throughput": (throughput, "steps/s of shmlearn's step vs a plain PyTorch loop, its CUDA graph, "
                                 "torch.compile and DDP, same run"),
-    "timeline": (_timeline, "read a saved trace of replayed steps: streams, gaps, forward against backward"),
+    "timeline": (timeline, "read a saved trace of replayed steps: streams, gaps, forward against backward"),
 }
 """name -> (register(bench_subparsers), the help line that register gives; tests/cli/test_cli_start.py
 checks each against it), one per `shmlearn bench` subcommand."""

@@ -28,7 +28,7 @@ import os
 import time
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -38,8 +38,8 @@ from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.config.limits import rank_threads
 from shmlearn.launch.pool import run_local
+from shmlearn.bench.parsers import DTYPE_NAMES, OPS  # the names its parser lists, without torch
 
-OPS = ("all_reduce", "reduce", "gather", "broadcast", "all_gather", "reduce_scatter")
 
 BUS_FACTOR = {  # nccl-tests doc/PERFORMANCE.md
     "all_reduce": ("2(W-1)/W", lambda w: 2 * (w - 1) / w),
@@ -50,8 +50,7 @@ BUS_FACTOR = {  # nccl-tests doc/PERFORMANCE.md
     "reduce": ("1", lambda w: 1.0),
 }
 
-DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
-          "float64": torch.float64}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 
 
 def default_sizes(min_size: int = 4 << 10, max_size: int = 256 << 20, factor: int = 4) -> List[int]:
@@ -266,31 +265,6 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
 
 # --- command line ------------------------------------------------------------------------------
 
-def register(bench_sub) -> None:
-    p = bench_sub.add_parser(
-        "comm", help="latency and bus bandwidth of the collectives vs size and workers",
-        description="Time all_reduce, reduce, gather, broadcast, all_gather and reduce_scatter on real "
-                    "process groups (nccl-tests conventions for size and busbw). Writes JSON and a plot.")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU processes) or nccl (one process per GPU) [gloo]")
-    p.add_argument("--workers", default=None,
-                   help="world sizes, e.g. 2,3,4 or 1-2 [gloo: 2,3,4; nccl: 1 to the GPU count]")
-    p.add_argument("--ops", default=",".join(OPS), help=f"comma-separated subset of {','.join(OPS)}")
-    p.add_argument("--sizes", default=None, help="explicit sizes, e.g. 4K,64K,1M (overrides the range)")
-    p.add_argument("--min-size", default="4K", help="smallest size of the range [4K]")
-    p.add_argument("--max-size", default="256M", help="largest size of the range [256M]")
-    p.add_argument("--size-factor", type=int, default=4, help="ratio between sizes of the range: 2 or 4 [4]")
-    p.add_argument("--dtype", default="float32", help=f"{', '.join(DTYPES)} [float32]")
-    p.add_argument("--warmup", type=int, default=3, help="untimed calls per point [3]")
-    p.add_argument("--iters", type=int, default=20, help="timed calls per point, at most [20]")
-    p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, at least [5]")
-    p.add_argument("--budget-s", type=float, default=2.0, help="seconds of timed calls per point [2]")
-    p.add_argument("--compute-ms", type=float, default=0.0,
-                   help="ms of computation on every rank before each call, as in a training step "
-                        "(0: calls back to back) [0]")
-    p.add_argument("--out", default="comm.json", help="JSON file to write [comm.json]")
-    p.add_argument("--plot", default=None, help="PNG to write [the --out path with .png]")
-    p.add_argument("--no-plot", action="store_true", help="write no plot")
-    p.set_defaults(func=cmd_comm)
 
 
 def config_from_args(ns) -> CommConfig:

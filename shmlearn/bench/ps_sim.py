@@ -207,24 +207,6 @@ def plot(doc: Dict[str, Any], path: str) -> Optional[str]:
 
 # --- command line ------------------------------------------------------------------------------
 
-def register(bench_sub) -> None:
-    p = bench_sub.add_parser(
-        "ps-sim", help="the seed's dummy-gradient parameter-shard benchmark",
-        description="Seed 001's benchmark: dummy gradients shaped like a model's weights gathered to a "
-                    "parameter shard, averaged, applied and broadcast; prints the seed's lines per step.")
-    p.add_argument("--backend", default="gloo", help="gloo (CPU processes) or nccl (one process per GPU) [gloo]")
-    p.add_argument("--workers", default="1-4", help="numbers of workers, e.g. 1-4 or 1,2,4 [1-4]")
-    p.add_argument("--model", default="alexnet-small", help="model whose weight shapes to use [alexnet-small]")
-    p.add_argument("--shared", action="store_true", help="rank 0 is also a worker (default: dedicated shard)")
-    p.add_argument("--per-tensor", action="store_true", help="one gather/broadcast per weight tensor")
-    p.add_argument("--steps", type=int, default=10, help="timed steps per worker count [10]")
-    p.add_argument("--warmup", type=int, default=2, help="steps before them, printed, not in the medians [2]")
-    p.add_argument("--lr", type=float, default=0.4, help="learning rate of the dummy update [0.4]")
-    p.add_argument("--quiet", action="store_true", help="print only the medians per worker count")
-    p.add_argument("--out", default="ps-sim.json", help="JSON file to write [ps-sim.json]")
-    p.add_argument("--plot", default=None, help="PNG to write [the --out path with .png]")
-    p.add_argument("--no-plot", action="store_true", help="write no plot")
-    p.set_defaults(func=cmd_ps_sim)
 
 
 def cmd_ps_sim(ns) -> int:

@@ -166,44 +166,6 @@ def table(doc: Dict[str, Any]) -> str:
 
 # --- command line ------------------------------------------------------------------------------
 
-def register(bench_sub) -> None:
-    p = bench_sub.add_parser(
-        "throughput", help="steps/s of shmlearn's step vs a plain PyTorch loop, its CUDA graph, torch.compile "
-                           "and DDP, same run",
-        description="Median and spread of steps/s and samples/s over repeats, for shmlearn's strategies and, "
-                    "in the same run, a plain PyTorch eager loop, the same step captured in a CUDA graph, "
-                    "torch.compile of the model (reduce-overhead, max-autotune), torch DDP and shmlearn with no "
-                    "communication, with the same model, batch and optimizer (SGD momentum). JSON out, "
-                    "table printed last.")
-    p.add_argument("--model", default="alexnet-small", help="model name [alexnet-small]")
-    p.add_argument("--input", default="3x32x32", help="image shape CxHxW [3x32x32]")
-    p.add_argument("--classes", type=int, default=10, help="classes [10]")
-    p.add_argument("--device", default="cpu", help="cpu (Gloo processes) or cuda (one process per GPU, NCCL) [cpu]")
-    p.add_argument("--batch-sizes", default="128", help="per-worker batch sizes, e.g. 128,1024 [128]")
-    p.add_argument("--workers", default="1", help="worker counts, e.g. 1,2 [1]")
-    p.add_argument("--strategies", default=registry.DEFAULT,
-                   help=f"shmlearn strategies: {','.join(strategy_names())}; modifiers after a colon, joined by +: "
-                        f"eager (no CUDA graph), noise (noise-scale meter at the default --noise-every), "
-                        f"noise1 (at every step), compile (--compile default), "
-                        f"compile-max (--compile max-autotune), im2col (--image-conv im2col), triton-conv (--image-conv triton), e.g. allreduce:compile "
-                        f"[{registry.DEFAULT}]")
-    p.add_argument("--baselines", default="plain,ddp,local",
-                   help=f"subset of {','.join(BASELINES)}; graph: the plain step in one CUDA graph (CUDA only), "
-                        f"compile/compile-max: torch.compile reduce-overhead/max-autotune (default mode on CPU) "
-                        f"[plain,ddp,local]")
-    p.add_argument("--avg-period", type=int, default=8, help="weight-avg: average every K steps [8]")
-    p.add_argument("--precision", default="fp32", help="fp32 or bf16 (shmlearn and plain) [fp32]")
-    p.add_argument("--channels-last", action="store_true", help="channels_last weights and batches (shmlearn and plain)")
-    p.add_argument("--cuda-graph", default="auto", help="auto or off [auto]")
-    p.add_argument("--check-every", type=int, default=None, help="read losses every K steps [10 on CPU, 50 on CUDA]")
-    p.add_argument("--repeats", type=int, default=5, help="timed repeats per setting, >= 5 [5]")
-    p.add_argument("--seconds", type=float, default=1.0, help="target seconds per repeat [1]")
-    p.add_argument("--warmup-steps", type=int, default=10, help="untimed steps after building [10]")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per process [cores / W]")
-    p.add_argument("--samples", type=int, default=50000, help="images in the random dataset [50000]")
-    p.add_argument("--sync-models", default="", help="W > 1: also time the gradient sync of these models, e.g. resnet34")
-    p.add_argument("--out", default="throughput.json", help="JSON file [throughput.json]")
-    p.set_defaults(func=cmd_throughput)
 
 
 def config_from_args(ns) -> ThroughputConfig:

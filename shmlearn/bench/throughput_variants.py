@@ -12,12 +12,12 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from shmlearn.bench.parsers import BASELINES
 from shmlearn.errors import BadInput
 from shmlearn.step.fast import CUDA_GRAPH, PRECISIONS, StepOptions, StepTuning
 from shmlearn.models import MODELS
 from shmlearn.sync import registry
 
-BASELINES = ("plain", "plain-fp32", "ddp", "ddp-compile", "local", "graph", "compile", "compile-max")
 DDP = ("ddp", "ddp-compile")
 """The baselines that average gradients (W > 1 only); `vs_best_ddp` is against the better one."""
 BEST_OF = ("plain", "graph", "compile", "compile-max")

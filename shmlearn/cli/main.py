@@ -37,6 +37,7 @@ from shmlearn.launch.start import detect_env
 from shmlearn.report.cli import register as register_report
 from shmlearn.sweeps.cli import register as register_sweep
 from shmlearn.experiments.cli import register as register_experiment
+from shmlearn.analysis.simulate.parser import register as register_simulate
 
 if TYPE_CHECKING:
     from shmlearn.config.train_config import TrainConfig
@@ -161,7 +162,7 @@ def _registrar(name: str, rest: Optional[List[str]] = None):
     elif name == "experiment":
         return register_experiment
     elif name == "simulate":
-        from shmlearn.analysis.simulate.main import register  # lazy: torch, after the CLI's cheap checks
+        return register_simulate
     else:  # the sweep's parser takes the train flags from the table, as train's does: no torch
         return lambda sub: register_sweep(sub, _train_options)
     return register

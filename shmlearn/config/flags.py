@@ -316,31 +316,31 @@ def _option(row: Dict[str, Any]) -> Option:
                   choices=None if row["choices"] is None else tuple(row["choices"]), group=row["group"])
 
 
-def _table_path(digest: str) -> str:
-    return os.path.join(cache_dir(), f"{TABLE_PREFIX}{digest}.json")
+def _table_path(digest: str, prefix: str = TABLE_PREFIX) -> str:
+    return os.path.join(cache_dir(), f"{prefix}{digest}.json")
 
 
-def read_table() -> Optional[List[Option]]:
-    """The options as the table for these sources has them; None where there is none (or it is
-    unreadable: it is rebuilt from the live options)."""
+def read_kept(prefix: str) -> Any:
+    """The JSON kept under `prefix` for these sources (keep); None where there is none or it is
+    unreadable (the caller reads live again and keeps it)."""
     try:
-        with open(_table_path(source_digest()), encoding="utf-8") as f:
-            return [_option(r) for r in json.load(f)]
-    except (OSError, ValueError, TypeError, KeyError):
+        with open(_table_path(source_digest(), prefix), encoding="utf-8") as f:
+            return json.load(f)
+    except (OSError, ValueError):
         return None
 
 
-def write_table(options: Sequence[Option]) -> None:
-    """Keep `options` (read live) for the next parser of these sources; of the tables of other
-    sources (other checkouts, an edited tree, an older install) the KEEP_TABLES newest stay. A
-    cache that cannot be written (a read-only home) only leaves the next parser to read the
-    options live again."""
-    rows = [_row(o) for o in options]
+def keep(prefix: str, data: Any) -> None:
+    """Keep `data` (plain JSON, read live from modules that import torch) for the next parser of
+    these sources, under `prefix` (the flag table's, or another one: the strategies' names that
+    `bench` and `simulate` list); of the files of other sources (other checkouts, an edited tree,
+    an older install) the KEEP_TABLES newest stay. A cache that cannot be written (a read-only
+    home) only leaves the next parser to read live again."""
     try:
-        text = json.dumps(rows)
+        text = json.dumps(data)
     except (TypeError, ValueError):  # a default JSON cannot hold: read live every time
         return
-    path = _table_path(source_digest())
+    path = _table_path(source_digest(), prefix)
     tmp = f"{path}.{os.getpid()}.tmp"
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -353,6 +353,20 @@ def write_table(options: Sequence[Option]) -> None:
         return
     with contextlib.suppress(OSError):
         folder = os.path.dirname(path)
-        tables = [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(TABLE_PREFIX) and n.endswith(".json")]
+        tables = [os.path.join(folder, n) for n in os.listdir(folder) if n.startswith(prefix) and n.endswith(".json")]
         for old in sorted(tables, key=os.path.getmtime, reverse=True)[KEEP_TABLES:]:
             os.remove(old)
+
+
+def read_table() -> Optional[List[Option]]:
+    """The options as the table for these sources has them; None where there is none (or it is
+    unreadable: it is rebuilt from the live options)."""
+    try:
+        return [_option(r) for r in read_kept(TABLE_PREFIX)]
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def write_table(options: Sequence[Option]) -> None:
+    """Keep `options` (read live) for the next parser of these sources (keep)."""
+    keep(TABLE_PREFIX, [_row(o) for o in options])

@@ -139,10 +139,10 @@ def test_bad_input_exits_2(tmp_path, capsys, args, needle):
 
 def test_check_every_help_gives_the_real_defaults():
     import argparse
-    from shmlearn.bench.throughput import register
+    from shmlearn.bench.parsers import throughput
     from shmlearn.step.fast import DEFAULT_CHECK_EVERY
     sub = argparse.ArgumentParser().add_subparsers()
-    register(sub)
+    throughput(sub)
     help_ = next(a.help for a in sub.choices["throughput"]._actions if a.dest == "check_every")
     assert f"[{DEFAULT_CHECK_EVERY['cpu']} on CPU, {DEFAULT_CHECK_EVERY['cuda']} on CUDA]" in help_  # said 1 on CPU
 

@@ -213,3 +213,54 @@ def test_the_program_leaves_without_teardown_but_runs_its_exit_handlers():
     p.stdin.close()
     assert p.wait(timeout=120) == 0
     assert p.stderr.read() == b""
+
+
+@pytest.mark.parametrize("argv", [["simulate", "--help"], ["bench", "comm", "--help"], ["bench", "ps-sim", "--help"],
+                                  ["bench", "throughput", "--help"], ["bench", "timeline", "--help"]])
+def test_simulate_and_a_benchmarks_help_answer_without_torch(tmp_path, argv):
+    """`simulate --help` and `bench NAME --help` imported torch (their parsers lived in the modules
+    that run them; simulate's and throughput's list the registry's strategies). The parsers are
+    light; the strategies' names are read live once and kept, as the train flag table is."""
+    cache = tmp_path / "cache"
+    live, _, first = probe(argv, cache)
+    kept, _, second = probe(argv, cache)
+    assert first["code"] == 0 and second["code"] == 0, (first, second)
+    assert not second["torch"] and not second["numpy"], second
+    assert kept == live and kept.startswith(f"usage: shmlearn {' '.join(argv[:-1])}"), kept
+    _, err, typo = probe(argv[:-1] + ["--bogus"], cache)  # or a required argument missing: first
+    assert typo["code"] == 2 and not typo["torch"] and err.strip().startswith("shmlearn: error:"), (typo, err)
+    assert err.strip().count("\n") == 0, err
+
+
+def test_the_strategies_listed_without_torch_are_the_registrys():
+    """What simulate's and bench throughput's help list, from the kept names, is what the registry
+    says: every simulate variant, and the fast-step strategies whose every process computes."""
+    from shmlearn.analysis.simulate.predict import default_strategies, strategies
+    from shmlearn.bench.throughput_variants import strategy_names
+    from shmlearn.cli.main import build_parser
+    from shmlearn.sync import registry
+
+    def help_of(argv):
+        sub = build_parser(argv)._subparsers._group_actions[0].choices[argv[0]]
+        if argv[0] == "bench":
+            sub = sub._subparsers._group_actions[0].choices[argv[1]]
+        return next(a for a in sub._actions if a.dest == "strategies")
+    sim = help_of(["simulate"])
+    assert sim.default == ",".join(default_strategies())
+    assert sim.help == f"comma list of {','.join(strategies())} [{','.join(default_strategies())}]"
+    tp = help_of(["bench", "throughput"])
+    assert tp.default == registry.DEFAULT and tp.help.startswith(f"shmlearn strategies: {','.join(strategy_names())};")
+
+
+def test_kept_strategy_names_that_cannot_be_read_are_read_live_again(tmp_path):
+    from shmlearn.bench import strategies
+    from shmlearn.config import flags
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    kept = cache / f"{strategies.PREFIX}{flags.source_digest()}.json"
+    kept.write_text('{"names": [')  # cut short
+    out, _, seen = probe(["simulate", "--help"], cache)
+    assert seen["code"] == 0 and seen["torch"] and "--strategies" in out, seen  # read live
+    assert set(json.loads(kept.read_text())) == set(strategies.KEYS)  # and kept whole
+    again, _, second = probe(["simulate", "--help"], cache)
+    assert second["code"] == 0 and not second["torch"] and again == out

@@ -84,8 +84,7 @@ from shmlearn.analysis.simulate.comm import (FORMS, Fit, Network, Wake, best_for
 from shmlearn.analysis.simulate.compute import (DATASET_SHAPES, Compute, _read_json, load_compute,  # noqa: F401
                                        parameter_count, throughput_compute)
 from shmlearn.analysis.simulate.predict import (Machine, _entry, _variant, control_period, default_strategies,  # noqa: F401
-                                       load_measured, predict, predict_more, scaling_table, strategies,
-                                       validate)
+                                       load_measured, predict, predict_more, scaling_table, validate)
 
 # --- output ------------------------------------------------------------------------------------
 
@@ -218,42 +217,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
             "workers": workers, "predictions": preds, "validation": val}
 
 
-# --- command line ------------------------------------------------------------------------------
-
-def register(sub) -> None:
-    p = sub.add_parser("simulate", help="predict step time and scaling to 1024 workers from measured costs",
-                       description="Fit alpha-beta models to bench comm JSON, take compute time from a one-worker "
-                                   "run or a throughput JSON, predict step time, samples/s and scaling "
-                                   "efficiency per strategy, and compare with measured runs.")
-    p.add_argument("--comm", help="bench comm JSON to fit (the network)")
-    p.add_argument("--net-bw", type=float, help="instead of --comm: assumed link bandwidth, GB/s")
-    p.add_argument("--net-latency-us", type=float, default=0.0, help="with --net-bw: latency per message step, us")
-    p.add_argument("--net-name", help="with --net-bw: the network's name in the table and plot")
-    p.add_argument("--comm-after-compute", default=None,
-                   help="bench comm JSON of the same machine measured with --compute-ms T: the extra cost of a "
-                        "step's first collective after its compute (needed on CPUs whose cores the ranks share)")
-    p.add_argument("--compute", required=True,
-                   help="one-worker shmlearn run directory (or its summary.json), or a throughput JSON")
-    p.add_argument("--batch", type=int, default=None,
-                   help="with a bench throughput JSON as --compute: the per-worker batch to take [smallest]")
-    p.add_argument("--ps-sim", help="bench ps-sim JSON: the server's averaging cost (default: from the update phase)")
-    p.add_argument("--strategies", default=",".join(default_strategies()),
-                   help=f"comma list of {','.join(strategies())} [{','.join(default_strategies())}]")
-    p.add_argument("--avg-period", type=int, default=4, help="weight-avg: average every K steps [4]")
-    p.add_argument("--allreduce-algo", default="ring",
-                   help="ring (as measured) or tree (2 log2 W latency steps: NCCL at scale, a what-if) [ring]")
-    p.add_argument("--check-every", type=int, default=None,
-                   help="steps per control all-reduce, as train's --check-every: 1 for the classic loop "
-                        "[train's default on the compute's device: 10 on CPU, 50 on CUDA for allreduce, "
-                        "ps and weight-avg; 1 for ddp]; a measured run is predicted with the value it ran with")
-    p.add_argument("--workers", default=None, help="worker counts [1,2,4,...,1024]")
-    p.add_argument("--slots", type=float, default=None,
-                   help="compute units the workers share, e.g. 2 for 2 CPU cores [one per worker]")
-    p.add_argument("--measured", nargs="*", default=[],
-                   help="measured runs to compare: run directories, summary.json, or bundles {runs: [...]}")
-    p.add_argument("--out", default="simulate", help="directory for simulate.json and simulate.png [simulate]")
-    p.set_defaults(func=cmd_simulate)
-
+# --- command line (its parser: analysis/simulate/parser.py, without torch) ------------------------
 
 def cmd_simulate(ns) -> int:
     workers = parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS) if ns.workers else []
