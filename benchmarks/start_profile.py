@@ -31,7 +31,8 @@ def main() -> int:
         prof.disable()
         wall = time.perf_counter() - t0
         prof.dump_stats(out)
-    print(f"\n== {' '.join(argv)}: exit {code}, {wall:.2f} s in this process under cProfile")
+    print(f"\n== {' '.join(argv)}: exit {code}, {wall:.2f} s in this process under cProfile; "
+          f"torch._dynamo imported: {'torch._dynamo' in sys.modules}")
     for order, n in (("cumulative", 45), ("tottime", 25)):
         print(f"\n== by {order}")
         pstats.Stats(out).strip_dirs().sort_stats(order).print_stats(n)
