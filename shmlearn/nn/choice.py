@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import traceback
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Collection, Dict, List, Optional
 
 import torch
 from torch import nn
@@ -49,15 +49,18 @@ def _names(model: nn.Module) -> Dict[int, str]:
 
 
 def choose(model: nn.Module, *, conv_pool_mode: str, mlp_head_mode: str, dtype: torch.dtype,
-           device: torch.device) -> List[Choice]:
+           device: torch.device, unchecked: Collection[str] = ()) -> List[Choice]:
     """Convert the model's conv-pool blocks and MLP heads (modes already resolved: off or
     triton) where their kernels run on device for inputs of dtype; the choices made. A block or
     head that cannot run is left to torch; where its mode was forced (the caller passes the
-    user's flag value through `forced`) see `check_forced`."""
+    user's flag value through `forced`) see `check_forced`. unchecked: kernels whose fit on the
+    device is not checked (no compile), as their caller will not run them unless it checks
+    again (step/kernels.py choose)."""
     names = _names(model)
     out: List[Choice] = []
     if conv_pool_mode == "triton":
-        whys = {id(b[0]): conv_pool.block_why_not(b[0], dtype, device) for b in conv_pool.blocks(model)}
+        fits = "conv-pool" not in unchecked
+        whys = {id(b[0]): conv_pool.block_why_not(b[0], dtype, device, fits) for b in conv_pool.blocks(model)}
         conv_pool.convert(model, "triton", check=lambda conv: whys.get(id(conv)))
         for conv, _, _ in conv_pool.blocks(model):
             why = whys.get(id(conv))
@@ -65,7 +68,7 @@ def choose(model: nn.Module, *, conv_pool_mode: str, mlp_head_mode: str, dtype: 
                               "torch" if why else "triton", why))
     if mlp_head_mode == "triton":
         chains = mlp_head.heads(model)
-        whys = {id(c[0]): mlp_head.head_why_not(c, dtype, device) for c in chains}
+        whys = {id(c[0]): mlp_head.head_why_not(c, dtype, device, "mlp-head" not in unchecked) for c in chains}
         mlp_head.convert(model, "triton", check=lambda chain: whys.get(id(chain[0])))
         for chain in chains:
             why = whys.get(id(chain[0]))

@@ -285,12 +285,13 @@ def blocks(model: nn.Module) -> List[Tuple[nn.Module, nn.Module, nn.Module]]:
     return found
 
 
-def block_why_not(conv: nn.Module, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+def block_why_not(conv: nn.Module, dtype: torch.dtype, device: torch.device, check_fit: bool = True) -> Optional[str]:
     """None if the fused kernels of this block (its conv; the ReLU and pool qualified) compile
     and fit on device for inputs of dtype, else why not: the device's limits (shared memory a
     block, the architecture) against Triton's compiled metadata of each kernel the block
-    launches (fit.py). Always None in Triton's interpreter (the tests)."""
-    if fit.interpreted() or device.type != "cuda":
+    launches (fit.py). Always None in Triton's interpreter (the tests). check_fit False: no
+    compile, None (a caller that will not run the kernels: step/kernels.py choose)."""
+    if fit.interpreted() or device.type != "cuda" or not check_fit:
         return None
     from shmlearn.nn import _conv_pool_triton as kernels  # lazy: Triton, on first use
     lim = fit.limits(device)

@@ -170,14 +170,16 @@ def heads(model: nn.Module) -> List[List[nn.Module]]:
     return found
 
 
-def head_why_not(chain: List[nn.Module], dtype: torch.dtype, device: torch.device) -> Optional[str]:
+def head_why_not(chain: List[nn.Module], dtype: torch.dtype, device: torch.device,
+                 check_fit: bool = True) -> Optional[str]:
     """None if the fused kernels run this head ([linear, relu, linear, ...]) on device for
     inputs of dtype, else why not: fp32 (the kernels are bf16/fp16 only; torch's ops run it), or
     the device's limits against Triton's compiled metadata of the three kernels (fit.py). The
-    dtype check holds in Triton's interpreter too; the limits do not apply there."""
+    dtype check holds in Triton's interpreter too; the limits do not apply there, nor where
+    check_fit is False (no compile: a caller that will not run the kernels)."""
     if dtype not in (torch.float16, torch.bfloat16):
         return f"{str(dtype).replace('torch.', '')}: the fused head runs in bf16 or fp16 only"
-    if fit.interpreted() or device.type != "cuda":
+    if fit.interpreted() or device.type != "cuda" or not check_fit:
         return None
     from shmlearn.nn import _mlp_head_triton as kernels  # lazy: Triton, on first use
     linears = chain[0::2]

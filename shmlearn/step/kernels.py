@@ -18,6 +18,40 @@ from shmlearn.step.device import autocast
 from shmlearn.step.options import step_hooks
 
 
+def build_key(kernels, loader, dtype: torch.dtype, device: torch.device) -> Optional[str]:
+    """The step/built.py record's key of the layers in `kernels` that run a Triton kernel, for the
+    loader's batch shape: None where none does or the loader has no batch to look at."""
+    on = [c for c in kernels if c.path == "triton"]
+    batch = getattr(loader, "batch", None)
+    if not on or batch is None:
+        return None
+    x = batch(0)[0]
+    return built.key([f"{c.kernel} {c.layer}" for c in on], tuple(x.shape) if isinstance(x, torch.Tensor) else (),
+                     dtype, device)
+
+
+def choose(model, conv_pool_mode: str, mlp_head_mode: str, opts, dtype: torch.dtype, device: torch.device, loader,
+           total_steps: int):
+    """choice.choose, without compiling to check the kernels' fit where auto will leave them to
+    torch anyway: a CUDA run shorter than built.BUILD_MIN_STEPS whose kernels are not built here
+    (KernelChoice._defer_unbuilt). The check compiled six conv-pool kernels, ~20 s of a 31 s first
+    run of alexnet-small that then ran none of them (one H200, 2026-11-28,
+    results/gpu-2026-11-28-b56/). Where the record says built, the layers are chosen again with
+    the check (from Triton's cache, quick)."""
+    short = device.type == "cuda" and total_steps < built.BUILD_MIN_STEPS
+    unchecked = {k for k, flag in (("conv-pool", opts.conv_pool), ("mlp-head", opts.mlp_head))
+                 if short and flag == "auto"}
+    kernels = choice.choose(model, conv_pool_mode=conv_pool_mode, mlp_head_mode=mlp_head_mode, dtype=dtype,
+                            device=device, unchecked=unchecked)
+    if (any(c.kernel in unchecked and c.path == "triton" for c in kernels)
+            and built.is_built(build_key(kernels, loader, dtype, device))):
+        for k in unchecked:
+            choice.switch_off(model, k)
+        kernels = choice.choose(model, conv_pool_mode=conv_pool_mode, mlp_head_mode=mlp_head_mode, dtype=dtype,
+                                device=device)
+    return kernels
+
+
 class KernelChoice:
     """The layers' kernels for one rank's step (summary.json's `kernels` and the counts beside it).
     fast: the step is the fast one; fast_why_not: fast.fast_capable's answer (None: it can run)."""
@@ -45,8 +79,7 @@ class KernelChoice:
         self.conv_pool = conv_pool.resolve(opts.conv_pool, device)
         self.mlp_head = mlp_head.resolve(opts.mlp_head, device)
         dtype = torch.bfloat16 if opts.precision == "bf16" else torch.float32
-        self.kernels = choice.choose(model, conv_pool_mode=self.conv_pool, mlp_head_mode=self.mlp_head,
-                                     dtype=dtype, device=device)
+        self.kernels = choose(model, self.conv_pool, self.mlp_head, opts, dtype, device, loader, total_steps)
         """Which layers run a custom kernel, and why not where they do not (summary.json `kernels`)."""
         choice.check_forced(self.kernels, {"conv-pool": opts.conv_pool == "triton", "mlp-head": opts.mlp_head == "triton"},
                             torch.cuda.get_device_name(device) if device.type == "cuda" else device.type)
@@ -159,12 +192,9 @@ class KernelChoice:
         fresh machine would spend a minute compiling and autotuning them to save milliseconds.
         Returns (the record's key, the kernels left to torch)."""
         on = [c for c in self.kernels if c.path == "triton"]
-        batch = getattr(loader, "batch", None)
-        if not on or batch is None:
+        k = build_key(self.kernels, loader, dtype, self.device)
+        if k is None:
             return None, []
-        x = batch(0)[0]
-        k = built.key([f"{c.kernel} {c.layer}" for c in on], tuple(x.shape) if isinstance(x, torch.Tensor) else (),
-                      dtype, self.device)
         if built.is_built(k) or total_steps >= built.BUILD_MIN_STEPS:
             return k, []
         auto = {"conv-pool": self.opts.conv_pool == "auto", "mlp-head": self.opts.mlp_head == "auto"}

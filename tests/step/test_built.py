@@ -175,3 +175,31 @@ def test_bind_takes_the_backend_it_is_given_and_both_give_torchs_sgd():
     assert update.ran
     for a, b in zip(ref.parameters(), params):
         torch.testing.assert_close(a.detach(), b.detach())
+
+
+def test_a_short_unbuilt_run_does_not_compile_to_check_kernels_it_will_not_run(cache, monkeypatch):
+    """The fit check compiles each kernel (fit.py); a short run on a machine without the build
+    would then leave the kernels to torch anyway: no check. Once built, the check runs (from
+    Triton's cache) before the kernels are kept."""
+    from shmlearn.step import kernels as step_kernels
+    checks = []
+    monkeypatch.setattr(conv_pool, "block_why_not",
+                        lambda conv, dtype, device, check_fit=True: checks.append(check_fit) or None)
+    opts = types.SimpleNamespace(conv_pool="auto", mlp_head="auto")
+    cuda = torch.device("cuda", 0)  # never touched: the check is replaced, the key too (fixture)
+    model = _model()
+    got = step_kernels.choose(model, "triton", "off", opts, torch.float32, cuda, _Loader(), total_steps=898)
+    assert checks == [False] and [c.path for c in got] == ["triton"]  # chosen unchecked; deferral comes next
+    checks.clear()
+    built.mark_built(step_kernels.build_key(got, _Loader(), torch.float32, cuda), {"kernel": "conv-pool"})
+    model = _model()
+    got = step_kernels.choose(model, "triton", "off", opts, torch.float32, cuda, _Loader(), total_steps=898)
+    assert checks == [False, True] and [c.path for c in got] == ["triton"]  # built here: checked, then kept
+    checks.clear()
+    forced = types.SimpleNamespace(conv_pool="triton", mlp_head="auto")
+    step_kernels.choose(_model(), "triton", "off", forced, torch.float32, cuda, _Loader(), total_steps=898)
+    assert checks == [True]  # a forced kernel is always checked
+    checks.clear()
+    step_kernels.choose(_model(), "triton", "off", opts, torch.float32, cuda, _Loader(),
+                        total_steps=built.BUILD_MIN_STEPS)
+    assert checks == [True]  # a long run builds: checked
