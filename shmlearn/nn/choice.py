@@ -49,19 +49,21 @@ def _names(model: nn.Module) -> Dict[int, str]:
 
 
 def choose(model: nn.Module, *, conv_pool_mode: str, mlp_head_mode: str, dtype: torch.dtype,
-           device: torch.device, unchecked: Collection[str] = ()) -> List[Choice]:
+           device: torch.device, unchecked: Collection[str] = (), convert: bool = True) -> List[Choice]:
     """Convert the model's conv-pool blocks and MLP heads (modes already resolved: off or
     triton) where their kernels run on device for inputs of dtype; the choices made. A block or
     head that cannot run is left to torch; where its mode was forced (the caller passes the
     user's flag value through `forced`) see `check_forced`. unchecked: kernels whose fit on the
     device is not checked (no compile), as their caller will not run them unless it checks
-    again (step/kernels.py choose)."""
+    again (step/kernels.py choose). convert False: the choices only, the model left as it is
+    (converting defines the kernels' torch ops, whose Triton wrapper imports torch._dynamo)."""
     names = _names(model)
     out: List[Choice] = []
     if conv_pool_mode == "triton":
         fits = "conv-pool" not in unchecked
         whys = {id(b[0]): conv_pool.block_why_not(b[0], dtype, device, fits) for b in conv_pool.blocks(model)}
-        conv_pool.convert(model, "triton", check=lambda conv: whys.get(id(conv)))
+        if convert:
+            conv_pool.convert(model, "triton", check=lambda conv: whys.get(id(conv)))
         for conv, _, _ in conv_pool.blocks(model):
             why = whys.get(id(conv))
             out.append(Choice(f"{names[id(conv)]} ({conv_pool.describe(conv)})", "conv-pool",
@@ -69,7 +71,8 @@ def choose(model: nn.Module, *, conv_pool_mode: str, mlp_head_mode: str, dtype: 
     if mlp_head_mode == "triton":
         chains = mlp_head.heads(model)
         whys = {id(c[0]): mlp_head.head_why_not(c, dtype, device, "mlp-head" not in unchecked) for c in chains}
-        mlp_head.convert(model, "triton", check=lambda chain: whys.get(id(chain[0])))
+        if convert:
+            mlp_head.convert(model, "triton", check=lambda chain: whys.get(id(chain[0])))
         for chain in chains:
             why = whys.get(id(chain[0]))
             out.append(Choice(f"{names[id(chain[0])]} ({mlp_head.describe(chain)})", "mlp-head",

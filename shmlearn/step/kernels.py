@@ -38,18 +38,23 @@ def choose(model, conv_pool_mode: str, mlp_head_mode: str, opts, dtype: torch.dt
     run of alexnet-small that then ran none of them (one H200, 2026-11-28,
     results/gpu-2026-11-28-b56/). Where the record says built, the layers are chosen again with
     the check (from Triton's cache, quick)."""
+    modes = {"conv-pool": conv_pool_mode, "mlp-head": mlp_head_mode}
     short = device.type == "cuda" and total_steps < built.BUILD_MIN_STEPS
     unchecked = {k for k, flag in (("conv-pool", opts.conv_pool), ("mlp-head", opts.mlp_head))
-                 if short and flag == "auto"}
-    kernels = choice.choose(model, conv_pool_mode=conv_pool_mode, mlp_head_mode=mlp_head_mode, dtype=dtype,
-                            device=device, unchecked=unchecked)
-    if (any(c.kernel in unchecked and c.path == "triton" for c in kernels)
-            and built.is_built(build_key(kernels, loader, dtype, device))):
-        for k in unchecked:
-            choice.switch_off(model, k)
-        kernels = choice.choose(model, conv_pool_mode=conv_pool_mode, mlp_head_mode=mlp_head_mode, dtype=dtype,
-                                device=device)
-    return kernels
+                 if short and flag == "auto" and modes[k] == "triton"}
+
+    def pick(off=(), **kw):
+        return choice.choose(model, conv_pool_mode="off" if "conv-pool" in off else conv_pool_mode,
+                             mlp_head_mode="off" if "mlp-head" in off else mlp_head_mode, dtype=dtype, device=device,
+                             **kw)
+    if not unchecked:
+        return pick()
+    # What auto would pick, unchecked and unconverted: the record's key (its layers and shapes).
+    candidates = pick(unchecked=unchecked, convert=False)
+    if built.is_built(build_key(candidates, loader, dtype, device)):
+        return pick()  # built here: chosen again with the check, and converted
+    # Not built: the other kernels as always, and these as candidates that _defer_unbuilt leaves to torch.
+    return pick(off=unchecked) + [c for c in candidates if c.kernel in unchecked]
 
 
 class KernelChoice:

@@ -190,11 +190,13 @@ def test_a_short_unbuilt_run_does_not_compile_to_check_kernels_it_will_not_run(c
     model = _model()
     got = step_kernels.choose(model, "triton", "off", opts, torch.float32, cuda, _Loader(), total_steps=898)
     assert checks == [False] and [c.path for c in got] == ["triton"]  # chosen unchecked; deferral comes next
+    assert type(model[0]) is nn.Conv2d  # and not converted: that would define the kernels' ops
     checks.clear()
     built.mark_built(step_kernels.build_key(got, _Loader(), torch.float32, cuda), {"kernel": "conv-pool"})
     model = _model()
     got = step_kernels.choose(model, "triton", "off", opts, torch.float32, cuda, _Loader(), total_steps=898)
     assert checks == [False, True] and [c.path for c in got] == ["triton"]  # built here: checked, then kept
+    assert type(model[0]) is conv_pool.ConvReluPool2d
     checks.clear()
     forced = types.SimpleNamespace(conv_pool="triton", mlp_head="auto")
     step_kernels.choose(_model(), "triton", "off", forced, torch.float32, cuda, _Loader(), total_steps=898)
