@@ -12,7 +12,11 @@ and a CUDA context; results/start-gpu-2026-11-28b/).
 
 What `skip_dynamo_in_optimizers` does: it hands each such method the cache torch's wrapper reads
 before it imports Dynamo (the function itself, in the attribute the wrapper would fill with
-`torch._dynamo.disable(fn)`), so the methods run as they are written. Only in the program's own
+`torch._dynamo.disable(fn)`), so the methods run as they are written; and it makes
+`torch._disable_dynamo` return what it is given from then on, so that the custom ops this run
+defines later (torch.library.custom_op wraps each kernel in it: shmlearn's convolution backward on
+CUDA, nn/conv_overlap.py) do not import Dynamo at their first call either (on the H200 host the
+warm run still imported it there, 6.1 s of its 10.9). Only in the program's own
 process (never a user's script: its later code may compile a step that calls them), for a run
 with --compile off, once. The fast step never calls optimizer.step() (it updates through fused
 kernels, step/); the probe of torch's fused optimizers calls the unwrapped step
@@ -54,8 +58,17 @@ def skip_dynamo_in_optimizers() -> bool:
         plain.append(fn)
     for fn in plain:
         setattr(fn, CACHE, fn)
+    torch._disable_dynamo = _as_given
     _active = True
     return True
+
+
+def _as_given(fn=None, recursive: bool = True):
+    """torch._disable_dynamo where nothing compiles: the function itself (also as a decorator
+    with arguments, @torch._disable_dynamo(recursive=False))."""
+    if fn is None:
+        return lambda f: f
+    return fn
 
 
 def active() -> bool:

@@ -26,13 +26,18 @@ opt = torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9)
 m(torch.ones(4, 3)).sum().backward()
 from shmlearn.step.options import fused_why_not
 why = fused_why_not(torch.optim.SGD, torch.device("cpu"))
+def twice_(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+torch.library.custom_op("lean_test::twice", twice_, mutates_args=())  # wraps its kernel in _disable_dynamo
+twice = torch.ops.lean_test.twice(torch.ones(2)).tolist()
 sd = opt.state_dict()
 opt.load_state_dict(sd)
 opt.zero_grad()
 print(json.dumps({"on": on, "again": lean.skip_dynamo_in_optimizers(), "active": lean.active(), "why": why,
-                  "grad": m.weight.grad, "dynamo": "torch._dynamo" in sys.modules}, default=str))
+                  "grad": m.weight.grad, "twice": twice, "dynamo": "torch._dynamo" in sys.modules}, default=str))
 """)
-    assert out == {"on": True, "again": True, "active": True, "why": None, "grad": None, "dynamo": False}
+    assert out == {"on": True, "again": True, "active": True, "why": None, "grad": None, "twice": [2.0, 2.0],
+                   "dynamo": False}
 
 
 def test_nothing_is_done_once_dynamo_is_imported():
