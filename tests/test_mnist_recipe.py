@@ -63,7 +63,8 @@ def test_the_mnist_recipe_through_cli_and_api_and_again_from_config_yaml(recipe,
     assert (s["status"], s["optimizer"], s["scheduler"], s["loss"]) == \
         ("completed", "Adadelta", "StepLR", "mnist_recipe.py:nll")
     assert s["scheduler_interval"] == "epoch" and s["start_lrs"] == [1.0]
-    assert s["step_mode"] == "classic" and s["weights"] in ("model.safetensors", "model.pt")
+    # Adadelta runs its foreach implementation in the fast step, behind step/gate.py (issue 51)
+    assert s["step_mode"] == "fast-eager" and s["weights"] in ("model.safetensors", "model.pt")
     cwd = os.getcwd()
     os.chdir(recipe)  # the references are relative to where the run was started, as on the CLI
     try:

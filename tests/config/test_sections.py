@@ -58,7 +58,7 @@ def test_a_step_option_is_its_field_and_its_use_two_files_end_to_end(tmp_path):
     package = Path(shmlearn.__file__).parent
     copy = tmp_path / "src" / "shmlearn"
     shutil.copytree(package, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    _edit(copy / "step" / "options.py", '    nesterov (others read every step)."""\n', FIELD)
+    _edit(copy / "step" / "options.py", '    others read every step."""\n', FIELD)
     _edit(copy / "step" / "fast.py", "from __future__ import annotations\n", "\nimport os\n")
     _edit(copy / "step" / "fast.py", "        self.tuning = tuning\n", USE)
     assert _changed(package, copy) == [os.path.join("step", "fast.py"), os.path.join("step", "options.py")]
