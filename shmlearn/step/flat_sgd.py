@@ -118,7 +118,8 @@ class FlatUpdate:
             if self._lr_cache is None:
                 self._lr_cache = torch.zeros((), dtype=torch.float32, device=self._p.device)
             lr = self._lr_cache.fill_(float(lr))
-        self.ran = True
+        if not torch.compiler.is_compiling():  # Dynamo traces this update in a compiled step: no side effect there
+            self.ran = True
         self._kernel.sgd_(p, g, m, lr, self._skip, momentum=float(group["momentum"]),
                           dampening=float(group["dampening"]), weight_decay=float(group["weight_decay"]),
                           nesterov=bool(group["nesterov"]), **where)
