@@ -843,7 +843,10 @@ def part_commands(p: str, workers: str) -> dict:
         "sweeps56": (["bash", "-c", shlex.join(_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
                                                    "--out", os.path.join(p("sweeps56"), "alexnet-sweep")))
                       + f" > {p('sweeps56')}/alexnet-sweep.log 2>&1; tail -n 40 {p('sweeps56')}/alexnet-sweep.log; "
-                      + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--out", os.path.join(p("sweeps56"), "default")))
+                      + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset",
+                                       "fashion-mnist", "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                                       "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
+                                       "60000", "--out", os.path.join(p("sweeps56"), "default")))
                       + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],

@@ -22,10 +22,11 @@ trusted for correctness: a kernel that fails still falls back at the probe (choi
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-from typing import Iterable, Optional, Sequence, Tuple
+from typing import Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -37,6 +38,40 @@ BUILD_MIN_STEPS = 10_000
 minute of Triton compiling and autotuning (alexnet-small's three fused blocks on an H200, above),
 which only a run of this many steps or more stops noticing; the build is then kept for every later
 run on the machine. Shorter runs take torch's ops until something has built the kernels."""
+
+
+_in_sweep = False
+"""Whether this process runs a sweep's trial now (`sweep_trial`)."""
+
+
+@contextlib.contextmanager
+def sweep_trial() -> Iterator[None]:
+    """Within: the run is one trial of a sweep, which builds no kernel under auto, whatever its
+    length. A sweep compares its trials, so they should run the same ops: the build is keyed by
+    the batch's shape, and on the seed's alexnet-sweep grid (four H200s, 2026-11-28,
+    results/gpu-2026-11-28-b56/) the batch-16 trials alone were long enough to build, each of the
+    four GPUs' first trial spent 74 s building, and only those trials then ran the fused kernels
+    (the sweep's efficiency fell from 0.71 to 0.43). Kernels an earlier run built still run;
+    forced ones (--conv-pool triton) build as always."""
+    global _in_sweep
+    before, _in_sweep = _in_sweep, True
+    try:
+        yield
+    finally:
+        _in_sweep = before
+
+
+def may_build(total_steps: int) -> bool:
+    """Whether auto builds the kernels a run of `total_steps` steps lacks: runs of BUILD_MIN_STEPS
+    or more, outside a sweep's trials (`sweep_trial`)."""
+    return not _in_sweep and total_steps >= BUILD_MIN_STEPS
+
+
+def why_unbuilt(total_steps: int) -> str:
+    """Why auto left a kernel that is not built here to torch, for the run's note."""
+    if _in_sweep:
+        return "a sweep's trials build none, so that its trials run the same ops"
+    return f"{total_steps} steps are fewer than the {BUILD_MIN_STEPS} that build it"
 
 
 def _driver() -> str:
@@ -111,6 +146,6 @@ def update_backend(choices: Sequence[str], variant: str, numel: int, dtype: torc
     if choices[0] != "triton":
         return choices[0], None, None
     k = key([f"flat-sgd {variant}"], (numel,), dtype, device)
-    if k is None or is_built(k) or total_steps >= BUILD_MIN_STEPS:
+    if k is None or is_built(k) or may_build(total_steps):
         return "triton", k, None
     return "torch", None, UPDATE_NOTE

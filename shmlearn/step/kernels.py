@@ -39,7 +39,7 @@ def choose(model, conv_pool_mode: str, mlp_head_mode: str, opts, dtype: torch.dt
     results/gpu-2026-11-28-b56/). Where the record says built, the layers are chosen again with
     the check (from Triton's cache, quick)."""
     modes = {"conv-pool": conv_pool_mode, "mlp-head": mlp_head_mode}
-    short = device.type == "cuda" and total_steps < built.BUILD_MIN_STEPS
+    short = device.type == "cuda" and not built.may_build(total_steps)
     unchecked = {k for k, flag in (("conv-pool", opts.conv_pool), ("mlp-head", opts.mlp_head))
                  if short and flag == "auto" and modes[k] == "triton"}
 
@@ -200,7 +200,7 @@ class KernelChoice:
         k = build_key(self.kernels, loader, dtype, self.device)
         if k is None:
             return None, []
-        if built.is_built(k) or total_steps >= built.BUILD_MIN_STEPS:
+        if built.is_built(k) or built.may_build(total_steps):
             return k, []
         auto = {"conv-pool": self.opts.conv_pool == "auto", "mlp-head": self.opts.mlp_head == "auto"}
         deferred = sorted({c.kernel for c in on if auto[c.kernel]})
@@ -208,8 +208,8 @@ class KernelChoice:
             choice.switch_off(self.model, kernel)
         for c in on:
             if c.kernel in deferred:
-                c.path, c.why = "torch", (f"auto: not built on this device for these shapes yet; {total_steps} steps "
-                                          f"are fewer than the {built.BUILD_MIN_STEPS} that build it")
+                c.path, c.why = "torch", (f"auto: not built on this device for these shapes yet; "
+                                          f"{built.why_unbuilt(total_steps)}")
         return (k if len(deferred) < len({c.kernel for c in on}) else None), deferred
 
     def _probe(self, loader, loss) -> None:

@@ -102,7 +102,8 @@ class StepOptions(Section):
     """How a Conv2d (stride 1) followed by ReLU and MaxPool2d(2) in an nn.Sequential runs: off
     (three ops), triton (one fused Triton kernel that never writes the conv's full output; CUDA
     with Triton) or auto (triton where it can run and is already built on this machine for these
-    shapes, or the run has 10,000+ steps: a first build takes about a minute; step/built.py).
+    shapes, or the run has 10,000+ steps and is not a sweep's trial: a first build takes about a
+    minute; step/built.py).
     Evaluation runs torch's ops. Same outputs and gradients, parameters and checkpoints;
     shmlearn/nn/conv_pool.py."""
     mlp_head: Literal[MLP_HEAD] = "auto"

@@ -40,7 +40,7 @@ from shmlearn.record.runs import check_sweep_out, lock_dir, read_jsonl, write_js
 from shmlearn.sweeps.grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_grid, ordered_axes, trial_id,
                                  trials_at_once, with_repeats)
 from shmlearn.sync import registry
-from shmlearn.train.entry import rank_main
+from shmlearn.train.entry import trial_main
 from shmlearn.train.inputs import preload_data
 
 TRIAL_TIMES = "sweep_times.json"
@@ -214,7 +214,7 @@ class TrialRunner(abc.ABC):
                         f"{slots if self.cuda or cores is None else [c for cs in cores for c in cs]}\n")
         except OSError as e:  # a full disk: a write error carries no path
             raise OSError(e.errno, e.strerror, tmp + ".log") from None
-        job = self.pool.start(rank_main, (cfg.to_dict(), self.prune_key(cfg, tid)), slots=workers,
+        job = self.pool.start(trial_main, (cfg.to_dict(), self.prune_key(cfg, tid)), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
         return Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)

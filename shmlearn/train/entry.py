@@ -28,6 +28,7 @@ from shmlearn.launch.placement import backend_for, default_workers, device_type
 from shmlearn.launch.pool import current as current_pool, describe, run_local
 from shmlearn.launch.start import DistEnv, check_capacity, detect_env, free_port
 from shmlearn.launch import lean
+from shmlearn.step import built
 from shmlearn.record.runs import check_out_dir, default_run_dir, lock_out_dir
 from shmlearn.sync import registry
 from shmlearn.train import checkpoint as ckpt
@@ -38,7 +39,7 @@ from shmlearn.user import recipe
 from shmlearn.user.parts import Parts, resolve_ref
 from shmlearn.user.refs import is_ref
 
-__all__ = ["RunResult", "train", "rank_main", "run_worker", "settle"]
+__all__ = ["RunResult", "train", "rank_main", "trial_main", "run_worker", "settle"]
 
 
 def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None, optimizer=None,
@@ -138,6 +139,13 @@ def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, wan
         torch.save(copy.deepcopy(result.model).cpu(), buf)
         blob = buf.getvalue()
     return result.summary, result.run_dir, blob
+
+
+def trial_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None):
+    """One rank of a sweep's trial, in a pool worker: rank_main, building no kernel under auto
+    (step/built.py sweep_trial: a sweep's trials run the same ops)."""
+    with built.sweep_trial():
+        return rank_main(env, cfg_dict, prune_key)
 
 
 def settle(cfg: TrainConfig, spec: registry.Spec, *, processes: Optional[int] = None) -> TrainConfig:

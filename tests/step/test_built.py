@@ -205,3 +205,34 @@ def test_a_short_unbuilt_run_does_not_compile_to_check_kernels_it_will_not_run(c
     step_kernels.choose(_model(), "triton", "off", opts, torch.float32, cuda, _Loader(),
                         total_steps=built.BUILD_MIN_STEPS)
     assert checks == [True]  # a long run builds: checked
+
+
+def test_a_sweeps_trial_builds_nothing_however_long_but_runs_what_is_built(cache):
+    """A sweep's trials run the same ops: none builds under auto (built.sweep_trial), where the
+    batch-16 trials of the seed's grid, long enough alone, each built for 74 s (issue 52)."""
+    long = built.BUILD_MIN_STEPS * 2
+    with built.sweep_trial():
+        kc = _fused_choice(_model())
+        assert kc._defer_unbuilt(_Loader(), torch.float32, total_steps=long) == (None, ["conv-pool"])
+        assert "a sweep's trials build none" in kc.kernels[0].why
+        assert built.update_backend(("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA,
+                                    total_steps=long)[0] == "torch"
+        forced = _fused_choice(_model(), conv_pool_mode="triton")
+        assert forced._defer_unbuilt(_Loader(), torch.float32, total_steps=10) == ("k-4-3-8-8", [])
+        built.mark_built("k-4-3-8-8", {"kernels": ["conv-pool"]})
+        again = _fused_choice(_model())
+        assert again._defer_unbuilt(_Loader(), torch.float32, total_steps=10) == ("k-4-3-8-8", [])
+        assert again.kernels[0].path == "triton"
+    # Outside the trial, the rule is the run's length again.
+    assert built.update_backend(("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA,
+                                total_steps=long)[0] == "triton"
+
+
+def test_a_sweep_runs_its_trials_through_trial_main_which_marks_them(monkeypatch):
+    from shmlearn.sweeps import trials
+    from shmlearn.train import entry
+    assert trials.trial_main is entry.trial_main
+    seen = []
+    monkeypatch.setattr(entry, "rank_main", lambda env, cfg, prune_key=None: seen.append((built._in_sweep, prune_key)))
+    entry.trial_main(None, {}, "p")
+    assert seen == [(True, "p")] and built._in_sweep is False
