@@ -61,9 +61,18 @@ def sweep_trial() -> Iterator[None]:
         _in_sweep = before
 
 
+BUILDS_ENV = "SHMLEARN_KERNEL_BUILDS"
+"""The environment variable that overrides the rule: `always` (auto builds what a run lacks, however
+short: to build a machine's kernels once before a sweep, or to run the kernels in a test), `never`
+(auto runs only what is built), unset or `auto` (the rule below)."""
+
+
 def may_build(total_steps: int) -> bool:
     """Whether auto builds the kernels a run of `total_steps` steps lacks: runs of BUILD_MIN_STEPS
-    or more, outside a sweep's trials (`sweep_trial`)."""
+    or more, outside a sweep's trials (`sweep_trial`), unless BUILDS_ENV says always or never."""
+    override = os.environ.get(BUILDS_ENV, "auto")
+    if override in ("always", "never"):
+        return override == "always"
     return not _in_sweep and total_steps >= BUILD_MIN_STEPS
 
 

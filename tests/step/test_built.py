@@ -236,3 +236,15 @@ def test_a_sweep_runs_its_trials_through_trial_main_which_marks_them(monkeypatch
     monkeypatch.setattr(entry, "rank_main", lambda env, cfg, prune_key=None: seen.append((built._in_sweep, prune_key)))
     entry.trial_main(None, {}, "p")
     assert seen == [(True, "p")] and built._in_sweep is False
+
+
+def test_the_environment_can_always_or_never_build(cache, monkeypatch):
+    args = (("triton", "torch"), "momentum=True", 150_000, torch.float32, CUDA)
+    monkeypatch.setenv(built.BUILDS_ENV, "always")
+    assert built.update_backend(*args, total_steps=10)[0] == "triton"
+    with built.sweep_trial():
+        assert built.update_backend(*args, total_steps=10)[0] == "triton"
+    monkeypatch.setenv(built.BUILDS_ENV, "never")
+    assert built.update_backend(*args, total_steps=built.BUILD_MIN_STEPS)[0] == "torch"
+    monkeypatch.setenv(built.BUILDS_ENV, "auto")
+    assert built.update_backend(*args, total_steps=built.BUILD_MIN_STEPS)[0] == "triton"
