@@ -140,7 +140,7 @@ def cpu_parts(summary: Dict[str, Any]) -> Optional[Tuple[float, float]]:
 
 def clock_scale(summary: Dict[str, Any], axis: str, step_s: Optional[float] = None) -> Optional[float]:
     """Seconds on `axis` per wall-clock training second: 1 on wall; the step price (`step_s`, the
-    pooled one; else the run's own p10 step) x steps / wall time on steps (None where the run
+    pooled one; else the run's own run_price) x steps / wall time on steps (None where the run
     predates step times)."""
     if axis == "wall":
         return 1.0
