@@ -33,9 +33,10 @@ trials.py and the report all ask here; nothing else states the rule or its order
   (`sync_key`: the cost without the batch size) of what the process's other threads (Gloo's)
   add per step. The sync part is pooled that widely because it is the noisy one: a 2-worker
   step's CPU time moved by +-25% between runs of one setting, quiet or loaded, with how often
-  the ranks waited on each other, while the training thread's moved by a few per cent; pooled,
-  the price ratio of batch 32 to 64 at 2 workers stayed 0.94-1.00 over 4 sweeps (quiet and under
-  a 2-process job), against 0.75-1.03 for the wall-clock p10 (results/sweep-digits/NOTES.md).
+  the ranks waited on each other, while the training thread's moved by a few per cent between
+  the trials of one sweep; pooled, the price ratio of batch 32 to 64 at 2 workers stayed
+  0.93-1.00 over 10 sweeps of the README's digits grid (quiet, and beside one or two 2-process
+  jobs), against 0.75-1.18 for the wall-clock p10 (results/sweep-digits/NOTES.md).
   Elsewhere (a GPU's work is not the host's CPU time; results from before the CPU clocks) the
   price is the median of the runs' 10th-percentile wall step times. The wall axis keeps each
   run's own clock.
