@@ -36,7 +36,7 @@ trials.py and the report all ask here; nothing else states the rule or its order
   the ranks waited on each other, while the training thread's moved by a few per cent between
   the trials of one sweep; pooled, the price ratio of batch 32 to 64 at 2 workers stayed
   0.93-1.00 over 10 sweeps of the README's digits grid (quiet, and beside one or two 2-process
-  jobs), against 0.75-1.18 for the wall-clock p10 (results/sweep-digits/NOTES.md).
+  jobs), against 0.82-1.18 for the wall-clock p10 (results/sweep-digits/NOTES.md).
   Elsewhere (a GPU's work is not the host's CPU time; results from before the CPU clocks) the
   price is the median of the runs' 10th-percentile wall step times. The wall axis keeps each
   run's own clock.
