@@ -225,27 +225,36 @@ def chance_accuracy(spec) -> Optional[float]:
     return 0.5 if spec.task == "binary" else None
 
 
-def step_clock(step_times: List[float], step_losses: List[float]) -> Dict[str, Any]:
+def quantiles(d: List[float]) -> Optional[Dict[str, float]]:
+    """{p10, p25, median, p75, n} of the values d (linear interpolation between order statistics,
+    numpy's default); None for none."""
+    d = sorted(d)
+    if not d:
+        return None
+
+    def q(p: float) -> float:
+        x = p * (len(d) - 1)
+        i = int(x)
+        return d[i] + (d[min(i + 1, len(d) - 1)] - d[i]) * (x - i)
+    return {"p10": q(0.1), "p25": q(0.25), "median": q(0.5), "p75": q(0.75), "n": len(d)}
+
+
+def step_clock(step_times: List[float], step_losses: List[float], step_cpu_s: Optional[List[float]] = None,
+               step_thread_cpu_s: Optional[List[float]] = None) -> Dict[str, Any]:
     """summary.json's step clock (issue 55), what a verdict that does not drift with machine load
     reads: start_loss (the first step's loss, the collapse rule's reference), loss_area_steps
-    (trapezoid area of the training loss over the step index: loss x steps; times the p10 step
-    time it is the area on `--time-axis steps`) and step_time_s {p10, p25, median, p75, n}: the
-    quantiles of the steps' seconds (steps read together on the device share their window's
-    time); p10 is a step that the machine's other work hardly slowed, the interquartile spread
-    the run's timing noise (winners.py)."""
+    (trapezoid area of the training loss over the step index: loss x steps; times a step's price
+    it is the area on `--time-axis steps`) and the quantiles {p10, p25, median, p75, n} of three
+    clocks per step: step_time_s, wall seconds (steps read together on the device share their
+    window's time; the interquartile spread is the run's timing noise); step_cpu_s, the process's
+    CPU seconds (all threads); step_thread_cpu_s, the training thread's. Another job on the cores
+    stretches the first, not the other two: they price the steps axis on a CPU (winners.py)."""
     finite = [x for x in step_losses if math.isfinite(x)]
-    out: Dict[str, Any] = {"start_loss": finite[0] if finite else None,
-                           "loss_area_steps": loss_area(list(range(len(step_losses) + 1)),
-                                                        step_losses[:1] + step_losses) if finite else None,
-                           "step_time_s": None}
-    d = sorted(t1 - t0 for t0, t1 in zip([0.0] + step_times, step_times))
-    if d:
-        def q(p: float) -> float:  # linear interpolation between order statistics (numpy's default)
-            x = p * (len(d) - 1)
-            i = int(x)
-            return d[i] + (d[min(i + 1, len(d) - 1)] - d[i]) * (x - i)
-        out["step_time_s"] = {"p10": q(0.1), "p25": q(0.25), "median": q(0.5), "p75": q(0.75), "n": len(d)}
-    return out
+    return {"start_loss": finite[0] if finite else None,
+            "loss_area_steps": loss_area(list(range(len(step_losses) + 1)),
+                                         step_losses[:1] + step_losses) if finite else None,
+            "step_time_s": quantiles([t1 - t0 for t0, t1 in zip([0.0] + step_times, step_times)]),
+            "step_cpu_s": quantiles(step_cpu_s or []), "step_thread_cpu_s": quantiles(step_thread_cpu_s or [])}
 
 
 @contextmanager
@@ -327,7 +336,7 @@ def summarize(cfg: TrainConfig, *, status: str, diverged, history: Dict[str, Any
         "min_loss": min(finite) if finite else None,
         "loss_area": loss_area([0.0] + step_times, step_losses[:1] + step_losses)
         if status in ("completed", "pruned") else None,
-        **step_clock(step_times, step_losses),
+        **step_clock(step_times, step_losses, history.get("step_cpu_s"), history.get("step_thread_cpu_s")),
         "test_loss": evals[-1]["test_loss"] if evals else None,
         "test_accuracy": evals[-1]["test_accuracy"] if evals else None,
         "best_test_accuracy": max(accs) if accs else None,

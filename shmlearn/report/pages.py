@@ -126,7 +126,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
            f"Winner rule (paper §5): per worker count, drop runs whose minimum training loss is above "
            f"{w['threshold']:g}, then take the least loss area (training loss integrated over "
            + ("training seconds" if w.get("time_axis", "wall") == "wall" else
-              "the steps, times the run's 10th-percentile step time (--time-axis steps)") + "). "
+              "the steps, times a step's price (--time-axis steps: its CPU time on a CPU)") + "). "
            "Collapsed runs (the loss came back to within 10% of its start after falling far below it, or "
            "the test accuracy ended at chance) are never survivors. Each verdict names its runner-up and the "
            "margin; 'tied within noise' where the margin is within the timing noise (half the spread of the "

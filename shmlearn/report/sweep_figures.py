@@ -117,7 +117,7 @@ def heatmap(rows: List[Row], *, threshold: float, winner_id: Optional[str], titl
         lo = float(finite[finite > 0].min()) if log else None
         norm = (LogNorm if log else Normalize)(vmin=lo, vmax=top, clip=True)
     im = ax.imshow(np.ma.masked_invalid(area), cmap="viridis_r", aspect="auto", norm=norm)
-    fig.colorbar(im, ax=ax, label="loss area (loss x s" + (", p10 step time x steps" if axis == "steps" else "")
+    fig.colorbar(im, ax=ax, label="loss area (loss x s" + (", steps x step price" if axis == "steps" else "")
                  + ")" + (", log scale" if log else ""))
     for (i, j), c in cells.items():
         if c.kind == "pruned":

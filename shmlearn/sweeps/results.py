@@ -136,7 +136,7 @@ def pick_winners(rows: List[Dict[str, Any]], *, threshold: float = 1.8, target_a
         if target_accuracy is not None:
             reached = winners.by_target(done, target_accuracy, time_axis)
             targets[str(w)] = {"reason": None, **winners.ranked_verdict(
-                [(winners.entry(p, swept, AXIS_ORDER, target_accuracy), t, winners.step_noise(p.row["summary"], time_axis))
+                [(winners.entry(p, swept, AXIS_ORDER, target_accuracy), t, p.step_noise)
                  for t, p in reached])}
             if reached:
                 fastest.append(((reached[0][0], reached[0][1].index), targets[str(w)]["winner"], reached[0][1]))

@@ -14,7 +14,7 @@
 * Winners by the paper's rule (winners.py states it): per worker count, drop runs whose minimum
   training loss is above the threshold (1.8 in the paper) and runs that collapsed, then take the
   least loss area (loss integrated over training seconds, or with --time-axis steps over the
-  steps times the p10 step time). Ties: lower minimum loss, then shorter training time, then grid
+  steps times a step's price: winners.py). Ties: lower minimum loss, then shorter training time, then grid
   order. Each verdict names its runner-up and margin, tied within noise or not; --repeats N
   trains each point N times and judges the median. Optionally,
   the least training time to reach a test accuracy, and (--winner-metric NAME, --winner-goal)

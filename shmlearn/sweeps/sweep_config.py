@@ -28,8 +28,8 @@ class SweepConfig:
     """Winners also by the least training seconds to reach this test accuracy."""
     time_axis: str = "wall"
     """The clock the loss area is integrated over: wall (the paper's: training seconds as measured)
-    or steps (the step index times the run's 10th-percentile step time, a step the machine's other
-    work hardly slowed: a busy machine moves it far less, so a rerun reaches the same verdict). Every verdict names its runner-up and margin, and says
+    or steps (the step index times a step's price, on a CPU its CPU time, which another job on
+    the machine does not add to, so a rerun reaches the same verdict). Every verdict names its runner-up and margin, and says
     'tied within noise' where the margin is within the timing noise (docs/sweeps.md)."""
     repeats: int = 1
     """Train each grid point this many times (seeds seed, seed+1, ...): the verdict takes the

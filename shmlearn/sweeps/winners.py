@@ -22,19 +22,28 @@ trials.py and the report all ask here; nothing else states the rule or its order
   whose final test accuracy is at chance (within 0.02 of 1/classes). It is a result, never a
   survivor: the winner rule, the pruning bound and the study's constraint skip it.
 * **Time axis** (`--time-axis`): `wall`, the paper's, integrates the loss over training seconds
-  as the clock measured them; `steps` integrates it over the step index and multiplies by the
-  run's 10th-percentile step time (summary.json loss_area_steps x step_time_s.p10): a step the
-  machine's other work hardly slowed. The median step time (what issue 55 first proposed) moved
-  with sustained load: 3 reruns of the README's digits sweep on a CPU at load average 14-24 named
-  3 different overall winners on it; on p10 3 reruns named the same one twice and called the third
-  a tie (results/sweep-digits/NOTES.md). The p10 is **pooled** over the trials whose step costs
-  the same (`cost_key`: every setting but those that only change the numbers a step computes, lr
-  and seed among them): their median p10 prices each of them, so two learning rates at one batch
-  size compare by their loss per step alone, which the load cannot move, and the price of a
-  batch size rests on every trial that ran it. The wall axis keeps each run's own clock.
-* **Noise**: each area carries a relative half-width, half the interquartile spread of the run's
-  step times over their median (how far the machine's load moved a step); on the steps axis two
-  points of one step cost share their price, so only their repeats' spread is noise between them
+  as the clock measured them; `steps` integrates it over the step index (summary.json
+  loss_area_steps) and multiplies by a **step price** that another job on the machine does not
+  move. Each trial's price is **pooled** over the trials whose step costs the same (`cost_key`:
+  every setting but those that only change the numbers a step computes, lr and seed among them),
+  so two learning rates at one batch size compare by their loss per step alone.
+  On the CPU (every run recorded its CPU clocks: `price_clock`) the price is CPU time, which a
+  job beside does not add to: the median over the cost's runs of the training thread's p10 CPU
+  seconds per step (its compute), plus the median over the runs that sync the same gradients
+  (`sync_key`: the cost without the batch size) of what the process's other threads (Gloo's)
+  add per step. The sync part is pooled that widely because it is the noisy one: a 2-worker
+  step's CPU time moved by +-25% between runs of one setting, quiet or loaded, with how often
+  the ranks waited on each other, while the training thread's moved by a few per cent between
+  the trials of one sweep; pooled, the price ratio of batch 32 to 64 at 2 workers stayed
+  0.93-1.00 over 10 sweeps of the README's digits grid (quiet, and beside one or two 2-process
+  jobs), against 0.82-1.18 for the wall-clock p10 (results/sweep-digits/NOTES.md).
+  Elsewhere (a GPU's work is not the host's CPU time; results from before the CPU clocks) the
+  price is the median of the runs' 10th-percentile wall step times. The wall axis keeps each
+  run's own clock.
+* **Noise**: each area carries a relative half-width, half the interquartile spread over the
+  median of the run's step clock (wall seconds; the training thread's CPU seconds on a steps
+  axis priced by CPU time): how far the machine moved a step. On the steps axis two points of
+  one step cost share their price, so only their repeats' spread is noise between them
   (`margin`'s same_cost). With `--repeats N`
   (the same grid point trained N times, seeds seed..seed+N-1) the area is the median of the
   repeats and the half-width is at least half their range over the median. Two areas are **tied
@@ -112,62 +121,118 @@ def constraint(row: Dict[str, Any], threshold: float) -> float:
 
 
 def step_time(summary: Dict[str, Any]) -> Optional[float]:
-    """The steps axis's seconds per step: summary step_time_s p10 (its median where a run kept no p10)."""
+    """A run's own wall seconds per step: summary step_time_s p10 (its median where a run kept no p10)."""
     st = summary.get("step_time_s") or {}
     return st.get("p10", st.get("median"))
 
 
+def cpu_parts(summary: Dict[str, Any]) -> Optional[Tuple[float, float]]:
+    """(compute, sync) CPU seconds of a step of a run on the CPU: the training thread's p10
+    (step_thread_cpu_s) and the median of what the process's other threads add (step_cpu_s
+    median - step_thread_cpu_s median, at least 0: Gloo's threads, what the sync costs); None for
+    a run on another device (a GPU's work is not the host's CPU time) or from before they were kept."""
+    if summary.get("device") != "cpu":
+        return None
+    proc, main = summary.get("step_cpu_s") or {}, summary.get("step_thread_cpu_s") or {}
+    if proc.get("median") is None or main.get("p10") is None or main.get("median") is None:
+        return None
+    return main["p10"], max(0.0, proc["median"] - main["median"])
+
+
 def clock_scale(summary: Dict[str, Any], axis: str, step_s: Optional[float] = None) -> Optional[float]:
-    """Seconds on `axis` per wall-clock training second: 1 on wall; p10 step (or `step_s`, the
-    pooled one) x steps / wall time on steps (None where the run predates step times)."""
+    """Seconds on `axis` per wall-clock training second: 1 on wall; the step price (`step_s`, the
+    pooled one; else the run's own run_price) x steps / wall time on steps (None where the run
+    predates step times)."""
     if axis == "wall":
         return 1.0
-    st = step_s if step_s is not None else step_time(summary)
+    st = step_s if step_s is not None else run_price(summary)
     steps, wall = summary.get("steps"), summary.get("wall_time_s")
     if st is None or not steps or not wall:
         return None
     return st * steps / wall
 
 
-def cost_key(config: Dict[str, Any]) -> str:
-    """What a trial's step costs depends on: its config without COST_FREE (12 hex digits of its
-    JSON's hash; winners.json records it as each entry's step_cost)."""
+def _key(config: Dict[str, Any], free: Sequence[str]) -> str:
     import hashlib
     import json
-    text = json.dumps({k: v for k, v in config.items() if k not in COST_FREE}, sort_keys=True, default=str)
+    text = json.dumps({k: v for k, v in config.items() if k not in free}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
+def cost_key(config: Dict[str, Any]) -> str:
+    """What a trial's step costs depends on: its config without COST_FREE (12 hex digits of its
+    JSON's hash; winners.json records it as each entry's step_cost)."""
+    return _key(config, COST_FREE)
+
+
+def sync_key(config: Dict[str, Any]) -> str:
+    """What a trial's sync costs depends on: its cost_key's settings without the batch size (the
+    gradients synced are the same at any batch), where its ranks run one thread each (the
+    sweep's CPU default): with intra-op threads, the process's other threads compute too, so
+    the cost_key itself."""
+    return _key(config, COST_FREE + (("batch_size",) if config.get("threads") == 1 else ()))
+
+
+def _median(v: List[float]) -> float:
+    v = sorted(v)
+    n = len(v)
+    return v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
+
+
+def price_clock(rows: List[Dict[str, Any]]) -> str:
+    """'cpu' where every completed run has cpu_parts (runs on the CPU, recorded with them), else
+    'wall' (a GPU sweep, or one resumed from results written before they were kept)."""
+    done = [r for r in rows if r.get("status") == "completed"]
+    return "cpu" if done and all(cpu_parts(r.get("summary") or {}) for r in done) else "wall"
+
+
 def pooled_step_times(rows: List[Dict[str, Any]]) -> Dict[str, float]:
-    """cost_key -> the median of the completed runs' p10 step times (`step_time`) of that cost."""
+    """cost_key -> the step price of the completed runs of that cost (module docstring). On the
+    CPU (price_clock): the median compute part of the runs of that cost plus the median sync part
+    of the runs of its sync_key (cpu_parts); elsewhere the median of their p10 step times."""
+    done = [r for r in rows if r.get("status") == "completed"]
+    if price_clock(rows) == "cpu":
+        compute: Dict[str, List[float]] = {}
+        sync: Dict[str, List[float]] = {}
+        sync_of = {}
+        for r in done:
+            c, s = cpu_parts(r["summary"])
+            k = cost_key(r["config"])
+            compute.setdefault(k, []).append(c)
+            sync_of[k] = sync_key(r["config"])
+            sync.setdefault(sync_of[k], []).append(s)
+        return {k: _median(v) + _median(sync[sync_of[k]]) for k, v in compute.items()}
     times: Dict[str, List[float]] = {}
-    for r in rows:
-        st = step_time(r.get("summary") or {}) if r.get("status") == "completed" else None
+    for r in done:
+        st = step_time(r.get("summary") or {})
         if st is not None:
             times.setdefault(cost_key(r["config"]), []).append(st)
-    out = {}
-    for k, v in times.items():
-        v = sorted(v)
-        n = len(v)
-        out[k] = v[n // 2] if n % 2 else (v[n // 2 - 1] + v[n // 2]) / 2
-    return out
+    return {k: _median(v) for k, v in times.items()}
+
+
+def run_price(summary: Dict[str, Any]) -> Optional[float]:
+    """A run's own step price, unpooled: its cpu_parts' sum on the CPU, else its p10 step time."""
+    parts = cpu_parts(summary)
+    return sum(parts) if parts else step_time(summary)
 
 
 def area(summary: Dict[str, Any], axis: str = "wall", step_s: Optional[float] = None) -> Optional[float]:
     """The loss area on `axis`: wall, summary loss_area (loss x s); steps, loss_area_steps x the
-    p10 step time (loss x s), or `step_s` (the pooled one: pooled_step_times). A run from before
-    step times were kept: its wall area."""
+    step price (loss x s): `step_s` (the pooled one: pooled_step_times), else the run's own
+    (run_price). A run from before step times were kept: its wall area."""
     if axis == "steps":
-        st, a = (step_s if step_s is not None else step_time(summary)), summary.get("loss_area_steps")
+        st, a = (step_s if step_s is not None else run_price(summary)), summary.get("loss_area_steps")
         if a is not None and st is not None and summary.get("loss_area") is not None:
             return a * st
     return summary.get("loss_area")
 
 
-def step_noise(summary: Dict[str, Any], axis: str = "wall") -> Optional[float]:
-    """The area's relative half-width from the run's own step times, on either axis (module
-    docstring); None where they were not kept."""
-    st = summary.get("step_time_s") or {}
+def step_noise(summary: Dict[str, Any], axis: str = "wall", clock: str = "wall") -> Optional[float]:
+    """The area's relative half-width from the run's own step times (module docstring): half the
+    interquartile spread over the median of the clock that prices it (wall seconds; on the steps
+    axis priced by CPU time, the training thread's CPU seconds); None where they were not kept."""
+    key = "step_thread_cpu_s" if axis == "steps" and clock == "cpu" else "step_time_s"
+    st = summary.get(key) or {}
     med, q1, q3 = st.get("median"), st.get("p25"), st.get("p75")
     if not med or q1 is None or q3 is None:
         return None
@@ -190,14 +255,17 @@ def time_to_accuracy(row: Dict[str, Any], target: float, axis: str = "wall",
 class Point:
     """One grid point: its repeats' rows (one row without --repeats), in grid order."""
 
-    def __init__(self, rows: List[Tuple[int, Dict[str, Any]]], axis: str, pooled: Optional[Dict[str, float]] = None):
+    def __init__(self, rows: List[Tuple[int, Dict[str, Any]]], axis: str, pooled: Optional[Dict[str, float]] = None,
+                 clock: str = "wall"):
         self.index = rows[0][0]
         self.rows = [r for _, r in rows]
         self.axis = axis
+        self.clock = clock
+        """What prices its steps on the steps axis: 'cpu' or 'wall' (price_clock)."""
         self.cost = cost_key(self.rows[0]["config"]) if axis == "steps" else None
         """The step cost this point shares with others (steps axis; None on wall)."""
         self.step_s = (pooled or {}).get(self.cost) if self.cost is not None else None
-        """The pooled p10 step time that prices its steps (None: each run's own)."""
+        """The pooled step price of its steps (None: each run's own)."""
         done = sorted((area(r["summary"], axis, self.step_s), i) for i, r in enumerate(self.rows)
                       if r["status"] == "completed" and area(r["summary"], axis, self.step_s) is not None)
         self.areas = [a for a, _ in done]
@@ -224,8 +292,13 @@ class Point:
         return (self.areas[-1] - self.areas[0]) / 2 / self.area
 
     @property
+    def step_noise(self) -> Optional[float]:
+        """Its representative run's step_noise on its axis and clock."""
+        return step_noise(self.row["summary"], self.axis, self.clock)
+
+    @property
     def noise(self) -> Optional[float]:
-        parts = [x for x in (step_noise(self.row["summary"], self.axis), self.repeat_spread) if x is not None]
+        parts = [x for x in (self.step_noise, self.repeat_spread) if x is not None]
         return max(parts) if parts else None
 
     def survives(self, threshold: float) -> bool:
@@ -253,7 +326,8 @@ def points(rows: List[Dict[str, Any]], axis: str = "wall") -> List[Point]:
     for i, r in enumerate(rows):
         groups.setdefault(r.get("point") or r["id"], []).append((i, r))
     pooled = pooled_step_times(rows) if axis == "steps" else None
-    return [Point(g, axis, pooled) for g in groups.values()]
+    clock = price_clock(rows) if axis == "steps" else "wall"
+    return [Point(g, axis, pooled, clock) for g in groups.values()]
 
 
 # --- the orders ---------------------------------------------------------------------------------
@@ -351,7 +425,7 @@ def entry(p: Point, swept: Sequence[str], axes_order: Sequence[str], target: Opt
          "repeat_areas": p.areas if p.repeats > 1 else None, "repeat_spread": p.repeat_spread,
          "step_cost": p.cost, "min_loss": s.get("min_loss"),
          "final_loss": s.get("final_loss"), "test_accuracy": s.get("test_accuracy"),
-         "wall_time_s": s.get("wall_time_s"), "step_time_s": step_time(s),
+         "wall_time_s": s.get("wall_time_s"), "step_time_s": step_time(s), "step_price_s": p.step_s,
          "samples_per_s": s.get("samples_per_s"), "run_dir": row.get("run_dir"),
          "axes": {a: c.get(a) for a in swept if a not in axes_order}}
     if target is not None:
@@ -435,7 +509,7 @@ def margin_text(m: Optional[Dict[str, Any]], runner: Optional[Dict[str, Any]], n
 
 
 def axis_name(axis: str) -> str:
-    return "wall-clock seconds" if axis == "wall" else "p10 step time x steps"
+    return "wall-clock seconds" if axis == "wall" else "steps x step price"
 
 
 def verdict_lines(w: Dict[str, Any]) -> List[str]:

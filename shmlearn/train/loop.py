@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -34,8 +34,14 @@ from shmlearn.train.result import RunResult, gather_ranks
 from shmlearn.user import recipe
 from shmlearn.user.tasks import loss_fn
 
-_HISTORY = ("step_times", "step_losses", "evals", "eval_s", "checkpoint_s", "last_eval_s", "last_ckpt_s")
+_HISTORY = ("step_times", "step_losses", "step_cpu_s", "step_thread_cpu_s", "evals", "eval_s", "checkpoint_s",
+            "last_eval_s", "last_ckpt_s")
 """The Loop fields a checkpoint keeps (its "loop" entry, in this order) and a resumption restores."""
+
+
+def cpu_clocks() -> Tuple[float, float]:
+    """(this process's, this thread's) CPU seconds so far: what a step's CPU time is read on."""
+    return time.process_time(), time.thread_time()
 
 
 class Loop:
@@ -61,6 +67,11 @@ class Loop:
         self.lead = env.rank == 0
         self.step_times: List[float] = []
         self.step_losses: List[float] = []
+        self.step_cpu_s, self.step_thread_cpu_s = [], []
+        """CPU seconds of each step (`cpu_clocks`): the process's, all threads, and the training
+        thread's alone (its compute, without Gloo's threads). Another job on the cores slows a
+        step's wall clock but does not add to these: winners.py prices the steps axis with them.
+        A checkpoint from before they were kept resumes with the later steps' only."""
         self.evals: List[Dict[str, Any]] = []
         self.eval_s = 0.0
         self.checkpoint_s = 0.0
@@ -148,6 +159,7 @@ class Loop:
         if self.setup_s is None:  # data, model, strategy, graph capture: before the clock starts
             self.setup_s = time.perf_counter() - self.t_entry - self.eval_s
         prev_s = resumed_s
+        cpu0 = cpu_clocks()
         for step in range(self.start_step, self.steps):
             done = step + 1
             ckpt_step = bool(self.ckpt_every and self.ckpt_every[1] == "steps" and done % self.ckpt_every[0] == 0)
@@ -169,7 +181,7 @@ class Loop:
             if win.bad is None:
                 self.stepper.update()  # classic: sync and update only now that the loss is known finite
             train_s = time.perf_counter() - t0 - self.eval_s - self.checkpoint_s
-            self._record(win, done, prev_s, train_s, bar)
+            self._record(win, done, prev_s, train_s, bar, cpu0)
             prev_s = train_s
             if win.bad is not None:
                 status, diverged = "diverged", (win.bad[0], win.bad[1], float("nan"))
@@ -186,6 +198,7 @@ class Loop:
                 break
             if done < self.steps and (win.want_ckpt or ckpt_step):
                 self._checkpoint(done, train_s)
+            cpu0 = cpu_clocks()  # a window's CPU: its steps' only (not logging, evaluation or saving)
         if bar is not None:
             bar.close()
         self.strategy.finish()
@@ -193,9 +206,11 @@ class Loop:
             self._checkpoint(len(self.step_losses), self.step_times[-1] if self.step_times else 0.0)
         return self._finish(status, diverged)
 
-    def _record(self, win, done: int, prev_s: float, train_s: float, bar) -> None:
+    def _record(self, win, done: int, prev_s: float, train_s: float, bar, cpu0: Tuple[float, float]) -> None:
         """Keep the window's losses and times (steps between two reads get times interpolated
-        between the reads: the device ran them back to back), write the due metrics lines."""
+        between the reads: the device ran them back to back; its CPU seconds since `cpu0` are
+        shared alike), write the due metrics lines."""
+        cpu_s = [b - a for a, b in zip(cpu0, cpu_clocks())]
         span = max(done - win.first, 1)
         phases = None
         pairs = self.strategy.noise.read(win.first, len(win.losses)) if self.noise is not None else None
@@ -208,6 +223,8 @@ class Loop:
                 self.area += t * loss
             self.step_times.append(t)
             self.step_losses.append(loss)
+            self.step_cpu_s.append(cpu_s[0] / span)
+            self.step_thread_cpu_s.append(cpu_s[1] / span)
             if pairs and step_done - 1 in pairs:  # a measured step (--noise-every)
                 self.noise.add(step_done, *pairs[step_done - 1])
             if self.lead and (step_done % self.cfg.log_every == 0 or step_done == self.steps):

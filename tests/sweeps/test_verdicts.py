@@ -151,6 +151,7 @@ def test_step_clock_is_the_loops_steps_and_their_quartiles():
     s = step_clock([0.1, 0.3, 0.4, 0.8], [2.0, 1.0, 1.0, 3.0])  # steps of 0.1, 0.2, 0.1, 0.4 s
     assert s["start_loss"] == 2.0 and s["loss_area_steps"] == pytest.approx(2.0 + 1.5 + 1.0 + 2.0)
     assert s["step_time_s"] == pytest.approx({"p10": 0.1, "p25": 0.1, "median": 0.15, "p75": 0.25, "n": 4})
+    assert s["step_cpu_s"] is None and s["step_thread_cpu_s"] is None  # not given: a run from before them
     assert winners.area({**s, "loss_area": 9.9}, "steps") == pytest.approx(6.5 * 0.1)
     assert winners.area({**s, "loss_area": 9.9}, "wall") == 9.9
 
@@ -236,7 +237,7 @@ def test_a_sweep_with_repeats_on_the_steps_axis_merges_each_points_runs(tmp_path
     assert len(price) == 1
     areas = sorted(winners.area(x["summary"], "steps", *price.values()) for x in rows if x["config"]["lr"] == e["lr"])
     assert e["area"] == pytest.approx(sum(areas) / 2)  # the median of two
-    assert "least loss area (p10 step time x steps)" in r.stdout and "median of 2 repeats" in r.stdout
+    assert "least loss area (steps x step price)" in r.stdout and "median of 2 repeats" in r.stdout
 
 
 def _row(i, lr, batch, area_steps, p10, iqr=0.0, workers=1):
