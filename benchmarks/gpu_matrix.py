@@ -315,6 +315,8 @@ def main(argv=None) -> int:
     ap.add_argument("--list", action="store_true")
     ap.add_argument("--rerun", default=None, help="a matrix JSON: run again only its cells that did not pass")
     ap.add_argument("--runs", default=None, help="where the cells' run directories go (default: a temporary folder)")
+    ap.add_argument("--over", action="append", default=[],
+                    help="KEY=VALUE: add to every cell's config overrides, its name marked (a diagnostic)")
     ap.add_argument("--merge", nargs="*")
     ap.add_argument("--out", default="gpu-matrix.json")
     a = ap.parse_args(argv)
@@ -330,6 +332,17 @@ def main(argv=None) -> int:
     if a.rerun:
         again = {r["name"] for r in json.load(open(a.rerun))["cells"] if r["verdict"] != "ok"}
         todo = [c for c in todo if c["name"] in again]
+    for kv in a.over:
+        k, _, v = kv.partition("=")
+        for kind in (int, float):
+            try:
+                v = kind(v)
+                break
+            except ValueError:
+                pass
+        for c in todo:
+            c["over"][k] = v
+            c["name"] += f"+{k}={v}"
     a.runs = a.runs or tempfile.mkdtemp(prefix="gpu-matrix-")
     i, n = (int(v) for v in a.shard.split("/"))
     todo = todo[i::n]

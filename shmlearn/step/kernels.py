@@ -57,6 +57,17 @@ def choose(model, conv_pool_mode: str, mlp_head_mode: str, opts, dtype: torch.dt
     return pick(off=unchecked) + [c for c in candidates if c.kernel in unchecked]
 
 
+def may_defer(adopts: bool, defer_wgrad: bool, device: torch.device, compile_mode: str, precision: str) -> bool:
+    """Whether the convolutions' weight GEMMs may run on past their backward (conv_overlap.deferred):
+    on CUDA, where the step adopts its gradients whole, except in a compiled fp32 step. Its compiled
+    backward hands the weights' gradients on itself (early_why_not), reading them on the main
+    stream before a deferred GEMM is done: resnet18 fp32 allreduce compiled at 1 worker ended its
+    100 steps 0.07-0.12 above the eager reference in nine runs, and 0.01 above it without the
+    deferral (one H200, 2026-11-28, results/gpu-2026-11-28-s25/)."""
+    return (adopts and defer_wgrad and device.type == "cuda"
+            and not (compile_mode != "off" and precision == "fp32"))
+
+
 class KernelChoice:
     """The layers' kernels for one rank's step (summary.json's `kernels` and the counts beside it).
     fast: the step is the fast one; fast_why_not: fast.fast_capable's answer (None: it can run)."""
@@ -111,7 +122,7 @@ class KernelChoice:
         adopt = tuning.adopt_grads == "on" or (tuning.adopt_grads == "auto" and device.type == "cuda")
         self.adopts = adopt and strategy.adopts_grads
         """Whether backwards take their gradients whole (DeviceStep.gradients; ADOPT_GRADS)."""
-        can_defer = self.adopts and tuning.defer_wgrad and device.type == "cuda"
+        can_defer = may_defer(self.adopts, tuning.defer_wgrad, device, opts.compile, opts.precision)
         self.conv_overlap = conv_overlap.resolve(opts.conv_overlap, device, deferred=can_defer)
         plain = conv_overlap.convert(model, self.conv_overlap)
         self.conv_overlaps = plain + conv_pool.set_overlap(model, opts.conv_overlap == "all")

@@ -248,3 +248,4 @@ def test_the_environment_can_always_or_never_build(cache, monkeypatch):
     assert built.update_backend(*args, total_steps=built.BUILD_MIN_STEPS)[0] == "torch"
     monkeypatch.setenv(built.BUILDS_ENV, "auto")
     assert built.update_backend(*args, total_steps=built.BUILD_MIN_STEPS)[0] == "triton"
+
