@@ -2,6 +2,10 @@
 (DataOptions.loader auto or stream; data/tree.py builds them, its TreeLoader and evaluation fill
 them).
 
+Where: --loader stream (the train tree in host memory: data/host.py), and auto on the CPU; on a
+GPU auto reads a split whole before the first step, so that the captured step never waits for
+Python reading items (the test split of stream is lazy on the GPU too: evaluation waits anyway).
+
 Why: a DDP rank starts stepping once it has read its first batch through a DataLoader. Collating
 a split whole before the first step (data/tree.py collate_part, then the ranks' all-gather) cost
 the VAE port 1.1-2 s of its time to first step on 2 CPU workers: 30,000 `__getitem__` calls of
@@ -40,6 +44,11 @@ from shmlearn.user.refs import call_user
 HEAD = 2
 """Rows read when the split is made: the model check's two training samples (train/inputs.py
 two_batch) and the fingerprint the ranks compare (train/guard.py) read them."""
+
+
+def wanted(loader: str, device: torch.device) -> bool:
+    """Whether large splits are read lazily under DataOptions.loader `loader` on `device` (Where:)."""
+    return loader == "stream" or (loader == "auto" and torch.device(device).type != "cuda")
 
 
 def read_items(ds, ids: List[int], what: str, split: str) -> list:
@@ -147,9 +156,9 @@ class LazySplit:
         self._write(rows, leaves)
 
     def _write(self, rows: torch.Tensor, leaves: List[torch.Tensor]) -> None:
-        dev_rows = rows.to(self.device)
+        dev_rows = _to(rows, self.device)
         for dst, src in zip(self.leaves, leaves):
-            dst.index_copy_(0, dev_rows, src.to(self.device))
+            dst.index_copy_(0, dev_rows, _to(src, self.device))
         self.filled[rows] = True
         self.count += len(rows)
         self.complete = self.count == self.n
@@ -157,6 +166,15 @@ class LazySplit:
     def head(self) -> List[torch.Tensor]:
         """The tensors of the rows read at the start (HEAD): what the ranks compare (guard.py)."""
         return [t[:min(HEAD, self.n)] for t in self.leaves]
+
+
+def _to(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """t on the device; to a GPU from pinned memory without waiting (a blocking copy would wait for
+    every step queued before it; the caching host allocator keeps the pinned block until the copy
+    is done)."""
+    if device.type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
 
 
 def _alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -169,4 +187,4 @@ def _alloc(shape, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     return torch.empty(shape, dtype=dtype, device=device)
 
 
-__all__ = ["LazySplit", "read_items", "collated", "tensor_leaves", "HEAD"]
+__all__ = ["LazySplit", "wanted", "read_items", "collated", "tensor_leaves", "HEAD"]

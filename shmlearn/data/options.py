@@ -28,8 +28,8 @@ class DataOptions(Section):
     stream ((x, y) Datasets: a DataLoader with worker processes reads each batch; with
     compute_loss: the train split stays in host memory and each batch is copied to the device),
     or auto (resident when it takes at most half the device's free memory). With compute_loss,
-    auto and stream read a split of 4096 items or more as training first needs its rows: each
-    worker reads its own batches before each step, and its slice of the test split."""
+    stream, and auto on the CPU, read a split of 4096 items or more as training first needs its
+    rows: each worker reads its own batches before each step, and its slice of the test split."""
     augment: str = "none"
     """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
     translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""

@@ -12,10 +12,10 @@ built-in data (data/loader.py; `TreeLoader`). dtypes are kept: token ids stay in
 stay uint8. Nothing is normalized (the data is the user's).
 
 A large split (SHARD_MIN items or more, torch's default_collate) is read row by row as training
-first needs it (`--loader auto` or `stream`: data/lazy.py LazySplit): a rank reads the rows of its
-batches before each step and its slice of the test split before evaluating it, so it starts
-stepping after reading its first batch, as a DDP rank does. With `--loader resident` it is read
-whole before the first step: in a run of W ranks in W parts, rank r the r-th, all-gathered once the
+first needs it (`--loader stream`, and `auto` on the CPU: data/lazy.py LazySplit): a rank reads the
+rows of its batches before each step and its slice of the test split before evaluating it, so it
+starts stepping after reading its first batch, as a DDP rank does. Else (`--loader resident`, and
+`auto` on a GPU) it is read whole before the first step: in a run of W ranks in W parts, rank r the r-th, all-gathered once the
 process group exists (`gather_parts`). A TensorDataset is its tensors, with no item read at all.
 """
 from __future__ import annotations

@@ -16,6 +16,7 @@ from shmlearn.data.loader import ShardedLoader
 from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
 from shmlearn.data.host import HostTreeLoader, StreamTreeLoader, keeps_on_host, tree_bytes
 from shmlearn.data.iterable import check_budget
+from shmlearn.data.lazy import wanted as lazy_wanted
 from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows, rows_slice, tree_data
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
@@ -69,7 +70,7 @@ def cached_tree_data(cfg: TrainConfig, given, device: torch.device, rank: int = 
     --dataset reference, collated once per process (a reference is cached as the built-in data is,
     once whole). Rank `rank` of `world` collates its part of each large split; the run completes
     them with gathered_loader once its process group exists."""
-    lazy = cfg.loader != "resident"  # large splits read as training needs them (data/lazy.py)
+    lazy = lazy_wanted(cfg.loader, device)  # large splits read as training needs them (data/lazy.py)
     if given is not None:
         return _placed(cfg, tree_data(given, "data=", rank=rank, world=world, lazy=lazy), device, "data=")
     key = ("tree", cfg.dataset, str(device), cfg.loader)

@@ -17,7 +17,7 @@ from torch.utils.data import TensorDataset, WeightedRandomSampler, default_colla
 
 import shmlearn
 from shmlearn.config.train_config import TrainConfig
-from shmlearn.data.lazy import HEAD, LazySplit
+from shmlearn.data.lazy import HEAD, LazySplit, wanted
 from shmlearn.data.loader import epoch_permutation
 from shmlearn.data.tree import SHARD_MIN, TreeLoader, collate_split, eval_slices, tree_data
 from shmlearn.errors import BadInput
@@ -205,3 +205,22 @@ def test_two_lazy_workers_train_one_process_weights_reading_only_their_batches(t
             assert len(got) == len(set(got)), f"a {split} row was read twice"
             reads.append(set(got))
         assert sorted(map(sorted, reads)) == sorted(map(sorted, want[split])), split
+
+
+def test_large_splits_are_read_lazily_on_the_cpu_and_with_stream_whole_first_on_a_gpu():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert (wanted("auto", cpu), wanted("stream", cpu), wanted("resident", cpu)) == (True, True, False)
+    assert (wanted("auto", gpu), wanted("stream", gpu), wanted("resident", gpu)) == (False, True, False)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU")
+def test_a_lazy_split_on_the_gpu_fills_its_rows_from_pinned_memory():
+    ds = Mixed(N)
+    lazy = LazySplit(ds, N, "data=", "test").to(torch.device("cuda"))
+    rows = torch.tensor([4000, 7, 93])
+    lazy.fill(rows)
+    lazy.fill_range(100, 300)
+    want = collate_split(Mixed(N), "data=", "test")
+    got = {k: v.cpu() for k, v in lazy.tree.items()}
+    _equal_rows(got, want, torch.cat([torch.arange(HEAD), rows, torch.arange(100, 300)]))
+    assert lazy.tree["x"].device.type == "cuda" and lazy.count == HEAD + 3 + 200
