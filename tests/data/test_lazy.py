@@ -224,3 +224,27 @@ def test_a_lazy_split_on_the_gpu_fills_its_rows_from_pinned_memory():
     got = {k: v.cpu() for k, v in lazy.tree.items()}
     _equal_rows(got, want, torch.cat([torch.arange(HEAD), rows, torch.arange(100, 300)]))
     assert lazy.tree["x"].device.type == "cuda" and lazy.count == HEAD + 3 + 200
+
+
+class Broken(Mixed):
+    """Item `bad` raises, as a corrupt file would, once a batch first reads it."""
+
+    def __init__(self, n, bad):
+        super().__init__(n)
+        self.bad = bad
+
+    def __getitem__(self, i):
+        if i == self.bad:
+            raise ValueError(f"cannot decode record {i}")
+        return super().__getitem__(i)
+
+
+def test_an_item_that_raises_mid_run_is_one_line_and_the_run_ends(tmp_path, pool):
+    """The item is read only when the 20th step's batch needs it (lazily): the worker's BadInput
+    ends the run on both ranks with the Dataset's own words, no traceback, no hang."""
+    bad = int(epoch_permutation(N, 3, 0)[20 * 64 + 5])  # rank 0's 6th row of step 20
+    with pytest.raises(BadInput) as e:
+        shmlearn.train(_cfg(tmp_path, "run", "auto"), model=nn.Linear(3, 1), data=(Broken(N, bad), Mixed(100)),
+                       compute_loss=mse)
+    msg = str(e.value)
+    assert f"train Dataset[{bad}]" in msg and f"ValueError: cannot decode record {bad}" in msg and "\n" not in msg
