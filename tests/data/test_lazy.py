@@ -248,3 +248,24 @@ def test_an_item_that_raises_mid_run_is_one_line_and_the_run_ends(tmp_path, pool
                        compute_loss=mse)
     msg = str(e.value)
     assert f"train Dataset[{bad}]" in msg and f"ValueError: cannot decode record {bad}" in msg and "\n" not in msg
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a GPU")
+def test_on_a_gpu_stream_reads_lazily_into_host_memory_and_trains_as_resident(tmp_path):
+    """One worker on the GPU (in this process): --loader stream (the train rows read lazily into
+    host memory and copied from pinned memory, the test split lazy on the GPU) against resident
+    and auto (which reads whole first on a GPU): the same batches, so the same weights and test loss."""
+    runs = {}
+    for loader in ("resident", "auto", "stream"):
+        torch.manual_seed(7)
+        cfg = TrainConfig(device="cuda", workers=1, batch_size=32, optimizer="sgd", momentum=0.0, lr=0.05,
+                          lr_schedule="constant", samples=64 * 40, eval_points=1, eval_at_start="off",
+                          eval_batch_size=500, progress=False, out=str(tmp_path / loader), seed=3, loader=loader)
+        runs[loader] = shmlearn.train(cfg, model=nn.Linear(3, 1), data=(Mixed(N), Mixed(N, seed=1)), compute_loss=mse)
+    a = runs["resident"]
+    assert (a.summary["data_path"], runs["stream"].summary["data_path"]) == ("resident", "stream")
+    for loader in ("auto", "stream"):
+        b = runs[loader]
+        for got, want in zip(b.model.state_dict().values(), a.model.state_dict().values()):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+        assert b.summary["test_loss"] == pytest.approx(a.summary["test_loss"], rel=1e-5)
