@@ -672,6 +672,11 @@ def part_commands(p: str, workers: str) -> dict:
                             "--batch-sizes", "128", "--precision", "bf16", "--channels-last", "--no-roofline",
                             "--variants", "compile", "--timeline", p("timeline-18"),
                             "--out", os.path.join(p("timeline-18"), "profile-resnet18.json")), 300),
+        # The general contract's lazy splits (data/lazy.py) on a GPU: rows written from pinned
+        # memory, auto reading whole first there, and the host-memory path (stream) against resident
+        # (tests/data/test_lazy.py: its two GPU tests; the rest runs on the CPU there too).
+        "gpu-tests-lazy": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
+                                                        "tests/data/test_lazy.py"))], 300),
         # Ninth round: the graph's memset nodes made kernel nodes (the default) against kept.
         "gpu-tests-memset": (["bash", "-c", shlex.join(_py("-m", "pytest", "-q", "-p", "no:cacheprovider",
                                                           "tests/step/test_graph_memsets.py"))], 300),

@@ -102,10 +102,10 @@ class HostTreeLoader(_HostFed):
     """TreeLoader's batches of a train tree kept in host memory (the module docstring)."""
 
     def __init__(self, tree, *, device: torch.device, batch_size: int, shard: int, num_shards: int, seed: int,
-                 sampler=None, accumulate: int = 1):
+                 sampler=None, accumulate: int = 1, lazy=None):
         self.device, self.accumulate = device, accumulate
         self.host = TreeLoader(tree, batch_size=batch_size, shard=shard, num_shards=num_shards, seed=seed,
-                               sampler=sampler, accumulate=accumulate)
+                               sampler=sampler, accumulate=accumulate, lazy=lazy)
         """The same loader over the host tree: its batch(step) is the gather on the host."""
 
     def _host_batch(self, step: int):

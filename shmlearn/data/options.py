@@ -24,10 +24,12 @@ class DataOptions(Section):
     """Your own data only (data= or --dataset FILE.py:NAME): classification, binary or regression.
     Default: from the labels (integers: classification, floats: regression)."""
     loader: Literal[LOADERS] = "auto"
-    """Your own torch Datasets only: resident (read whole onto the device), stream ((x, y)
-    Datasets: a DataLoader with worker processes reads each batch; with compute_loss: the
-    collated train split stays in host memory and each batch is copied to the device), or auto
-    (resident when it takes at most half the device's free memory)."""
+    """Your own torch Datasets only: resident (read whole onto the device before the first step),
+    stream ((x, y) Datasets: a DataLoader with worker processes reads each batch; with
+    compute_loss: the train split stays in host memory and each batch is copied to the device),
+    or auto (resident when it takes at most half the device's free memory). With compute_loss,
+    stream, and auto on the CPU, read a split of 4096 items or more as training first needs its
+    rows: each worker reads its own batches before each step, and its slice of the test split."""
     augment: str = "none"
     """Training-image augmentation on the device, chosen by (seed, epoch, position): none, flip,
     translate:N (shift by up to N pixels, zero fill) or both, e.g. 'flip,translate:2'."""

@@ -11,10 +11,12 @@ is one gather per tensor: the same sharded, device-resident, CUDA-graph-capturab
 built-in data (data/loader.py; `TreeLoader`). dtypes are kept: token ids stay int64, uint8 images
 stay uint8. Nothing is normalized (the data is the user's).
 
-In a run of W ranks a large split (SHARD_MIN items or more, torch's default_collate) is read and
-collated in W parts, rank r the r-th, and the parts are all-gathered once the process group
-exists (`gather_parts`): each rank calls the Dataset's `__getitem__` for 1/W of the items, as a
-DDP rank reads 1/W of them in an epoch, not for all of them before its first step.
+A large split (SHARD_MIN items or more, torch's default_collate) is read row by row as training
+first needs it (`--loader stream`, and `auto` on the CPU: data/lazy.py LazySplit): a rank reads the
+rows of its batches before each step and its slice of the test split before evaluating it, so it
+starts stepping after reading its first batch, as a DDP rank does. Else (`--loader resident`, and
+`auto` on a GPU) it is read whole before the first step: in a run of W ranks in W parts, rank r the r-th, all-gathered once the
+process group exists (`gather_parts`). A TensorDataset is its tensors, with no item read at all.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from torch.utils.data import default_collate
 
 from shmlearn.data.base import DataSpec, dataset_len
 from shmlearn.data.iterable import TrainStream, is_stream
+from shmlearn.data.lazy import LazySplit, collated, read_items, tensor_leaves
 from shmlearn.data.loader import ShardedLoader, epoch_steps
 from shmlearn.errors import BadInput
 from shmlearn.user.refs import call_user
@@ -67,6 +70,9 @@ class TreeData:
     """A stream's samples in the run (its --samples budget): what n_train reads for it."""
     host: bool = False
     """The train tree stays in host memory (data/host.py HostTreeLoader; `to`)."""
+    lazy: Dict[str, LazySplit] = field(default_factory=dict)
+    """Splits read row by row as they are first needed (data/lazy.py): name -> its LazySplit, whose
+    tree is the split's here."""
     mean = None  # nothing to normalize (data/base.py normalizer reads these)
     std = None
 
@@ -96,15 +102,28 @@ class TreeData:
         stream's first items) stays where it is, in host memory."""
         move = (lambda t: tree_map(lambda v: v.to(device), t) if t is not None else None)
         host = host_train and self.stream is None
-        return TreeData(self.spec, self.train if host else move(self.train), move(self.test), move(self.val),
-                        self.sampler, dict(self.parts), self.shardable, self.stream, self.stream_n, host)
+        lazy = {n: s.to(torch.device("cpu") if host and n == "train" else device) for n, s in self.lazy.items()}
+        train, val, test = (lazy[n].tree if n in lazy else self.split(n) if host and n == "train" else move(self.split(n))
+                            for n in ("train", "val", "test"))
+        return TreeData(self.spec, train, test, val, self.sampler, dict(self.parts), self.shardable, self.stream,
+                        self.stream_n, host, lazy)
 
     def split(self, name: str):
         return {"train": self.train, "val": self.val, "test": self.test}[name]
 
     def tensors(self) -> List[torch.Tensor]:
-        """Every tensor of every split, in order (guard.data_fingerprint compares them between ranks)."""
-        return [leaf for tree in (self.train, self.val, self.test) if tree is not None for leaf in tree_flatten(tree)[0]]
+        """Every tensor of every split, in order (guard.data_fingerprint compares them between ranks);
+        of a split read lazily, its rows read at the start (data/lazy.py HEAD)."""
+        return [leaf for n in ("train", "val", "test") if self.split(n) is not None
+                for leaf in (self.lazy[n].head() if n in self.lazy else tree_flatten(self.split(n))[0])]
+
+    def eval_batches(self, name: str, rank: int, world: int, size: int) -> Iterator[Any]:
+        """eval_batches of split `name`, each batch's rows read first where the split is lazy."""
+        lazy = self.lazy.get(name)
+        for lo, hi in eval_slices(self._n(name), rank, world, size):
+            if lazy is not None:
+                lazy.fill_range(lo, hi)
+            yield rows_slice(self.split(name), lo, hi)
 
 
 def rows(tree) -> int:
@@ -120,10 +139,12 @@ def rows_slice(tree, start: int, stop: int):
     return tree_map(lambda t: t[start:stop], tree)
 
 
-def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: int = 1) -> TreeData:
-    """TreeData from what the user gave for the general contract; BadInput naming `what`. rank,
-    world: a rank of a run of `world` collates its part of each large split (part_bounds); the
-    run completes them with gather_parts once its process group exists."""
+def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: int = 1,
+              lazy: bool = False) -> TreeData:
+    """TreeData from what the user gave for the general contract; BadInput naming `what`. lazy: each
+    large split is read row by row as it is needed (data/lazy.py); else rank, world: a rank of a
+    run of `world` collates its part of each large split (part_bounds); the run completes them
+    with gather_parts once its process group exists."""
     if callable(obj) and not isinstance(obj, (tuple, list, torch.utils.data.Dataset)):
         obj = call_user(obj, (), what)
     if isinstance(obj, (tuple, list)) and len(obj) == 4 and not any(
@@ -137,7 +158,7 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
     if isinstance(obj, (tuple, list)) and len(obj) in (2, 3) and all(
             isinstance(d, (torch.utils.data.Dataset, torch.utils.data.DataLoader)) for d in obj):
         names = ("train", "test") if len(obj) == 2 else ("train", "val", "test")
-        trees, sampler, parts, shardable, stream = {}, None, {}, [], None
+        trees, sampler, parts, shardable, stream, lazies = {}, None, {}, [], None, {}
         for n, d in zip(names, obj):
             collate = None
             if isinstance(d, torch.utils.data.DataLoader):
@@ -149,12 +170,17 @@ def tree_data(obj: Any, what: str, *, name: str = "user", rank: int = 0, world: 
                 continue
             if collate is None and not isinstance(d, torch.utils.data.IterableDataset):
                 shardable.append(n)  # a collate_fn may pad to the split's longest item: whole only
+                if lazy and not _vectorized(d) and dataset_len(d, what, n) >= SHARD_MIN:
+                    lazies[n] = LazySplit(d, len(d), what, n)
+                    trees[n] = lazies[n].tree
+                    continue
             trees[n], total = collate_part(d, what, n, collate=collate, rank=rank,
                                            world=world if n in shardable else 1)
             if total is not None:
                 parts[n] = total
         data = _checked(name, trees["train"], trees.get("val"), trees["test"], what)
         data.sampler, data.parts, data.shardable, data.stream = sampler, parts, tuple(shardable), stream
+        data.lazy = lazies
         return data
     got = f"a {type(obj).__name__} of {len(obj)}" if isinstance(obj, (tuple, list)) else f"a {type(obj).__name__}"
     raise BadInput(f"{what}: with compute_loss, expected torch Datasets (train, test) or (train, val, test), "
@@ -220,31 +246,43 @@ def collate_part(ds, what: str, split: str, collate=None, rank: int = 0, world: 
                            f"{str(e).splitlines()[0][:200] if str(e) else ''} after {len(items)} items") from None
         ds = items
     n = dataset_len(ds, what, split)
+    if collate is None and _vectorized(ds):  # what default_collate makes of its (tensor rows) items
+        return [t.detach() for t in ds.tensors], None
     bounds = part_bounds(n, rank, world)
     lo, hi = bounds or (0, n)
     chunks, spec0 = [], None
     step = n if collate is not None else COLLATE_CHUNK
     for start in range(lo, hi, step):
-        items = [call_user(ds.__getitem__, (i,), f"{what} ({split} Dataset[{i}])")
-                 for i in range(start, min(hi, start + step))]
-        try:
-            batch = (collate or default_collate)(items)
-        except Exception as e:  # noqa: BLE001 - default_collate's refusal, or the user's collate_fn
-            raise BadInput(f"{what}: the {split} Dataset's items {start}..{start + len(items) - 1} cannot be batched "
-                           f"({str(e).splitlines()[0][:200]}); every item needs the same structure, tensors of "
-                           f"one shape") from None
-        leaves, spec = tree_flatten(batch)
+        ids = list(range(start, min(hi, start + step)))
+        items = read_items(ds, ids, what, split)
+        if collate is None:
+            leaves, spec = collated(items, ids, what, split)
+        else:
+            leaves, spec = _user_collated(collate, items, ids, what, split)
         if spec0 is None:
             spec0 = spec
         elif spec != spec0:
             raise BadInput(f"{what}: the {split} Dataset's item {start} has another structure than item 0")
-        for leaf in leaves:
-            if not isinstance(leaf, torch.Tensor):
-                raise BadInput(f"{what}: the {split} Dataset's items hold a {type(leaf).__name__}; only tensors, "
-                               f"numbers and numpy arrays can be batched on the device (drop it from the item)")
         chunks.append(leaves)
     leaves = [torch.cat(parts) if len(chunks) > 1 else parts[0] for parts in zip(*chunks)]
     return tree_unflatten(leaves, spec0), (n if bounds else None)
+
+
+def _user_collated(collate, items: list, ids: List[int], what: str, split: str):
+    """(leaves, structure) of a DataLoader's own collate_fn over the items; BadInput as `collated`."""
+    try:
+        batch = collate(items)
+    except Exception as e:  # noqa: BLE001 - the user's collate_fn
+        raise BadInput(f"{what}: the {split} Dataset's items {ids[0]}..{ids[-1]} cannot be batched "
+                       f"({str(e).splitlines()[0][:200]}); every item needs the same structure, tensors of "
+                       f"one shape") from None
+    return tensor_leaves(batch, what, split)
+
+
+def _vectorized(ds) -> bool:
+    """A torch TensorDataset (its own class, not a subclass that may change its items): its items
+    are rows of its tensors, so default_collate of any of them is those rows of the tensors."""
+    return type(ds) is torch.utils.data.TensorDataset
 
 
 def _layout(tree) -> tuple:
@@ -337,16 +375,21 @@ def _checked(name: str, train, val, test, what: str) -> TreeData:
     return TreeData(spec, train, test, val)
 
 
-def eval_batches(tree, rank: int, world: int, size: int) -> Iterator[Any]:
-    """Rank r's contiguous r-th of W slices of a split, `size` rows at a time (as evaluation of
-    the built-in data splits its test set: no row skipped or counted twice)."""
-    n = rows(tree)
+def eval_slices(n: int, rank: int, world: int, size: int) -> Iterator[Tuple[int, int]]:
+    """Rows [lo, hi) of rank r's contiguous r-th of W slices of a split of n, `size` rows at a time
+    (as evaluation of the built-in data splits its test set: no row skipped or counted twice)."""
     bounds = torch.arange(n).tensor_split(world)[rank]
     if len(bounds) == 0:
         return
     lo, hi = int(bounds[0]), int(bounds[-1]) + 1
     for start in range(lo, hi, size):
-        yield rows_slice(tree, start, min(hi, start + size))
+        yield start, min(hi, start + size)
+
+
+def eval_batches(tree, rank: int, world: int, size: int) -> Iterator[Any]:
+    """The tree's rows of eval_slices, a batch at a time."""
+    for lo, hi in eval_slices(rows(tree), rank, world, size):
+        yield rows_slice(tree, lo, hi)
 
 
 class TreeLoader(ShardedLoader):
@@ -354,14 +397,18 @@ class TreeLoader(ShardedLoader):
     tensor of a tree: `batch(step)` and `next_batch()` return (tree batch, None). sampler: the
     user's (a train DataLoader's), whose order replaces the permutation: drawn once per epoch,
     seeded by (seed, epoch) on every rank alike, and cut into global batches as the permutation
-    is (rank r takes the r-th block of B of each)."""
+    is (rank r takes the r-th block of B of each). lazy: the tree's LazySplit (data/lazy.py), whose
+    rows a step gathers are read before it: in batch(step), and in prepare(step) for the
+    micro-batches the next_batch() calls after it take."""
 
     def __init__(self, tree, *, batch_size: int, shard: int, num_shards: int, seed: int, sampler=None,
-                 accumulate: int = 1):
+                 accumulate: int = 1, lazy: Optional[LazySplit] = None):
         leaves = tree_flatten(tree)[0]
         super().__init__(leaves[0], None, batch_size=batch_size, shard=shard, num_shards=num_shards, seed=seed,
                          normalize=lambda x: x, accumulate=accumulate)
-        self.tree, self.sampler = tree, sampler
+        self.tree, self.sampler, self.lazy = tree, sampler, lazy
+        self._order: Tuple[Optional[int], Any] = (None, None)
+        """(epoch, its order on the CPU): the permutation or the sampler's, drawn once an epoch."""
         if sampler is not None:
             self.order_len = len(sampler)
             self.steps_per_epoch = epoch_steps(self.order_len, self.global_batch, accumulate)
@@ -370,12 +417,32 @@ class TreeLoader(ShardedLoader):
                                f"fewer than one step of {num_shards} x {batch_size} x {accumulate} (--accumulate)")
 
     def _permutation_cpu(self, epoch: int) -> torch.Tensor:
-        if self.sampler is None:
-            return super()._permutation_cpu(epoch)
-        return sampler_order(self.sampler, self.seed, epoch, rows(self.tree))
+        if self._order[0] != epoch:
+            order = (super()._permutation_cpu(epoch) if self.sampler is None
+                     else sampler_order(self.sampler, self.seed, epoch, rows(self.tree)))
+            self._order = (epoch, order)
+        return self._order[1]
 
     def _gather(self, idx: torch.Tensor, table) -> tuple:
         return take(self.tree, idx), None
+
+    def _read(self, step: int) -> None:
+        """Read the rows of loader step `step`'s batch on this shard that the lazy tree lacks
+        (the rows batch(step) gathers: ShardedLoader's slice of the epoch's order)."""
+        if self.lazy is None or self.lazy.complete:
+            return
+        epoch, i = divmod(step, self.steps_per_epoch)
+        start = i * self.global_batch + self.shard * self.batch_size
+        self.lazy.fill(self._permutation_cpu(epoch)[start:start + self.batch_size])
+
+    def batch(self, step: int) -> tuple:
+        self._read(step)
+        return super().batch(step)
+
+    def prepare(self, step: int) -> None:
+        for k in range(self.accumulate):
+            self._read(step + k)
+        super().prepare(step)
 
 
 def sampler_order(sampler, seed: int, epoch: int, n: int) -> torch.Tensor:
@@ -403,4 +470,4 @@ def sampler_order(sampler, seed: int, epoch: int, n: int) -> torch.Tensor:
 
 
 __all__ = ["TreeData", "TreeLoader", "tree_data", "collate_split", "collate_part", "gather_parts", "part_bounds",
-           "eval_batches", "rows", "take", "CUSTOM"]
+           "eval_batches", "eval_slices", "rows", "take", "CUSTOM"]

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.data.stream import test_batches
-from shmlearn.data.tree import TreeData, eval_batches, rows
+from shmlearn.data.tree import TreeData, rows
 from shmlearn.errors import BadInput
 from shmlearn.record.metrics import metric_goal
 from shmlearn.user.tasks import correct, loss_fn, split_result
@@ -98,7 +98,7 @@ def compute_pass(model, data, split: str, *, compute, names: Sequence[str], rank
     model.eval()
     sums = torch.zeros(len(names) + 2, dtype=torch.float64, device=device)
     if isinstance(data, TreeData):
-        batches = ((b, rows(b)) for b in eval_batches(data.split(split), rank, world_size, batch_size))
+        batches = ((b, rows(b)) for b in data.eval_batches(split, rank, world_size, batch_size))
     else:
         batches = (((normalize(xb), yb), len(yb))
                    for xb, yb in test_batches(data, rank, world_size, device, size=batch_size, timeout_s=timeout_s))

@@ -45,8 +45,9 @@ def data_fingerprint(data) -> str:
         idx = torch.linspace(0, len(flat) - 1, steps=min(4096, len(flat)), dtype=torch.float64).long()
         return flat[idx].double().sum().item()
     if hasattr(data, "tensors"):  # the general contract's trees (data/tree.py): every tensor of every split
-        return _digest(data.spec, *((tuple(t.shape), str(t.dtype), sample(t) if t.numel() else 0.0)
-                                    for t in data.tensors()))
+        return _digest(data.spec, data.n_train, data.n_val, data.n_test,  # a lazy split's tensors: its first rows
+                       *((tuple(t.shape), str(t.dtype), sample(t) if t.numel() else 0.0)
+                         for t in data.tensors()))
     if not hasattr(data, "train_x"):  # streamed (data/stream.py): sizes and the first samples
         return _digest(data.spec, data.n_train, data.n_test, *(sample(torch.as_tensor(v)) for v in
                                                                (*data.train[0], *data.test[0])))

@@ -16,6 +16,7 @@ from shmlearn.data.loader import ShardedLoader
 from shmlearn.data.stream import StreamLoader, StreamedData, convert_batch
 from shmlearn.data.host import HostTreeLoader, StreamTreeLoader, keeps_on_host, tree_bytes
 from shmlearn.data.iterable import check_budget
+from shmlearn.data.lazy import wanted as lazy_wanted
 from shmlearn.data.tree import TreeData, TreeLoader, gather_parts, rows, rows_slice, tree_data
 from shmlearn.data.user import first_item, user_data
 from shmlearn.errors import BadInput
@@ -69,14 +70,15 @@ def cached_tree_data(cfg: TrainConfig, given, device: torch.device, rank: int = 
     --dataset reference, collated once per process (a reference is cached as the built-in data is,
     once whole). Rank `rank` of `world` collates its part of each large split; the run completes
     them with gathered_loader once its process group exists."""
+    lazy = lazy_wanted(cfg.loader, device)  # large splits read as training needs them (data/lazy.py)
     if given is not None:
-        return _placed(cfg, tree_data(given, "data=", rank=rank, world=world), device, "data=")
+        return _placed(cfg, tree_data(given, "data=", rank=rank, world=world, lazy=lazy), device, "data=")
     key = ("tree", cfg.dataset, str(device), cfg.loader)
     if key in _DATA_CACHE:
         return _budgeted(cfg, _DATA_CACHE[key], f"--dataset {cfg.dataset}")
     what = f"--dataset {cfg.dataset}"
     data = _placed(cfg, tree_data(resolve_ref(cfg.dataset, "--dataset"), what, name=cfg.dataset, rank=rank,
-                                  world=world), device, what)
+                                  world=world, lazy=lazy), device, what)
     if not data.pending:
         _make_room()
         _DATA_CACHE[key] = data
@@ -190,12 +192,13 @@ def run_loader(cfg: TrainConfig, data, *, shard: int, num_shards: int, device: t
         if data.stream is not None:
             return StreamTreeLoader(data.stream, device=device, batch_size=cfg.batch_size, shard=shard,
                                     num_shards=num_shards, accumulate=cfg.accumulate), augment
+        lazy = data.lazy.get("train")  # rows read as the batches first need them (data/lazy.py)
         if data.host:
             return HostTreeLoader(data.train, device=device, batch_size=cfg.batch_size, shard=shard,
                                   num_shards=num_shards, seed=cfg.seed, sampler=data.sampler,
-                                  accumulate=cfg.accumulate), augment
+                                  accumulate=cfg.accumulate, lazy=lazy), augment
         return TreeLoader(data.train, batch_size=cfg.batch_size, shard=shard, num_shards=num_shards,
-                          seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate), augment
+                          seed=cfg.seed, sampler=data.sampler, accumulate=cfg.accumulate, lazy=lazy), augment
     if augment.active and not data.spec.is_image:
         raise BadInput(f"--augment {cfg.augment}: {cfg.dataset} has no images to augment")
     if isinstance(data, StreamedData):

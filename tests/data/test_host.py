@@ -160,8 +160,9 @@ def test_host_loader_batches_are_the_resident_loaders():
 
 def test_a_split_larger_than_the_device_streams_from_host_memory_with_the_same_losses(tmp_path, pool):
     """2 workers, --accumulate 2: --loader stream (the train tree kept in host memory) against the
-    resident path; the same batches, so the same losses and weights to float tolerance. 4200 items:
-    each rank collates half and the halves are gathered (data/tree.py SHARD_MIN), on the host."""
+    resident path; the same batches, so the same losses and weights to float tolerance. 4200 items
+    (data/tree.py SHARD_MIN): resident collates half a rank and gathers the halves; stream reads the
+    rows of each batch into the host tree as it first needs them (data/lazy.py)."""
     data = (Items(0, 4200), Items(10 ** 5, 40))
     runs = {how: shmlearn.train(_cfg(tmp_path / how, 2, samples=400, accumulate=2, loader=how), model=_model(),
                                 data=data, compute_loss=mse) for how in ("resident", "stream")}

@@ -127,7 +127,7 @@ def test_two_workers_on_parts_train_the_weights_of_one_process(tmp_path):
     n = SHARD_MIN + 100
     cfg = TrainConfig(device="cpu", workers=2, batch_size=32, optimizer="sgd", momentum=0.0, lr=0.05,
                       lr_schedule="constant", samples=64 * 40, eval_points=1, progress=False, threads=1,
-                      out=str(tmp_path / "run"), seed=3)
+                      out=str(tmp_path / "run"), seed=3, loader="resident")  # auto reads rows lazily: test_lazy.py
     torch.manual_seed(7)
     model = nn.Linear(4, 1)
     ref = nn.Linear(4, 1)
