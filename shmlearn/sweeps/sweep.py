@@ -78,6 +78,7 @@ class Sweep(TrialRunner):
         if pending:
             t0 = time.monotonic()
             self._schedule(pending)
+            self.mark("trials_done")  # the pool closed
             self.write_timing(time.monotonic() - t0)
         self.finish(trials)
         return self.exit_code("failed (not recorded; the same command retries them)")
