@@ -27,7 +27,6 @@ def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
     path. One path also gets its figures as PATH/figures/NAME.png."""
     from .load import is_run, is_sweep, load_run, load_sweep  # lazy: matplotlib (the figures)
     from .pages import runs_page, sweep_page  # lazy: matplotlib (the figures)
-    from .draw import draw_all
 
     paths = [str(p) for p in paths]
     if not paths:
@@ -51,12 +50,10 @@ def write_report(paths: Sequence[str], out: Optional[str] = None) -> str:
     if freeze:
         gc.freeze()
     try:
-        page, later = sweep_page(load_sweep(sweeps[0])) if sweeps else runs_page([load_run(p) for p in paths])
-        draw_all(page.later)  # side by side where it can (draw.py)
+        page, figs = sweep_page(load_sweep(sweeps[0])) if sweeps else runs_page([load_run(p) for p in paths])
     finally:
         if freeze:
             gc.unfreeze()
-    figs = {name: fig.data for name, fig in later.items() if fig.draw()}
     out = out or (os.path.join(paths[0], "report.html") if len(paths) == 1 else "report.html")
     if os.path.isdir(out):
         raise BadInput(f"--out {out}: a directory; give the HTML file to write (e.g. {os.path.join(out, 'report.html')})")

@@ -6,7 +6,7 @@ import base64
 import html
 from typing import Any, List, Optional, Sequence, Union
 
-from .draw import Later, data
+from .draw import Later, data, draw_all
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
@@ -72,17 +72,24 @@ class Page:
 
     def figures(self, figs: Sequence[tuple]) -> None:
         """(png bytes, a draw.Later, or None; caption) pairs, side by side where they fit; a figure
-        with no bytes is skipped. Laid out when the page is rendered, once the Laters are drawn."""
+        with no bytes is skipped. Laid out by draw(), once every figure of the page is named."""
         row = list(figs)
         self.later.extend(b for b, _ in row if isinstance(b, Later))
         self.parts.append(row)
 
-    def render(self) -> str:
+    def draw(self) -> None:
+        """Draw the page's figures (side by side where it can: draw.draw_all) and lay them out."""
+        draw_all(self.later)
+        self.later = []
         parts = [p if isinstance(p, str) else _figure_row(p) for p in self.parts]
+        self.parts = [p for p in parts if p]
+
+    def render(self) -> str:
+        self.draw()
         return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
                 "<meta name=viewport content='width=device-width,initial-scale=1'>"
                 f"<title>{esc(self.title)}</title><link rel=icon href='data:,'><style>{CSS}</style></head><body>"
-                + "\n".join(p for p in parts if p) + "</body></html>\n")
+                + "\n".join(self.parts) + "</body></html>\n")
 
 
 def _figure_row(row: Sequence[tuple]) -> str:

@@ -1,6 +1,7 @@
-"""The three pages: one run, several runs side by side, one sweep. Each returns the Page and its
-named figures, to draw (draw.Later: write_report draws them side by side, then writes each that
-has bytes as PATH/figures/NAME.png beside the page)."""
+"""The three pages: one run, several runs side by side, one sweep. Each names its figures as it
+lays the page out (draw.Later), draws them all at the end, side by side where it can (Page.draw),
+and returns the Page and the named PNGs it drew (written beside the page as PATH/figures/NAME.png
+by write_report)."""
 from __future__ import annotations
 
 import os
@@ -17,6 +18,12 @@ from .html import Page, fmt, rate, worker_count
 from .load import Run, SweepData
 
 Figs = Dict[str, Later]
+
+
+def _drawn(page: Page, figs: Figs) -> Dict[str, bytes]:
+    """Draw the page's figures; the named ones that have bytes."""
+    page.draw()
+    return {name: fig.data for name, fig in figs.items() if fig.data}
 SUMMARY_ROWS = (("status", "status"), ("strategy", "strategy"), ("workers", "workers"), ("model", "model"),
                 ("dataset", "dataset"), ("batch per worker", "batch_size"), ("learning rate", "lr"),
                 ("optimizer", "optimizer"), ("steps", "steps"), ("samples seen", "samples_seen"),
@@ -43,7 +50,7 @@ def _keep(figs: Figs, name: str, fig: Later) -> Later:
     return fig
 
 
-def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
+def runs_page(runs: List[Run]) -> Tuple[Page, Dict[str, bytes]]:
     one = len(runs) == 1
     page = Page(f"shmlearn run {os.path.basename(os.path.normpath(runs[0].path))}" if one
                 else f"shmlearn: {len(runs)} runs side by side")
@@ -73,7 +80,7 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
     keys = sorted({k for r in runs for k in r.config})
     page.table(["", *(r.label for r in runs)], [[k, *(fmt(r.config.get(k)) for r in runs)] for k in keys])
     page.p(f"Run directories: {', '.join(r.path for r in runs)}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
-    return page, figs
+    return page, _drawn(page, figs)
 
 
 def _group_key(row, others):
@@ -114,7 +121,7 @@ def _metric_winners(page: Page, w) -> None:
         page.p(w["metric_missing"], "note")
 
 
-def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
+def sweep_page(sw: SweepData) -> Tuple[Page, Dict[str, bytes]]:
     spec, w = sw.spec, sw.winners
     fixed = spec.get("fixed", {})
     page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
@@ -249,4 +256,4 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                  fmt(r["summary"].get("wall_time_s"), ".2f"), rate(r["summary"].get("samples_per_s"))]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
-    return page, figs
+    return page, _drawn(page, figs)
