@@ -35,7 +35,7 @@ CASES = {
     "digits-mlp": ["--dataset", "digits", "--model", "mlp", "--samples", "8192", "--batch-size", "32,64",
                    "--lr", "0.1,0.3"],
     # convolutions on 28x28 images: more memory traffic per step
-    "fashion-lenet": ["--dataset", "fashion-mnist", "--model", "lenet", "--samples", "4096", "--batch-size", "32,64",
+    "fashion-lenet": ["--dataset", "fashion-mnist", "--model", "lenet", "--samples", "2048", "--batch-size", "32,64",
                       "--lr", "0.05,0.1"],
 }
 

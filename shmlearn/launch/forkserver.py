@@ -1,6 +1,8 @@
 """How a pool starts its workers: spawned fresh, forked from a forkserver that has imported
 torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API), or forked from the
-caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers).
+caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers, and
+the program's CPU sweep that compiles nothing, whose lean pool never imports torch._dynamo:
+Pool's lean; the program starts no forkserver for it, cli.prestart).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker

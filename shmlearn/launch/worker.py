@@ -9,6 +9,7 @@ slots, supervision of every rank) is shmlearn/launch/pool.py.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import sys
@@ -102,6 +103,10 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     of this pool compiles (Pool's lean): the worker runs its optimizers without torch._dynamo
     (launch/lean.py), set up before its imports define anything, and does not import it."""
     if siblings is not None:
+        # The owner's objects are the owner's: none is collected here. A garbage cycle holding a
+        # TCPStore of the owner's (an earlier pool's) would join the store's thread, which this
+        # fork does not have, and wait forever (seen in a caller-forked sweep worker under pytest).
+        gc.freeze()
         # First, before any op: one intra-op thread (libgomp's team is the owner's; caller_fork).
         # The rank sets its own count later, 1 too for such a pool (limits.rank_threads).
         sys.modules["torch"].set_num_threads(1)

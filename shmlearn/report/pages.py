@@ -205,7 +205,8 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Dict[str, bytes]]:
         by_w.setdefault(p.row["config"]["workers"], []).append(p.row)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
     page.p(sf.heat_note(sw.rows), "note")
-    page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title: sf.heatmap(
+    # Each figure is drawn at the page's end (Page.draw): what its function reads is bound now.
+    page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title, w=w, axis=axis: sf.heatmap(
         rs, threshold=w["threshold"], winner_id=win, title=f"Loss area, {title}", axis=axis), w["by_workers"]))
     if w.get("by_metric") is not None:
         m, goal = w["winner_metric"], w["winner_goal"]
@@ -213,7 +214,7 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Dict[str, bytes]]:
         page.p(f"Each completed trial's {m} (summary.json); {'least' if goal == 'min' else 'most'} is best. "
                f"Blank cells reading 'diverged' diverged; grey hatched cells were pruned; 'n/a': the trial does "
                f"not report {m}. Red outline: the trial with the best {m} of its worker count.", "note")
-        page.figures(_heatmaps(figs, by_w, others, f"metric-{m}", lambda rs, win, title: sf.metric_heatmap(
+        page.figures(_heatmaps(figs, by_w, others, f"metric-{m}", lambda rs, win, title, m=m, goal=goal: sf.metric_heatmap(
             rs, metric=m, goal=goal, winner_id=win, title=f"{m}, {title}"), w["by_metric"]))
     page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
     if pruned:

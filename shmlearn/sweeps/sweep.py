@@ -90,7 +90,8 @@ class Sweep(TrialRunner):
         free = list(range(self.nslots))
         running: Dict[int, Running] = {}
         prev = signal.signal(signal.SIGTERM, raise_interrupt)
-        self.open_pool(pending, max(self.procs(c) for c in pending), warm_report=self.sc.report)
+        self.open_pool(pending, max(self.procs(c) for c in pending),
+                       warm_report=self.sc.report and self.report_helper is None)
         try:
             self.post_bounds()
             while queue or running:

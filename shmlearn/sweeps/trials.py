@@ -42,6 +42,7 @@ from shmlearn.sweeps.grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_
 from shmlearn.sync import registry
 from shmlearn.train.entry import rank_main
 from shmlearn.train.inputs import preload_data
+from shmlearn.user import user_main
 from shmlearn.user.refs import is_ref
 
 TRIAL_TIMES = "sweep_times.json"
@@ -85,6 +86,8 @@ class TrialRunner(abc.ABC):
         """Unix seconds at which this invocation reached each phase (mark), timing.json's `marks`:
         where a sweep's seconds go besides training (benchmarks/start.py reads them)."""
         self.timing: Optional[Dict[str, Any]] = None  # timing.json as written (write_timing)
+        self.report_helper = None
+        """A report.helper.ReportHelper that draws the report (the program's sweeps), or None: here."""
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.time()
@@ -187,12 +190,14 @@ class TrialRunner(abc.ABC):
         self.mark("pool_start")
         width = max(self.nslots, widest)
         datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
-        # On CPUs, where no trial compiles and each rank runs one thread (a core each), a lean
-        # pool whose workers fork from this process: torch imported once, here (cli.prestart
-        # starts no forkserver then), and torch._dynamo nowhere (launch/lean.py).
+        # On CPUs, where no trial compiles, a lean pool: torch._dynamo imported nowhere
+        # (launch/lean.py). In the program's own process (a clean one: no other pool's objects
+        # for a fork to inherit), where each rank runs one thread (a core each), its workers
+        # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
         self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)),
                          lean=not self.cuda and all(compiles_nothing(c) for c in configs),
-                         one_thread=not self.cuda and all((c.threads or 1) == 1 for c in configs))
+                         one_thread=not self.cuda and user_main.in_program()
+                         and all((c.threads or 1) == 1 for c in configs))
         self.pool.warm(range(min(width, max(self.nslots if self.parallel > 1 else 0, widest))))
         self.mark("workers_forked")  # a fork from the forkserver waits here for its imports
         # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
@@ -351,7 +356,7 @@ class TrialRunner(abc.ABC):
         self.mark("winners")
         self.metric_missing = w.get("metric_missing")
         if self.sc.report:
-            self.report_failed = not draw_report(self.dir)
+            self.report_failed = not draw_report(self.dir, self.report_helper)
             self.mark("report")
         if self.timing is not None:  # the marks up to here join this invocation's timing.json
             write_json_atomic(os.path.join(self.dir, "timing.json"), dict(self.timing, marks=self.marks))
@@ -385,21 +390,29 @@ def compiles_nothing(cfg: TrainConfig) -> bool:
     return cfg.compile == "off" and not any(is_ref(getattr(cfg, f)) for f in USER_CODE)
 
 
-def draw_report(folder: str) -> bool:
-    """The sweep's report (report.html and its figures) in folder; False where it could not be
-    written (a full disk: the results are safe in results.jsonl). Without matplotlib: a note, True."""
-    try:
-        from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
-    except ImportError as e:
-        print(f"sweep: no report ({e}); pip install matplotlib", file=sys.stderr)
+def draw_report(folder: str, helper=None) -> bool:
+    """The sweep's report (report.html and its figures) in folder, by `helper` (report/helper.py)
+    where it answers, else here; False where it could not be written (a full disk: the results
+    are safe in results.jsonl). Without matplotlib: a note, True."""
+    answer = helper.draw(folder) if helper is not None else None
+    if answer is None:
+        try:
+            from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
+        except ImportError as e:
+            answer = {"importerror": str(e)}
+        else:
+            try:
+                answer = {"path": write_report([folder])}
+            except OSError as e:
+                answer = {"oserror": str(e)}
+    if "importerror" in answer:
+        print(f"sweep: no report ({answer['importerror']}); pip install matplotlib", file=sys.stderr)
         return True
-    try:
-        path = write_report([folder])
-    except OSError as e:
-        print(f"sweep: could not write the report ({e}); the results are recorded; "
+    if "oserror" in answer:
+        print(f"sweep: could not write the report ({answer['oserror']}); the results are recorded; "
               f"`shmlearn report {folder}` writes it again", file=sys.stderr, flush=True)
         return False
-    print(f"sweep: report {path}", flush=True)
+    print(f"sweep: report {os.path.join(folder, os.path.basename(answer['path']))}", flush=True)
     return True
 
 

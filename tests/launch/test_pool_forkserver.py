@@ -125,8 +125,9 @@ def test_the_forkserver_for_owners_without_cuda_and_an_unchanged_import_environm
     (["experiment", "list"], False), (["sweep", "--help"], False), (["report", "runs/x"], False),
     # a CPU sweep that compiles nothing, a thread a rank: its lean workers fork from it, none needed
     (["sweep", "--workers", "2"], False), (["sweep", "--workers", "1"], False), (["sweep", "--compile", "off"], False),
-    # ... with 2 threads a rank: one without torch._dynamo; compiling, or a YAML that may: as train's
-    (["sweep", "--threads", "2"], "lean"), (["sweep", "--compile", "default"], True),
+    # ... with 2 threads a rank, or a study: one without torch._dynamo; compiling, or a YAML that may: as train's
+    (["sweep", "--threads", "2"], "lean"), (["sweep", "--storage", "sqlite:///s.db"], "lean"),
+    (["sweep", "--compile", "default"], True),
     (["sweep", "--config", "s.yaml"], True)])
 def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv, started):
     """started: True (torch and torch._dynamo preloaded), "lean" (torch alone) or False."""
