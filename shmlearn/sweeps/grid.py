@@ -26,7 +26,7 @@ CPU_AT_ONCE = 2
 """Trials at once on CPU cores by default (as many as fit, up to this many): two 1-thread trials,
 one per core of a 2-core machine, took the same time a step as each alone, within the noise of
 running it alone twice (benchmarks/trials_at_once.py, results/start-cpu-2026-11-28-a4/
-trials-at-once.json: medians over 4 repeats of the ratio at once / alone of each trial's p10 and
+trials-at-once.json.gz: medians over 4 repeats of the ratio at once / alone of each trial's p10 and
 median step time, digits mlp 1.017 and 1.027, fashion-mnist lenet 1.005 and 1.016, where alone
 against alone ranged 0.70-1.10), and a sweep of four such trials took half the wall (lenet 21-23
 s against 39-43). More at once, on more cores, is not measured (the cores' shared memory
