@@ -22,7 +22,10 @@ summary.json's train_start_unix: the launch's own clock, both unix seconds on on
 the run's own phases (summary.json: setup, compile, train, eval; a sweep's timing.json: training,
 evaluation, overhead per trial, and how each worker started: fork, forkserver or spawn). A run's
 wall in consecutive phases: to_entry_s (to the rank's entry: interpreter, imports, checks, the
-workers' start), setup_s, train_s, eval_s, end_s (files, the pool's close, exit). The JSON ends with issue 52's CPU acceptance figures:
+workers' start), setup_s, train_s, eval_s, end_s (files, the pool's close, exit); a sweep's in
+phase_s (SWEEP_PHASES, from its timing.json marks), with each trial's start and end (trials_s).
+cpu_s of a sweep counts its workers where they fork from it (a lean CPU sweep's), not where the
+forkserver forked them. The JSON ends with issue 52's CPU acceptance figures:
 train_overhead_s = train's wall - (its training + evaluation) - the floor (<= 2.5 s) and
 sweep_ratio = sweep's wall / trial's wall (<= 1.3), from the medians.
 """

@@ -3,9 +3,9 @@ the others, so the pages (pages.py) name them as `Later`s and `draw_all` draws t
 is rendered, in forked copies of this process, one per core.
 
 Why: a sweep draws its report after its last trial, in its wall time, where nothing else runs;
-matplotlib draws on one core. The 8-trial digits sweep's ten figures took 0.8 s of a 2-core
-machine's 6 s sweep (benchmarks/start.py, phase `report`); two processes draw them in about half
-(results/start-cpu-2026-11-28-a4/).
+matplotlib draws on one core. The 8-trial digits sweep's ten figures took 0.77 s in one process
+on the 2-core CPU and 0.48 s in two (medians of 5, alternating, load average 1.8 from other
+sessions: results/start-cpu-2026-11-28-a4/report-draw.json); a busy second core takes the gain.
 
 Only where it is safe and pays: a fork (POSIX), no other Python thread in this process (a fork
 copies the locks they hold, not them), two or more usable cores and two or more figures. Else,

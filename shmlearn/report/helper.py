@@ -103,7 +103,7 @@ def main() -> None:
             answer: Dict[str, Any] = {"importerror": missing}
         else:
             try:
-                from shmlearn.report import write_report
+                from shmlearn.report import write_report  # lazy: loaded by _warm (matplotlib) or not at all
                 answer = {"path": write_report([folder])}
             except OSError as e:
                 answer = {"oserror": str(e)}

@@ -187,30 +187,7 @@ class TrialRunner(abc.ABC):
         the dataset on the device and each rank set's process group outlive a trial, so a trial
         costs its training, not a start-up. Every worker the trials can use starts now: they
         import in parallel with the first trial."""
-        self.mark("pool_start")
-        width = max(self.nslots, widest)
-        datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
-        # On CPUs, where no trial compiles, a lean pool: torch._dynamo imported nowhere
-        # (launch/lean.py). In the program's own process (a clean one: no other pool's objects
-        # for a fork to inherit), where each rank runs one thread (a core each), its workers
-        # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
-        self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)),
-                         lean=not self.cuda and all(compiles_nothing(c) for c in configs),
-                         one_thread=not self.cuda and user_main.in_program()
-                         and all((c.threads or 1) == 1 for c in configs))
-        self.pool.warm(range(min(width, max(self.nslots if self.parallel > 1 else 0, widest))))
-        self.mark("workers_forked")  # a fork from the forkserver waits here for its imports
-        # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
-        # and matplotlib loads for the report (~0.5 s on a slow core), before the first trial.
-        warm = None
-        if warm_report:
-            warm = threading.Thread(target=_warm_report, name="sweep-warm-report", daemon=True)
-            warm.start()
-        self.pool.wait_ready()
-        self.mark("workers_ready")
-        if warm is not None:
-            warm.join()
-            self.mark("report_warm")
+        _open_pool(self, configs, widest, warm_report)
 
     def slots_for(self, cfg: TrainConfig, free: List[int], busy: bool) -> Optional[int]:
         """Slots the trial takes now, or None: it waits (in order: none jumps the queue, so none
@@ -465,6 +442,34 @@ def find_slots(sc: SweepConfig) -> Tuple[bool, int]:
             raise BadInput("--device cuda: no CUDA device is available")
     cores = usable_cores()
     return False, sc.slots or cores
+
+
+def _open_pool(run: TrialRunner, configs: List[TrainConfig], widest: int, warm_report: bool) -> None:
+    """TrialRunner.open_pool: its docstring says what it does."""
+    run.mark("pool_start")
+    width = max(run.nslots, widest)
+    datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
+    # On CPUs, where no trial compiles, a lean pool: torch._dynamo imported nowhere
+    # (launch/lean.py). In the program's own process (a clean one: no other pool's objects
+    # for a fork to inherit), where each rank runs one thread (a core each), its workers
+    # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
+    run.pool = Pool(width, cuda=run.cuda, init=(preload_data, (datasets, run.cuda)),
+                    lean=not run.cuda and all(compiles_nothing(c) for c in configs),
+                    one_thread=not run.cuda and user_main.in_program()
+                    and all((c.threads or 1) == 1 for c in configs))
+    run.pool.warm(range(min(width, max(run.nslots if run.parallel > 1 else 0, widest))))
+    run.mark("workers_forked")  # a fork from the forkserver waits here for its imports
+    # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
+    # and matplotlib loads for the report (~0.5 s on a slow core), before the first trial.
+    warm = None
+    if warm_report:
+        warm = threading.Thread(target=_warm_report, name="sweep-warm-report", daemon=True)
+        warm.start()
+    run.pool.wait_ready()
+    run.mark("workers_ready")
+    if warm is not None:
+        warm.join()
+        run.mark("report_warm")
 
 
 def _write_timing(run: TrialRunner, wall_s: float) -> None:
