@@ -277,8 +277,8 @@ def _lean_sweep(argv: List[str]) -> Optional[str]:
     it): its pool is lean (sweeps/trials.py), so no worker imports torch._dynamo (~1.2 s of a core
     before the first could fork). "caller": its ranks also run one thread each (no --threads but
     1) and it is no study, so its workers fork from the sweep itself, which needs no forkserver;
-    "forkserver": one that imports torch alone. None: not such a sweep. Where a trial does compile after all, its
-    worker imports Dynamo itself: slower, never wrong."""
+    "forkserver": one that imports torch alone. None: not such a sweep. Where a trial does
+    compile after all, its worker imports Dynamo itself: slower, never wrong."""
     given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--storage"))
     if not (argv[0] == "sweep" and given.get("--compile", "off") == "off" and "--config" not in given
             and (given.get("--device") == "cpu" or _visible_gpus() == 0)):

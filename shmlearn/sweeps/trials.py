@@ -160,6 +160,10 @@ class TrialRunner(abc.ABC):
             raise BadInput(f"--out {self.dir}: cannot write there ({e.strerror})") from None
         self.mark("checked")
         lock = self.lock()
+        # A fork of this process (a pool worker forked from it, a report's drawing copy) closes its
+        # copy: flock's lock belongs to the open file, which a fork shares, so a worker outliving a
+        # killed sweep by a moment kept the next sweep in this folder out.
+        os.register_at_fork(after_in_child=lock.close)
         try:
             return self.run_trials(trials)
         except OSError as e:
