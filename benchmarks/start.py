@@ -22,7 +22,10 @@ summary.json's train_start_unix: the launch's own clock, both unix seconds on on
 the run's own phases (summary.json: setup, compile, train, eval; a sweep's timing.json: training,
 evaluation, overhead per trial, and how each worker started: fork, forkserver or spawn). A run's
 wall in consecutive phases: to_entry_s (to the rank's entry: interpreter, imports, checks, the
-workers' start), setup_s, train_s, eval_s, end_s (files, the pool's close, exit). The JSON ends with issue 52's CPU acceptance figures:
+workers' start), setup_s, train_s, eval_s, end_s (files, the pool's close, exit); a sweep's in
+phase_s (SWEEP_PHASES, from its timing.json marks), with each trial's start and end (trials_s).
+cpu_s of a sweep counts its workers where they fork from it (a lean CPU sweep's), not where the
+forkserver forked them. The JSON ends with issue 52's CPU acceptance figures:
 train_overhead_s = train's wall - (its training + evaluation) - the floor (<= 2.5 s) and
 sweep_ratio = sweep's wall / trial's wall (<= 1.3), from the medians.
 """
@@ -130,6 +133,7 @@ def phases(case: str, out: str, row: Dict[str, Any]) -> None:
         except (OSError, ValueError):
             pass
         over = [o["s"] for o in timing.get("overhead_s", [])]
+        row.update(sweep_phases(timing, row["start_unix"], row["wall_s"]))
         row.update({"first_step_s": min(starts) - row["start_unix"] if starts else None,
                     "sweep_wall_s": timing.get("wall_s"), "train_s": timing.get("training_s"),
                     "eval_s": timing.get("eval_s"), "efficiency": timing.get("efficiency"),
@@ -152,6 +156,42 @@ def phases(case: str, out: str, row: Dict[str, Any]) -> None:
         row["end_s"] = row["wall_s"] - row["first_step_s"] - row["train_s"] - row["eval_s"]
 
 
+SWEEP_PHASES = (("to_parsed", None, "parsed"), ("imports", "parsed", "imported"), ("checks", "imported", "checked"),
+                ("to_pool", "checked", "pool_start"), ("workers_forked", "pool_start", "workers_forked"),
+                ("workers_ready", "workers_forked", "workers_ready"), ("report_warm", "workers_ready", "report_warm"),
+                ("trials", None, "trials_done"), ("winners", "trials_done", "winners"), ("report", "winners", "report"),
+                ("exit", None, None))
+"""A sweep's wall in consecutive phases, from its timing.json marks (unix seconds, trials.py
+TrialRunner.mark): (name, from mark, to mark); None: the previous phase's end, or the process's
+start and end. to_parsed: the interpreter, the CLI's imports and the forkserver's start; imports:
+torch and the sweep's modules; checks: the grid expanded and validated; to_pool: the lock, results
+and sweep.json; workers_forked / workers_ready: the pool's workers forked (waiting for the
+forkserver's imports) and ready (their imports and the data); report_warm: matplotlib loaded;
+trials: the first trial's start to the pool's close; winners: the verdict and its table; report:
+the figures and report.html; exit: the last mark to the process's end."""
+
+
+def sweep_phases(timing: Dict[str, Any], start_unix: float, wall_s: float) -> Dict[str, Any]:
+    """marks_s (each mark in seconds from the process's start), phase_s (SWEEP_PHASES: consecutive,
+    summing to the wall) and trials_s (each trial's start and end in seconds from the process's
+    start, its training and evaluation seconds)."""
+    marks = {k: v - start_unix for k, v in (timing.get("marks") or {}).items()}
+    if not marks:
+        return {}
+    phase: Dict[str, float] = {}
+    t = 0.0
+    for name, _, to in SWEEP_PHASES:
+        end = wall_s if to is None and name == "exit" else marks.get(to)
+        if end is None:
+            continue
+        phase[name] = end - t
+        t = end
+    trials = [{"id": o["id"], "workers": o.get("workers"), "start_s": o["start_unix"] - start_unix,
+               "end_s": o["end_unix"] - start_unix} for o in timing.get("overhead_s", [])
+              if o.get("start_unix") is not None and o.get("end_unix") is not None]
+    return {"marks_s": marks, "phase_s": phase, "trials_s": trials, "parallel": timing.get("parallel")}
+
+
 def run(device: str, repeats: int, temps: List[str], cases: List[str], timeout_s: float) -> List[Dict[str, Any]]:
     rows = []
     scratch = tempfile.mkdtemp(prefix="shmlearn-start-")
@@ -169,12 +209,15 @@ def run(device: str, repeats: int, temps: List[str], cases: List[str], timeout_s
                     cmd = commands(device, out, api)[case]
                     row = {"case": case, "temp": temp, "repeat": rep, "loadavg": os.getloadavg()[0],
                            **timed(cmd, env, timeout_s)}
+                    row["loadavg_end"] = os.getloadavg()[0]
                     phases(case, out, row)
                     rows.append(row)
                     print(f"{case:6s} {temp:4s} #{rep}: rc {row['rc']}, wall {row['wall_s']:.2f} s, first line "
                           f"{row['first_line_s'] or float('nan'):.2f} s, first step "
                           f"{row.get('first_step_s') or float('nan'):.2f} s, train {row.get('train_s') or 0:.2f} s "
                           f"(load {row['loadavg']:.1f})", flush=True)
+                    if row.get("phase_s"):
+                        print("        " + ", ".join(f"{k} {v:.2f}" for k, v in row["phase_s"].items()), flush=True)
                     if row["rc"] != 0:
                         print("\n".join(row["tail"]), file=sys.stderr)
                     shutil.rmtree(out, ignore_errors=True)
@@ -202,6 +245,10 @@ def summarize(rows: List[Dict[str, Any]]) -> Dict[str, Any]:
         warm = [o for r in ok for o in r.get("warm_trial_overhead_s", [])]
         if warm:
             table[name]["warm_trial_overhead_s"] = stats(warm)
+        names = [p for p, _, _ in SWEEP_PHASES if any(p in (r.get("phase_s") or {}) for r in ok)]
+        if names:
+            table[name]["phase_s"] = {p: stats([r["phase_s"][p] for r in ok if p in (r.get("phase_s") or {})])
+                                      for p in names}
     return table
 
 

@@ -266,7 +266,25 @@ def prestart(argv: List[str]) -> None:
     if argv[0] == "train" and (given.get("--workers") == "1" or (
             "--workers" not in given and given.get("--device") != "cpu" and _visible_gpus() == 1)):
         return
-    forkserver.start()
+    lean = _lean_sweep(argv)
+    if lean == "caller":
+        return
+    forkserver.start(dynamo=not lean)
+
+
+def _lean_sweep(argv: List[str]) -> Optional[str]:
+    """A CPU sweep whose flags compile nothing (no --compile but off, no --config that might set
+    it): its pool is lean (sweeps/trials.py), so no worker imports torch._dynamo (~1.2 s of a core
+    before the first could fork). "caller": its ranks also run one thread each (no --threads but
+    1) and it is no study, so its workers fork from the sweep itself, which needs no forkserver;
+    "forkserver": one that imports torch alone. None: not such a sweep. Where a trial does
+    compile after all, its worker imports Dynamo itself: slower, never wrong."""
+    given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--storage"))
+    if not (argv[0] == "sweep" and given.get("--compile", "off") == "off" and "--config" not in given
+            and (given.get("--device") == "cpu" or _visible_gpus() == 0)):
+        return None
+    # A study (--storage) may run threads of its storage's, which a fork refuses (caller_fork)
+    return "caller" if given.get("--threads", "1") == "1" and "--storage" not in given else "forkserver"
 
 
 def _visible_gpus() -> int:

@@ -1,6 +1,8 @@
 """How a pool starts its workers: spawned fresh, forked from a forkserver that has imported
 torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API), or forked from the
-caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers).
+caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers, and
+the program's CPU sweep that compiles nothing, whose lean pool never imports torch._dynamo:
+Pool's lean; the program starts no forkserver for it, cli.prestart).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
@@ -76,8 +78,9 @@ def _import_env() -> Dict[str, str]:
     return {k: v for k, v in os.environ.items() if k.startswith(IMPORT_ENV) and k not in READ_WHEN_USED}
 
 
-def start() -> bool:
-    """Start the forkserver now; it imports THIRD_PARTY in the background. False where this
+def start(dynamo: bool = True) -> bool:
+    """Start the forkserver now; it imports THIRD_PARTY in the background (without torch._dynamo
+    where `dynamo` is False: the program's pools will be lean, Pool's lean). False where this
     platform has none. Idempotent (multiprocessing restarts a forkserver that died)."""
     global _started_env
     if _started_env is not None:
@@ -88,7 +91,7 @@ def start() -> bool:
     # The tracker first: starting it unblocks SIGINT afterwards (see Pool._spawn), which would
     # undo the block below if the forkserver started it.
     resource_tracker.ensure_running()
-    forkserver.set_forkserver_preload([GUARD, *THIRD_PARTY])
+    forkserver.set_forkserver_preload([GUARD, *(m for m in THIRD_PARTY if dynamo or m != "torch._dynamo")])
     mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     # PR_SET_PDEATHSIG fires when the thread that started the process ends: only the main thread's
     # start is tied to this process's life (a forkserver multiprocessing restarts from another
@@ -178,7 +181,7 @@ def _turned_off() -> bool:
     return os.environ.get("SHMLEARN_FORKSERVER", "1") == "0"
 
 
-def caller_fork(one_thread: bool) -> Optional[str]:
+def caller_fork(one_thread: bool, lean: bool = False) -> Optional[str]:
     """None where a CPU pool's worker may be a fork of this process itself, else why not (a pool
     then starts it from the forkserver or spawns it: context). A fork of the caller needs no
     imports, no run of the user's script up to its train() call (user_main.py) and no second read
@@ -192,7 +195,8 @@ def caller_fork(one_thread: bool) -> Optional[str]:
       one thread uses no team (tests/launch/test_pool_fork.py, both ways);
     * the caller has imported torch._dynamo (the first optimizer it built did): else the worker
       would import it after the fork, ~2 s a worker that the forkserver spends at the program's
-      start, beside the caller's own imports;
+      start, beside the caller's own imports; or the pool is lean (its workers never import it:
+      a CPU sweep that compiles nothing, whose program then starts no forkserver, cli.prestart);
     * CUDA not initialized (a fork cannot use it) and no process group of the caller's (its Gloo
       threads and sockets would be copied half);
     * no other Python thread (a fork copies the locks they hold, not them: a notebook's kernel
@@ -204,7 +208,7 @@ def caller_fork(one_thread: bool) -> Optional[str]:
         return "no fork on this platform"
     if not one_thread:
         return "its workers run 2+ intra-op threads (libgomp after a fork)"
-    if "torch._dynamo" not in sys.modules:
+    if "torch._dynamo" not in sys.modules and not lean:
         return "torch._dynamo not imported here (the forkserver imports it)"
     if _cuda_initialized():
         return "CUDA is initialized here"
@@ -216,17 +220,18 @@ def caller_fork(one_thread: bool) -> Optional[str]:
     return None
 
 
-def context(cuda: bool):
+def context(cuda: bool, dynamo: bool = True):
     """The multiprocessing context a pool starts a worker with: the forkserver, for a CPU or GPU
     pool of a process that has not initialized CUDA and whose import-time environment is unchanged
     since the forkserver started; else spawn. `cuda`: the pool's workers use GPUs (they fork all
     the same: see the module docstring). The first CPU pool of a process that has none (the Python API in a
     notebook, pytest or `python -c`, where autostart starts none at import) starts it here: it
     imports torch once, where each spawned worker imported it, and every later pool, and every
-    worker a pool replaces, forks ready. SHMLEARN_FORKSERVER=0: every pool spawns."""
+    worker a pool replaces, forks ready (dynamo: and torch._dynamo; start). SHMLEARN_FORKSERVER=0:
+    every pool spawns."""
     if _turned_off() or _cuda_initialized():
         return mp.get_context("spawn")
-    if _started_env is None and (mp.parent_process() is not None or not start()):
+    if _started_env is None and (mp.parent_process() is not None or not start(dynamo)):
         return mp.get_context("spawn")  # a multiprocessing child's pools (none of ours), or no forkserver here
     if _import_env() != _started_env:
         return mp.get_context("spawn")

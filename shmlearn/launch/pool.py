@@ -71,15 +71,19 @@ class Pool:
     indices); see the module docstring. Not thread-safe: one thread drives it."""
 
     def __init__(self, slots: Sequence[int] | int, *, cuda: bool = False, init: Optional[tuple] = None,
-                 quick_grace_s: float = 1.0, grace_s: float = 10.0, one_thread: bool = False):
+                 quick_grace_s: float = 1.0, grace_s: float = 10.0, one_thread: bool = False, lean: bool = False):
         """init: (fn, args): each worker calls fn(slot, *args) once after its imports, before its
         first job (what every job will need: the dataset on the device). one_thread: every job's
         ranks run one intra-op thread, so a worker may fork from this process where
-        forkserver.caller_fork finds it safe (checked at each start: a replacement too)."""
+        forkserver.caller_fork finds it safe (checked at each start: a replacement too). lean: no
+        job of this pool compiles, so its workers run their optimizers without torch._dynamo
+        (launch/lean.py) and never import it (~1.2 s of a core on this 2-core CPU; a sweep's
+        forkserver then preloads torch alone: cli.prestart)."""
         self.slots = list(range(slots)) if isinstance(slots, int) else list(slots)
         self.cuda = cuda
         self.init = init
         self.one_thread = one_thread
+        self.lean = lean
         # On loopback only (torch's own store would listen on every interface): listen.py
         self.store = listen.bound_store(listen.LOOPBACK, 0, timeout=datetime.timedelta(seconds=60))
         self.watchdog = Watchdog(self.store, quick_grace_s, grace_s)
@@ -100,20 +104,20 @@ class Pool:
 
     # -- workers --------------------------------------------------------------------------------
     def _spawn(self, slot: int) -> _Worker:
-        why_not = "a GPU pool" if self.cuda else forkserver.caller_fork(self.one_thread)
+        why_not = "a GPU pool" if self.cuda else forkserver.caller_fork(self.one_thread, self.lean)
         if why_not is None:  # a fork of this process: its modules, the script's objects, its data
             forkserver.stop_idle()
             ctx, main = mp.get_context("fork"), None
             # this process's ends of the other workers' pipes, which the fork would keep open
             siblings = tuple(w.conn for w in self.workers.values())
         else:
-            ctx = forkserver.context(self.cuda)
+            ctx = forkserver.context(self.cuda, dynamo=not self.lean)
             main = user_main.main_reference(self.init)  # the worker imports the script itself (user_main.py)
             siblings = None
         parent, child = ctx.Pipe(duplex=True)
         p = ctx.Process(target=_worker_main, name=f"shmlearn-worker{slot}",
                         args=(slot, child, os.getpid(), self.store.port, self.init, dict(os.environ), main,
-                              OwnerStdio(), siblings),
+                              OwnerStdio(), siblings, self.lean),
                         daemon=False)
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
         _start(p, main)

@@ -9,6 +9,7 @@ slots, supervision of every rank) is shmlearn/launch/pool.py.
 from __future__ import annotations
 
 import datetime
+import gc
 import os
 import signal
 import sys
@@ -17,15 +18,16 @@ import traceback
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple
 
-from shmlearn.launch import listen
+from shmlearn.launch import lean, listen
 
 from shmlearn.user import user_main
 from shmlearn.errors import BadInput, Diverged, user_traceback
 from shmlearn.launch.start import DistEnv, HeldStderr, destroy_group, die_with_owner
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train.entry", "shmlearn.data", "shmlearn.sync")
-"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group); a
-fork of the forkserver finds the first two imported (forkserver.THIRD_PARTY)."""
+"""What a worker imports before its first job (torch._dynamo: see launch.import_before_group, left
+out by a lean pool's workers); a fork of the forkserver finds the first two imported
+(forkserver.THIRD_PARTY)."""
 
 
 @dataclass(frozen=True)
@@ -91,13 +93,20 @@ def _take_stdio(out, err) -> None:
 
 
 def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, environ: Dict[str, str],
-                 main: Optional[Tuple[str, str]] = None, stdio: None = None, siblings: Optional[tuple] = None) -> None:
+                 main: Optional[Tuple[str, str]] = None, stdio: None = None, siblings: Optional[tuple] = None,
+                 lean_jobs: bool = False) -> None:
     """One pool worker's life: its imports, the user's script up to its shmlearn.train call
     (main: user_main.main_reference(), which multiprocessing did not import), then jobs until told
     to leave. stdio: an OwnerStdio where it was passed, which its unpickling has put in place.
     siblings: not None in a fork of the owner itself (forkserver.caller_fork): the owner's ends of
-    the other workers' pipes, closed here, so that only the owner holds them."""
+    the other workers' pipes, closed here, so that only the owner holds them. lean_jobs: no job
+    of this pool compiles (Pool's lean): the worker runs its optimizers without torch._dynamo
+    (launch/lean.py), set up before its imports define anything, and does not import it."""
     if siblings is not None:
+        # The owner's objects are the owner's: none is collected here. A garbage cycle holding a
+        # TCPStore of the owner's (an earlier pool's) would join the store's thread, which this
+        # fork does not have, and wait forever (seen in a caller-forked sweep worker under pytest).
+        gc.freeze()
         # First, before any op: one intra-op thread (libgomp's team is the owner's; caller_fork).
         # The rank sets its own count later, 1 too for such a pool (limits.rank_threads).
         sys.modules["torch"].set_num_threads(1)
@@ -124,8 +133,11 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     os.environ.update(listen.loopback_env())  # every group's Gloo/NCCL listeners on loopback
     import importlib
     t0 = time.perf_counter()
+    if lean_jobs:
+        lean.skip_dynamo_in_optimizers()  # nothing where the forkserver imported Dynamo already
     for m in PRELOAD:
-        importlib.import_module(m)
+        if not (m == "torch._dynamo" and lean.active()):
+            importlib.import_module(m)
     user_main.import_main(main)
     t1 = time.perf_counter()
     if init is not None:
@@ -140,7 +152,8 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
                                    timeout=datetime.timedelta(seconds=60))
     current: Optional[tuple] = None  # (group, backend, rank, world, timeout) of the group we hold
     conn.send(("ready", slot, os.getpid(), {"import_s": t1 - t0, "init_s": time.perf_counter() - t1,
-                                            "forked": os.getppid() != parent_pid}))
+                                            "forked": os.getppid() != parent_pid,
+                                            "dynamo": "torch._dynamo" in sys.modules}))
     while True:
         try:
             task: Task = conn.recv()

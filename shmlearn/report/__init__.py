@@ -7,6 +7,7 @@ sweep. `write_report(paths)` is the whole API; the CLI is `shmlearn report PATH.
                       and the three as one figure (a sweep winner's own plots)
     sweep_figures.py  heat maps, sorted-area histograms, phases and throughput vs workers
     html.py           the page: inline CSS, base64 images, no script
+    draw.py           the figures drawn side by side, in forked copies of the process
     pages.py          what goes on each kind of page
 """
 from __future__ import annotations

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import html
-from typing import Any, List, Optional, Sequence
+from typing import Any, List, Optional, Sequence, Union
+
+from .draw import Later, data, draw_all
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;max-width:1200px;
@@ -45,7 +47,9 @@ def worker_count(n: Any) -> str:
 class Page:
     def __init__(self, title: str):
         self.title = title
-        self.parts: List[str] = [f"<h1>{esc(title)}</h1>"]
+        self.parts: List[Union[str, list]] = [f"<h1>{esc(title)}</h1>"]
+        self.later: List[Later] = []
+        """The figures to draw before render (draw.draw_all draws them side by side)."""
 
     def h2(self, text: str) -> None:
         self.parts.append(f"<h2>{esc(text)}</h2>")
@@ -67,16 +71,30 @@ class Page:
         self.parts.append(f"<table><tr>{cells('th', header)}</tr>{body}</table>")
 
     def figures(self, figs: Sequence[tuple]) -> None:
-        """(png bytes or None, caption) pairs, side by side where they fit; None is skipped."""
-        items = [image(b, c) for b, c in figs if b]
-        if items:
-            self.parts.append(f"<div class=figs>{''.join(items)}</div>")
+        """(png bytes, a draw.Later, or None; caption) pairs, side by side where they fit; a figure
+        with no bytes is skipped. Laid out by draw(), once every figure of the page is named."""
+        row = list(figs)
+        self.later.extend(b for b, _ in row if isinstance(b, Later))
+        self.parts.append(row)
+
+    def draw(self) -> None:
+        """Draw the page's figures (side by side where it can: draw.draw_all) and lay them out."""
+        draw_all(self.later)
+        self.later = []
+        parts = [p if isinstance(p, str) else _figure_row(p) for p in self.parts]
+        self.parts = [p for p in parts if p]
 
     def render(self) -> str:
+        self.draw()
         return ("<!DOCTYPE html>\n<html lang=en><head><meta charset=utf-8>"
                 "<meta name=viewport content='width=device-width,initial-scale=1'>"
                 f"<title>{esc(self.title)}</title><link rel=icon href='data:,'><style>{CSS}</style></head><body>"
                 + "\n".join(self.parts) + "</body></html>\n")
+
+
+def _figure_row(row: Sequence[tuple]) -> str:
+    items = [image(data(b), c) for b, c in row if data(b)]
+    return f"<div class=figs>{''.join(items)}</div>" if items else ""
 
 
 def image(data: bytes, caption: Optional[str] = None) -> str:

@@ -1,5 +1,7 @@
-"""The three pages: one run, several runs side by side, one sweep. Each returns the Page and the
-named PNGs it drew (written beside the page as PATH/figures/NAME.png by write_report)."""
+"""The three pages: one run, several runs side by side, one sweep. Each names its figures as it
+lays the page out (draw.Later), draws them all at the end, side by side where it can (Page.draw),
+and returns the Page and the named PNGs it drew (written beside the page as PATH/figures/NAME.png
+by write_report)."""
 from __future__ import annotations
 
 import os
@@ -11,10 +13,17 @@ from shmlearn.sweeps.winners import margin_text, point_name, points, status, ver
 
 from . import run_figures as rf
 from . import sweep_figures as sf
+from .draw import Later
 from .html import Page, fmt, rate, worker_count
 from .load import Run, SweepData
 
-Figs = Dict[str, bytes]
+Figs = Dict[str, Later]
+
+
+def _drawn(page: Page, figs: Figs) -> Dict[str, bytes]:
+    """Draw the page's figures; the named ones that have bytes."""
+    page.draw()
+    return {name: fig.data for name, fig in figs.items() if fig.data}
 SUMMARY_ROWS = (("status", "status"), ("strategy", "strategy"), ("workers", "workers"), ("model", "model"),
                 ("dataset", "dataset"), ("batch per worker", "batch_size"), ("learning rate", "lr"),
                 ("optimizer", "optimizer"), ("steps", "steps"), ("samples seen", "samples_seen"),
@@ -35,13 +44,13 @@ def _cell(key: str, r: Run) -> str:
     return _area(r.status, r.summary) if key == "loss_area" else rate(v) if key == "samples_per_s" else fmt(v)
 
 
-def _keep(figs: Figs, name: str, data) -> bytes:
-    if data:
-        figs[name] = data
-    return data
+def _keep(figs: Figs, name: str, fig: Later) -> Later:
+    """Keep `fig` as figures/NAME.png (write_report: where it has bytes once drawn)."""
+    figs[name] = fig
+    return fig
 
 
-def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
+def runs_page(runs: List[Run]) -> Tuple[Page, Dict[str, bytes]]:
     one = len(runs) == 1
     page = Page(f"shmlearn run {os.path.basename(os.path.normpath(runs[0].path))}" if one
                 else f"shmlearn: {len(runs)} runs side by side")
@@ -60,18 +69,18 @@ def runs_page(runs: List[Run]) -> Tuple[Page, Figs]:
         elif r.status == "incomplete":
             page.p(f"{r.label}: no summary.json (still running, or stopped); curves as far as they go.", "note")
     page.h2("Curves and phases")
-    page.figures([(_keep(figs, "loss", rf.loss_vs_time(runs)), "training loss against training time"),
-                  (_keep(figs, "accuracy", rf.accuracy_vs_time(runs)), "test accuracy against training time"),
-                  (_keep(figs, "phases", rf.phases(runs)), "mean time per step by phase (rank 0)"),
-                  (_keep(figs, "noise-scale", rf.noise_scale(runs)),
+    page.figures([(_keep(figs, "loss", Later(rf.loss_vs_time, runs)), "training loss against training time"),
+                  (_keep(figs, "accuracy", Later(rf.accuracy_vs_time, runs)), "test accuracy against training time"),
+                  (_keep(figs, "phases", Later(rf.phases, runs)), "mean time per step by phase (rank 0)"),
+                  (_keep(figs, "noise-scale", Later(rf.noise_scale, runs)),
                    "gradient noise scale B_simple against the step (dashed: the global batch)"),
-                  (_keep(figs, "staleness", rf.staleness(runs)),
+                  (_keep(figs, "staleness", Later(rf.staleness, runs)),
                    "async-ps: gradients applied per worker by lag (summary.json staleness_histogram)")])
     page.h2("Configuration")
     keys = sorted({k for r in runs for k in r.config})
     page.table(["", *(r.label for r in runs)], [[k, *(fmt(r.config.get(k)) for r in runs)] for k in keys])
     page.p(f"Run directories: {', '.join(r.path for r in runs)}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
-    return page, figs
+    return page, _drawn(page, figs)
 
 
 def _group_key(row, others):
@@ -90,7 +99,7 @@ def _heatmaps(figs: Figs, by_w: Dict[int, list], others: List[str], name: str, d
         for g, rs in groups.items():
             tag = "".join(f"-{a}{v}" for a, v in zip(others, g))
             extra = "".join(f", {a} {v}" for a, v in zip(others, g))
-            items.append((_keep(figs, f"{name}-w{wk}{tag}", draw(rs, win and win["id"], f"{worker_count(wk)}{extra}")),
+            items.append((_keep(figs, f"{name}-w{wk}{tag}", Later(draw, rs, win and win["id"], f"{worker_count(wk)}{extra}")),
                           f"{worker_count(wk)}{extra}"))
     return items
 
@@ -112,7 +121,7 @@ def _metric_winners(page: Page, w) -> None:
         page.p(w["metric_missing"], "note")
 
 
-def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
+def sweep_page(sw: SweepData) -> Tuple[Page, Dict[str, bytes]]:
     spec, w = sw.spec, sw.winners
     fixed = spec.get("fixed", {})
     page = Page(f"shmlearn sweep: {fixed.get('model', '')} on {fixed.get('dataset', '')}".strip())
@@ -196,7 +205,8 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
         by_w.setdefault(p.row["config"]["workers"], []).append(p.row)
     page.h2("Loss areas by batch size and learning rate (paper Fig. 5.5-5.8)")
     page.p(sf.heat_note(sw.rows), "note")
-    page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title: sf.heatmap(
+    # Each figure is drawn at the page's end (Page.draw): what its function reads is bound now.
+    page.figures(_heatmaps(figs, by_w, others, "heatmap", lambda rs, win, title, w=w, axis=axis: sf.heatmap(
         rs, threshold=w["threshold"], winner_id=win, title=f"Loss area, {title}", axis=axis), w["by_workers"]))
     if w.get("by_metric") is not None:
         m, goal = w["winner_metric"], w["winner_goal"]
@@ -204,14 +214,14 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
         page.p(f"Each completed trial's {m} (summary.json); {'least' if goal == 'min' else 'most'} is best. "
                f"Blank cells reading 'diverged' diverged; grey hatched cells were pruned; 'n/a': the trial does "
                f"not report {m}. Red outline: the trial with the best {m} of its worker count.", "note")
-        page.figures(_heatmaps(figs, by_w, others, f"metric-{m}", lambda rs, win, title: sf.metric_heatmap(
+        page.figures(_heatmaps(figs, by_w, others, f"metric-{m}", lambda rs, win, title, m=m, goal=goal: sf.metric_heatmap(
             rs, metric=m, goal=goal, winner_id=win, title=f"{m}, {title}"), w["by_metric"]))
     page.h2("Loss areas sorted by minimum loss (paper Fig. 5.1-5.4)")
     if pruned:
         page.p("After the completed runs: pruned runs, as hollow hatched bars of their loss area so far (a lower "
                "bound); then diverged runs, with no bar.", "note")
-    page.figures([(_keep(figs, f"areas-w{wk}", sf.area_histogram(
-        by_w[wk], threshold=w["threshold"], winner=w["by_workers"][str(wk)]["winner"], workers=wk)),
+    page.figures([(_keep(figs, f"areas-w{wk}", Later(
+        sf.area_histogram, by_w[wk], threshold=w["threshold"], winner=w["by_workers"][str(wk)]["winner"], workers=wk)),
         worker_count(wk)) for wk in sorted(by_w)])
 
     winner_runs: Dict[int, Run] = {}
@@ -223,18 +233,18 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                 winner_runs[int(k)] = run
     page.h2("Each worker count's winner (paper Fig. 6.2-6.6)")
     wr = [winner_runs[k] for k in sorted(winner_runs)]
-    page.figures([(_keep(figs, "winners-loss", rf.loss_vs_time(wr, "Training loss of each worker count's winner")),
+    page.figures([(_keep(figs, "winners-loss", Later(rf.loss_vs_time, wr, "Training loss of each worker count's winner")),
                    "training loss against time"),
-                  (_keep(figs, "winners-accuracy", rf.accuracy_vs_time(wr, "Test accuracy of each worker count's winner")),
+                  (_keep(figs, "winners-accuracy", Later(rf.accuracy_vs_time, wr, "Test accuracy of each worker count's winner")),
                    "test accuracy against time"),
-                  (_keep(figs, "phases-vs-workers", sf.phases_vs_workers(winner_runs)),
+                  (_keep(figs, "phases-vs-workers", Later(sf.phases_vs_workers, winner_runs)),
                    "mean phase time per step against workers"),
-                  (_keep(figs, "throughput-vs-workers", sf.throughput_vs_workers(sw.rows)),
+                  (_keep(figs, "throughput-vs-workers", Later(sf.throughput_vs_workers, sw.rows)),
                    "throughput and scaling efficiency against workers (all completed runs)")])
     for k in sorted(winner_runs):
         r = winner_runs[k]
         page.h3(f"{r.label}: its own plots ({os.path.relpath(r.path, sw.path)})")
-        page.figures([(rf.own_plots(r), "loss, test accuracy and phases")])
+        page.figures([(Later(rf.own_plots, r), "loss, test accuracy and phases")])
 
     page.h2("All trials")
     m = [w["winner_metric"]] if w.get("by_metric") is not None and w["winner_metric"] != "test_accuracy" else []
@@ -247,4 +257,4 @@ def sweep_page(sw: SweepData) -> Tuple[Page, Figs]:
                  fmt(r["summary"].get("wall_time_s"), ".2f"), rate(r["summary"].get("samples_per_s"))]
                 for r in sw.rows], left=2)
     page.p(f"Sweep directory: {sw.path}. Written {time.strftime('%Y-%m-%d %H:%M:%S')}.", "note")
-    return page, figs
+    return page, _drawn(page, figs)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import time
 from typing import Callable, Iterable, Optional
 
 from shmlearn.errors import BadInput
@@ -19,11 +20,15 @@ from shmlearn.record.readback import Word
 from shmlearn.sweeps.sweep_config import GOALS, NOT_SWEPT, PRUNERS, SEARCHES, SweepConfig
 
 
-def run_sweep(sc: SweepConfig) -> int:
+def run_sweep(sc: SweepConfig, parsed: Optional[float] = None, report_helper=None) -> int:
     """Run (or continue) a sweep; returns the CLI's exit code (0, or 1 if trials failed; 2 if no
-    completed trial reports --winner-metric)."""
+    completed trial reports --winner-metric). parsed: when the flags were read (unix seconds),
+    before torch's import: the first of the sweep's marks (timing.json). report_helper: a
+    report.helper.ReportHelper that draws the grid sweep's report (the caller closes it)."""
+    parsed = parsed or time.time()
     from shmlearn.sweeps.grid import check_search, check_winner  # lazy: torch, after the CLI's cheap checks
     from shmlearn.sweeps.sweep import Sweep  # lazy: torch, after the CLI's cheap checks
+    imported = time.time()
     check_search(sc)
     check_winner(sc)
     if sc.storage is not None:
@@ -35,7 +40,10 @@ def run_sweep(sc: SweepConfig) -> int:
             raise BadInput(f"--storage: optuna is not installed ({e.name}); "
                            f"pip install 'shmlearn[optuna]'") from None
         return run_study(sc)
-    return Sweep(sc).run()
+    sweep = Sweep(sc)
+    sweep.marks.update(parsed=parsed, imported=imported)
+    sweep.report_helper = report_helper
+    return sweep.run()
 
 
 def _live_options() -> Iterable[Option]:
@@ -144,4 +152,14 @@ def _typed(values: dict, source: str) -> dict:
 
 
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    return run_sweep(sweep_config_from_args(ns))
+    parsed = time.time()
+    helper = None
+    if ns.sweep_report and ns.sweep_storage is None:
+        # Before torch's import (sweep_config_from_args): matplotlib loads beside it (report/helper.py)
+        from shmlearn.report.helper import start  # lazy: the program's grid sweeps only
+        helper = start()
+    try:
+        return run_sweep(sweep_config_from_args(ns), parsed, helper)
+    finally:
+        if helper is not None:
+            helper.close()

@@ -22,10 +22,21 @@ from shmlearn.sweeps.sweep_config import GOALS, NOT_SWEPT, PRUNERS, SEARCHES, Sw
 MAX_TRIALS = 100_000
 
 
+CPU_AT_ONCE = 2
+"""Trials at once on CPU cores by default (as many as fit, up to this many): two 1-thread trials,
+one per core of a 2-core machine, took the same time a step as each alone, within the noise of
+running it alone twice (benchmarks/trials_at_once.py, results/start-cpu-2026-11-28-a4/
+trials-at-once.json.gz: medians over 4 repeats of the ratio at once / alone of each trial's p10 and
+median step time, digits mlp 1.017 and 1.027, fashion-mnist lenet 1.005 and 1.016, where alone
+against alone ranged 0.70-1.10), and a sweep of four such trials took half the wall (lenet 21-23
+s against 39-43). More at once, on more cores, is not measured (the cores' shared memory
+bandwidth): --parallel asks for it, --parallel 1 gives one at a time."""
+
+
 def trials_at_once(parallel: Optional[int], cuda: bool, slots: int) -> int:
-    """SweepConfig.parallel for this machine: as asked, else every GPU (each its own device) or
-    one trial at a time on CPU cores (which share memory bandwidth)."""
-    return parallel or (slots if cuda else 1)
+    """SweepConfig.parallel for this machine: as asked, else every GPU (each its own device), or
+    on CPU cores CPU_AT_ONCE (where trials fit: a trial holds a core per thread of each rank)."""
+    return parallel or (slots if cuda else min(slots, CPU_AT_ONCE))
 
 
 # --- grid ----------------------------------------------------------------------------------

@@ -78,6 +78,7 @@ class Sweep(TrialRunner):
         if pending:
             t0 = time.monotonic()
             self._schedule(pending)
+            self.mark("trials_done")  # the pool closed
             self.write_timing(time.monotonic() - t0)
         self.finish(trials)
         return self.exit_code("failed (not recorded; the same command retries them)")
@@ -89,7 +90,8 @@ class Sweep(TrialRunner):
         free = list(range(self.nslots))
         running: Dict[int, Running] = {}
         prev = signal.signal(signal.SIGTERM, raise_interrupt)
-        self.open_pool(pending, max(self.procs(c) for c in pending), warm_report=self.sc.report)
+        self.open_pool(pending, max(self.procs(c) for c in pending),
+                       warm_report=self.sc.report and self.report_helper is None)
         try:
             self.post_bounds()
             while queue or running:

@@ -48,9 +48,10 @@ class SweepConfig:
     (accuracy, acc, f1, precision, recall, auc, ...), else min (a loss, perplexity, MSE)."""
     parallel: Optional[int] = None
     """Trials at once. Default: on GPUs, as many as there are free GPUs (1-worker trials fill
-    every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, 1
-    (trials that run together share memory bandwidth and caches, which shows in their
-    wall-clock areas)."""
+    every GPU, a 2-worker trial waits for two: each GPU is a device of its own); on CPU cores, up
+    to 2 where they fit (a core per thread of each rank: two 1-worker trials on 2 cores), measured
+    not to move a trial's step times, so its wall-clock areas (grid.CPU_AT_ONCE); 1: one at a
+    time."""
     slots: Optional[int] = None
     """CPU cores (or GPUs) the sweep may use. Default: all this process may run on."""
     out: str = ""

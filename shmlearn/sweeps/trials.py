@@ -42,6 +42,8 @@ from shmlearn.sweeps.grid import (NOT_SWEPT, SweepConfig, check_verdict, expand_
 from shmlearn.sync import registry
 from shmlearn.train.entry import trial_main
 from shmlearn.train.inputs import preload_data
+from shmlearn.user import user_main
+from shmlearn.user.refs import is_ref
 
 TRIAL_TIMES = "sweep_times.json"
 """In a trial's run directory: {elapsed_s, group_s}, as the sweep that ran it measured them."""
@@ -57,6 +59,8 @@ class Running:
     tmp: str
     t0: float
     attempt: int
+    t0_unix: float = 0.0
+    """When it started, in unix seconds (timing.json's per-trial start, beside the marks)."""
 
 
 class TrialRunner(abc.ABC):
@@ -78,6 +82,15 @@ class TrialRunner(abc.ABC):
         self.total = self.finished = 0
         self._mine = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
         self.point_of: Dict[str, Tuple[str, int]] = {}  # --repeats: trial id -> (its point's id, repeat k)
+        self.marks: Dict[str, float] = {}
+        """Unix seconds at which this invocation reached each phase (mark), timing.json's `marks`:
+        where a sweep's seconds go besides training (benchmarks/start.py reads them)."""
+        self.timing: Optional[Dict[str, Any]] = None  # timing.json as written (write_timing)
+        self.report_helper = None
+        """A report.helper.ReportHelper that draws the report (the program's sweeps), or None: here."""
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.time()
 
     # -- hooks: a driver overrides these -------------------------------------------------------
     @abc.abstractmethod
@@ -145,7 +158,12 @@ class TrialRunner(abc.ABC):
             safe_write.check(self.tmp_dir, self.dir)
         except OSError as e:
             raise BadInput(f"--out {self.dir}: cannot write there ({e.strerror})") from None
+        self.mark("checked")
         lock = self.lock()
+        # A fork of this process (a pool worker forked from it, a report's drawing copy) closes its
+        # copy: flock's lock belongs to the open file, which a fork shares, so a worker outliving a
+        # killed sweep by a moment kept the next sweep in this folder out.
+        os.register_at_fork(after_in_child=lock.close)
         try:
             return self.run_trials(trials)
         except OSError as e:
@@ -173,19 +191,7 @@ class TrialRunner(abc.ABC):
         the dataset on the device and each rank set's process group outlive a trial, so a trial
         costs its training, not a start-up. Every worker the trials can use starts now: they
         import in parallel with the first trial."""
-        width = max(self.nslots, widest)
-        datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
-        self.pool = Pool(width, cuda=self.cuda, init=(preload_data, (datasets, self.cuda)))
-        self.pool.warm(range(min(width, max(self.nslots if self.parallel > 1 else 0, widest))))
-        # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
-        # and matplotlib loads for the report (~0.5 s on a slow core), before the first trial.
-        warm = None
-        if warm_report:
-            warm = threading.Thread(target=_warm_report, name="sweep-warm-report", daemon=True)
-            warm.start()
-        self.pool.wait_ready()
-        if warm is not None:
-            warm.join()
+        _open_pool(self, configs, widest, warm_report)
 
     def slots_for(self, cfg: TrainConfig, free: List[int], busy: bool) -> Optional[int]:
         """Slots the trial takes now, or None: it waits (in order: none jumps the queue, so none
@@ -217,7 +223,7 @@ class TrialRunner(abc.ABC):
         job = self.pool.start(trial_main, (cfg.to_dict(), self.prune_key(cfg, tid)), slots=workers,
                               backend="nccl" if self.cuda else "gloo", timeout_s=cfg.timeout,
                               cores=cores, log=tmp + ".log")
-        return Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt)
+        return Running(cfg, tid, job, slots, tmp, time.monotonic(), attempt, time.time())
 
     def _cores(self, slots: List[int]) -> Optional[List[int]]:
         if not hasattr(os, "sched_getaffinity"):
@@ -251,7 +257,7 @@ class TrialRunner(abc.ABC):
                 # A study's other process published the same trial first (it took this one as
                 # lost, or this one took its): that run directory counts, this one goes.
                 shutil.rmtree(r.tmp, ignore_errors=True)
-            self.record(r.cfg, r.tid, final, elapsed, group_s=group_s)
+            self.record(r.cfg, r.tid, final, elapsed, group_s=group_s, start_unix=r.t0_unix)
             return False
         text = text or "no summary.json written"
         if status == "failed" and r.attempt < 2:
@@ -264,7 +270,7 @@ class TrialRunner(abc.ABC):
 
     # -- recording -------------------------------------------------------------------------------
     def record(self, cfg: TrainConfig, tid: str, run_dir: str, elapsed: Optional[float], *,
-               adopted: bool = False, group_s: Optional[float] = None) -> bool:
+               adopted: bool = False, group_s: Optional[float] = None, start_unix: Optional[float] = None) -> bool:
         """Append the result line of a finished trial; False if `run_dir` holds no finished run."""
         try:  # a folder whose summary is missing or malformed holds no finished run: the trial runs again
             summary = readback.run_summary(run_dir)
@@ -292,7 +298,7 @@ class TrialRunner(abc.ABC):
                              "bound_area": bound[0] if bound else None}
         self.save(row)
         if not adopted:
-            self.ran_rows.append(row)
+            self.ran_rows.append(dict(row, start_unix=start_unix, end_unix=time.time()))
         self.post_bounds()
         if not adopted:
             self.done_now += 1
@@ -328,9 +334,13 @@ class TrialRunner(abc.ABC):
                          target_share=self.sc.target_share)
         write_json_atomic(os.path.join(self.dir, "winners.json"), w)
         print(winners_table(w), flush=True)
+        self.mark("winners")
         self.metric_missing = w.get("metric_missing")
         if self.sc.report:
-            self.report_failed = not draw_report(self.dir)
+            self.report_failed = not draw_report(self.dir, self.report_helper)
+            self.mark("report")
+        if self.timing is not None:  # the marks up to here join this invocation's timing.json
+            write_json_atomic(os.path.join(self.dir, "timing.json"), dict(self.timing, marks=self.marks))
 
     def exit_code(self, failed: str) -> int:
         """0, or 1 when a trial failed (each listed, after `failed`) or the report could not be
@@ -350,21 +360,40 @@ class TrialRunner(abc.ABC):
         return code
 
 
-def draw_report(folder: str) -> bool:
-    """The sweep's report (report.html and its figures) in folder; False where it could not be
-    written (a full disk: the results are safe in results.jsonl). Without matplotlib: a note, True."""
-    try:
-        from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
-    except ImportError as e:
-        print(f"sweep: no report ({e}); pip install matplotlib", file=sys.stderr)
+USER_CODE = ("model", "dataset", "loss", "compute_loss", "optimizer", "scheduler")
+"""The fields that may name the user's code (FILE.py:NAME, user/refs.py)."""
+
+
+def compiles_nothing(cfg: TrainConfig) -> bool:
+    """Whether a trial may run on a lean pool (Pool's lean: no torch._dynamo): it does not compile,
+    and it imports none of the user's code (which might). On CPUs only: a GPU pool's workers fork
+    with Dynamo imported (cli.prestart), where leaving it out would save nothing."""
+    return cfg.compile == "off" and not any(is_ref(getattr(cfg, f)) for f in USER_CODE)
+
+
+def draw_report(folder: str, helper=None) -> bool:
+    """The sweep's report (report.html and its figures) in folder, by `helper` (report/helper.py)
+    where it answers, else here; False where it could not be written (a full disk: the results
+    are safe in results.jsonl). Without matplotlib: a note, True."""
+    answer = helper.draw(folder) if helper is not None else None
+    if answer is None:
+        try:
+            from shmlearn.report import write_report  # lazy: the report imports matplotlib (optional)
+        except ImportError as e:
+            answer = {"importerror": str(e)}
+        else:
+            try:
+                answer = {"path": write_report([folder])}
+            except OSError as e:
+                answer = {"oserror": str(e)}
+    if "importerror" in answer:
+        print(f"sweep: no report ({answer['importerror']}); pip install matplotlib", file=sys.stderr)
         return True
-    try:
-        path = write_report([folder])
-    except OSError as e:
-        print(f"sweep: could not write the report ({e}); the results are recorded; "
+    if "oserror" in answer:
+        print(f"sweep: could not write the report ({answer['oserror']}); the results are recorded; "
               f"`shmlearn report {folder}` writes it again", file=sys.stderr, flush=True)
         return False
-    print(f"sweep: report {path}", flush=True)
+    print(f"sweep: report {os.path.join(folder, os.path.basename(answer['path']))}", flush=True)
     return True
 
 
@@ -419,6 +448,34 @@ def find_slots(sc: SweepConfig) -> Tuple[bool, int]:
     return False, sc.slots or cores
 
 
+def _open_pool(run: TrialRunner, configs: List[TrainConfig], widest: int, warm_report: bool) -> None:
+    """TrialRunner.open_pool: its docstring says what it does."""
+    run.mark("pool_start")
+    width = max(run.nslots, widest)
+    datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
+    # On CPUs, where no trial compiles, a lean pool: torch._dynamo imported nowhere
+    # (launch/lean.py). In the program's own process (a clean one: no other pool's objects
+    # for a fork to inherit), where each rank runs one thread (a core each), its workers
+    # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
+    run.pool = Pool(width, cuda=run.cuda, init=(preload_data, (datasets, run.cuda)),
+                    lean=not run.cuda and all(compiles_nothing(c) for c in configs),
+                    one_thread=not run.cuda and user_main.in_program()
+                    and all((c.threads or 1) == 1 for c in configs))
+    run.pool.warm(range(min(width, max(run.nslots if run.parallel > 1 else 0, widest))))
+    run.mark("workers_forked")  # a fork from the forkserver waits here for its imports
+    # Nothing else runs while a trial trains (its areas are wall-clock): the workers start,
+    # and matplotlib loads for the report (~0.5 s on a slow core), before the first trial.
+    warm = None
+    if warm_report:
+        warm = threading.Thread(target=_warm_report, name="sweep-warm-report", daemon=True)
+        warm.start()
+    run.pool.wait_ready()
+    run.mark("workers_ready")
+    if warm is not None:
+        warm.join()
+        run.mark("report_warm")
+
+
 def _write_timing(run: TrialRunner, wall_s: float) -> None:
     """TrialRunner.write_timing: its docstring says what goes in."""
     rows = run.ran_rows
@@ -435,10 +492,12 @@ def _write_timing(run: TrialRunner, wall_s: float) -> None:
             "workers_started": run.pool.started_workers if run.pool else None,
             "startup": run.pool.startup if run.pool else None,
             "overhead_s": [{"id": r["id"], "workers": r["config"]["workers"], "s": o,
-                            "setup_s": r["summary"].get("setup_time_s"), "group_s": r.get("group_s")}
+                            "setup_s": r["summary"].get("setup_time_s"), "group_s": r.get("group_s"),
+                            "start_unix": r.get("start_unix"), "end_unix": r.get("end_unix")}
                            for r, o in zip(rows, over)],
-            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S"), "marks": run.marks}
     write_json_atomic(os.path.join(run.dir, "timing.json"), info)
+    run.timing = info
     print(f"sweep: ran {count(len(rows), 'trial')} in {wall_s:.1f} s: {train_s:.1f} s training, {eval_s:.1f} s "
           f"evaluating (efficiency {info['efficiency'] or 0:.2f})"
           + (f"; pruned {info['pruned']}" if run.sc.prune else ""), flush=True)

@@ -121,16 +121,22 @@ def test_the_forkserver_for_owners_without_cuda_and_an_unchanged_import_environm
 
 @pytest.mark.parametrize("argv,started", [
     (["train", "--workers", "2"], True), (["train"], True), (["train", "--workers", "1"], False),
-    (["train", "--help"], False), (["sweep", "--workers", "2"], True), (["sweep", "--workers", "1"], True),
-    (["train", "--device", "cpu"], True), (["experiment", "run", "cnn"], True), (["experiment", "list"], False),
-    (["sweep", "--help"], False), (["report", "runs/x"], False)])
+    (["train", "--help"], False), (["train", "--device", "cpu"], True), (["experiment", "run", "cnn"], True),
+    (["experiment", "list"], False), (["sweep", "--help"], False), (["report", "runs/x"], False),
+    # a CPU sweep that compiles nothing, a thread a rank: its lean workers fork from it, none needed
+    (["sweep", "--workers", "2"], False), (["sweep", "--workers", "1"], False), (["sweep", "--compile", "off"], False),
+    # ... with 2 threads a rank, or a study: one without torch._dynamo; compiling, or a YAML that may: as train's
+    (["sweep", "--threads", "2"], "lean"), (["sweep", "--storage", "sqlite:///s.db"], "lean"),
+    (["sweep", "--compile", "default"], True),
+    (["sweep", "--config", "s.yaml"], True)])
 def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv, started):
+    """started: True (torch and torch._dynamo preloaded), "lean" (torch alone) or False."""
     calls = []
-    monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
+    monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append(True if dynamo else "lean"))
     monkeypatch.setattr(os.path, "exists", lambda p: False)  # no GPU driver
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and none visible
     cli.prestart(argv)
-    assert bool(calls) == started
+    assert (calls[0] if calls else False) == started and len(calls) <= 1
     calls.clear()
     monkeypatch.setenv("RANK", "0")  # under torchrun: this process is a rank, no pool
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -143,13 +149,14 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
     (["train"], "0,1", True),                        # two: a pool of two GPU workers forks from it
     (["train", "--workers", "2"], "0", True),        # asked for (Gloo shares the GPU)
     (["train", "--device", "cpu"], "0", True),       # the CPU's default of 2 workers
-    (["sweep"], "0", True), (["experiment", "run", "cnn"], "0,1,2,3", True)])
+    (["sweep"], "0", True), (["experiment", "run", "cnn"], "0,1,2,3", True),
+    (["sweep", "--device", "cpu"], "0", False)])     # a CPU sweep's lean workers fork from it
 def test_on_a_gpu_host_it_starts_for_pools_and_not_for_a_run_of_one_gpu(monkeypatch, argv, visible, started):
     calls = []
-    monkeypatch.setattr(forkserver, "start", lambda: calls.append(1))
+    monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append(dynamo))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     cli.prestart(argv)
-    assert bool(calls) == started
+    assert calls == ([True] if started else [])
 
 
 def test_visible_gpus_reads_cuda_visible_devices_else_the_driver(monkeypatch):

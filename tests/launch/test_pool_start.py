@@ -113,10 +113,14 @@ def _sweep(out, **env):
 
 @pytest.mark.skipif(os.path.exists("/dev/nvidiactl") or os.path.exists("/dev/kfd"), reason="GPU hosts' sweeps spawn")
 def test_a_cli_sweeps_workers_fork_and_its_trials_equal_spawned_ones(tmp_path):
+    """A CPU sweep that compiles nothing, one thread a rank: its workers fork from the sweep
+    itself and never import torch._dynamo (a lean pool, trials.py); spawned ones import it."""
     timing, losses = _sweep(tmp_path / "forked")
-    assert timing["startup"] and all(s["forked"] for s in timing["startup"]), timing["startup"]
+    assert timing["startup"] and all(s["start"] == "fork" and not s["forked"] and not s["dynamo"]
+                                     for s in timing["startup"]), timing["startup"]
     timing_s, losses_s = _sweep(tmp_path / "spawned", SHMLEARN_FORKSERVER="0")
     assert not any(s["forked"] for s in timing_s["startup"])
+    assert all(s["start"] == "spawn" and not s["dynamo"] for s in timing_s["startup"])  # lean all the same
     assert losses.keys() == losses_s.keys() and len(losses) == 4
     for k in losses:
         assert losses[k] == pytest.approx(losses_s[k], rel=1e-4, abs=1e-6), k

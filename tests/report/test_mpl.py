@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from matplotlib.backends.backend_agg import RendererAgg
 
-from shmlearn.report import mpl, run_figures, sweep_figures, write_report
+from shmlearn.report import draw, mpl, run_figures, sweep_figures, write_report
 
 
 def texts_outside(fig, texts):
@@ -55,6 +55,7 @@ def drawn(monkeypatch):
     monkeypatch.setattr(run_figures, "png", keep)
     monkeypatch.setattr(sweep_figures, "png", keep)
     monkeypatch.setattr(RendererAgg, "draw_text", draw_text)
+    monkeypatch.setattr(draw, "_cores", lambda: 1)  # every figure drawn here, where this fixture sees it
     return figs
 
 

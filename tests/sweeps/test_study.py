@@ -509,7 +509,8 @@ def test_a_silent_trial_of_another_host_is_lost_after_stale_after_and_run_here(t
 
 def test_sigterm_gives_the_trial_back_at_once(tmp_path):
     storage, out = f"sqlite:///{tmp_path}/study.db", str(tmp_path / "out")
-    args = [*SLOW, "--storage", storage, "--study", "t", "--out", out]
+    # one trial in flight (on CPU cores the default runs two 1-worker trials at once)
+    args = [*SLOW, "--parallel", "1", "--storage", storage, "--study", "t", "--out", out]
     p = start(*args, log=tmp_path / "log.txt")
     number, tid = _wait_running(storage, "t", p.pid, p)
     p.send_signal(signal.SIGTERM)  # what scancel or a preemption sends first

@@ -325,10 +325,13 @@ def test_sigkill_mid_sweep_then_rerun_completes_each_trial_once(tmp_path, monkey
     assert all(x["status"] == "completed" for x in rows)
 
 
-def test_trials_fill_every_gpu_by_default_and_one_at_a_time_on_cpu_cores():
+def test_trials_fill_every_gpu_by_default_and_two_cpu_cores():
+    """CPU: two at once where they fit (grid.CPU_AT_ONCE: measured on 2 cores), more only asked."""
     from shmlearn.sweeps.sweep import trials_at_once
     assert trials_at_once(None, True, 2) == 2 and trials_at_once(None, True, 4) == 4  # 1-worker trials side by side
-    assert trials_at_once(None, False, 2) == 1 and trials_at_once(3, False, 2) == 3 and trials_at_once(1, True, 2) == 1
+    assert trials_at_once(None, False, 2) == 2 and trials_at_once(None, False, 16) == 2
+    assert trials_at_once(None, False, 1) == 1 and trials_at_once(1, False, 2) == 1  # --parallel 1: the way back
+    assert trials_at_once(3, False, 2) == 3 and trials_at_once(1, True, 2) == 1
 
 
 def test_efficiency_counts_slot_seconds_and_stays_at_most_one_side_by_side(small_sweep):

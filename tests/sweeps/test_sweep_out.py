@@ -79,3 +79,50 @@ def test_a_threshold_no_loss_can_meet_is_refused(tmp_path, monkeypatch, capfd, v
     line = refused(SWEEP + ["--threshold", value, "--out", str(tmp_path / "s")], monkeypatch, capfd)
     assert needle in line, line
     assert not (tmp_path / "s").exists()
+
+
+LOCK_IN_A_FORK = """
+import json, os, sys, time
+from shmlearn.errors import BadInput
+from shmlearn.record.runs import lock_dir
+from shmlearn.sweeps.sweep_config import SweepConfig
+from shmlearn.sweeps.trials import TrialRunner
+
+class Forks(TrialRunner):
+    def run_trials(self, trials):  # a fork that outlives the sweep's lock, as a worker may a killed sweep
+        ready, say = os.pipe()
+        self.child = os.fork()
+        if self.child == 0:  # the fork's handlers have run: it says so, then lives on
+            os.write(say, b"1")
+            time.sleep(120)
+            os._exit(0)
+        os.read(ready, 1)
+        return 0
+
+    def save(self, row):
+        pass
+
+sc = SweepConfig(fixed={"dataset": "digits", "model": "mlp", "samples": 512, "device": "cpu"},
+                 axes={"lr": [0.1]}, out=sys.argv[1])
+r = Forks(sc)
+r.run()
+try:
+    lock_dir(sc.out, "busy").close()
+    free = True
+except BadInput:
+    free = False
+os.kill(r.child, 9)
+os.waitpid(r.child, 0)
+print(json.dumps({"free": free}))
+"""
+
+
+def test_a_fork_of_the_sweep_does_not_keep_its_folder_locked(tmp_path):
+    """flock's lock belongs to the open file, which a fork shares: a pool worker forked from the
+    sweep that outlived it by a moment (SIGKILL) kept the next sweep in the folder out."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-c", LOCK_IN_A_FORK, str(tmp_path / "s")], capture_output=True, text=True,
+                       timeout=300, env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout.strip().splitlines()[-1]) == {"free": True}

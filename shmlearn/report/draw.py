@@ -1,0 +1,102 @@
+"""A report's figures drawn side by side: each is its data in and PNG bytes out, independent of
+the others, so the pages (pages.py) name them as `Later`s and `draw_all` draws them before the page
+is rendered, in forked copies of this process, one per core.
+
+Why: a sweep draws its report after its last trial, in its wall time, where nothing else runs;
+matplotlib draws on one core. The 8-trial digits sweep's ten figures took 0.77 s in one process
+on the 2-core CPU and 0.48 s in two (medians of 5, alternating, load average 1.8 from other
+sessions: results/start-cpu-2026-11-28-a4/report-draw.json); a busy second core takes the gain.
+
+Only where it is safe and pays: a fork (POSIX), no other Python thread in this process (a fork
+copies the locks they hold, not them), two or more usable cores and two or more figures. Else,
+and for the share of a copy that died or failed, the figures are drawn here, one by one: a
+figure's error is raised here as it would be without copies. A copy ignores Ctrl-C (its owner's
+interrupt ends the report) and writes nothing but its figures' bytes to its pipe."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import warnings
+from typing import Any, Callable, List, Optional
+
+
+class Later:
+    """A figure to draw: fn(*args, **kw) -> PNG bytes, or None where it has nothing to show.
+    `data` holds the bytes once drawn (draw_all)."""
+
+    __slots__ = ("fn", "args", "kw", "data", "done")
+
+    def __init__(self, fn: Callable[..., Optional[bytes]], *args: Any, **kw: Any):
+        self.fn, self.args, self.kw = fn, args, kw
+        self.data: Optional[bytes] = None
+        self.done = False
+
+    def draw(self) -> Optional[bytes]:
+        if not self.done:
+            self.data, self.done = self.fn(*self.args, **self.kw), True
+        return self.data
+
+
+def data(item: Any) -> Optional[bytes]:
+    """A figure's bytes: a Later's (drawn now if draw_all has not), or the bytes as given."""
+    return item.draw() if isinstance(item, Later) else item
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def _can_fork() -> bool:
+    return ("fork" in mp.get_all_start_methods() and threading.current_thread() is threading.main_thread()
+            and threading.active_count() == 1)
+
+
+def draw_all(items: List[Later], procs: Optional[int] = None) -> None:
+    """Draw every item not drawn yet: in `procs` processes (default: the usable cores), this one
+    and forked copies, each a share in page order, where _can_fork (the module docstring)."""
+    todo = [x for x in items if not x.done]
+    n = min(len(todo), procs or _cores())
+    if n < 2 or not _can_fork():
+        for x in todo:
+            x.draw()
+        return
+    shares = [todo[i::n] for i in range(n)]  # round robin: each copy a mix of the pages' kinds
+    ctx = mp.get_context("fork")
+    copies = []
+    for share in shares[1:]:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_draw_share, args=(share, send), name="shmlearn-report", daemon=True)
+        with warnings.catch_warnings():  # Python 3.12+: a fork of a process with native threads (torch's)
+            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+            p.start()
+        send.close()
+        copies.append((p, recv, share))
+    for x in shares[0]:
+        x.draw()
+    for p, recv, share in copies:
+        try:
+            got = recv.recv()
+        except (EOFError, OSError):  # the copy died: its share is drawn here
+            got = None
+        recv.close()
+        p.join()
+        if got is None:
+            for x in share:
+                x.draw()  # a figure's own error is raised here, as one by one
+            continue
+        for x, d in zip(share, got):
+            x.data, x.done = d, True
+
+
+def _draw_share(share: List[Later], send) -> None:
+    """In a forked copy: the share's bytes, in order, or None where a figure failed (the owner
+    draws the share again and meets the error itself)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        out: Optional[list] = [x.fn(*x.args, **x.kw) for x in share]
+    except Exception:  # noqa: BLE001 - raised again by the owner, where it is reported
+        out = None
+    send.send(out)
+    send.close()
