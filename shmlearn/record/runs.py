@@ -136,6 +136,10 @@ def lock_out_dir(path: str) -> Iterator[None]:
         raise BadInput(f"--out {path}: cannot write there ({e.strerror})") from None
     check_links(path)
     f = lock_dir(path, f"--out {path}: another run is writing there; choose another directory")
+    # A fork of this process (a worker train() forks from its caller) closes its copy: flock's lock
+    # belongs to the open file, which a fork shares, so a worker outliving a killed run by a moment
+    # kept the next run on this --out out (as a sweep's did: sweeps/trials.py).
+    os.register_at_fork(after_in_child=f.close)
     try:
         yield
     finally:

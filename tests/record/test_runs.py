@@ -148,3 +148,30 @@ def test_summary_json_holds_the_steppers_summary_field_for_field(tmp_path):
     assert (s["step_mode"], s["check_every"], s["compile"], s["grad_buckets"], s["phase_sample_every"]) == (
         "fast-eager", 3, "off", 0, None)
     assert s["phase_timing"] == "perf_counter on every step" and res.summary["step_mode"] == "fast-eager"
+
+
+def test_a_fork_of_a_run_does_not_keep_its_out_locked(tmp_path):
+    """flock's lock belongs to the open file, which a fork shares: a worker forked from the run's
+    process (train()'s caller fork) that outlives it must not keep the next run out."""
+    import time
+    out = str(tmp_path / "run")
+    with lock_out_dir(out):
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the fork: hold on past the run's end
+            os.close(r)
+            os.write(w, b"x")
+            time.sleep(5)
+            os._exit(0)
+        os.close(w)
+        os.read(r, 1)
+        os.close(r)
+        with pytest.raises(BadInput):  # held while the run is
+            with lock_out_dir(out):
+                pass
+    try:
+        with lock_out_dir(out):  # the run ended; the fork, still alive, holds nothing
+            pass
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
