@@ -55,7 +55,7 @@ from shmlearn.user import user_main
 if {program}:
     user_main.program_owns_main()
 from shmlearn.cli import main
-rc = main.main(["train", "--workers", "1", "--samples", "4096", "--no-progress", "--out", {out!r}])
+rc = main.main(["train", "--workers", "1", "--threads", "1", "--samples", "4096", "--no-progress", "--out", {out!r}])
 s = json.load(open({out!r} + "/summary.json"))
 print(json.dumps({{"rc": rc, "dynamo": "torch._dynamo" in sys.modules, "final_loss": s["final_loss"],
                   "test_accuracy": s["test_accuracy"], "step_mode": s["step_mode"]}}))
@@ -68,4 +68,6 @@ def test_the_programs_one_worker_run_skips_dynamo_and_trains_the_same(tmp_path):
     assert lean["rc"] == api["rc"] == 0
     assert (lean["dynamo"], api["dynamo"]) == (False, True)
     assert lean["step_mode"] == api["step_mode"]
-    assert (lean["final_loss"], lean["test_accuracy"]) == (api["final_loss"], api["test_accuracy"])  # same kernels
+    # The same kernels: one thread each (an unpinned count follows the cores free, and a sum split
+    # over another count of threads rounds differently: seen under load).
+    assert (lean["final_loss"], lean["test_accuracy"]) == (api["final_loss"], api["test_accuracy"])
