@@ -8,6 +8,14 @@ import pytest
 from shmlearn.report import draw, write_report
 
 
+@pytest.fixture(autouse=True)
+def _no_other_thread(monkeypatch):
+    """draw_all forks only with no other Python thread in the process; a pytest-xdist worker has its
+    own (execnet's), where these tests would then draw in one process and test nothing of the
+    copies (the clean-clone CI). The copies here only draw and exit. The thread test sets its own."""
+    monkeypatch.setattr(draw.threading, "active_count", lambda: 1)
+
+
 def _figs(folder):
     return {os.path.basename(p): open(p, "rb").read() for p in glob.glob(os.path.join(folder, "figures", "*.png"))}
 
