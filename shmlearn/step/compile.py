@@ -3,6 +3,7 @@ with Inductor, and of the batch read; with auto, eager against compiled timed on
 faster kept (options.COMPILE)."""
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Optional
 
@@ -30,6 +31,23 @@ def build_failure(e: BaseException) -> Optional[BaseException]:
             return x
         todo += [x.__cause__, x.__context__, getattr(x, "inner_exception", None)]
     return None
+
+
+def cacheable_functions(model: torch.nn.Module):
+    """AOTAutograd's cache for a step whose every module is torch's or shmlearn's: it then keeps
+    graphs with shmlearn's own autograd.Functions (conv_overlap's convolution: the default on
+    CUDA), which torch leaves out of its cache unless told (torch._functorch.config
+    autograd_cache_allow_custom_autograd_functions, off by default: it cannot know that a user's
+    Function has no behavior outside what Dynamo traced into the graph; ours have none, their
+    backward is a custom op called by name). Without it every run of a compiled step traced and
+    partitioned its joint graph again (issue 52: 3.2 of fashion-94's 5.9 s of compile on an
+    H200, warm caches); Inductor's own cache hit either way. A user's module anywhere in the
+    model leaves torch's default; so does a torch without the setting."""
+    from torch._functorch import config
+    ours = all(type(m).__module__.split(".")[0] in ("torch", "shmlearn") for m in model.modules())
+    if not ours or not hasattr(config, "autograd_cache_allow_custom_autograd_functions"):
+        return contextlib.nullcontext()
+    return config.patch(autograd_cache_allow_custom_autograd_functions=True)
 
 
 class Compiler:
@@ -118,7 +136,8 @@ class Compiler:
                     return (time.perf_counter() - t0) / n
 
                 try:
-                    self.compile_s = timed(compiled, 1)
+                    with cacheable_functions(self.model):
+                        self.compile_s = timed(compiled, 1)
                 except Exception as e:  # noqa: BLE001 - only a build failure falls back, the rest is raised
                     unbuilt = build_failure(e)
                     if unbuilt is None:
@@ -158,7 +177,8 @@ class Compiler:
         if choice != "off":
             dstep.train_loss = compiled
             if computes and self.tuning.compile_read and self.fast and not self.strategy.free_running:
-                self._compile_read(mode, options)
+                with cacheable_functions(self.model):
+                    self._compile_read(mode, options)
         else:  # eager won: what auto chose for a compiled step is slower eagerly
             self.combo = False
             self.choice.eager_won()
