@@ -241,6 +241,40 @@ def _fashion94_starts(folder: str) -> str:
     return f"rm -rf {cache}; " + "; ".join(runs) + f"; cat {folder}/fashion94.jsonl"
 
 
+def _fashion94_pyc(folder: str) -> str:
+    """Issue 52's fashion-94 warm start, both ways a machine may import Python: as the device
+    image ships it (PYTHONDONTWRITEBYTECODE=1: every process compiles torch's sources again), and
+    with Python's bytecode cache (PYTHONPYCACHEPREFIX, as a normal install keeps it beside the
+    sources). Cold once (empty caches), warm twice as shipped; then with the bytecode cache: one
+    run to fill it, warm twice, once with SHMLEARN_EARLY=0 (train/early.py off), and once under
+    py-spy (data/tools/py-spy, where carried: every process, 100 samples/s, speedscope)."""
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    recipe = os.path.join(ROOT_DIR, "recipes", "fashion-94-2gpu.yaml")
+    cache = os.path.join(folder, "caches")
+    env = f"SHMLEARN_CACHE_DIR={cache}/s TRITON_CACHE_DIR={cache}/t TORCHINDUCTOR_CACHE_DIR={cache}/i"
+    pyc = f"-u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX={cache}/pyc"
+    timed = ("import json, subprocess, sys, time; t = time.time(); "
+             "r = subprocess.run(sys.argv[3:]); wall = time.time() - t; "
+             "s = json.load(open(sys.argv[2] + '/summary.json')); "
+             "print(json.dumps(dict(case=sys.argv[1], rc=r.returncode, wall_s=wall, "
+             "setup_s=s.get('setup_time_s'), compile_s=s.get('compile_s'), train_s=s.get('wall_time_s'), "
+             "eval_s=s.get('eval_time_s'), train_start_unix=s.get('train_start_unix'), t0_unix=t, "
+             "test_accuracy=s.get('test_accuracy'))), flush=True)")
+    spy = os.path.join(ROOT_DIR, "data", "tools", "py-spy")
+    runs = []
+    for case, extra in (("cold", ""), ("warm1", ""), ("warm2", ""), ("pyc-fill", pyc), ("pyc-warm1", pyc),
+                        ("pyc-warm2", pyc), ("pyc-early0", pyc + " SHMLEARN_EARLY=0"), ("pyc-spy", pyc)):
+        out = os.path.join(folder, f"f94-{case}")
+        cmd = [sys.executable, "-m", "shmlearn", "train", "--config", recipe, "--data-dir", data, "--device", "cuda",
+               "--no-progress", "--out", out]
+        if case == "pyc-spy":
+            cmd = [spy, "record", "--subprocesses", "--idle", "-r", "100", "-f", "speedscope", "-o",
+                   os.path.join(folder, "f94-spy.speedscope.json"), "--"] + cmd
+        runs.append(f"env {extra} {env} {sys.executable} -c {shlex.quote(timed)} {case} {out} {shlex.join(cmd)} "
+                    f">> {folder}/fashion94.jsonl 2>> {folder}/fashion94.log")
+    return f"rm -rf {cache}; " + "; ".join(runs) + f"; cat {folder}/fashion94.jsonl"
+
+
 def _uw(folder: str, lanes, variants: str = "off,default") -> str:
     """Parts uw-12 and uw-4 (uw-c12, uw-c4: shmlearn compiled only, beside both baselines):
     benchmarks/user_workloads.py, the ViT then the LM, in each lane (CUDA_VISIBLE_DEVICES, GPU
@@ -853,6 +887,8 @@ def part_commands(p: str, workers: str) -> dict:
                                        "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
                                        "60000", "--out", os.path.join(p("sweeps56"), "default")))
                       + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
+        # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
+        "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),

@@ -159,8 +159,10 @@ class Pool:
     # -- jobs -----------------------------------------------------------------------------------
     def start(self, fn: Callable, args: tuple = (), *, slots: Sequence[int], backend: Optional[str] = "gloo",
               timeout_s: float = 300.0, cores: Optional[Sequence[Sequence[int]]] = None,
-              log: Optional[str] = None, env: Optional[Dict[str, str]] = None, tag: Any = None) -> Job:
-        """Run fn(DistEnv, *args) on len(slots) ranks, rank r on the worker of slots[r]."""
+              log: Optional[str] = None, env: Optional[Dict[str, str]] = None, tag: Any = None,
+              early: Optional[Tuple[Callable, tuple]] = None) -> Job:
+        """Run fn(DistEnv, *args) on len(slots) ranks, rank r on the worker of slots[r]; early:
+        (fn, args) each rank starts in a thread beside its group's join (worker.Task.early)."""
         slots = tuple(slots)
         busy = [s for s in slots if s in self.workers and self.workers[s].job is not None]
         if busy or len(set(slots)) != len(slots) or any(s not in self.slots for s in slots):
@@ -174,7 +176,7 @@ class Pool:
         for r, s in enumerate(slots):
             w = self.workers.get(s) or self._spawn(s)
             task = Task(job.id, fn, args, r, len(slots), slots, group, backend, timeout_s,
-                        tuple(cores[r]) if cores else None, log, dict(env or {}))
+                        tuple(cores[r]) if cores else None, log, dict(env or {}), early)
             w.job, w.rank = job.id, r
             w.group, w.group_key = group, (slots, backend, timeout_s)
             if w.ready:
@@ -358,13 +360,15 @@ def current() -> Optional[Pool]:
 
 
 def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None,
-              threads: Optional[int] = None, rank_threads: bool = False) -> list:
+              threads: Optional[int] = None, rank_threads: bool = False,
+              early: Optional[Tuple[Callable, tuple]] = None) -> list:
     """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
     or on a pool of `world` workers made for this call. Returns every rank's result; raises
     BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
     (Gloo on GPUs: ranks may share one). rank_threads: fn sets each rank's intra-op threads as
     limits.rank_threads does (--threads `threads`, else at most the cores over `world`); where that
-    is one, the pool made here may fork its workers from this process (Pool's one_thread)."""
+    is one, the pool made here may fork its workers from this process (Pool's one_thread). early:
+    what each rank starts beside its group's join (worker.Task.early)."""
     backend = backend or ("nccl" if cuda else "gloo")
     pool = current()
     if pool is not None:
@@ -374,7 +378,7 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, back
         if len(free) < world:
             raise BadInput(f"--workers: {world} processes needed, the pool has {count(len(free), 'free slot')} "
                            f"of {len(pool.slots)}")
-        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s)
+        return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s, early=early)
     one_thread = rank_threads and not cuda and (threads or max(1, usable_cores() // world)) == 1
     with Pool(world, cuda=cuda, one_thread=one_thread) as pool:
-        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s)
+        return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s, early=early)

@@ -13,6 +13,7 @@ import gc
 import os
 import signal
 import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field
@@ -52,6 +53,10 @@ class Task:
     log: Optional[str] = None
     """Append this rank's stdout and stderr to this file during the job."""
     env: Dict[str, str] = field(default_factory=dict)
+    early: Optional[Tuple[Callable, tuple]] = None
+    """(fn, args): fn(*args) started in a daemon thread of its own as the task starts, beside the
+    group's join: work the rank needs only later (train/early.py: the data's read, the compiler's
+    imports). It must swallow its own errors: the rank redoes whatever it did not finish."""
 
 
 _store = None
@@ -191,6 +196,8 @@ def _run_task(task: Task, slot: int, store, current, conn):
     os.environ.update(task.env)
     if task.cores and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, task.cores)
+    if task.early is not None:
+        threading.Thread(target=task.early[0], args=task.early[1], name="shmlearn-early", daemon=True).start()
     try:
         key = (task.group, task.backend, task.rank, task.world, task.timeout_s)
         g0 = time.perf_counter()

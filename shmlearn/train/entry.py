@@ -28,6 +28,7 @@ from shmlearn.launch.placement import backend_for, default_workers, device_type
 from shmlearn.launch.pool import current as current_pool, describe, run_local
 from shmlearn.launch.start import DistEnv, check_capacity, detect_env, free_port
 from shmlearn.launch import lean
+from shmlearn.train import early
 from shmlearn.step import built
 from shmlearn.record.runs import check_out_dir, default_run_dir, lock_out_dir
 from shmlearn.sync import registry
@@ -114,9 +115,11 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
             model = copy.deepcopy(result.model).cpu() if result.model is not None else None
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
-        summary, run_dir, blob = run_local(rank_main, (cfg.to_dict(), None, True, sent, True), world,
+        cfg_dict = cfg.to_dict()
+        summary, run_dir, blob = run_local(rank_main, (cfg_dict, None, True, sent, True), world,
                                            cuda=cuda, timeout_s=cfg.timeout, backend=backend,
-                                           threads=cfg.threads, rank_threads=True)[0]
+                                           threads=cfg.threads, rank_threads=True,
+                                           early=None if parts.given() else early.task_early(cfg_dict))[0]
     # The whole module (the user's class), so not weights_only: bytes rank 0 of this run sent over
     # its pool's pipe, never read from a file (docs/security.md).
     model = torch.load(io.BytesIO(blob), map_location="cpu", weights_only=False) if blob else None

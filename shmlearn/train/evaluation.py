@@ -15,8 +15,9 @@ request rides in the loop's control all-reduce), so every rank evaluates at the 
 """
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, Optional, Sequence, Tuple
 
 import torch
 import torch.distributed as dist
@@ -128,6 +129,33 @@ def evaluate(*, model, module, data, compute, names: Sequence[str], loss, task: 
     test_loss, test_NAME; test_accuracy is the metric named accuracy, or None); else the test
     set's mean loss and accuracy (None for regression). model: the bare module; module: what the
     step calls forward on (DDP's wrapper)."""
+    with untimed_convolutions(device):
+        return _evaluate(model=model, module=module, data=data, compute=compute, names=names, loss=loss, task=task,
+                         rank=rank, world_size=world_size, device=device, normalize=normalize, autocast=autocast,
+                         batch_size=batch_size, timeout_s=timeout_s)
+
+
+@contextlib.contextmanager
+def untimed_convolutions(device: torch.device) -> Iterator[None]:
+    """cuDNN's algorithms for an evaluation's convolutions from its heuristics, not timed as
+    --cudnn-benchmark times the training step's: an evaluation runs a few batches of its own
+    shapes (the test set's batch and the last, smaller one), and timing every algorithm for each
+    new shape cost more than the evaluation itself (0.3-0.4 s of a process's first evaluation,
+    fashion-net and alexnet-small on an H200, py-spy: results/gpu-2026-11-28-s26/); the step's
+    own tuning is untouched."""
+    from torch.backends import cudnn
+    if device.type != "cuda" or not cudnn.benchmark:
+        yield
+        return
+    cudnn.benchmark = False
+    try:
+        yield
+    finally:
+        cudnn.benchmark = True
+
+
+def _evaluate(*, model, module, data, compute, names: Sequence[str], loss, task: str, rank: int, world_size: int,
+              device: torch.device, normalize, autocast, batch_size: int, timeout_s) -> Dict[str, Optional[float]]:
     if compute is not None:
         row: Dict[str, Optional[float]] = {}
         for split in (("val", "test") if getattr(data, "val", None) is not None else ("test",)):

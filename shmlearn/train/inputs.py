@@ -23,6 +23,7 @@ from shmlearn.errors import BadInput
 from shmlearn.models import build_model
 from shmlearn.models.user import check_compute_loss, check_loss, check_outputs, user_model
 from shmlearn.nn import FoldedLinear
+from shmlearn.train import early
 from shmlearn.user.parts import Parts, resolve_ref
 from shmlearn.user.refs import is_ref
 
@@ -48,8 +49,8 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
         if is_ref(name):
             ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
                            device=device, name=name)
-        else:
-            ds = load_dataset(name, data_dir, seed=seed)
+        else:  # read by this task's early thread (train/early.py) if it did, else here
+            ds = early.take_dataset(name, data_dir, seed) or load_dataset(name, data_dir, seed=seed)
         _DATA_CACHE[key] = ds.to(device)
     return _DATA_CACHE[key]
 

@@ -54,3 +54,31 @@ def test_the_pass_before_training_counts_as_evaluation(tmp_path):
 def test_eval_at_start_takes_on_or_off(tmp_path):
     with pytest.raises(shmlearn.BadInput, match="--eval-at-start maybe: choose on or off"):
         shmlearn.train(TrainConfig(eval_at_start="maybe", out=str(tmp_path / "x")))
+
+
+def test_an_evaluation_on_a_gpu_picks_cudnns_algorithms_untimed_and_puts_the_steps_tuning_back():
+    """evaluation.untimed_convolutions: --cudnn-benchmark's timing is off during an evaluation on
+    CUDA and on again after it, an error included; on the CPU, or with the timing off, nothing
+    changes. (The flag is torch's global: no GPU is needed to see it set.)"""
+    import pytest
+    import torch
+    from torch.backends import cudnn
+    from shmlearn.train.evaluation import untimed_convolutions
+    before = cudnn.benchmark
+    try:
+        cudnn.benchmark = True
+        with untimed_convolutions(torch.device("cuda", 0)):
+            assert cudnn.benchmark is False
+        assert cudnn.benchmark is True
+        with pytest.raises(RuntimeError):
+            with untimed_convolutions(torch.device("cuda", 0)):
+                raise RuntimeError("a failing evaluation")
+        assert cudnn.benchmark is True
+        with untimed_convolutions(torch.device("cpu")):
+            assert cudnn.benchmark is True
+        cudnn.benchmark = False
+        with untimed_convolutions(torch.device("cuda", 0)):
+            assert cudnn.benchmark is False
+        assert cudnn.benchmark is False
+    finally:
+        cudnn.benchmark = before
