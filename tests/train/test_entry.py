@@ -9,7 +9,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.launch.start import DistEnv, free_port
 from shmlearn.sync import registry
-from shmlearn.train import entry, noise
+from shmlearn.train import early, entry, noise
 
 TINY = dict(model="mlp", dataset="digits", device="cpu", samples=64 * 4, batch_size=64, eval_points=1,
             progress=False)
@@ -78,7 +78,9 @@ def test_a_pool_run_settles_once_and_tells_its_ranks(tmp_path, calls, monkeypatc
     cfg_dict, prune_key, want_model, parts, settled = sent["args"]
     assert sent["fn"] is entry.rank_main and sent["world"] == 2 and cfg_dict["workers"] == 2 and settled is True
     # the ranks set their threads as limits.rank_threads does: the pool may fork them from here
-    assert sent["kw"] == {"threads": TINY.get("threads"), "rank_threads": True}
+    # and each rank starts its data read (and the compiler's imports) beside its group's join
+    assert sent["kw"] == {"threads": TINY.get("threads"), "rank_threads": True,
+                          "early": (early.start, (cfg_dict,))}
 
 
 def test_under_a_launcher_train_checks_once_and_its_rank_not_again(tmp_path, calls, monkeypatch):
