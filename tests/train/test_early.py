@@ -70,3 +70,23 @@ def test_two_workers_train_alike_with_and_without_it(tmp_path, monkeypatch):
                                    batch_size=32, progress=False, out=str(out)))
         losses.append([json.loads(line)["loss"] for line in open(out / "metrics.jsonl") if '"loss"' in line])
     assert losses[0] and losses[0] == losses[1]
+
+
+def test_a_compiled_run_imports_the_compiler_and_hashes_its_keys_early():
+    """In a fresh process: after start() of a compiled run's config, the modules torch.compile's
+    first call imports are imported and the cache keys' source hashes are computed (a compiled
+    graph's key reads them); the step's device is left alone (no CUDA call)."""
+    import subprocess
+    import sys
+    code = ("import sys, torch\n"
+            "from shmlearn.train import early\n"
+            "assert 'torch._inductor.compile_fx' not in sys.modules\n"
+            "early.start({'dataset': 'data.py:load', 'compile': 'default'})\n"
+            "assert all(m in sys.modules for m in early.COMPILER_MODULES)\n"
+            "from torch._inductor import codecache\n"
+            "import time; t = time.perf_counter(); codecache.torch_key(); codecache.triton_key()\n"
+            "assert time.perf_counter() - t < 0.05, 'not cached'\n"
+            "assert not torch.cuda.is_initialized()\n"
+            "print('ok')\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
