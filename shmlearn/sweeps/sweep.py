@@ -83,23 +83,10 @@ class Sweep(TrialRunner):
         self.finish(trials)
         return self.exit_code("failed (not recorded; the same command retries them)")
 
-    def order(self, pending: List[TrainConfig]) -> List[TrainConfig]:
-        """The order the trials start in: the grid's, and on GPUs the widest trials first (grid
-        order within a width). A trial waits until enough GPUs are free and none jumps the queue
-        (so none starves), so in grid order (1 worker, then 2, then 4) every change of width
-        drained the GPUs: the last 1-worker trials ran while the first 2-worker trial waited for
-        its pair, and each 4-worker trial waited for all four (27 GPU-s of the seed's 411 on four
-        H200s, issue 52). Widest first, the narrower trials fill the GPUs as the wider ones free
-        them, and only the last few trials leave GPUs idle. Not on CPUs, whose slots are cores
-        a trial shares with the sweep's own process."""
-        if not self.cuda:
-            return pending
-        return sorted(pending, key=lambda c: -min(self.need(c), self.nslots))  # stable: grid order within
-
     def _schedule(self, pending: List[TrainConfig]) -> None:
-        """Run the pending trials on one pool, in order(); a failed one is retried once at once."""
+        """Run the pending trials in grid order on one pool; a failed one is retried once at once."""
         safe_write.makedirs(self.tmp_dir, root=self.dir)
-        queue: List[Tuple[TrainConfig, int]] = [(c, 1) for c in self.order(pending)]
+        queue: List[Tuple[TrainConfig, int]] = [(c, 1) for c in pending]
         free = list(range(self.nslots))
         running: Dict[int, Running] = {}
         prev = signal.signal(signal.SIGTERM, raise_interrupt)

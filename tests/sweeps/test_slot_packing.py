@@ -53,24 +53,3 @@ def test_one_worker_trials_share_the_slots_and_a_two_worker_trial_waits_for_both
     assert len(one) == 2 and len(two) == 2, dict(span)  # the 1-worker trials ran in 2 processes
     assert one[0][0] < one[1][1] and one[1][0] < one[0][1], one  # side by side
     assert max(v[1] for v in one) < min(v[0] for v in two), (one, two)  # the 2-worker trials waited
-
-
-def test_on_gpus_the_widest_trials_start_first_in_grid_order_within_a_width():
-    """Sweep.order: on GPUs a grid of 1, 2 and 4 workers starts its 4-worker trials first, then
-    the 2-worker ones, then the 1-worker ones, each width in grid order (so the narrow trials
-    fill the GPUs the wide ones free, not the other way round); a trial wider than the machine
-    (it runs alone) counts as the machine's width; on CPUs the grid's order is kept."""
-    from shmlearn.config.train_config import TrainConfig
-    from shmlearn.sweeps.sweep import Sweep
-    grid = [TrainConfig(workers=w, lr=lr, strategy=s) for w in (1, 2, 4, 8) for lr in (0.1, 0.2)
-            for s in ("allreduce",)]
-    grid.append(TrainConfig(workers=1, strategy="ps", ps_dedicated=True))  # 2 processes: a server + 1 worker
-    sweep = object.__new__(Sweep)
-    sweep.nslots = 4
-    sweep.cuda = True
-    got = [(c.workers, c.lr, c.strategy) for c in sweep.order(grid)]
-    assert got == [(4, 0.1, "allreduce"), (4, 0.2, "allreduce"), (8, 0.1, "allreduce"), (8, 0.2, "allreduce"),
-                   (2, 0.1, "allreduce"), (2, 0.2, "allreduce"), (1, grid[-1].lr, "ps"),
-                   (1, 0.1, "allreduce"), (1, 0.2, "allreduce")], got
-    sweep.cuda = False
-    assert sweep.order(grid) == grid
