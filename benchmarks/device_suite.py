@@ -241,7 +241,10 @@ def _fashion94_starts(folder: str) -> str:
     return f"rm -rf {cache}; " + "; ".join(runs) + f"; cat {folder}/fashion94.jsonl"
 
 
-def _fashion94_pyc(folder: str) -> str:
+F94_CASES = ("cold", "warm1", "warm2", "pyc-fill", "pyc-warm1", "pyc-warm2", "pyc-early0", "pyc-spy")
+
+
+def _fashion94_pyc(folder: str, cases=F94_CASES) -> str:
     """Issue 52's fashion-94 warm start, both ways a machine may import Python: as the device
     image ships it (PYTHONDONTWRITEBYTECODE=1: every process compiles torch's sources again), and
     with Python's bytecode cache (PYTHONPYCACHEPREFIX, as a normal install keeps it beside the
@@ -262,8 +265,9 @@ def _fashion94_pyc(folder: str) -> str:
              "test_accuracy=s.get('test_accuracy'))), flush=True)")
     spy = os.path.join(ROOT_DIR, "data", "tools", "py-spy")
     runs = []
-    for case, extra in (("cold", ""), ("warm1", ""), ("warm2", ""), ("pyc-fill", pyc), ("pyc-warm1", pyc),
-                        ("pyc-warm2", pyc), ("pyc-early0", pyc + " SHMLEARN_EARLY=0"), ("pyc-spy", pyc)):
+    extras = {"pyc-early0": pyc + " SHMLEARN_EARLY=0"}
+    for case in cases:
+        extra = extras.get(case, pyc if case.startswith("pyc") else "")
         out = os.path.join(folder, f"f94-{case}")
         cmd = [sys.executable, "-m", "shmlearn", "train", "--config", recipe, "--data-dir", data, "--device", "cuda",
                "--no-progress", "--out", out]
@@ -889,6 +893,16 @@ def part_commands(p: str, workers: str) -> dict:
                       + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
+        "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
+            p("f94-26b"), ("cold", "pyc-fill", "pyc-warm1", "pyc-warm2", "pyc-warm3", "warm1"))], 300),
+        # The 2-worker cells the session-26 matrix's time limit left out, 3 at a time on GPUs 0,1.
+        "m9-26": (["bash", "-c", _matrix_all(p("m9-26"), "2", w1_per_gpu=0, w2_per_pair=3, only=",".join((
+            "alexnet-small/fp32/allreduce/W2/clip+accumulate=2+grad-buckets=on+no-graph",
+            "fashion-net/fp32/allreduce/W2/grad-buckets=on", "fashion-net/fp32/ps/W2/clip+accumulate=2",
+            "lenet/fp32/weight-avg/W2/accumulate=2", "lenet/fp32/weight-avg/W2/clip+accumulate=2",
+            "resnet18/bf16/allreduce/W2/clip+accumulate=2+grad-buckets=on+compile",
+            "resnet18/bf16/allreduce/W2/clip+accumulate=2+grad-buckets=on+no-graph",
+            "resnet18/bf16/allreduce/W2/grad-buckets=on", "resnet18/fp32/allreduce/W2/grad-buckets=off")))], 300),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),
