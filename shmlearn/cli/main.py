@@ -266,7 +266,7 @@ def prestart(argv: List[str]) -> None:
     if argv[0] == "train" and (given.get("--workers") == "1" or (
             "--workers" not in given and given.get("--device") != "cpu" and _visible_gpus() == 1)):
         return
-    lean = _lean_sweep(argv)
+    lean = _lean_sweep(argv) or _lean_train(argv)
     if lean == "caller":
         return
     forkserver.start(dynamo=not lean)
@@ -285,6 +285,27 @@ def _lean_sweep(argv: List[str]) -> Optional[str]:
         return None
     # A study (--storage) may run threads of its storage's, which a fork refuses (caller_fork)
     return "caller" if given.get("--threads", "1") == "1" and "--storage" not in given else "forkserver"
+
+
+def _lean_train(argv: List[str]) -> Optional[str]:
+    """A CPU `train` whose flags compile nothing (no --compile but off, no --config that might
+    set it): its pool is lean (train/entry.py; the user's code named by a flag makes it a full one
+    after all, whose workers then import torch._dynamo themselves). "caller": its ranks run one
+    thread each (--threads 1, or no more cores than processes: the pool's one_thread), so its
+    workers fork from this process, which needs no forkserver (2 workers on 2 cores: the README's
+    first command, whose forkserver's torch._dynamo import held the workers' fork by 1 s); else
+    "forkserver": one that imports torch alone. None: not such a run."""
+    given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--workers"))
+    if not (argv[0] == "train" and given.get("--compile", "off") == "off" and "--config" not in given
+            and (given.get("--device") == "cpu" or _visible_gpus() == 0)):
+        return None
+    try:
+        workers = max(1, int(given.get("--workers", "2")))  # the CPU default (launch/placement.py)
+    except ValueError:
+        return None  # refused later, with its line
+    from shmlearn.config.limits import usable_cores  # lazy: prestart runs before any other import
+    threads = given.get("--threads")
+    return "caller" if threads == "1" or (threads is None and usable_cores() // workers <= 1) else "forkserver"
 
 
 def _visible_gpus() -> int:

@@ -74,3 +74,16 @@ def _as_given(fn=None, recursive: bool = True):
 def active() -> bool:
     """Whether this process runs its optimizers without torch._dynamo (skip_dynamo_in_optimizers)."""
     return _active
+
+
+USER_CODE = ("model", "dataset", "loss", "compute_loss", "optimizer", "scheduler")
+"""The fields of a TrainConfig that may name the user's code (FILE.py:NAME, user/refs.py)."""
+
+
+def compiles_nothing(cfg) -> bool:
+    """Whether a run of TrainConfig `cfg` may run on a lean pool (launch.pool.Pool's lean: no
+    torch._dynamo in its workers): it does not compile, and it imports none of the user's code
+    (which might). CPU runs only: a GPU pool's workers fork with Dynamo imported (cli.prestart)."""
+    from shmlearn.user.refs import is_ref  # lazy: the program reads this module before its other imports
+    return cfg.compile == "off" and not any(is_ref(getattr(cfg, f)) for f in USER_CODE)
+

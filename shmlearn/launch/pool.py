@@ -361,14 +361,15 @@ def current() -> Optional[Pool]:
 
 def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, backend: Optional[str] = None,
               threads: Optional[int] = None, rank_threads: bool = False,
-              early: Optional[Tuple[Callable, tuple]] = None) -> list:
+              early: Optional[Tuple[Callable, tuple]] = None, lean: bool = False) -> list:
     """Run fn(DistEnv, *args) on `world` local ranks: on the current pool's free slots (pool.using),
     or on a pool of `world` workers made for this call. Returns every rank's result; raises
     BadInput / Diverged / WorkerFailed naming the rank. backend: default NCCL on GPUs, else Gloo
     (Gloo on GPUs: ranks may share one). rank_threads: fn sets each rank's intra-op threads as
     limits.rank_threads does (--threads `threads`, else at most the cores over `world`); where that
     is one, the pool made here may fork its workers from this process (Pool's one_thread). early:
-    what each rank starts beside its group's join (worker.Task.early)."""
+    what each rank starts beside its group's join (worker.Task.early). lean: the pool made here is
+    lean (Pool's lean: the run compiles nothing, and no worker imports torch._dynamo)."""
     backend = backend or ("nccl" if cuda else "gloo")
     pool = current()
     if pool is not None:
@@ -380,5 +381,5 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, back
                            f"of {len(pool.slots)}")
         return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s, early=early)
     one_thread = rank_threads and not cuda and (threads or max(1, usable_cores() // world)) == 1
-    with Pool(world, cuda=cuda, one_thread=one_thread) as pool:
+    with Pool(world, cuda=cuda, one_thread=one_thread, lean=lean and not cuda) as pool:
         return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s, early=early)

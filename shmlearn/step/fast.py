@@ -39,6 +39,8 @@ so the period is chosen at capture to keep those steps within 1% of the time
 """
 from __future__ import annotations
 
+import importlib
+import sys
 from typing import Optional
 
 import torch
@@ -126,6 +128,12 @@ class Stepper:
                 self._capture_all_ranks()
             elif device.type == "cuda" and fault is not None:
                 self._say("fault injection runs eagerly (no CUDA graph)")
+        if "torch._dynamo" not in sys.modules and (strategy.flat_update is None or strategy.free_running):
+            # torch.optim's step() imports torch._dynamo at its first call (its _use_grad
+            # wrapper), which a run without Dynamo (launch/lean.py) would pay inside its first
+            # timed step (1-4 s on this 2-core CPU: a 64-step Adam run timed 5.3 s, 0.96 s with
+            # Dynamo imported first): imported now, before the clock starts.
+            importlib.import_module("torch._dynamo")  # not `import torch._dynamo`: torch is a global here
 
     def _setup_fast(self, fused: bool = True) -> None:
         """The fast step's mode (modes.arm_fast; fused=False: a free-running strategy with an

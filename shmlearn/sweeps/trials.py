@@ -33,6 +33,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput, Diverged, WorkerFailed, count
 from shmlearn.launch.start import detect_env
 from shmlearn.config.limits import usable_cores
+from shmlearn.launch import lean
 from shmlearn.launch.pool import Pool
 from shmlearn.sweeps.results import ResultStore, pick_winners, winner_goal, winners_table
 from shmlearn.sweeps.results import fmt as _fmt
@@ -43,7 +44,6 @@ from shmlearn.sync import registry
 from shmlearn.train.entry import trial_main
 from shmlearn.train.inputs import preload_data
 from shmlearn.user import user_main
-from shmlearn.user.refs import is_ref
 
 TRIAL_TIMES = "sweep_times.json"
 """In a trial's run directory: {elapsed_s, group_s}, as the sweep that ran it measured them."""
@@ -360,15 +360,7 @@ class TrialRunner(abc.ABC):
         return code
 
 
-USER_CODE = ("model", "dataset", "loss", "compute_loss", "optimizer", "scheduler")
-"""The fields that may name the user's code (FILE.py:NAME, user/refs.py)."""
-
-
-def compiles_nothing(cfg: TrainConfig) -> bool:
-    """Whether a trial may run on a lean pool (Pool's lean: no torch._dynamo): it does not compile,
-    and it imports none of the user's code (which might). On CPUs only: a GPU pool's workers fork
-    with Dynamo imported (cli.prestart), where leaving it out would save nothing."""
-    return cfg.compile == "off" and not any(is_ref(getattr(cfg, f)) for f in USER_CODE)
+USER_CODE, compiles_nothing = lean.USER_CODE, lean.compiles_nothing  # noqa: F401 - names of this module's API
 
 
 def draw_report(folder: str, helper=None) -> bool:

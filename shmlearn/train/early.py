@@ -50,7 +50,7 @@ def start(cfg: Dict[str, Any]) -> None:
     if os.environ.get("SHMLEARN_EARLY", "1") == "0":
         return
     name, compile_mode = cfg.get("dataset"), cfg.get("compile", "off")
-    from shmlearn.user.refs import is_ref
+    from shmlearn.user.refs import is_ref  # lazy: a pool worker imports this module before its first task
     if isinstance(name, str) and not is_ref(name):
         key = data_key(name, cfg.get("data_dir"), int(cfg.get("seed", 0)))
         with _lock:
@@ -61,7 +61,7 @@ def start(cfg: Dict[str, Any]) -> None:
                 read = None  # already read (or reading): a later task of this worker
         if read is not None:
             try:
-                from shmlearn.data import load_dataset
+                from shmlearn.data import load_dataset  # lazy: only where a dataset is read early
                 read.dataset = load_dataset(name, cfg.get("data_dir"), seed=int(cfg.get("seed", 0)))
             except BaseException:  # noqa: BLE001 - the rank reads it itself and raises its own error
                 read.dataset = None

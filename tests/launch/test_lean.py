@@ -71,3 +71,78 @@ def test_the_programs_one_worker_run_skips_dynamo_and_trains_the_same(tmp_path):
     # The same kernels: one thread each (an unpinned count follows the cores free, and a sum split
     # over another count of threads rounds differently: seen under load).
     assert (lean["final_loss"], lean["test_accuracy"]) == (api["final_loss"], api["test_accuracy"])
+
+
+RUN2 = """
+import json, sys
+from shmlearn.user import user_main
+if {program}:
+    user_main.program_owns_main()
+from shmlearn.launch import pool as P
+seen = []
+close = P.Pool.close
+def recording_close(self):
+    seen.extend(self.startup)
+    close(self)
+P.Pool.close = recording_close
+from shmlearn.cli import main
+argv = ["train", "--workers", "2", "--threads", "1", "--samples", "4096", "--no-progress", "--out", {out!r}]
+rc = main.main(argv, early_workers={program})
+s = json.load(open({out!r} + "/summary.json"))
+print(json.dumps({{"rc": rc, "dynamo": "torch._dynamo" in sys.modules, "final_loss": s["final_loss"],
+                  "test_accuracy": s["test_accuracy"], "workers": [(w["start"], w["dynamo"]) for w in seen]}}))
+"""
+
+
+def test_the_programs_cpu_pool_run_is_lean_forks_from_it_and_trains_the_same(tmp_path):
+    """`shmlearn train --workers 2 --threads 1` on the CPU (the README's first command on 2 cores):
+    no forkserver, the two workers fork from the program and neither it nor they import
+    torch._dynamo; a user's script's train() (not lean) gets the same losses to the bit."""
+    lean = _py(RUN2.format(program=True, out=str(tmp_path / "lean")))
+    full = _py(RUN2.format(program=False, out=str(tmp_path / "full")))
+    assert lean["rc"] == full["rc"] == 0
+    assert lean["workers"] == [["fork", False], ["fork", False]], lean["workers"]
+    assert lean["dynamo"] is False
+    assert all(d for _, d in full["workers"]), full["workers"]
+    assert (lean["final_loss"], lean["test_accuracy"]) == (full["final_loss"], full["test_accuracy"])
+
+
+def test_which_cpu_train_runs_are_lean():
+    from shmlearn.cli.main import _lean_train
+    from shmlearn.config.limits import usable_cores
+    assert _lean_train(["train", "--device", "cpu", "--threads", "1"]) == "caller"
+    assert _lean_train(["train", "--device", "cpu", "--workers", str(usable_cores())]) == "caller"
+    assert _lean_train(["train", "--device", "cpu", "--workers", "1", "--threads", "2"]) == "forkserver"
+    assert _lean_train(["train", "--device", "cpu", "--compile", "default"]) is None
+    assert _lean_train(["train", "--device", "cpu", "--config", "r.yaml"]) is None
+    assert _lean_train(["train", "--device", "cpu", "--workers", "two"]) is None
+    assert _lean_train(["sweep", "--device", "cpu"]) is None
+
+
+FIRST_STEP = """
+import json, sys
+from shmlearn.user import user_main
+user_main.program_owns_main()
+from shmlearn.step import fast
+at_first = []
+run = fast.Stepper.run
+def recording_run(self, *a, **k):
+    if not at_first:
+        at_first.append("torch._dynamo" in sys.modules)
+    return run(self, *a, **k)
+fast.Stepper.run = recording_run
+from shmlearn.cli import main
+rc = main.main(["train", "--workers", "1", "--threads", "1", "--samples", "2048", "--no-progress",
+                "--out", {out!r}] + {extra!r})
+print(json.dumps({{"rc": rc, "at_first_step": at_first[0], "dynamo": "torch._dynamo" in sys.modules}}))
+"""
+
+
+def test_a_lean_run_whose_step_calls_the_optimizers_step_imports_dynamo_before_its_first_step(tmp_path):
+    """torch.optim's step() imports torch._dynamo at its first call: a lean run (launch/lean.py)
+    whose step calls it (Adam's step, not the flat SGD update) imports it during setup, so its
+    first timed step does not pay the import; one on the flat SGD update never imports it."""
+    adam = _py(FIRST_STEP.format(out=str(tmp_path / "adam"), extra=["--optimizer", "adam", "--lr", "0.01"]))
+    sgd = _py(FIRST_STEP.format(out=str(tmp_path / "sgd"), extra=[]))
+    assert adam == {"rc": 0, "at_first_step": True, "dynamo": True}
+    assert sgd == {"rc": 0, "at_first_step": False, "dynamo": False}
