@@ -287,6 +287,27 @@ def _lean_sweep(argv: List[str]) -> Optional[str]:
     return "caller" if given.get("--threads", "1") == "1" and "--storage" not in given else "forkserver"
 
 
+TORCH_COMMANDS = ("train", "sweep", "experiment", "bench")
+"""The program's commands that import torch before they do anything else."""
+
+
+def import_torch_whole(argv: List[str]) -> None:
+    """Import torch with Ctrl-C and SIGHUP held, for a command that imports it anyway: a
+    KeyboardInterrupt raised inside the import of one of torch's C++ extensions can end in C++'s
+    std::terminate, SIGABRT (-6) and a stack dump instead of the one line and 130 (seen in CI:
+    Ctrl-C 0.5 s after `shmlearn train` started). A signal that came meanwhile is delivered when the
+    import ends, where it raises as anywhere else (exits.py)."""
+    if not argv or argv[0] not in TORCH_COMMANDS or "-h" in argv or "--help" in argv or "torch" in sys.modules:
+        return
+    import signal
+    held = {signal.SIGINT, signal.SIGHUP}
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        import torch  # noqa: F401
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, before)
+
+
 def _lean_train(argv: List[str]) -> Optional[str]:
     """A CPU `train` whose flags compile nothing (no --compile but off, no --config that might
     set it): its pool is lean (train/entry.py; the user's code named by a flag makes it a full one
@@ -331,6 +352,7 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
         return e.exit_code
     if early_workers:
         prestart(sys.argv[1:] if argv is None else argv)
+        import_torch_whole(sys.argv[1:] if argv is None else argv)
     ns = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return ns.func(ns)

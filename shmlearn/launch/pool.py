@@ -28,6 +28,7 @@ import itertools
 import multiprocessing as mp
 import os
 import signal
+import threading
 import time
 import warnings
 from contextlib import contextmanager
@@ -120,11 +121,12 @@ class Pool:
                               OwnerStdio(), siblings, self.lean),
                         daemon=False)
         t0 = time.monotonic()  # startup's ready_s counts the wait for the forkserver's imports too
-        _start(p, main)
-        child.close()
-        w = _Worker(slot, p, parent, t_spawn=t0, start=ctx.get_start_method(), why_not_fork=why_not)
-        self.workers[slot] = w
-        self.started_workers += 1
+        with _interrupts_deferred():
+            _start(p, main)
+            child.close()
+            w = _Worker(slot, p, parent, t_spawn=t0, start=ctx.get_start_method(), why_not_fork=why_not)
+            self.workers[slot] = w
+            self.started_workers += 1
         return w
 
     def warm(self, slots: Optional[Sequence[int]] = None) -> None:
@@ -334,6 +336,34 @@ def _start(p, main) -> None:
                 p.start()
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+
+
+@contextmanager
+def _interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (and SIGHUP) taken in the block raise at its end, not inside it. Around a worker's
+    start and its record in Pool.workers: one that raised in between left a started worker that
+    close() did not know, waiting for its store, while multiprocessing's exit joined it: the
+    program hung (1 in ~20 Ctrl-Cs as `shmlearn train`'s 2 workers forked from it). Python-level, not
+    a signal mask: a process's signal goes to any thread that does not block it (the store's), and
+    Python's handler then raises in the main thread whatever its mask. Only in the main thread,
+    where handlers are set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    taken: List[Tuple[int, Any]] = []
+    held = [sig for sig in (signal.SIGINT, getattr(signal, "SIGHUP", None)) if sig is not None]
+    before = {sig: signal.signal(sig, lambda n, frame: taken.append((n, frame))) for sig in held}
+    try:
+        yield
+    finally:
+        for sig, handler in before.items():
+            signal.signal(sig, handler)
+        for n, frame in taken[:1]:  # the first one, as its own handler would have taken it
+            handler = before[n]
+            if callable(handler):
+                handler(n, frame)
+            elif handler == signal.SIG_DFL:  # the default action, now
+                os.kill(os.getpid(), n)
 
 
 def _kill(proc) -> None:

@@ -13,6 +13,7 @@ import pytest
 
 from procs import alive as _alive
 from shmlearn.cli import main as cli
+from shmlearn.config import limits
 from shmlearn.launch import forkserver
 
 PROBE = r"""
@@ -120,8 +121,12 @@ def test_the_forkserver_for_owners_without_cuda_and_an_unchanged_import_environm
 
 
 @pytest.mark.parametrize("argv,started", [
-    (["train", "--workers", "2"], True), (["train"], True), (["train", "--workers", "1"], False),
-    (["train", "--help"], False), (["train", "--device", "cpu"], True), (["experiment", "run", "cnn"], True),
+    # a CPU train that compiles nothing is lean (no torch._dynamo): 2 workers on these 2 cores fork
+    # from it, none needed; 1 worker of 2 threads on them needs one without Dynamo; compiling: as before
+    (["train", "--workers", "2"], False), (["train"], False), (["train", "--workers", "1"], False),
+    (["train", "--help"], False), (["train", "--device", "cpu"], False),
+    (["train", "--threads", "2"], "lean"), (["train", "--compile", "default"], True),
+    (["train", "--config", "r.yaml"], True), (["experiment", "run", "cnn"], True),
     (["experiment", "list"], False), (["sweep", "--help"], False), (["report", "runs/x"], False),
     # a CPU sweep that compiles nothing, a thread a rank: its lean workers fork from it, none needed
     (["sweep", "--workers", "2"], False), (["sweep", "--workers", "1"], False), (["sweep", "--compile", "off"], False),
@@ -133,6 +138,7 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
     """started: True (torch and torch._dynamo preloaded), "lean" (torch alone) or False."""
     calls = []
     monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append(True if dynamo else "lean"))
+    monkeypatch.setattr(limits, "usable_cores", lambda: 2)  # this machine's cores, on any machine
     monkeypatch.setattr(os.path, "exists", lambda p: False)  # no GPU driver
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")  # and none visible
     cli.prestart(argv)
@@ -148,10 +154,11 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
     (["train"], "0", False),                         # one GPU: the run is this process's own
     (["train"], "0,1", True),                        # two: a pool of two GPU workers forks from it
     (["train", "--workers", "2"], "0", True),        # asked for (Gloo shares the GPU)
-    (["train", "--device", "cpu"], "0", True),       # the CPU's default of 2 workers
+    (["train", "--device", "cpu"], "0", False),      # the CPU's default of 2 workers, lean: they fork from it
     (["sweep"], "0", True), (["experiment", "run", "cnn"], "0,1,2,3", True),
     (["sweep", "--device", "cpu"], "0", False)])     # a CPU sweep's lean workers fork from it
 def test_on_a_gpu_host_it_starts_for_pools_and_not_for_a_run_of_one_gpu(monkeypatch, argv, visible, started):
+    monkeypatch.setattr(limits, "usable_cores", lambda: 2)
     calls = []
     monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append(dynamo))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
