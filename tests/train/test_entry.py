@@ -78,9 +78,10 @@ def test_a_pool_run_settles_once_and_tells_its_ranks(tmp_path, calls, monkeypatc
     cfg_dict, prune_key, want_model, parts, settled = sent["args"]
     assert sent["fn"] is entry.rank_main and sent["world"] == 2 and cfg_dict["workers"] == 2 and settled is True
     # the ranks set their threads as limits.rank_threads does: the pool may fork them from here
-    # and each rank starts its data read (and the compiler's imports) beside its group's join
+    # and each rank starts its data read (and the compiler's imports) beside its group's join; not
+    # the program's run, so not a lean pool (its workers import torch._dynamo as the caller does)
     assert sent["kw"] == {"threads": TINY.get("threads"), "rank_threads": True,
-                          "early": (early.start, (cfg_dict,))}
+                          "early": (early.start, (cfg_dict,)), "lean": False}
 
 
 def test_under_a_launcher_train_checks_once_and_its_rank_not_again(tmp_path, calls, monkeypatch):
