@@ -280,8 +280,7 @@ def _lean_sweep(argv: List[str]) -> Optional[str]:
     "forkserver": one that imports torch alone. None: not such a sweep. Where a trial does
     compile after all, its worker imports Dynamo itself: slower, never wrong."""
     given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--storage"))
-    if not (argv[0] == "sweep" and given.get("--compile", "off") == "off" and "--config" not in given
-            and (given.get("--device") == "cpu" or _visible_gpus() == 0)):
+    if not (argv[0] == "sweep" and _cpu_compiling_nothing(given)):
         return None
     # A study (--storage) may run threads of its storage's, which a fork refuses (caller_fork)
     return "caller" if given.get("--threads", "1") == "1" and "--storage" not in given else "forkserver"
@@ -317,8 +316,7 @@ def _lean_train(argv: List[str]) -> Optional[str]:
     first command, whose forkserver's torch._dynamo import held the workers' fork by 1 s); else
     "forkserver": one that imports torch alone. None: not such a run."""
     given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--workers"))
-    if not (argv[0] == "train" and given.get("--compile", "off") == "off" and "--config" not in given
-            and (given.get("--device") == "cpu" or _visible_gpus() == 0)):
+    if not (argv[0] == "train" and _cpu_compiling_nothing(given)):
         return None
     try:
         workers = max(1, int(given.get("--workers", "2")))  # the CPU default (launch/placement.py)
@@ -327,6 +325,13 @@ def _lean_train(argv: List[str]) -> Optional[str]:
     from shmlearn.config.limits import usable_cores  # lazy: prestart runs before any other import
     threads = given.get("--threads")
     return "caller" if threads == "1" or (threads is None and usable_cores() // workers <= 1) else "forkserver"
+
+
+def _cpu_compiling_nothing(given: Dict[str, str]) -> bool:
+    """Flags (_flag_values of --compile, --config, --device) of a CPU run that compiles nothing:
+    no --compile but off, no --config that might set it, the CPU asked for or no GPU visible."""
+    return (given.get("--compile", "off") == "off" and "--config" not in given
+            and (given.get("--device") == "cpu" or _visible_gpus() == 0))
 
 
 def _visible_gpus() -> int:

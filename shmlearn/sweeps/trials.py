@@ -360,9 +360,6 @@ class TrialRunner(abc.ABC):
         return code
 
 
-USER_CODE, compiles_nothing = lean.USER_CODE, lean.compiles_nothing  # noqa: F401 - names of this module's API
-
-
 def draw_report(folder: str, helper=None) -> bool:
     """The sweep's report (report.html and its figures) in folder, by `helper` (report/helper.py)
     where it answers, else here; False where it could not be written (a full disk: the results
@@ -450,7 +447,7 @@ def _open_pool(run: TrialRunner, configs: List[TrainConfig], widest: int, warm_r
     # for a fork to inherit), where each rank runs one thread (a core each), its workers
     # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
     run.pool = Pool(width, cuda=run.cuda, init=(preload_data, (datasets, run.cuda)),
-                    lean=not run.cuda and all(compiles_nothing(c) for c in configs),
+                    lean=not run.cuda and all(lean.compiles_nothing(c) for c in configs),
                     one_thread=not run.cuda and user_main.in_program()
                     and all((c.threads or 1) == 1 for c in configs))
     run.pool.warm(range(min(width, max(run.nslots if run.parallel > 1 else 0, widest))))

@@ -97,8 +97,9 @@ def take_dataset(name: str, data_dir: Optional[str], seed: int):
 
 
 def task_early(cfg: Dict[str, Any]) -> Optional[Tuple[Any, tuple]]:
-    """launch.pool's `early` for a rank of `cfg`: (start, (cfg,)), or None where there is nothing
-    to start (the user's own data given as an object: nothing to read by name, nothing compiles)."""
+    """launch.pool's `early` for a rank of `cfg`: (start, (cfg,)), or None under SHMLEARN_EARLY=0
+    (train() passes none where the user gave objects of their own: their code may not expect a
+    thread)."""
     if os.environ.get("SHMLEARN_EARLY", "1") == "0":
         return None
     return (start, (cfg,))

@@ -50,7 +50,9 @@ def cached_dataset(name: str, data_dir: Optional[str], seed: int, device: torch.
             ds = user_data(resolve_ref(name, "--dataset"), f"--dataset {name}", task=task, loader=loader,
                            device=device, name=name)
         else:  # read by this task's early thread (train/early.py) if it did, else here
-            ds = early.take_dataset(name, data_dir, seed) or load_dataset(name, data_dir, seed=seed)
+            ds = early.take_dataset(name, data_dir, seed)
+            if ds is None:
+                ds = load_dataset(name, data_dir, seed=seed)
         _DATA_CACHE[key] = ds.to(device)
     return _DATA_CACHE[key]
 
