@@ -273,17 +273,37 @@ def prestart(argv: List[str]) -> None:
 
 
 def _lean_sweep(argv: List[str]) -> Optional[str]:
-    """A CPU sweep whose flags compile nothing (no --compile but off, no --config that might set
-    it): its pool is lean (sweeps/trials.py), so no worker imports torch._dynamo (~1.2 s of a core
-    before the first could fork). "caller": its ranks also run one thread each (no --threads but
-    1) and it is no study, so its workers fork from the sweep itself, which needs no forkserver;
-    "forkserver": one that imports torch alone. None: not such a sweep. Where a trial does
-    compile after all, its worker imports Dynamo itself: slower, never wrong."""
+    """A sweep or `experiment run` whose flags compile nothing (no --compile but off, no --config
+    that might set it; an experiment: no --axis compile=...): its pool is lean (sweeps/trials.py),
+    so no worker imports torch._dynamo (~1.2 s of a core before the first could fork on this 2-core
+    CPU; on an H200 host whose image keeps no bytecode caches the forkserver's Dynamo import held
+    the seed's sweep's first GPU worker 3 s past the others, all four GPUs waiting). "caller": a
+    CPU sweep whose ranks also run one thread each (no --threads but 1) and that is no study, so
+    its workers fork from the sweep itself, which needs no forkserver; "forkserver": one that
+    imports torch alone (GPU pools always: a fork of a process that uses CUDA cannot). None: not
+    such a sweep. Where a trial does compile after all, its worker imports Dynamo itself: slower,
+    never wrong."""
+    if argv[0] == "experiment":
+        given = _flag_values(argv[1:], ("--device",))
+        if any(a.startswith("compile=") for a in _flag_values_all(argv[1:], "--axis")):
+            return None
+        return "caller" if _on_cpu(given) else "forkserver"  # an experiment's trials run one thread a rank
     given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--storage"))
-    if not (argv[0] == "sweep" and _cpu_compiling_nothing(given)):
+    if not (argv[0] == "sweep" and _compiling_nothing(given)):
         return None
     # A study (--storage) may run threads of its storage's, which a fork refuses (caller_fork)
-    return "caller" if given.get("--threads", "1") == "1" and "--storage" not in given else "forkserver"
+    cpu = _on_cpu(given) and given.get("--threads", "1") == "1" and "--storage" not in given
+    return "caller" if cpu else "forkserver"
+
+
+def _flag_values_all(args: List[str], flag: str) -> List[str]:
+    """Every value of a repeatable `flag` in `args` (--axis X or --axis=X)."""
+    found = []
+    for i, arg in enumerate(args):
+        name, eq, value = arg.partition("=")
+        if name == flag:
+            found.append(value if eq else args[i + 1] if i + 1 < len(args) else "")
+    return found
 
 
 TORCH_COMMANDS = ("train", "sweep", "experiment", "bench")
@@ -308,16 +328,19 @@ def import_torch_whole(argv: List[str]) -> None:
 
 
 def _lean_train(argv: List[str]) -> Optional[str]:
-    """A CPU `train` whose flags compile nothing (no --compile but off, no --config that might
-    set it): its pool is lean (train/entry.py; the user's code named by a flag makes it a full one
-    after all, whose workers then import torch._dynamo themselves). "caller": its ranks run one
-    thread each (--threads 1, or no more cores than processes: the pool's one_thread), so its
-    workers fork from this process, which needs no forkserver (2 workers on 2 cores: the README's
-    first command, whose forkserver's torch._dynamo import held the workers' fork by 1 s); else
-    "forkserver": one that imports torch alone. None: not such a run."""
+    """A `train` of a pool whose flags compile nothing (no --compile but off, no --config that
+    might set it): its pool is lean (train/entry.py; the user's code named by a flag makes it a
+    full one after all, whose workers then import torch._dynamo themselves). "caller": a CPU run
+    whose ranks run one thread each (--threads 1, or no more cores than processes: the pool's
+    one_thread), so its workers fork from this process, which needs no forkserver (2 workers on 2
+    cores: the README's first command, whose forkserver's torch._dynamo import held the workers'
+    fork by 1 s); else "forkserver": one that imports torch alone (a GPU pool's always). None: not
+    such a run."""
     given = _flag_values(argv[1:], ("--compile", "--config", "--device", "--threads", "--workers"))
-    if not (argv[0] == "train" and _cpu_compiling_nothing(given)):
+    if not (argv[0] == "train" and _compiling_nothing(given)):
         return None
+    if not _on_cpu(given):
+        return "forkserver"
     try:
         workers = max(1, int(given.get("--workers", "2")))  # the CPU default (launch/placement.py)
     except ValueError:
@@ -327,11 +350,15 @@ def _lean_train(argv: List[str]) -> Optional[str]:
     return "caller" if threads == "1" or (threads is None and usable_cores() // workers <= 1) else "forkserver"
 
 
-def _cpu_compiling_nothing(given: Dict[str, str]) -> bool:
-    """Flags (_flag_values of --compile, --config, --device) of a CPU run that compiles nothing:
-    no --compile but off, no --config that might set it, the CPU asked for or no GPU visible."""
-    return (given.get("--compile", "off") == "off" and "--config" not in given
-            and (given.get("--device") == "cpu" or _visible_gpus() == 0))
+def _compiling_nothing(given: Dict[str, str]) -> bool:
+    """Flags (_flag_values of --compile and --config) of a run that compiles nothing: no
+    --compile but off, no --config that might set it."""
+    return given.get("--compile", "off") == "off" and "--config" not in given
+
+
+def _on_cpu(given: Dict[str, str]) -> bool:
+    """Flags (_flag_values of --device) of a run on the CPU: asked for, or no GPU visible."""
+    return given.get("--device") == "cpu" or _visible_gpus() == 0
 
 
 def _visible_gpus() -> int:

@@ -411,5 +411,5 @@ def run_local(fn, args: tuple, world: int, *, cuda: bool, timeout_s: float, back
                            f"of {len(pool.slots)}")
         return pool.run(fn, args, slots=free[:world], backend=backend, timeout_s=timeout_s, early=early)
     one_thread = rank_threads and not cuda and (threads or max(1, usable_cores() // world)) == 1
-    with Pool(world, cuda=cuda, one_thread=one_thread, lean=lean and not cuda) as pool:
+    with Pool(world, cuda=cuda, one_thread=one_thread, lean=lean) as pool:
         return pool.run(fn, args, slots=range(world), backend=backend, timeout_s=timeout_s, early=early)

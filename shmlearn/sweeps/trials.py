@@ -442,12 +442,12 @@ def _open_pool(run: TrialRunner, configs: List[TrainConfig], widest: int, warm_r
     run.mark("pool_start")
     width = max(run.nslots, widest)
     datasets = sorted({(c.dataset, c.data_dir, c.seed) for c in configs}, key=repr)[:2]
-    # On CPUs, where no trial compiles, a lean pool: torch._dynamo imported nowhere
-    # (launch/lean.py). In the program's own process (a clean one: no other pool's objects
-    # for a fork to inherit), where each rank runs one thread (a core each), its workers
-    # fork from this process: torch imported once, here (cli.prestart starts no forkserver).
+    # Where no trial compiles, a lean pool: torch._dynamo imported nowhere (launch/lean.py).
+    # On CPUs, in the program's own process (a clean one: no other pool's objects for a fork to
+    # inherit), where each rank runs one thread (a core each), its workers fork from this
+    # process: torch imported once, here (cli.prestart starts no forkserver).
     run.pool = Pool(width, cuda=run.cuda, init=(preload_data, (datasets, run.cuda)),
-                    lean=not run.cuda and all(lean.compiles_nothing(c) for c in configs),
+                    lean=all(lean.compiles_nothing(c) for c in configs),
                     one_thread=not run.cuda and user_main.in_program()
                     and all((c.threads or 1) == 1 for c in configs))
     run.pool.warm(range(min(width, max(run.nslots if run.parallel > 1 else 0, widest))))

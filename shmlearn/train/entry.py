@@ -116,9 +116,9 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
         cfg_dict = cfg.to_dict()
-        # The program's CPU run that compiles nothing: its workers never import torch._dynamo
+        # The program's run that compiles nothing: its workers never import torch._dynamo
         # (launch/lean.py; cli.prestart started no forkserver, or one without it).
-        lean_pool = not cuda and user_main.in_program() and not parts.given() and lean.compiles_nothing(cfg)
+        lean_pool = user_main.in_program() and not parts.given() and lean.compiles_nothing(cfg)
         summary, run_dir, blob = run_local(rank_main, (cfg_dict, None, True, sent, True), world,
                                            cuda=cuda, timeout_s=cfg.timeout, backend=backend,
                                            threads=cfg.threads, rank_threads=True,

@@ -126,7 +126,8 @@ def test_the_forkserver_for_owners_without_cuda_and_an_unchanged_import_environm
     (["train", "--workers", "2"], False), (["train"], False), (["train", "--workers", "1"], False),
     (["train", "--help"], False), (["train", "--device", "cpu"], False),
     (["train", "--threads", "2"], "lean"), (["train", "--compile", "default"], True),
-    (["train", "--config", "r.yaml"], True), (["experiment", "run", "cnn"], True),
+    (["train", "--config", "r.yaml"], True), (["experiment", "run", "cnn"], False),
+    (["experiment", "run", "cnn", "--axis", "compile=default"], True),
     (["experiment", "list"], False), (["sweep", "--help"], False), (["report", "runs/x"], False),
     # a CPU sweep that compiles nothing, a thread a rank: its lean workers fork from it, none needed
     (["sweep", "--workers", "2"], False), (["sweep", "--workers", "1"], False), (["sweep", "--compile", "off"], False),
@@ -151,19 +152,24 @@ def test_the_program_starts_it_early_for_local_cpu_pools_only(monkeypatch, argv,
 
 
 @pytest.mark.parametrize("argv,visible,started", [
-    (["train"], "0", False),                         # one GPU: the run is this process's own
-    (["train"], "0,1", True),                        # two: a pool of two GPU workers forks from it
-    (["train", "--workers", "2"], "0", True),        # asked for (Gloo shares the GPU)
-    (["train", "--device", "cpu"], "0", False),      # the CPU's default of 2 workers, lean: they fork from it
-    (["sweep"], "0", True), (["experiment", "run", "cnn"], "0,1,2,3", True),
-    (["sweep", "--device", "cpu"], "0", False)])     # a CPU sweep's lean workers fork from it
+    (["train"], "0", None),                          # one GPU: the run is this process's own
+    (["train"], "0,1", "lean"),                      # two: a pool of two GPU workers forks from it,
+    (["train", "--workers", "2"], "0", "lean"),      # or asked for (Gloo shares the GPU); nothing compiles
+    (["train", "--compile", "default"], "0,1", "dynamo"), (["train", "--config", "r.yaml"], "0,1", "dynamo"),
+    (["train", "--device", "cpu"], "0", None),       # the CPU's default of 2 workers, lean: they fork from it
+    (["sweep"], "0", "lean"), (["experiment", "run", "alexnet-sweep", "--device", "cuda"], "0,1,2,3", "lean"),
+    (["experiment", "run", "alexnet-sweep", "--axis=compile=default"], "0,1,2,3", "dynamo"),
+    (["sweep", "--compile", "default"], "0", "dynamo"),
+    (["sweep", "--device", "cpu"], "0", None)])      # a CPU sweep's lean workers fork from it
 def test_on_a_gpu_host_it_starts_for_pools_and_not_for_a_run_of_one_gpu(monkeypatch, argv, visible, started):
+    """started: "dynamo" (torch and torch._dynamo preloaded), "lean" (torch alone: no trial or
+    rank compiles) or None (no forkserver)."""
     monkeypatch.setattr(limits, "usable_cores", lambda: 2)
     calls = []
-    monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append(dynamo))
+    monkeypatch.setattr(forkserver, "start", lambda dynamo=True: calls.append("dynamo" if dynamo else "lean"))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     cli.prestart(argv)
-    assert calls == ([True] if started else [])
+    assert calls == ([started] if started else [])
 
 
 def test_visible_gpus_reads_cuda_visible_devices_else_the_driver(monkeypatch):
