@@ -219,6 +219,32 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
+def _s27(folder: str) -> str:
+    """part s27: see its comment in part_commands."""
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    spy = os.path.join(ROOT_DIR, "data", "tools", "py-spy")
+    prog = shlex.join(_py("-m", "shmlearn"))
+    tests = (f"CUDA_VISIBLE_DEVICES=0,1 {sys.executable} -m pytest -q -p no:cacheprovider -rfE "
+             f"tests/launch/test_lean_gpu.py > {folder}/lean-tests.log 2>&1")
+    profiled = (f"CUDA_VISIBLE_DEVICES=2 {spy} record --subprocesses --idle -r 200 -f raw -o {folder}/spy-w1.txt -- "
+                f"{prog} sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} "
+                f"--workers 1 --batch-size 64,128 --lr 0.1,0.2,0.3,0.4,0.5,0.6 --samples 30720 --eval-points 5 "
+                f"--no-report --out {folder}/spy-sweep > {folder}/spy.log 2>&1")
+    seed = (f"{prog} experiment run alexnet-sweep --device cuda --out {folder}/alexnet-sweep "
+            f"> {folder}/alexnet-sweep.log 2>&1; tail -n 3 {folder}/alexnet-sweep.log; "
+            f"{prog} experiment run alexnet-sweep --device cuda --axis cudnn_benchmark=off "
+            f"--out {folder}/alexnet-sweep-heur > {folder}/alexnet-sweep-heur.log 2>&1; "
+            f"tail -n 3 {folder}/alexnet-sweep-heur.log")
+    default = (f"sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} --workers 1,2 "
+               f"--batch-size 64,256 --lr 0.05,0.1 --samples 60000")
+    pyc = f"env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX={folder}/pyc"
+    defaults = "; ".join(f"{env} {prog} {default} --out {folder}/default-{name} > {folder}/default-{name}.log 2>&1; "
+                         f"grep 'sweep: ran' {folder}/default-{name}.log"
+                         for name, env in (("shipped", ""), ("pyc-fill", pyc), ("pyc", pyc)))
+    return (f"({tests}; tail -n 3 {folder}/lean-tests.log) & ({profiled}; gzip -f {folder}/spy-w1.txt) & wait; "
+            f"{seed}; {defaults}")
+
+
 def _fashion94_starts(folder: str) -> str:
     """recipes/fashion-94-2gpu.yaml from outside: once with empty caches, then twice warm; each
     run's wall seconds and its summary's setup, compile and training seconds, in folder/fashion94.jsonl."""
@@ -891,6 +917,13 @@ def part_commands(p: str, workers: str) -> dict:
                                        "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
                                        "60000", "--out", os.path.join(p("sweeps56"), "default")))
                       + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
+        # Issue 52, session 27: lean GPU pools (no torch._dynamo in the forkserver or the workers
+        # where nothing compiles). Their tests on GPUs 0,1 beside a py-spy profile of 1-worker
+        # trials on GPU 2 (where a trial's setup goes); then, alone on the four GPUs, the seed's
+        # sweep, the same with cuDNN's heuristics instead of its timing (--axis
+        # cudnn_benchmark=off), and the default 8-trial sweep as shipped and with Python's
+        # bytecode cache (filled once, then timed).
+        "s27": (["bash", "-c", _s27(p("s27"))], 590),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
@@ -912,7 +945,7 @@ def part_commands(p: str, workers: str) -> dict:
                     + "; " + _fashion94_starts(p("cold52"))], 560),
         # Issue 36: the whole matrix at 1 and 2 workers at once on every GPU (W=1: two shards a GPU;
         # W=2: two shards a pair of GPUs), then merged.
-        "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 590),
+        "matrix-all": (["bash", "-c", _matrix_all(p("matrix-all"), big)], 720),
         # Issue 38: the matrix's --compile cells (29 of 160) at 1 and 2 workers, after the compile's
         # eager fallback (a lease of 2 GPUs has no room for the whole matrix beside the benches).
         "matrix-c": (["bash", "-c", _matrix_all(p("matrix-c"), big, w1_per_gpu=2, w2_per_pair=6, only="compile")],

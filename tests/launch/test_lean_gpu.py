@@ -1,0 +1,71 @@
+"""launch/lean.py on GPUs (issue 52, warm start): the program's pools of GPU workers that compile
+nothing (a `train` of 2+ GPUs, a sweep, an experiment) fork from a forkserver that imported torch
+alone, their workers never import torch._dynamo before their first job, and every strategy trains
+as a user's script's run (full pool, Dynamo imported) does. Needs two GPUs; skipped elsewhere."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                reason="needs two CUDA GPUs")
+
+ENV = dict({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "SHMLEARN_FORKSERVER")},
+           PYTHONPATH=os.pathsep.join(sys.path), CUDA_VISIBLE_DEVICES="0,1")
+
+RUN = """
+import json, sys
+from shmlearn.user import user_main
+if {program}:
+    user_main.program_owns_main()
+from shmlearn.launch import pool as P
+seen = []
+close = P.Pool.close
+def recording_close(self):
+    seen.extend(self.startup)
+    close(self)
+P.Pool.close = recording_close
+from shmlearn.cli import main
+argv = ["train", "--device", "cuda", "--workers", "2", "--dataset", "digits", "--model", "mlp", "--samples", "8192",
+        "--eval-points", "1", "--no-progress", "--out", {out!r}, *{extra!r}]
+rc = main.main(argv, early_workers={program})
+s = json.load(open({out!r} + "/summary.json"))
+print(json.dumps({{"rc": rc, "final_loss": s["final_loss"], "test_accuracy": s["test_accuracy"],
+                  "strategy": s["strategy"], "workers": [(w["start"], w["dynamo"]) for w in seen]}}))
+"""
+
+
+def _py(code: str) -> dict:
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("extra", [[], ["--strategy", "ps"], ["--strategy", "weight-avg"], ["--strategy", "ddp"],
+                                   ["--optimizer", "adam", "--lr", "0.003"]], ids=lambda e: "-".join(e) or "default")
+def test_the_programs_gpu_pool_run_is_lean_and_trains_as_a_scripts(tmp_path, extra):
+    lean = _py(RUN.format(program=True, out=str(tmp_path / "lean"), extra=extra))
+    full = _py(RUN.format(program=False, out=str(tmp_path / "full"), extra=extra))
+    assert lean["rc"] == full["rc"] == 0
+    assert lean["workers"] == [["forkserver", False], ["forkserver", False]], lean["workers"]
+    assert all(d for _, d in full["workers"]), full["workers"]
+    assert lean["strategy"] == full["strategy"]
+    # GPU kernels may pick other algorithms from one process to the next: a tolerance, not bits
+    assert lean["final_loss"] == pytest.approx(full["final_loss"], rel=1e-3, abs=1e-5)
+    assert abs(lean["test_accuracy"] - full["test_accuracy"]) <= 0.02
+
+
+def test_the_programs_gpu_sweep_is_lean(tmp_path):
+    out = tmp_path / "sweep"
+    r = subprocess.run([sys.executable, "-m", "shmlearn", "sweep", "--device", "cuda", "--dataset", "digits",
+                        "--model", "mlp", "--workers", "1,2", "--batch-size", "32", "--lr", "0.1", "--samples",
+                        "4096", "--eval-points", "1", "--no-report", "--out", str(out)],
+                       capture_output=True, text=True, timeout=600, env=ENV)
+    assert r.returncode == 0, r.stderr[-3000:]
+    timing = json.loads((out / "timing.json").read_text())
+    assert timing["startup"] and all(s["start"] == "forkserver" and not s["dynamo"] for s in timing["startup"])
+    rows = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert len(rows) == 2 and all(r["summary"]["test_accuracy"] > 0.8 for r in rows)
