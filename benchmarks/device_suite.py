@@ -219,30 +219,38 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
-def _s27(folder: str) -> str:
-    """part s27: see its comment in part_commands."""
+def _s27(folder: str, gpus: int) -> str:
+    """part s27: see its comment in part_commands. On one GPU: the tests (both ranks on it over
+    Gloo) beside 6 matrix cells whose eager steps call an optimizer's step() (Adam-type, async-ps),
+    then the profile, then the sweeps at 1 worker."""
     data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
     spy = os.path.join(ROOT_DIR, "data", "tools", "py-spy")
     prog = shlex.join(_py("-m", "shmlearn"))
-    tests = (f"CUDA_VISIBLE_DEVICES=0,1 {sys.executable} -m pytest -q -p no:cacheprovider -rfE "
-             f"tests/launch/test_lean_gpu.py > {folder}/lean-tests.log 2>&1")
-    profiled = (f"CUDA_VISIBLE_DEVICES=2 {spy} record --subprocesses --idle -r 200 -f raw -o {folder}/spy-w1.txt -- "
-                f"{prog} sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} "
-                f"--workers 1 --batch-size 64,128 --lr 0.1,0.2,0.3,0.4,0.5,0.6 --samples 30720 --eval-points 5 "
-                f"--no-report --out {folder}/spy-sweep > {folder}/spy.log 2>&1")
+    tests = (f"CUDA_VISIBLE_DEVICES=0{',1' if gpus > 1 else ''} {sys.executable} -m pytest -q -p no:cacheprovider "
+             f"-rfE tests/launch/test_lean_gpu.py > {folder}/lean-tests.log 2>&1; tail -n 3 {folder}/lean-tests.log")
+    profiled = (f"CUDA_VISIBLE_DEVICES={2 if gpus > 2 else 0} {spy} record --subprocesses --idle -r 200 -f raw "
+                f"-o {folder}/spy-w1.txt -- {prog} sweep --device cuda --model alexnet-small --dataset fashion-mnist "
+                f"--data-dir {data} --workers 1 --batch-size 64,128 --lr 0.1,0.2,0.3,0.4,0.5,0.6 --samples 30720 "
+                f"--eval-points 5 --no-report --out {folder}/spy-sweep > {folder}/spy.log 2>&1; "
+                f"gzip -f {folder}/spy-w1.txt")
     seed = (f"{prog} experiment run alexnet-sweep --device cuda --out {folder}/alexnet-sweep "
-            f"> {folder}/alexnet-sweep.log 2>&1; tail -n 3 {folder}/alexnet-sweep.log; "
+            f"> {folder}/alexnet-sweep.log 2>&1; grep 'sweep: ran' {folder}/alexnet-sweep.log; "
             f"{prog} experiment run alexnet-sweep --device cuda --axis cudnn_benchmark=off "
             f"--out {folder}/alexnet-sweep-heur > {folder}/alexnet-sweep-heur.log 2>&1; "
-            f"tail -n 3 {folder}/alexnet-sweep-heur.log")
-    default = (f"sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} --workers 1,2 "
-               f"--batch-size 64,256 --lr 0.05,0.1 --samples 60000")
+            f"grep 'sweep: ran' {folder}/alexnet-sweep-heur.log")
+    default = (f"sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} "
+               f"--workers {'1,2' if gpus > 1 else '1'} --batch-size 64,256 --lr 0.05,0.1 --samples 60000")
     pyc = f"env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX={folder}/pyc"
     defaults = "; ".join(f"{env} {prog} {default} --out {folder}/default-{name} > {folder}/default-{name}.log 2>&1; "
                          f"grep 'sweep: ran' {folder}/default-{name}.log"
                          for name, env in (("shipped", ""), ("pyc-fill", pyc), ("pyc", pyc)))
-    return (f"({tests}; tail -n 3 {folder}/lean-tests.log) & ({profiled}; gzip -f {folder}/spy-w1.txt) & wait; "
-            f"{seed}; {defaults}")
+    if gpus > 2:
+        return f"({tests}) & ({profiled}) & wait; {seed}; {defaults}"
+    cells = _matrix_all(os.path.join(folder, "matrix"), "1", w1_per_gpu=2, w2_per_pair=0, only=",".join((
+        "alexnet-small/bf16/allreduce/W1/adamw", "resnet18/bf16/allreduce/W1/adamw", "fashion-net/fp32/ps/W1/adamw",
+        "alexnet-small/bf16/allreduce/W1/nadam", "alexnet-small/fp32/async-ps/W1/default",
+        "fashion-net/fp32/async-ps/W1/default")))
+    return f"mkdir -p {folder}/matrix; ({tests}) & ({cells}) & wait; {profiled}; {seed}; {defaults}"
 
 
 def _fashion94_starts(folder: str) -> str:
@@ -923,7 +931,7 @@ def part_commands(p: str, workers: str) -> dict:
         # sweep, the same with cuDNN's heuristics instead of its timing (--axis
         # cudnn_benchmark=off), and the default 8-trial sweep as shipped and with Python's
         # bytecode cache (filled once, then timed).
-        "s27": (["bash", "-c", _s27(p("s27"))], 590),
+        "s27": (["bash", "-c", _s27(p("s27"), int(big))], 900),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
