@@ -253,6 +253,44 @@ def _s27(folder: str, gpus: int) -> str:
     return f"mkdir -p {folder}/matrix; ({tests}) & ({cells}) & wait; {profiled}; {seed}; {defaults}"
 
 
+def _s27b(folder: str) -> str:
+    """part s27b (one GPU): what a one-GPU run's process group costs (a world-1 NCCL group
+    against Gloo's: the default `train` both ways, three times each after a cold first, and
+    init_process_group alone in fresh processes), then the seed's 1-worker grid with the
+    forkserver importing torch._dynamo as before the lean pools (--axis compile=off: the
+    program cannot tell it compiles nothing), against s27's lean run."""
+    prog = shlex.join(_py("-m", "shmlearn"))
+    timed = ("import json, subprocess, sys, time; t = time.time(); "
+             "r = subprocess.run(sys.argv[3:], capture_output=True, text=True); wall = time.time() - t; "
+             "s = json.load(open(sys.argv[2] + '/summary.json')) if r.returncode == 0 else {}; "
+             "print(json.dumps(dict(case=sys.argv[1], rc=r.returncode, wall_s=wall, "
+             "setup_s=s.get('setup_time_s'), train_s=s.get('wall_time_s'), eval_s=s.get('eval_time_s'), "
+             "train_start_unix=s.get('train_start_unix'), t0_unix=t, test_accuracy=s.get('test_accuracy'), "
+             "err=r.stderr[-400:])), flush=True)")
+    runs = [f"{sys.executable} -c 'import time; t = time.time(); import torch; torch.zeros(1, device=\"cuda\"); "
+            f"print(\"floor\", time.time() - t)' >> {folder}/floor.txt"] * 2
+    for i, backend in enumerate(("nccl", "nccl", "gloo", "nccl", "gloo", "nccl", "gloo")):
+        out = os.path.join(folder, f"train-{i}-{backend}")
+        extra = [] if backend == "nccl" else ["--backend", "gloo"]
+        cmd = shlex.join([sys.executable, "-m", "shmlearn", "train", "--device", "cuda", "--model", "alexnet-small",
+                          "--no-progress", "--out", out, *extra])
+        runs.append(f"{sys.executable} -c {shlex.quote(timed)} {'cold' if i == 0 else backend} {out} {cmd} "
+                    f">> {folder}/train.jsonl")
+    pg = ("import os, sys, time, datetime; t0 = time.time(); import torch, torch.distributed as dist; "
+          "t1 = time.time(); torch.cuda.set_device(0); torch.zeros(1, device='cuda'); t2 = time.time(); "
+          "store = dist.TCPStore('127.0.0.1', 0, 1, True); b = sys.argv[1]; "
+          "kw = dict(device_id=torch.device('cuda', 0)) if b == 'nccl' else {}; "
+          "dist.init_process_group(b, store=store, rank=0, world_size=1, **kw); t3 = time.time(); "
+          "x = torch.ones(4, device='cuda'); dist.all_reduce(x); torch.cuda.synchronize(); t4 = time.time(); "
+          "print(b, 'import', round(t1 - t0, 3), 'cuda', round(t2 - t1, 3), 'init_pg', round(t3 - t2, 3), "
+          "'first_allreduce', round(t4 - t3, 3), flush=True); os._exit(0)")
+    runs += [f"{sys.executable} -c {shlex.quote(pg)} {b} >> {folder}/pg.txt 2>&1" for b in ("nccl", "gloo") * 3]
+    runs.append(f"{prog} experiment run alexnet-sweep --device cuda --axis compile=off --out {folder}/alexnet-sweep-full "
+                f"> {folder}/alexnet-sweep-full.log 2>&1; grep 'sweep: ran' {folder}/alexnet-sweep-full.log")
+    return ("export CUDA_VISIBLE_DEVICES=0; " + "; ".join(runs)
+            + f"; cat {folder}/floor.txt {folder}/pg.txt; cut -c1-300 {folder}/train.jsonl")
+
+
 def _fashion94_starts(folder: str) -> str:
     """recipes/fashion-94-2gpu.yaml from outside: once with empty caches, then twice warm; each
     run's wall seconds and its summary's setup, compile and training seconds, in folder/fashion94.jsonl."""
@@ -932,6 +970,7 @@ def part_commands(p: str, workers: str) -> dict:
         # cudnn_benchmark=off), and the default 8-trial sweep as shipped and with Python's
         # bytecode cache (filled once, then timed).
         "s27": (["bash", "-c", _s27(p("s27"), int(big))], 900),
+        "s27b": (["bash", "-c", _s27b(p("s27b"))], 500),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
