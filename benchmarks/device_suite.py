@@ -254,11 +254,9 @@ def _s27(folder: str, gpus: int) -> str:
 
 
 def _s27b(folder: str) -> str:
-    """part s27b (one GPU): what a one-GPU run's process group costs (a world-1 NCCL group
-    against Gloo's: the default `train` both ways, three times each after a cold first, and
-    init_process_group alone in fresh processes), then the seed's 1-worker grid with the
-    forkserver importing torch._dynamo as before the lean pools (--axis compile=off: the
-    program cannot tell it compiles nothing), against s27's lean run."""
+    """part s27b (GPU 0): what a one-GPU run's process group costs (a world-1 NCCL group against
+    Gloo's: the default `train` both ways, three times each after a cold first, and
+    init_process_group alone in fresh processes)."""
     prog = shlex.join(_py("-m", "shmlearn"))
     timed = ("import json, subprocess, sys, time; t = time.time(); "
              "r = subprocess.run(sys.argv[3:], capture_output=True, text=True); wall = time.time() - t; "
@@ -285,10 +283,22 @@ def _s27b(folder: str) -> str:
           "print(b, 'import', round(t1 - t0, 3), 'cuda', round(t2 - t1, 3), 'init_pg', round(t3 - t2, 3), "
           "'first_allreduce', round(t4 - t3, 3), flush=True); os._exit(0)")
     runs += [f"{sys.executable} -c {shlex.quote(pg)} {b} >> {folder}/pg.txt 2>&1" for b in ("nccl", "gloo") * 3]
-    runs.append(f"{prog} experiment run alexnet-sweep --device cuda --axis compile=off --out {folder}/alexnet-sweep-full "
-                f"> {folder}/alexnet-sweep-full.log 2>&1; grep 'sweep: ran' {folder}/alexnet-sweep-full.log")
     return ("export CUDA_VISIBLE_DEVICES=0; " + "; ".join(runs)
             + f"; cat {folder}/floor.txt {folder}/pg.txt; cut -c1-300 {folder}/train.jsonl")
+
+
+def _s27c(folder: str) -> str:
+    """part s27c (every GPU of the lease): the seed's grid with the lean pool, then with the
+    forkserver importing torch._dynamo as before (--axis compile=off: the program cannot tell that
+    it compiles nothing), then the default sweep (lean)."""
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    prog = shlex.join(_py("-m", "shmlearn"))
+    grids = "; ".join(f"{prog} experiment run alexnet-sweep --device cuda {extra} --out {folder}/alexnet-sweep-{name} "
+                      f"> {folder}/alexnet-sweep-{name}.log 2>&1; grep 'sweep: ran' {folder}/alexnet-sweep-{name}.log"
+                      for name, extra in (("lean", ""), ("full", "--axis compile=off")))
+    return (grids + f"; {prog} sweep --device cuda --model alexnet-small --dataset fashion-mnist --data-dir {data} "
+            f"--workers 1,2 --batch-size 64,256 --lr 0.05,0.1 --samples 60000 --out {folder}/default "
+            f"> {folder}/default.log 2>&1; grep 'sweep: ran' {folder}/default.log")
 
 
 def _fashion94_starts(folder: str) -> str:
@@ -970,7 +980,8 @@ def part_commands(p: str, workers: str) -> dict:
         # cudnn_benchmark=off), and the default 8-trial sweep as shipped and with Python's
         # bytecode cache (filled once, then timed).
         "s27": (["bash", "-c", _s27(p("s27"), int(big))], 900),
-        "s27b": (["bash", "-c", _s27b(p("s27b"))], 500),
+        "s27b": (["bash", "-c", _s27b(p("s27b"))], 400),
+        "s27c": (["bash", "-c", _s27c(p("s27c"))], 560),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
