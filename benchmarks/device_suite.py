@@ -301,6 +301,22 @@ def _s27c(folder: str) -> str:
             f"> {folder}/default.log 2>&1; grep 'sweep: ran' {folder}/default.log")
 
 
+def _s27d(folder: str) -> str:
+    """part s27d (every GPU of the lease): lean against full pools, interleaved three times each,
+    on a 24-trial part of the seed's grid (lr 0.1, 0.2: every batch size and worker count); then
+    the matrix cells of s27 (one GPU, two shards), whose 1-worker pool groups are now lazy."""
+    prog = shlex.join(_py("-m", "shmlearn"))
+    runs = [f"{prog} experiment run alexnet-sweep --device cuda --axis lr=0.1,0.2 {extra} "
+            f"--out {folder}/grid-{i}-{name} > {folder}/grid-{i}-{name}.log 2>&1; "
+            f"echo {i}-{name}: $(grep 'sweep: ran' {folder}/grid-{i}-{name}.log)"
+            for i in range(3) for name, extra in (("lean", ""), ("full", "--axis compile=off"))]
+    cells = _matrix_all(os.path.join(folder, "matrix"), "1", w1_per_gpu=2, w2_per_pair=0, only=",".join((
+        "alexnet-small/bf16/allreduce/W1/adamw", "resnet18/bf16/allreduce/W1/adamw", "fashion-net/fp32/ps/W1/adamw",
+        "alexnet-small/bf16/allreduce/W1/nadam", "alexnet-small/fp32/async-ps/W1/default",
+        "fashion-net/fp32/async-ps/W1/default", "lenet/fp32/weight-avg/W1/default", "mlp/fp32/ddp/W1/default")))
+    return "; ".join(runs) + f"; mkdir -p {folder}/matrix; {cells}"
+
+
 def _fashion94_starts(folder: str) -> str:
     """recipes/fashion-94-2gpu.yaml from outside: once with empty caches, then twice warm; each
     run's wall seconds and its summary's setup, compile and training seconds, in folder/fashion94.jsonl."""
@@ -982,6 +998,7 @@ def part_commands(p: str, workers: str) -> dict:
         "s27": (["bash", "-c", _s27(p("s27"), int(big))], 900),
         "s27b": (["bash", "-c", _s27b(p("s27b"))], 400),
         "s27c": (["bash", "-c", _s27c(p("s27c"))], 560),
+        "s27d": (["bash", "-c", _s27d(p("s27d"))], 560),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(

@@ -259,7 +259,11 @@ def _join_group(task: Task, store) -> None:
     if task.backend == "nccl":
         device = torch.device("cuda", _gpu_of(task))
         torch.cuda.set_device(device)
-        kwargs["device_id"] = device
+        # Two ranks or more: the communicator is built now (a peer's failure shows at the join).
+        # One rank: NCCL builds it at the first collective, which a run of one worker never makes
+        # (0.45-0.5 s of each process's first 1-worker trial on an H200, results/gpu-2026-11-29-s27).
+        if task.world > 1:
+            kwargs["device_id"] = device
     prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
     with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
         dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
