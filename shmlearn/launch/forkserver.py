@@ -2,7 +2,8 @@
 torch once (every pool, CPU or GPU: train, sweeps, experiments, the Python API), or forked from the
 caller itself where that is safe (caller_fork: train()'s own pool of one-thread CPU workers, and
 the program's CPU sweep that compiles nothing, whose lean pool never imports torch._dynamo:
-Pool's lean; the program starts no forkserver for it, cli.prestart).
+Pool's lean; the program starts no forkserver for it, cli.prestart). The program's GPU pools that
+compile nothing are lean too: their forkserver imports torch alone (start's dynamo).
 
 Why: on the CPU a worker's start is its imports, torch and torch._dynamo (the first optimizer a
 process builds imports the latter anyway: launch.import_before_group), and each spawned worker
