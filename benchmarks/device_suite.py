@@ -999,6 +999,22 @@ def part_commands(p: str, workers: str) -> dict:
         "s27b": (["bash", "-c", _s27b(p("s27b"))], 400),
         "s27c": (["bash", "-c", _s27c(p("s27c"))], 560),
         "s27d": (["bash", "-c", _s27d(p("s27d"))], 560),
+        # Issue 52 acceptance 3 with lean pools: a short sweep to warm the fresh machine (its first
+        # run pays ~4 s a GPU process), then the seed's whole grid on every GPU, then the default sweep.
+        "s27x": (["bash", "-c", shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small",
+                                                "--dataset", "fashion-mnist", "--data-dir",
+                                                os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1,2",
+                                                "--batch-size", "64", "--lr", "0.1", "--samples", "8192",
+                                                "--no-report", "--out", os.path.join(p("s27x"), "warm")))
+                  + f" > {p('s27x')}/warm.log 2>&1; " + shlex.join(_py(
+                      *sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
+                      "--out", os.path.join(p("s27x"), "alexnet-sweep")))
+                  + f" > {p('s27x')}/alexnet-sweep.log 2>&1; grep 'sweep: ran' {p('s27x')}/alexnet-sweep.log; "
+                  + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset",
+                                   "fashion-mnist", "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                                   "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
+                                   "60000", "--out", os.path.join(p("s27x"), "default")))
+                  + f" > {p('s27x')}/default.log 2>&1; grep 'sweep: ran' {p('s27x')}/default.log"], 400),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
