@@ -263,3 +263,23 @@ def test_every_worker_starts_with_ctrl_c_blocked_also_the_one_that_starts_the_re
     workers = [blocked for is_worker, blocked in seen if is_worker]
     assert len(workers) == 2 and all(workers), r.stdout
     assert after, r.stdout  # the caller's own mask is as it was
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_an_nccl_group_of_one_is_built_lazily(monkeypatch, world):
+    """A pool's 1-worker job joins its NCCL group without `device_id`, so NCCL builds no
+    communicator (0.45-0.5 s a GPU process on an H200) for a run that makes no collective; a
+    group of two or more is built at the join, where a peer's failure shows."""
+    import torch
+    import torch.distributed as dist
+
+    from shmlearn.launch import worker
+    joined = {}
+    monkeypatch.setattr(torch.cuda, "set_device", lambda d: joined.setdefault("device", d))
+    monkeypatch.setattr(worker, "_gpu_of", lambda task: 0)
+    monkeypatch.setattr(dist, "init_process_group", lambda backend, **kw: joined.update(backend=backend, **kw))
+    task = worker.Task(job=1, fn=print, args=(), rank=0, world=world, slots=tuple(range(world)), group=1,
+                       backend="nccl", timeout_s=5.0)
+    worker._join_group(task, dist.HashStore())
+    assert joined["backend"] == "nccl" and joined["world_size"] == world and joined["device"] == torch.device("cuda", 0)
+    assert ("device_id" in joined) == (world > 1), joined
