@@ -183,7 +183,25 @@ def _worker_main(slot: int, conn, parent_pid: int, store_port: int, init, enviro
     # (the pool's close), every job's work is done and read, and the driver frees what the
     # process held; destroy_process_group took 0.5 s a rank on an H200, after a run's last line
     # (results/gpu-2026-11-28-s26/). Gloo's is, as before (its threads).
+    release_semaphores()
     os._exit(0)
+
+
+def release_semaphores() -> None:
+    """Unlink the named semaphores this process made (multiprocessing's locks), as the
+    interpreter's exit would, before os._exit skips it. A compiled run's Inductor shows its compile
+    progress through tqdm, whose class-wide lock is a multiprocessing RLock; left behind, the
+    resource tracker ended the program with "There appear to be 2 leaked semaphore objects to
+    clean up at shutdown" after a compiled CPU run's last line. Only their finalizers run: the
+    others of the registry (queues' feeder threads, say) could block."""
+    from multiprocessing import synchronize, util
+    registry = getattr(util, "_finalizer_registry", {})  # multiprocessing's own, since Python 3.0
+    for finalize in list(registry.values()):
+        if getattr(finalize, "_callback", None) is synchronize.SemLock._cleanup:
+            try:
+                finalize()
+            except Exception:  # noqa: BLE001 - one not released: the warning is all that is left
+                pass
 
 
 LEAVE = "leave"

@@ -283,3 +283,29 @@ def test_an_nccl_group_of_one_is_built_lazily(monkeypatch, world):
     worker._join_group(task, dist.HashStore())
     assert joined["backend"] == "nccl" and joined["world_size"] == world and joined["device"] == torch.device("cuda", 0)
     assert ("device_id" in joined) == (world > 1), joined
+
+
+SEMAPHORE = """
+import multiprocessing as mp, os, sys
+from multiprocessing import resource_tracker
+mp.set_start_method("forkserver")  # a pool worker's, as the forkserver's fork sets it: its locks are named
+resource_tracker.ensure_running()
+lock = mp.RLock()  # what tqdm makes class-wide once Inductor shows its compile progress in a worker
+from shmlearn.launch.worker import release_semaphores
+if sys.argv[1] == "release":
+    release_semaphores()
+sys.stdout.flush()
+os._exit(0)  # as a pool worker leaves
+"""
+
+
+def test_a_worker_leaving_by_os_exit_releases_its_semaphores():
+    """A compiled CPU run ended with the resource tracker's "There appear to be 2 leaked semaphore
+    objects" after its last line: its workers leave by os._exit, which skips the finalizers that
+    unlink multiprocessing's locks. release_semaphores runs those (and only those) first."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    runs = {how: subprocess.run([sys.executable, "-c", SEMAPHORE, how], capture_output=True, text=True,
+                                timeout=120, env=env) for how in ("release", "leave")}
+    assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr for k, r in runs.items()}
+    assert "leaked semaphore" not in runs["release"].stderr, runs["release"].stderr
+    assert "leaked semaphore" in runs["leave"].stderr  # what the test guards against does happen
