@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+from pool_runs import POOL_RUN
+
 ENV = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
 
 
@@ -73,33 +75,19 @@ def test_the_programs_one_worker_run_skips_dynamo_and_trains_the_same(tmp_path):
     assert (lean["final_loss"], lean["test_accuracy"]) == (api["final_loss"], api["test_accuracy"])
 
 
-RUN2 = """
-import json, sys
-from shmlearn.user import user_main
-if {program}:
-    user_main.program_owns_main()
-from shmlearn.launch import pool as P
-seen = []
-close = P.Pool.close
-def recording_close(self):
-    seen.extend(self.startup)
-    close(self)
-P.Pool.close = recording_close
-from shmlearn.cli import main
-argv = ["train", "--workers", "2", "--threads", "1", "--samples", "4096", "--no-progress", "--out", {out!r}]
-rc = main.main(argv, early_workers={program})
-s = json.load(open({out!r} + "/summary.json"))
-print(json.dumps({{"rc": rc, "dynamo": "torch._dynamo" in sys.modules, "final_loss": s["final_loss"],
-                  "test_accuracy": s["test_accuracy"], "workers": [(w["start"], w["dynamo"]) for w in seen]}}))
-"""
+
+
+def _run2(program: bool, out: str) -> str:
+    argv = ["train", "--workers", "2", "--threads", "1", "--samples", "4096", "--no-progress", "--out", out]
+    return POOL_RUN.format(program=program, argv=argv, out=out)
 
 
 def test_the_programs_cpu_pool_run_is_lean_forks_from_it_and_trains_the_same(tmp_path):
     """`shmlearn train --workers 2 --threads 1` on the CPU (the README's first command on 2 cores):
     no forkserver, the two workers fork from the program and neither it nor they import
     torch._dynamo; a user's script's train() (not lean) gets the same losses to the bit."""
-    lean = _py(RUN2.format(program=True, out=str(tmp_path / "lean")))
-    full = _py(RUN2.format(program=False, out=str(tmp_path / "full")))
+    lean = _py(_run2(True, str(tmp_path / "lean")))
+    full = _py(_run2(False, str(tmp_path / "full")))
     assert lean["rc"] == full["rc"] == 0
     assert lean["workers"] == [["fork", False], ["fork", False]], lean["workers"]
     assert lean["dynamo"] is False

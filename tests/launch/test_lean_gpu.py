@@ -10,6 +10,7 @@ import sys
 
 import pytest
 import torch
+from pool_runs import POOL_RUN
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
@@ -19,26 +20,11 @@ ENV = dict({k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE
 SHARED = [] if TWO else ["--backend", "gloo"]
 """On one GPU, both ranks on it: NCCL refuses that, Gloo shares it."""
 
-RUN = """
-import json, sys
-from shmlearn.user import user_main
-if {program}:
-    user_main.program_owns_main()
-from shmlearn.launch import pool as P
-seen = []
-close = P.Pool.close
-def recording_close(self):
-    seen.extend(self.startup)
-    close(self)
-P.Pool.close = recording_close
-from shmlearn.cli import main
-argv = ["train", "--device", "cuda", "--workers", "2", "--dataset", "digits", "--model", "mlp", "--samples", "8192",
-        "--eval-points", "1", "--no-progress", "--out", {out!r}, *{extra!r}]
-rc = main.main(argv, early_workers={program})
-s = json.load(open({out!r} + "/summary.json"))
-print(json.dumps({{"rc": rc, "final_loss": s["final_loss"], "test_accuracy": s["test_accuracy"],
-                  "strategy": s["strategy"], "workers": [(w["start"], w["dynamo"]) for w in seen]}}))
-"""
+
+def _run(program: bool, out: str, extra: list) -> str:
+    argv = ["train", "--device", "cuda", "--workers", "2", "--dataset", "digits", "--model", "mlp", "--samples",
+            "8192", "--eval-points", "1", "--no-progress", "--out", out, *extra, *SHARED]
+    return POOL_RUN.format(program=program, argv=argv, out=out)
 
 
 def _py(code: str) -> dict:
@@ -50,8 +36,8 @@ def _py(code: str) -> dict:
 @pytest.mark.parametrize("extra", [[], ["--strategy", "ps"], ["--strategy", "weight-avg"], ["--strategy", "ddp"],
                                    ["--optimizer", "adam", "--lr", "0.003"]], ids=lambda e: "-".join(e) or "default")
 def test_the_programs_gpu_pool_run_is_lean_and_trains_as_a_scripts(tmp_path, extra):
-    lean = _py(RUN.format(program=True, out=str(tmp_path / "lean"), extra=extra + SHARED))
-    full = _py(RUN.format(program=False, out=str(tmp_path / "full"), extra=extra + SHARED))
+    lean = _py(_run(True, str(tmp_path / "lean"), extra))
+    full = _py(_run(False, str(tmp_path / "full"), extra))
     assert lean["rc"] == full["rc"] == 0
     assert lean["workers"] == [["forkserver", False], ["forkserver", False]], lean["workers"]
     assert all(d for _, d in full["workers"]), full["workers"]
