@@ -219,6 +219,19 @@ def _matrix_all(folder: str, gpus: str, w1_per_gpu: int = 3, w2_per_pair: int = 
     return " & ".join(jobs) + " & wait; " + "; ".join(merge)
 
 
+def _sweeps(folder: str) -> str:
+    """The seed's alexnet-sweep grid on every GPU, then the default GPU sweep (8 trials), each
+    with its log's tail (parts sweeps56, s27x)."""
+    data = os.path.join(ROOT_DIR, "data", "fashion-mnist")
+    seed = _py("-m", "shmlearn", "experiment", "run", "alexnet-sweep", "--device", "cuda",
+               "--out", os.path.join(folder, "alexnet-sweep"))
+    default = _py("-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset",
+                  "fashion-mnist", "--data-dir", data, "--workers", "1,2", "--batch-size", "64,256", "--lr",
+                  "0.05,0.1", "--samples", "60000", "--out", os.path.join(folder, "default"))
+    return (f"{shlex.join(seed)} > {folder}/alexnet-sweep.log 2>&1; tail -n 40 {folder}/alexnet-sweep.log; "
+            f"{shlex.join(default)} > {folder}/default.log 2>&1; tail -n 12 {folder}/default.log")
+
+
 def _s27(folder: str, gpus: int) -> str:
     """part s27: see its comment in part_commands. On one GPU: the tests (both ranks on it over
     Gloo) beside 6 matrix cells whose eager steps call an optimizer's step() (Adam-type, async-ps),
@@ -981,14 +994,7 @@ def part_commands(p: str, workers: str) -> dict:
         # Issues 52 and 55: the seed's alexnet-sweep grid at workers 1, 2, 4 on four GPUs (its
         # efficiency, the paper's winners with margins and time-to-accuracy winners), then the
         # default GPU sweep (8 trials).
-        "sweeps56": (["bash", "-c", shlex.join(_py(*sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
-                                                   "--out", os.path.join(p("sweeps56"), "alexnet-sweep")))
-                      + f" > {p('sweeps56')}/alexnet-sweep.log 2>&1; tail -n 40 {p('sweeps56')}/alexnet-sweep.log; "
-                      + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset",
-                                       "fashion-mnist", "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                                       "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
-                                       "60000", "--out", os.path.join(p("sweeps56"), "default")))
-                      + f" > {p('sweeps56')}/default.log 2>&1; tail -n 12 {p('sweeps56')}/default.log"], 560),
+        "sweeps56": (["bash", "-c", _sweeps(p("sweeps56"))], 560),
         # Issue 52, session 27: lean GPU pools (no torch._dynamo in the forkserver or the workers
         # where nothing compiles). Their tests on GPUs 0,1 beside a py-spy profile of 1-worker
         # trials on GPU 2 (where a trial's setup goes); then, alone on the four GPUs, the seed's
@@ -1001,20 +1007,11 @@ def part_commands(p: str, workers: str) -> dict:
         "s27d": (["bash", "-c", _s27d(p("s27d"))], 560),
         # Issue 52 acceptance 3 with lean pools: a short sweep to warm the fresh machine (its first
         # run pays ~4 s a GPU process), then the seed's whole grid on every GPU, then the default sweep.
-        "s27x": (["bash", "-c", shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small",
-                                                "--dataset", "fashion-mnist", "--data-dir",
-                                                os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1,2",
-                                                "--batch-size", "64", "--lr", "0.1", "--samples", "8192",
-                                                "--no-report", "--out", os.path.join(p("s27x"), "warm")))
-                  + f" > {p('s27x')}/warm.log 2>&1; " + shlex.join(_py(
-                      *sh, "experiment", "run", "alexnet-sweep", "--device", "cuda",
-                      "--out", os.path.join(p("s27x"), "alexnet-sweep")))
-                  + f" > {p('s27x')}/alexnet-sweep.log 2>&1; grep 'sweep: ran' {p('s27x')}/alexnet-sweep.log; "
-                  + shlex.join(_py(*sh, "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset",
-                                   "fashion-mnist", "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
-                                   "--workers", "1,2", "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples",
-                                   "60000", "--out", os.path.join(p("s27x"), "default")))
-                  + f" > {p('s27x')}/default.log 2>&1; grep 'sweep: ran' {p('s27x')}/default.log"], 400),
+        "s27x": (["bash", "-c", shlex.join(_py(
+            "-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small", "--dataset", "fashion-mnist",
+            "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1,2", "--batch-size", "64",
+            "--lr", "0.1", "--samples", "8192", "--no-report", "--out", os.path.join(p("s27x"), "warm")))
+            + f" > {p('s27x')}/warm.log 2>&1; " + _sweeps(p("s27x"))], 400),
         # Issue 52: fashion-94 on two GPUs, cold and warm, with and without Python's bytecode cache.
         "f94-26": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(p("f94-26"))], 420),
         "f94-26b": (["bash", "-c", "export CUDA_VISIBLE_DEVICES=0,1; " + _fashion94_pyc(
