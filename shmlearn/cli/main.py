@@ -219,13 +219,23 @@ def _flag_values(args: List[str], flags: tuple) -> Dict[str, str]:
     """The last value of each of `flags` in `args`, spelled in full (--data-dir X or
     --data-dir=X), as argparse would take them; abbreviations are left to argparse."""
     found: Dict[str, str] = {}
+    for flag in flags:
+        given = _flag_values_all(args, flag)
+        if given:
+            found[flag] = given[-1]
+    return found
+
+
+def _flag_values_all(args: List[str], flag: str) -> List[str]:
+    """Every value of `flag` in `args`, in order (--axis X or --axis=X; a repeatable flag's all)."""
+    found = []
     for i, arg in enumerate(args):
         name, eq, value = arg.partition("=")
-        if name in flags:
+        if name == flag:
             if eq:
-                found[name] = value
+                found.append(value)
             elif i + 1 < len(args):
-                found[name] = args[i + 1]
+                found.append(args[i + 1])
     return found
 
 
@@ -294,16 +304,6 @@ def _lean_sweep(argv: List[str]) -> Optional[str]:
     # A study (--storage) may run threads of its storage's, which a fork refuses (caller_fork)
     cpu = _on_cpu(given) and given.get("--threads", "1") == "1" and "--storage" not in given
     return "caller" if cpu else "forkserver"
-
-
-def _flag_values_all(args: List[str], flag: str) -> List[str]:
-    """Every value of a repeatable `flag` in `args` (--axis X or --axis=X)."""
-    found = []
-    for i, arg in enumerate(args):
-        name, eq, value = arg.partition("=")
-        if name == flag:
-            found.append(value if eq else args[i + 1] if i + 1 < len(args) else "")
-    return found
 
 
 TORCH_COMMANDS = ("train", "sweep", "experiment", "bench")

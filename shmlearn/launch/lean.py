@@ -83,8 +83,8 @@ USER_CODE = ("model", "dataset", "loss", "compute_loss", "optimizer", "scheduler
 def compiles_nothing(cfg) -> bool:
     """Whether a run of TrainConfig `cfg` may run on a lean pool (launch.pool.Pool's lean: no
     torch._dynamo in its workers): it does not compile, and it imports none of the user's code
-    (which might). CPU or GPU: a GPU pool's workers fork from a forkserver that imported torch
-    alone (cli.prestart), or import Dynamo themselves where it did (nothing is lost but time)."""
+    (which might). CPU or GPU: the program's GPU pools fork from a forkserver that imported torch
+    alone (cli.prestart); a pool forked from one that also imported Dynamo only loses the time."""
     from shmlearn.user.refs import is_ref  # lazy: the program reads this module before its other imports
     return cfg.compile == "off" and not any(is_ref(getattr(cfg, f)) for f in USER_CODE)
 
