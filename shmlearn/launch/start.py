@@ -187,10 +187,41 @@ def _join(backend: str, store, rank: int, world: int, timeout, env: DistEnv) -> 
     store = dist.PrefixStore(_prefix(env), store)
     _groups_joined += 1
     with listen.on_loopback() if env.launcher == "local" else contextlib.nullcontext():
-        dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
+        join_default_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 _groups_joined = 0
+
+
+_excepthook_before_group = None
+"""sys.excepthook as it was before this process's first live default group (join_default_group)."""
+
+
+def join_default_group(backend: str, **kwargs) -> None:
+    """dist.init_process_group(backend, **kwargs), remembering the sys.excepthook it replaces.
+    torch wraps sys.excepthook at every init_process_group to prefix "[rankN]: " to a traceback,
+    and no destroy_process_group undoes it: a notebook or a pool worker that trained 13 runs
+    printed its next traceback with "[rank0]: " 13 times on each line. leave_default_group puts
+    the hook back."""
+    import torch.distributed as dist
+    global _excepthook_before_group
+    before = sys.excepthook
+    dist.init_process_group(backend, **kwargs)
+    if _excepthook_before_group is None:
+        _excepthook_before_group = before
+
+
+def leave_default_group(rank: int, nccl: bool) -> None:
+    """Tear the default process group down (NCCL: destroy_group, never hanging) and put back the
+    sys.excepthook the group's join replaced."""
+    import torch.distributed as dist
+    global _excepthook_before_group
+    if nccl:
+        destroy_group(rank)
+    else:
+        dist.destroy_process_group()
+    if _excepthook_before_group is not None:
+        sys.excepthook, _excepthook_before_group = _excepthook_before_group, None
 
 
 def destroy_group(rank: int, limit_s: float = 30.0) -> None:

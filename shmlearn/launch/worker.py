@@ -23,7 +23,7 @@ from shmlearn.launch import lean, listen
 
 from shmlearn.user import user_main
 from shmlearn.errors import BadInput, Diverged, user_traceback
-from shmlearn.launch.start import DistEnv, HeldStderr, destroy_group, die_with_owner
+from shmlearn.launch.start import DistEnv, HeldStderr, die_with_owner, join_default_group, leave_default_group
 
 PRELOAD = ("torch", "torch._dynamo", "shmlearn.train.entry", "shmlearn.data", "shmlearn.sync")
 """What a worker imports before its first job (torch._dynamo: see launch.import_before_group, left
@@ -284,8 +284,8 @@ def _join_group(task: Task, store) -> None:
             kwargs["device_id"] = device
     prefixed = dist.PrefixStore(f"shmlearn/g{task.group}", store)
     with HeldStderr():  # a peer that never joins: torch's C++ store warnings, then our one line
-        dist.init_process_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
-                                timeout=timeout, **kwargs)
+        join_default_group(task.backend, store=prefixed, rank=task.rank, world_size=task.world,
+                           timeout=timeout, **kwargs)
 
 
 def _gpu_of(task: Task) -> int:
@@ -297,10 +297,7 @@ def _leave_group(backend: Optional[str]) -> None:
     import torch.distributed as dist
     if not dist.is_initialized():
         return
-    if backend == "nccl":
-        destroy_group(dist.get_rank())
-    else:
-        dist.destroy_process_group()
+    leave_default_group(dist.get_rank(), nccl=backend == "nccl")
 
 
 def _redirect(log: Optional[str]):

@@ -14,8 +14,7 @@ from shmlearn.config.train_config import TrainConfig
 from shmlearn.data.stream import StreamLoader
 from shmlearn.errors import BadInput, count
 from shmlearn.launch.placement import backend_for, device_type, set_determinism
-from shmlearn.launch.start import DistEnv, init_process_group
-from shmlearn.launch.start import destroy_group as _destroy_group
+from shmlearn.launch.start import DistEnv, init_process_group, leave_default_group
 from shmlearn.models import apply_init
 from shmlearn.sync import registry
 from shmlearn.train import checkpoint as ckpt
@@ -105,9 +104,6 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
     finally:
         if isinstance(loader, StreamLoader):
             loader.close()
-        if owns_group:
-            if device.type == "cuda":
-                _destroy_group(env.rank)
-            else:  # Gloo closes promptly; in a thread its teardown upsets torchrun's restarts
-                dist.destroy_process_group()
+        if owns_group:  # NCCL never hangs it; Gloo closes promptly (in a thread its teardown upsets torchrun's restarts)
+            leave_default_group(env.rank, nccl=device.type == "cuda")
 

@@ -333,3 +333,28 @@ def test_a_ranks_default_threads_leave_out_the_cores_other_processes_keep_busy(m
     assert limits.rank_threads("cuda", 1) == 4  # a GPU rank: its own rule
     monkeypatch.setattr(limits.os, "sched_getaffinity", lambda pid: {0, 1})  # a cpuset: the host's load says nothing
     assert limits.rank_threads("cpu", 1) == 2
+
+
+TWO_RUNS = """
+import sys
+from shmlearn import train
+from shmlearn.config.train_config import TrainConfig
+if __name__ == "__main__":
+    hook = sys.excepthook
+    for i in range(2):
+        train(TrainConfig(dataset="digits", model="mlp", workers=1, samples=512, progress=False,
+                          out=f"{sys.argv[1]}/r{i}"))
+    assert sys.excepthook is hook, f"sys.excepthook is now {sys.excepthook!r}"
+    raise RuntimeError("after two runs")
+"""
+
+
+def test_runs_in_this_process_leave_the_excepthook_as_they_found_it(tmp_path):
+    """torch's init_process_group wraps sys.excepthook ("[rankN]: " before each line of a
+    traceback) and nothing undoes it: a notebook's traceback after 13 runs carried 13 prefixes."""
+    script = tmp_path / "two_runs.py"
+    script.write_text(TWO_RUNS)
+    p = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stderr
+    assert "RuntimeError: after two runs" in p.stderr
+    assert "[rank" not in p.stderr, p.stderr
