@@ -1,20 +1,67 @@
 """CUDA-graph capture of the fast step: warm-up on a side stream, one graph per kind of step in one
 shared memory pool, captured at the highest stream priority with the small memset nodes made
 kernels (graph_memsets.py), the state the warm-up touched put back, and the period of eager,
-phase-timed steps measured from the eager step's time over a replay's (options.sample_period)."""
+phase-timed steps measured from the eager step's time over a replay's (options.sample_period).
+
+A process that has captured the same step before (a pool worker's next sweep trial of this batch
+size: `step_key`, `SEEN`) warms up with one step instead of WARMUP and takes the period measured
+then: the kernels, cuDNN's choices and the allocator's blocks are warm already, and what a new
+trial has that is new (its model's tensors, its optimizer's state) is made by the first warm-up
+step. That saved 17-18 ms of a warm trial's ~50 ms of setup (alexnet-small, batch 128, one H200:
+benchmarks/trial_profile.py, docs/performance.md "Processes and start-up")."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
-from typing import List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 
 from shmlearn.step import graph_memsets
 from shmlearn.errors import one_line
-from shmlearn.step.options import SAMPLE_EVERY, sample_period
+from shmlearn.step.options import SAMPLE_EVERY, StepOptions, sample_period
 from shmlearn.record.timing import NULL_TIMER
+
+WARMUP = 3
+"""Eager steps on a side stream before a step is first captured in this process (torch's advice:
+a few; lazy initializations, cuDNN's timing, the allocator's blocks and the optimizer's state)."""
+SEEN: Dict[tuple, float] = {}
+"""This process's captured steps (step_key) and the eager step's time over a replay's measured at
+their first capture."""
+
+
+def step_key(*, model, strategy, loader, device: torch.device, opts, tuning, world_size: int, kinds) -> Optional[tuple]:
+    """What makes two captures of the step run the same kernels on the same shapes: the model's
+    modules and tensors, the strategy, the optimizer and its settings but the learning rate, the
+    loader's batch and samples, the step's options and switches. None where a capture must always
+    warm up fully: torch's DDP rebuilds its buckets after its first iterations."""
+    if isinstance(strategy.module, torch.nn.parallel.DistributedDataParallel):
+        return None
+    x = getattr(loader, "x", None)
+    optimizer = getattr(strategy, "optimizer", None)
+    groups = tuple(tuple(sorted((k, repr(v)) for k, v in g.items() if k not in ("params", "lr", "initial_lr")))
+                   for g in getattr(optimizer, "param_groups", ()))
+    return (str(device), world_size, type(strategy).__qualname__, getattr(strategy, "accumulate", 1), tuple(kinds),
+            type(optimizer).__qualname__, groups, type(loader).__qualname__, getattr(loader, "batch_size", None),
+            getattr(loader, "global_batch", None),
+            None if x is None else (tuple(x.shape[1:]), x.dtype), type(getattr(loader, "augment", None)).__qualname__,
+            tuple((n, tuple(t.shape), t.dtype, t.requires_grad) for n, t in model.named_parameters()),
+            tuple((n, tuple(t.shape), t.dtype) for n, t in model.named_buffers()),
+            tuple(type(m).__qualname__ for m in model.modules()),
+            tuple((f.name, repr(getattr(opts, f.name, None))) for f in dataclasses.fields(StepOptions)), repr(tuning))
+
+
+def agree_seen(ratio: Optional[float], world_size: int, device: torch.device) -> Optional[float]:
+    """Every rank's answer the same: the ratio (the largest of the ranks') where every rank has
+    captured this step before, else None (all warm up fully: the warm-up steps communicate)."""
+    if world_size == 1:
+        return ratio
+    t = torch.tensor([0.0 if ratio is not None else 1.0, ratio or 0.0], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    missing, largest = t.tolist()
+    return None if missing else largest
 
 
 class Graphs:
@@ -40,6 +87,12 @@ class Graphs:
         """Graph mode: the eager (sampled) step's time over a replay's, measured at capture."""
         self._eager_s = 0.0
 
+    @property
+    def pool(self):
+        """The memory pool the step's graphs share (None before the capture); the test pass's
+        graph shares it too (train/eval_graph.py)."""
+        return self._pool
+
     def sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -64,9 +117,12 @@ class Graphs:
 
     def capture_all_ranks(self) -> None:
         """Capture on every rank; if any rank fails, every rank runs eagerly (same maths)."""
+        key = step_key(model=self.model, strategy=self.strategy, loader=self.loader, device=self.device,
+                       opts=self.opts, tuning=self.tuning, world_size=self.world_size, kinds=self.kinds())
+        seen = agree_seen(SEEN.get(key) if key is not None else None, self.world_size, self.device)
         err = None
         try:
-            graphs = self._capture()
+            graphs = self._capture(warmup=1 if seen is not None else WARMUP)
         except Exception as e:  # noqa: BLE001 - a failed capture falls back to eager, and says why
             graphs, err = None, one_line(e)
             if self.device.type == "cuda":
@@ -76,12 +132,16 @@ class Graphs:
             dist.all_reduce(ok)
         if ok.item() == 0:
             self.graphs = graphs
-            if self.tuning.sample_every is None and self.device.type == "cuda":  # every rank replays, then agrees
-                ratio = torch.tensor([self._eager_s / self._replay_s()], device=self.device)
-                if self.world_size > 1:
-                    dist.all_reduce(ratio, op=dist.ReduceOp.MAX)  # every rank samples the same steps
-                self.eager_over_replay = float(ratio.item())
+            if self.tuning.sample_every is None and self.device.type == "cuda":
+                if seen is None:  # every rank replays, then agrees
+                    ratio = torch.tensor([self._eager_s / self._replay_s()], device=self.device)
+                    if self.world_size > 1:
+                        dist.all_reduce(ratio, op=dist.ReduceOp.MAX)  # every rank samples the same steps
+                    seen = float(ratio.item())
+                self.eager_over_replay = seen
                 self.sample_every = sample_period(self.eager_over_replay, 1.0)
+            if key is not None:
+                SEEN[key] = self.eager_over_replay
         else:
             self.say(f"CUDA graph capture failed ({err or 'on another rank'}); running eagerly")
 
@@ -92,22 +152,23 @@ class Graphs:
         self.graphs = None
         self.say(why, join=True)
 
-    def _capture(self):
-        """Warm up on a side stream (allocator, cuDNN autotuning, NCCL communicators), capture one
-        graph per kind of step, and put back everything the warm-up touched. The graphs share one
-        memory pool: they are never replayed concurrently, and nothing allocated in one is read by
-        another (what outlives a step was allocated in the warm-up), so the measuring variant does
-        not double the activation memory."""
+    def _capture(self, warmup: int = WARMUP):
+        """Warm up on a side stream (allocator, cuDNN autotuning, NCCL communicators; `warmup`
+        steps of each kind), capture one graph per kind of step, and put back everything the
+        warm-up touched. The graphs share one memory pool: they are never replayed concurrently,
+        and nothing allocated in one is read by another (what outlives a step was allocated in the
+        warm-up), so the measuring variant does not double the activation memory."""
         kinds = self.kinds()
         with self._no_update():
             if self.strategy.computes:
                 self.loader.prepare(0)
             eager_s = 0.0
             with self.side_stream():
-                for i in range(3):
+                for i in range(warmup):
                     for j, k in enumerate(kinds):
                         self._as_kind(k)
-                        last = i == 2 and j == 0  # warm by now: what a sampled eager step costs
+                        # warm by now: what a sampled eager step costs (not timed after one step)
+                        last = warmup > 1 and i == warmup - 1 and j == 0
                         if last:
                             self.sync()
                             t0 = time.perf_counter()

@@ -26,6 +26,7 @@ from shmlearn.data.stream import test_batches
 from shmlearn.data.tree import TreeData, rows
 from shmlearn.errors import BadInput
 from shmlearn.record.metrics import metric_goal
+from shmlearn.train.eval_graph import EvalGraph
 from shmlearn.user.tasks import correct, loss_fn, split_result
 
 EVAL_SHARE = 0.1
@@ -64,14 +65,14 @@ def due(*, steps: int, done: int, train_s: float, cost_s: Optional[float], test_
 
 @torch.no_grad()
 def test_pass(model, data, *, rank: int, world_size: int, device: torch.device, normalize, autocast, loss, task: str,
-              timeout_s, batch_size: int = 1024) -> torch.Tensor:
+              timeout_s, batch_size: int = 1024, graph: Optional[EvalGraph] = None) -> torch.Tensor:
     """Full test set, once: rank r evaluates the r-th of W contiguous slices, sums are
     all-reduced, so no sample is skipped or counted twice. Returns (loss sum, correct, samples) on
     the device, float64. loss: the user's mean loss, or None (the task's, summed); autocast: () ->
-    the step's autocast context."""
-    model.eval()
-    sums = torch.zeros(3, dtype=torch.float64, device=device)
-    for xb, yb in test_batches(data, rank, world_size, device, size=batch_size, timeout_s=timeout_s):
+    the step's autocast context; graph: the run's EvalGraph (CUDA: full batches replayed, the same
+    numbers), or None."""
+
+    def add(sums: torch.Tensor, xb: torch.Tensor, yb: torch.Tensor) -> None:
         with autocast():
             out = model(normalize(xb)).float()
         if loss is None:
@@ -82,10 +83,18 @@ def test_pass(model, data, *, rank: int, world_size: int, device: torch.device, 
         if c is not None:
             sums[1] += c
         sums[2] += len(yb)
+
+    model.eval()
+    sums = graph.start() if graph is not None else torch.zeros(3, dtype=torch.float64, device=device)
+    for xb, yb in test_batches(data, rank, world_size, device, size=batch_size, timeout_s=timeout_s):
+        if graph is not None:
+            graph.add(add, xb, yb)
+        else:
+            add(sums, xb, yb)
     if world_size > 1:
         dist.all_reduce(sums)
     model.train()
-    return sums
+    return sums.clone() if graph is not None else sums  # the graph's sums are the next pass's
 
 
 @torch.no_grad()
@@ -123,16 +132,17 @@ def compute_pass(model, data, split: str, *, compute, names: Sequence[str], rank
 
 
 def evaluate(*, model, module, data, compute, names: Sequence[str], loss, task: str, rank: int, world_size: int,
-             device: torch.device, normalize, autocast, batch_size: int, timeout_s) -> Dict[str, Optional[float]]:
+             device: torch.device, normalize, autocast, batch_size: int, timeout_s,
+             graph: Optional[EvalGraph] = None) -> Dict[str, Optional[float]]:
     """One evaluation's numbers, the same on every rank (all-reduced): with compute_loss the mean
     loss and metrics of the validation split (if any) and the test split (val_loss, val_NAME,
     test_loss, test_NAME; test_accuracy is the metric named accuracy, or None); else the test
     set's mean loss and accuracy (None for regression). model: the bare module; module: what the
-    step calls forward on (DDP's wrapper)."""
+    step calls forward on (DDP's wrapper); graph: test_pass's."""
     with untimed_convolutions(device):
         return _evaluate(model=model, module=module, data=data, compute=compute, names=names, loss=loss, task=task,
                          rank=rank, world_size=world_size, device=device, normalize=normalize, autocast=autocast,
-                         batch_size=batch_size, timeout_s=timeout_s)
+                         batch_size=batch_size, timeout_s=timeout_s, graph=graph)
 
 
 @contextlib.contextmanager
@@ -155,7 +165,8 @@ def untimed_convolutions(device: torch.device) -> Iterator[None]:
 
 
 def _evaluate(*, model, module, data, compute, names: Sequence[str], loss, task: str, rank: int, world_size: int,
-              device: torch.device, normalize, autocast, batch_size: int, timeout_s) -> Dict[str, Optional[float]]:
+              device: torch.device, normalize, autocast, batch_size: int, timeout_s,
+              graph: Optional[EvalGraph]) -> Dict[str, Optional[float]]:
     if compute is not None:
         row: Dict[str, Optional[float]] = {}
         for split in (("val", "test") if getattr(data, "val", None) is not None else ("test",)):
@@ -166,7 +177,7 @@ def _evaluate(*, model, module, data, compute, names: Sequence[str], loss, task:
         row["test_accuracy"] = row.get("test_accuracy")
         return row
     sums = test_pass(model, data, rank=rank, world_size=world_size, device=device, normalize=normalize,
-                     autocast=autocast, loss=loss, task=task, timeout_s=timeout_s, batch_size=batch_size)
+                     autocast=autocast, loss=loss, task=task, timeout_s=timeout_s, batch_size=batch_size, graph=graph)
     loss_sum, n_correct, n = sums.tolist()
     return {"test_loss": loss_sum / n, "test_accuracy": None if task == "regression" else n_correct / n}
 

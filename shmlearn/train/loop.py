@@ -28,6 +28,7 @@ from shmlearn.sweeps.pruning import Watch
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.train import checkpoint as ckpt
 from shmlearn.train import evaluation, noise
+from shmlearn.train.eval_graph import EvalGraph
 from shmlearn.train.inputs import host_fed
 from shmlearn.train.guard import Fault, Heartbeat
 from shmlearn.train.result import RunResult, gather_ranks
@@ -109,6 +110,8 @@ class Loop:
                                    store=worker_store() if env.job else None, timeout_s=cfg.timeout)
         self.stepper: Optional[Stepper] = None
         """The step (step/fast.py), built by `_run` after a resumption and before the clock starts."""
+        self.eval_graph: Optional[EvalGraph] = None
+        """The test pass's CUDA graph (`_eval_graph`), made at the first evaluation."""
         self.prune = None
         if prune_key and self.lead:
             if worker_store() is not None:
@@ -294,7 +297,8 @@ class Loop:
                 model=self.strategy.model, module=self.strategy.module, data=self.data, compute=self.compute,
                 names=self.metric_names, loss=self.loss, task=self.task, rank=self.env.rank,
                 world_size=self.env.world_size, device=self.device, normalize=self.normalize,
-                autocast=self.stepper.autocast, batch_size=self.cfg.eval_batch_size, timeout_s=self.cfg.timeout))
+                autocast=self.stepper.autocast, batch_size=self.cfg.eval_batch_size, timeout_s=self.cfg.timeout,
+                graph=self._eval_graph()))
             self.evals.append(row)
             if self.monitor is not None:  # --monitor: the best weights while they are the model's
                 best, stop = self.monitor.update(self.evals)
@@ -306,6 +310,13 @@ class Loop:
             self.schedule.evaluated(row)
         if self.lead:
             self.rundir.log_eval(row)
+
+    def _eval_graph(self) -> Optional[EvalGraph]:
+        """The run's EvalGraph (train/eval_graph.py) where its step replays CUDA graphs, else None."""
+        if self.eval_graph is None and self.compute is None and self.stepper.graphs:
+            self.eval_graph = EvalGraph(self.device, self.stepper.capture.pool,
+                                        note=self.stepper.quiet_notes.append)
+        return self.eval_graph
 
     def _start_lr(self):
         """The learning rate the run started at, as its optimizer had it (--lr is the built-in
