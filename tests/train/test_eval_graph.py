@@ -1,5 +1,6 @@
 """The test pass's full batches replayed from a CUDA graph (train/eval_graph.py): on a GPU, every
-evaluation's numbers bit for bit those of the eager pass, for several passes a run and for a model
+evaluation's numbers bit for bit those of the eager pass (--deterministic: two runs train the same
+bits), for several passes a run and for a model
 with batch norm; a forward that cannot be captured in evaluation evaluates eagerly, says so in
 summary.json, and gives the same numbers; no graph where the step runs eagerly (the CPU)."""
 import json
@@ -33,7 +34,8 @@ for graph in ("on", "off"):
         loop.Loop._eval_graph = lambda self: None
     cfg = shmlearn.TrainConfig(model="lenet" if model == "lenet" else "mlp", dataset="digits", device="cuda",
                                workers=1, samples=3200, batch_size=32, eval_batch_size=64, eval_points=3,
-                               progress=False, out=f"{out}/{graph}")
+                               progress=False, out=f"{out}/{graph}", deterministic=True)
+    torch.manual_seed(0)
     res = shmlearn.train(cfg, model=SyncsInEval() if model == "syncs" else None)
     evals = [json.loads(l) for l in open(f"{out}/{graph}/eval.jsonl")]
     losses = [json.loads(l)["loss"] for l in open(f"{out}/{graph}/metrics.jsonl")]
@@ -76,6 +78,7 @@ def test_no_graph_where_the_step_runs_eagerly(tmp_path, monkeypatch):
 
     made = []
     monkeypatch.setattr(eval_graph.EvalGraph, "__init__", lambda self, *a, **k: made.append(1))
-    res = shmlearn.train(shmlearn.TrainConfig(model="mlp", dataset="digits", workers=1, samples=640, eval_points=2,
-                                              eval_batch_size=64, progress=False, out=str(tmp_path / "cpu")))
+    res = shmlearn.train(shmlearn.TrainConfig(model="mlp", dataset="digits", device="cpu", workers=1, samples=640,
+                                              eval_points=2, eval_batch_size=64, progress=False,
+                                              out=str(tmp_path / "cpu")))
     assert res.status == "completed" and made == []
