@@ -113,7 +113,7 @@ def test_a_second_capture_in_the_process_warms_up_once_and_trains_the_same_bits(
     assert got["warmups"] == [3, 1]
     assert first["mode"] == second["mode"] == "cuda-graph"
     assert first["sample_every"] == second["sample_every"]
-    assert second["losses"] == first["losses"] and len(first["losses"]) > 10
+    assert second["losses"] == first["losses"] and len(first["losses"]) >= 5
 
 
 TWICE_ON_A_POOL = """
@@ -148,4 +148,4 @@ def test_two_ranks_capturing_again_on_a_pool_train_the_same_bits(tmp_path):
     first, second = json.loads(p.stdout.strip().splitlines()[-1])["runs"]
     assert first["mode"] == second["mode"] == "cuda-graph"
     assert first["sample_every"] == second["sample_every"]
-    assert second["losses"] == first["losses"] and len(first["losses"]) > 10
+    assert second["losses"] == first["losses"] and len(first["losses"]) >= 5
