@@ -26,9 +26,8 @@ import math
 from dataclasses import dataclass, fields
 from typing import Any, Dict
 
-import yaml
 
-from shmlearn.record import readback
+from shmlearn.record import readback, yaml_io
 
 from shmlearn.user import recipe
 
@@ -172,7 +171,7 @@ def load_yaml(path: str) -> Dict[str, Any]:
 
 def save_yaml(cfg: TrainConfig, path: str) -> None:
     with open(path, "w") as f:
-        yaml.safe_dump(cfg.to_dict(), f, sort_keys=False)
+        yaml_io.dump(cfg.to_dict(), f)
 
 
 # The ranges validate() holds every numeric field to, and why. Each bound is far beyond any run

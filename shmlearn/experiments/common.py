@@ -67,11 +67,13 @@ def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:
     """The summary of a run in `out` that completed or diverged with exactly `cfg`, else None."""
     import yaml
 
+    from shmlearn.record import yaml_io
+
     try:
         with open(os.path.join(out, "summary.json")) as f:
             summary = json.load(f)
         with open(os.path.join(out, "config.yaml")) as f:
-            saved = yaml.safe_load(f)
+            saved = yaml_io.load(f)
     except (OSError, ValueError, yaml.YAMLError):
         return None
     try:  # a config saved before a field was added has no key for it: the field's default;

@@ -23,11 +23,10 @@ import time
 from contextlib import contextmanager
 from typing import Any, Dict, Iterator, List, Optional
 
-import yaml
 
 from shmlearn.record import readback
 
-from shmlearn.record import safe_write
+from shmlearn.record import safe_write, yaml_io
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
 from shmlearn.record.metrics import metric_goal
@@ -173,7 +172,7 @@ class RunDir:
         # is written or truncated.
         check_links(path)
         files = {n: os.path.join(path, n) for n in RUN_FILES}
-        safe_write.write(files["config.yaml"], yaml.safe_dump(cfg.to_dict(), sort_keys=False), root=path)
+        safe_write.write(files["config.yaml"], yaml_io.dump(cfg.to_dict()), root=path)
         if keep_until is not None:
             for name in ("metrics.jsonl", "eval.jsonl"):
                 _truncate_after(files[name], keep_until, path)

@@ -231,8 +231,9 @@ class TrialRunner(abc.ABC):
         mine = sorted(self._mine)
         return [mine[s % len(mine)] for s in slots]
 
-    def done(self, r: Running, job) -> bool:
-        """A trial's job ended: record it, or say it failed. Returns True to retry it once."""
+    def done(self, r: Running, job, ended: Optional[float] = None) -> bool:
+        """A trial's job ended (at `ended`, time.monotonic(); default now): record it, or say it
+        failed. Returns True to retry it once."""
         try:
             job.results()
             status, text = "completed", ""
@@ -247,7 +248,7 @@ class TrialRunner(abc.ABC):
             os.replace(r.tmp + ".log", os.path.join(r.tmp, "log.txt"))
             # What only this process measured goes with the run directory: a sweep that dies
             # between publishing and recording it is adopted by the next with its times.
-            elapsed, group_s = time.monotonic() - r.t0, job.group_s()
+            elapsed, group_s = (ended or time.monotonic()) - r.t0, job.group_s()
             write_json_atomic(os.path.join(r.tmp, TRIAL_TIMES), {"elapsed_s": elapsed, "group_s": group_s})
             try:
                 os.rename(r.tmp, final)  # the run directory appears whole, or not at all
@@ -511,12 +512,13 @@ def raise_interrupt(signum, frame):
 def _fix_out(run_dir: str) -> None:
     """config.yaml names the attempt's temporary folder; point it at the published one."""
     import yaml
+    from shmlearn.record import yaml_io
     path = os.path.join(run_dir, "config.yaml")
     try:
         with open(path) as f:
-            d = yaml.safe_load(f)
+            d = yaml_io.load(f)
     except (OSError, yaml.YAMLError):
         return
     if isinstance(d, dict) and d.get("out") != run_dir:
         d["out"] = run_dir
-        safe_write.write(path, yaml.safe_dump(d, sort_keys=False), root=run_dir)
+        safe_write.write(path, yaml_io.dump(d), root=run_dir)

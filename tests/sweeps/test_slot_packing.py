@@ -53,3 +53,38 @@ def test_one_worker_trials_share_the_slots_and_a_two_worker_trial_waits_for_both
     assert len(one) == 2 and len(two) == 2, dict(span)  # the 1-worker trials ran in 2 processes
     assert one[0][0] < one[1][1] and one[1][0] < one[0][1], one  # side by side
     assert max(v[1] for v in one) < min(v[0] for v in two), (one, two)  # the 2-worker trials waited
+
+
+def test_the_next_trial_starts_before_the_last_one_is_recorded(tmp_path, monkeypatch):
+    """A slot does not wait for the sweep's bookkeeping of the trial that left it (publishing its
+    folder, its config.yaml, results.jsonl): one slot, one trial at a time, and each trial after
+    the first started before the one before it was recorded (timing.json: start_unix is taken
+    when a trial starts, end_unix when it is recorded)."""
+    import shmlearn.sweeps.trials as trials
+
+    record = trials.TrialRunner.record
+    order = []
+
+    def recording(self, cfg, tid, *a, **k):
+        order.append(("record", tid))
+        return record(self, cfg, tid, *a, **k)
+    start = trials.TrialRunner.start
+
+    def starting(self, cfg, *a, **k):
+        r = start(self, cfg, *a, **k)
+        order.append(("start", r.tid))
+        return r
+    monkeypatch.setattr(trials.TrialRunner, "record", recording)
+    monkeypatch.setattr(trials.TrialRunner, "start", starting)
+    fixed = dict(model="mlp", dataset="digits", samples=640, batch_size=32, eval_points=1, threads=1, workers=1,
+                 device="cpu", progress=False)
+    sc = SweepConfig(fixed=fixed, axes={"lr": [0.05, 0.1, 0.2]}, parallel=1, slots=1, out=str(tmp_path / "sweep"),
+                     report=False)
+    assert run_sweep(sc) == 0
+    starts = [tid for what, tid in order if what == "start"]
+    assert len(starts) == 3
+    # start 1, start 2, record 1, start 3, record 2, record 3
+    assert order == [("start", starts[0]), ("start", starts[1]), ("record", starts[0]), ("start", starts[2]),
+                     ("record", starts[1]), ("record", starts[2])], order
+    rows = json.load(open(tmp_path / "sweep" / "timing.json"))["overhead_s"]
+    assert all(0 < r["s"] < 5 for r in rows)  # each trial's overhead ends when it ended, not when recorded
