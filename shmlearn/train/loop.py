@@ -313,7 +313,7 @@ class Loop:
 
     def _eval_graph(self) -> Optional[EvalGraph]:
         """The run's EvalGraph (train/eval_graph.py) where its step replays CUDA graphs, else None."""
-        if self.eval_graph is None and self.compute is None and self.stepper.graphs:
+        if self.eval_graph is None and self.compute is None and self.device.type == "cuda" and self.stepper.graphs:
             self.eval_graph = EvalGraph(self.device, self.stepper.capture.pool,
                                         note=self.stepper.quiet_notes.append)
         return self.eval_graph
