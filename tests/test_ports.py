@@ -82,6 +82,17 @@ def torchrun(script: str, args: list, cwd) -> str:
     return run([exe, "--standalone", "--nproc-per-node", "2", os.path.join(EX, "ddp", script), *args], cwd)
 
 
+def together(*calls):
+    """Independent commands `(fn, args...)` at once, their outputs in order: the port and its DDP
+    reference are separate programs whose imports, start-up and Gloo waits leave part of two cores
+    idle, so together they take less than one after the other (each run's numbers are its own:
+    same seeds, same budgets)."""
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(calls)) as ex:
+        futures = [ex.submit(fn, *args) for fn, *args in calls]
+        return [f.result() for f in futures]
+
+
 def summary_of(cwd) -> dict:
     paths = glob.glob(os.path.join(str(cwd), "runs", "*", "summary.json"))
     assert len(paths) == 1, paths
@@ -127,8 +138,8 @@ def test_vae_port_matches_ddp(tmp_path):
     shmlearn's own test_loss (= its bce + kld), within 2% of DDP's."""
     (tmp_path / "api").mkdir()
     (tmp_path / "ddp").mkdir()
-    port = run([sys.executable, os.path.join(EX, "vae.py"), "--epochs", "1"], tmp_path / "api")
-    ref = torchrun("vae_ddp.py", ["--epochs", "1"], tmp_path / "ddp")
+    port, ref = together((run, [sys.executable, os.path.join(EX, "vae.py"), "--epochs", "1"], tmp_path / "api"),
+                         (torchrun, "vae_ddp.py", ["--epochs", "1"], tmp_path / "ddp"))
     mine, theirs = last_float(port, r"====> Test set loss: ([0-9.]+)"), last_float(ref, r"====> Test set loss: ([0-9.]+)")
     s = summary_of(tmp_path / "api")
     assert s["status"] == "completed" and s["workers"] == 2 and s["steps"] == 60000 // 256
@@ -160,13 +171,14 @@ LM_FLAGS = ["--use-optimizer", "--lr", "0.001", "--epochs", "2"]
 
 def test_language_model_port_matches_ddp(tmp_path):
     (tmp_path / "api").mkdir()
-    port = run([sys.executable, os.path.join(EX, "language_model.py"), *LM_FLAGS, "--save", "model.pt"], tmp_path / "api")
     # The DDP script at two seeds: its own perplexity moves about 2% between them (60.62 and 59.44
     # on the corpus of 2026-11-28), as much as the tolerance, so the port is held to the nearer run.
-    refs = []
-    for seed in ("1111", "2222"):
+    seeds = ("1111", "2222")
+    for seed in seeds:
         (tmp_path / f"ddp{seed}").mkdir()
-        refs.append(torchrun("language_model_ddp.py", [*LM_FLAGS, "--seed", seed], tmp_path / f"ddp{seed}"))
+    port, *refs = together(
+        (run, [sys.executable, os.path.join(EX, "language_model.py"), *LM_FLAGS, "--save", "model.pt"], tmp_path / "api"),
+        *[(torchrun, "language_model_ddp.py", [*LM_FLAGS, "--seed", seed], tmp_path / f"ddp{seed}") for seed in seeds])
     mine = last_float(port, r"test ppl\s+([0-9.]+)")
     theirs = [last_float(ref, r"test ppl\s+([0-9.]+)") for ref in refs]
     assert min(abs(mine - t) / t for t in theirs) < TOLERANCE, (mine, theirs)
