@@ -97,11 +97,15 @@ def pytest_configure(config):
     ~3 s (a 2-worker train() of 640 samples took 0.7 s against 6.5 s spawned). The pool still
     spawns where the program's would (CUDA, an import-time variable changed by a test), and
     tests/launch/test_pool_forkserver.py checks both ways. SHMLEARN_TEST_SPAWN=1: every pool spawns. Under
-    -n, each worker starts its own; xdist's controller, which runs no test, none."""
+    -n, each worker starts its own; xdist's controller, which runs no test, none; nor does the
+    pytest process that runs a module's tests in Triton's interpreter (tests/triton_interp.py,
+    TRITON_INTERPRET=1): most of those never start a pool, and one that does starts the
+    forkserver then (forkserver.context), where each such process imported torch in a forkserver
+    of its own for nothing."""
     import os
     if os.environ.get("SHMLEARN_TEST_SPAWN"):
         os.environ["SHMLEARN_FORKSERVER"] = "0"  # else the first pool would start it (forkserver.context)
-    elif not _xdist_controller(config):
+    elif not _xdist_controller(config) and os.environ.get("TRITON_INTERPRET") != "1":
         from shmlearn.launch import forkserver
         forkserver.start()
 
