@@ -164,15 +164,22 @@ def test_vae_cli(tmp_path):
 
 # --- the language model ----------------------------------------------------------------------
 
-LM_FLAGS = ["--use-optimizer", "--lr", "0.001", "--epochs", "2"]
+LM_FLAGS = ["--use-optimizer", "--lr", "0.001", "--epochs", "1"]
 """AdamW at upstream's README's Transformer setting (lr 0.001), clipping at 0.25 (the original's
---clip): at SGD's lr 5, one epoch's perplexity moved 11% between two seeds of the DDP script."""
+--clip): at SGD's lr 5, one epoch's perplexity moved 11% between two seeds of the DDP script.
+One epoch (70 steps of 2 x 20 windows), not two: the three runs were the suite's largest cost
+(~90 CPU s). Measured on the 2-core machine, 2026-11-29: the port's test perplexity 84.09 against
+DDP's 85.00 and 84.04 (seeds 1111, 2222); over the test windows 83.91 against 84.91 and 84.47.
+With shmlearn's clipping removed (sync/base.py clip_norm_ a no-op) the port's perplexity is
+92.28 at one epoch (8.6% off the nearer DDP run) and 63.25 at two (4%): one epoch tells the
+break apart at least as clearly."""
 
 
 def test_language_model_port_matches_ddp(tmp_path):
     (tmp_path / "api").mkdir()
-    # The DDP script at two seeds: its own perplexity moves about 2% between them (60.62 and 59.44
-    # on the corpus of 2026-11-28), as much as the tolerance, so the port is held to the nearer run.
+    # The DDP script at two seeds: its own perplexity moves 1-2% between them (85.00 and 84.04 at
+    # one epoch on the corpus of 2026-11-29; 60.62 and 59.44 at two on that of 2026-11-28), near
+    # the tolerance, so the port is held to the nearer run.
     seeds = ("1111", "2222")
     for seed in seeds:
         (tmp_path / f"ddp{seed}").mkdir()
