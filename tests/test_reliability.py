@@ -169,27 +169,52 @@ def run_together(**calls):
 
 
 @pytest.fixture(scope="module")
-def stalled(tmp_path_factory):
-    """A hung rank and a SIGSTOPped rank 0, run together: each waits out --timeout 8 (CPU idle),
-    so together they take little more than one; and a killed worker's run, in that idle time."""
+def waits(tmp_path_factory):
+    """The runs that mostly wait out a --timeout (CPU idle), all five started together, so that
+    together they take little more than the longest: a hung rank and a SIGSTOPped rank 0 (each
+    waits out --timeout 8) and a killed worker's run, in that idle time ({name: (result, seconds
+    from the fault to the end of the run, tag)}: startup and the steps before the fault take 2-4x
+    longer on a loaded or slow machine; the timeout does not); and the two lone hung ranks (each
+    waits out --timeout 6 and the watch's 10 s for an interrupt that a sleep never takes;
+    {name: (result, seconds of the whole run, tag)}: each one's seconds are its own). Two groups
+    one after the other took the sum of their waits."""
     from concurrent.futures import ThreadPoolExecutor
     d = tmp_path_factory.mktemp("stalled")
     calls = dict(killed=(["--timeout", "20"], "kill:1:50"), hung=(["--timeout", "8"], "sleep:1:30"),
                  stopped=(["--timeout", "8"], "stop:0:30"))
 
     def after_the_fault(name):
-        """(result, seconds from the fault to the end of the run, tag): startup and the steps
-        before the fault take 2-4x longer on a loaded or slow machine; the timeout does not."""
         extra, fault = calls[name]
         tag, log = uuid.uuid4().hex, d / f"{name}.fault"
         r = run(BASE + ["--workers", "2", *extra, "--out", str(d / name)], fault=fault, tag=tag, timeout=240,
                 extra_env={"SHMLEARN_FAULT_LOG": str(log)})
         ended = time.time()
         return r, (ended - float(log.read_text().split()[0]) if log.exists() else math.inf), tag
-    with ThreadPoolExecutor(len(calls)) as ex:
-        runs = dict(zip(calls, ex.map(after_the_fault, calls)))
+    lone = dict(
+        train=(BASE + ["--workers", "1", "--timeout", "6", "--out", str(d / "lone-run")],
+               dict(fault="sleep:0:30", timeout=120)),
+        sweep=(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "12800", "--workers", "1",
+                "--lr", "0.1", "--timeout", "6", "--no-report", "--no-progress", "--out", str(d / "lone-s")],
+               dict(fault="sleep:0:30", timeout=120)))
+
+    def whole_run(name):
+        args, kw = lone[name]
+        tag = uuid.uuid4().hex
+        t0 = time.monotonic()
+        r = run(args, tag=tag, **kw)
+        return r, time.monotonic() - t0, tag
+    with ThreadPoolExecutor(len(calls) + len(lone)) as ex:
+        stalled = {name: ex.submit(after_the_fault, name) for name in calls}
+        lone_hung = {name: ex.submit(whole_run, name) for name in lone}
+        done = ({k: f.result() for k, f in stalled.items()}, {k: f.result() for k, f in lone_hung.items()})
     time.sleep(1)  # as each test did after its run: then no process of any of them may be left
-    return runs
+    return done
+
+
+@pytest.fixture(scope="module")
+def stalled(waits):
+    """A hung rank, a SIGSTOPped rank 0 and a killed worker's run (`waits`)."""
+    return waits[0]
 
 
 def test_killed_worker_without_restarts_ends_the_run_naming_it(stalled):
@@ -444,17 +469,9 @@ def test_a_sweep_on_an_unwritable_out_is_exit_2(monkeypatch, capfd):
 
 
 @pytest.fixture(scope="module")
-def lone_hung(tmp_path_factory):
-    """Both runs below, started together: each mostly waits out its --timeout 6 and the watch's
-    10 s for an interrupt that a sleep never takes (CPU idle), so together they take little more
-    than one; each one's seconds are its own."""
-    d = tmp_path_factory.mktemp("lone")
-    return run_together(
-        train=(BASE + ["--workers", "1", "--timeout", "6", "--out", str(d / "run")],
-               dict(fault="sleep:0:30", timeout=120)),
-        sweep=(["sweep", "--dataset", "digits", "--model", "softmax", "--samples", "12800", "--workers", "1",
-                "--lr", "0.1", "--timeout", "6", "--no-report", "--no-progress", "--out", str(d / "s")],
-               dict(fault="sleep:0:30", timeout=120)))
+def lone_hung(waits):
+    """A lone rank hung in `train --workers 1` and in a sweep's trial (`waits`)."""
+    return waits[1]
 
 
 @pytest.mark.parametrize("how", ["train", "sweep"])

@@ -138,12 +138,20 @@ print("hung")
 @pytest.mark.skipif(usable_cores() < 2, reason="a libgomp team needs 2+ cores")
 def test_why_one_thread_the_fork_of_a_caller_with_a_thread_team_hangs_with_two(tmp_path):
     """The rule caller_fork keeps: the same fork with 2 threads waits for the caller's team forever
-    (here 20 s), with 1 it completes."""
+    (here 20 s), with 1 it completes. The two programs run at once: the one with 1 thread
+    completes inside the other's 20 s of waiting (CPU idle)."""
     path = tmp_path / "gomp.py"
     path.write_text(GOMP)
-    run = [subprocess.run([sys.executable, str(path), str(n), "20"], capture_output=True, text=True, timeout=120)
-           for n in (1, 2)]
-    assert [r.stdout.strip() for r in run] == ["done", "hung"], [r.stderr for r in run]
+    procs = [subprocess.Popen([sys.executable, str(path), str(n), "20"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for n in (1, 2)]
+    try:
+        run = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [out.strip() for out, _ in run] == ["done", "hung"], [err for _, err in run]
 
 
 def _dynamo():

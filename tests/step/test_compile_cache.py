@@ -4,7 +4,10 @@ process that compiles the same step reads it instead of tracing and partitioning
 again (issue 52); a model with a user's module keeps torch's default (the graph bypasses the cache).
 
 Each compile runs in a fresh process (Dynamo's and AOTAutograd's in-memory state would answer
-a second compile in this one), on one cache folder: torch's counters say what each did."""
+a second compile in this one), on one cache folder for the module: torch's counters say what each
+did. The user's step shares the folder with ours (whichever runs first): it still bypasses
+AOTAutograd's cache, and Inductor's kernels built for our step are read for it (~9 s against ~19 s
+built afresh on 2 cores)."""
 import json
 import os
 import subprocess
@@ -55,6 +58,12 @@ print(json.dumps(dict(counters["aot_autograd"])))
 """
 
 
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    """The module's cache folder (Inductor's and AOTAutograd's, Triton's)."""
+    return tmp_path_factory.mktemp("compile-cache")
+
+
 def _compile(tmp_path, kind: str) -> dict:
     env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"),
                TRITON_CACHE_DIR=str(tmp_path / "triton"), TORCHINDUCTOR_COMPILE_THREADS="1")
@@ -67,19 +76,19 @@ def _compile(tmp_path, kind: str) -> dict:
     return got
 
 
-def test_a_step_of_ours_is_read_from_the_cache(tmp_path):
+def test_a_step_of_ours_is_read_from_the_cache(cache):
     torch = pytest.importorskip("torch")
     from torch._functorch import config
     if not hasattr(config, "autograd_cache_allow_custom_autograd_functions"):
         pytest.skip("this torch has no autograd_cache_allow_custom_autograd_functions")
-    first = _compile(tmp_path, "ours")
+    first = _compile(cache, "ours")
     assert first.get("autograd_cache_miss") == 1 and first.get("autograd_cache_saved") == 1, first
-    second = _compile(tmp_path, "ours")
+    second = _compile(cache, "ours")
     assert second.get("autograd_cache_hit") == 1 and not second.get("autograd_cache_miss"), second
 
 
-def test_a_step_with_a_users_module_keeps_torchs_default(tmp_path):
-    got = _compile(tmp_path, "user")
+def test_a_step_with_a_users_module_keeps_torchs_default(cache):
+    got = _compile(cache, "user")
     # conv_overlap's Function is in the graph: torch's default leaves it out of the cache (so a
     # second process could not read it either)
     assert got.get("autograd_cache_bypass") == 1 and not got.get("autograd_cache_saved"), got
