@@ -67,7 +67,7 @@ def finished(out: str, cfg: TrainConfig) -> Optional[Dict]:
     """The summary of a run in `out` that completed or diverged with exactly `cfg`, else None."""
     import yaml
 
-    from shmlearn.record import yaml_io
+    from shmlearn.record import yaml_io  # lazy: PyYAML, as the `import yaml` above
 
     try:
         with open(os.path.join(out, "summary.json")) as f:

@@ -512,7 +512,7 @@ def raise_interrupt(signum, frame):
 def _fix_out(run_dir: str) -> None:
     """config.yaml names the attempt's temporary folder; point it at the published one."""
     import yaml
-    from shmlearn.record import yaml_io
+    from shmlearn.record import yaml_io  # lazy: PyYAML, as the `import yaml` above
     path = os.path.join(run_dir, "config.yaml")
     try:
         with open(path) as f:

@@ -29,6 +29,13 @@ import torch
 from shmlearn.errors import one_line
 
 
+def for_step(stepper, device: torch.device) -> Optional["EvalGraph"]:
+    """The run's EvalGraph where its step (step/fast.py's Stepper) replays CUDA graphs, else None."""
+    if device.type != "cuda" or not stepper.graphs:
+        return None
+    return EvalGraph(device, stepper.capture.pool, note=stepper.quiet_notes.append)
+
+
 class EvalGraph:
     """One run's test batch as a CUDA graph (see the module docstring). pool: the training step's
     graph pool; note(line): where a failed capture is told."""

@@ -28,7 +28,7 @@ from shmlearn.sweeps.pruning import Watch
 from shmlearn.sync import SyncStrategy, registry
 from shmlearn.train import checkpoint as ckpt
 from shmlearn.train import evaluation, noise
-from shmlearn.train.eval_graph import EvalGraph
+from shmlearn.train.eval_graph import EvalGraph, for_step
 from shmlearn.train.inputs import host_fed
 from shmlearn.train.guard import Fault, Heartbeat
 from shmlearn.train.result import RunResult, gather_ranks
@@ -43,6 +43,12 @@ _HISTORY = ("step_times", "step_losses", "step_cpu_s", "step_thread_cpu_s", "eva
 def cpu_clocks() -> Tuple[float, float]:
     """(this process's, this thread's) CPU seconds so far: what a step's CPU time is read on."""
     return time.process_time(), time.thread_time()
+
+
+def start_lr(start_lrs: Optional[List[float]], cfg) -> str:
+    """The learning rate a run started at, as its optimizer had it (--lr is the built-in
+    optimizers' only; a torch class or your own has its own)."""
+    return f"{start_lrs[0]:g}" if start_lrs else str(cfg.lr)
 
 
 class Loop:
@@ -110,8 +116,7 @@ class Loop:
                                    store=worker_store() if env.job else None, timeout_s=cfg.timeout)
         self.stepper: Optional[Stepper] = None
         """The step (step/fast.py), built by `_run` after a resumption and before the clock starts."""
-        self.eval_graph: Optional[EvalGraph] = None
-        """The test pass's CUDA graph (`_eval_graph`), made at the first evaluation."""
+        self.eval_graph: Optional[EvalGraph] = None  # the test pass's CUDA graph (eval_graph.py), made with the step
         self.prune = None
         if prune_key and self.lead:
             if worker_store() is not None:
@@ -145,6 +150,7 @@ class Loop:
                                loss=train_loss(self.loss, self.task, cfg.label_smoothing),
                                reached=lambda step: setattr(self.heartbeat, "step", step),
                                compute_loss=self.compute)
+        self.eval_graph = for_step(self.stepper, self.device) if self.compute is None else None
         if self.lead and self.stepper.note:
             print(f"shmlearn: {self.stepper.note}", flush=True)
         if self.lead:
@@ -298,7 +304,7 @@ class Loop:
                 names=self.metric_names, loss=self.loss, task=self.task, rank=self.env.rank,
                 world_size=self.env.world_size, device=self.device, normalize=self.normalize,
                 autocast=self.stepper.autocast, batch_size=self.cfg.eval_batch_size, timeout_s=self.cfg.timeout,
-                graph=self._eval_graph()))
+                graph=self.eval_graph))
             self.evals.append(row)
             if self.monitor is not None:  # --monitor: the best weights while they are the model's
                 best, stop = self.monitor.update(self.evals)
@@ -310,18 +316,6 @@ class Loop:
             self.schedule.evaluated(row)
         if self.lead:
             self.rundir.log_eval(row)
-
-    def _eval_graph(self) -> Optional[EvalGraph]:
-        """The run's EvalGraph (train/eval_graph.py) where its step replays CUDA graphs, else None."""
-        if self.eval_graph is None and self.compute is None and self.device.type == "cuda" and self.stepper.graphs:
-            self.eval_graph = EvalGraph(self.device, self.stepper.capture.pool,
-                                        note=self.stepper.quiet_notes.append)
-        return self.eval_graph
-
-    def _start_lr(self):
-        """The learning rate the run started at, as its optimizer had it (--lr is the built-in
-        optimizers' only; a torch class or your own has its own)."""
-        return f"{self.start_lrs[0]:g}" if self.start_lrs else self.cfg.lr
 
     def _finish(self, status: str, diverged) -> RunResult:
         """Every rank: hand rank 0 the trace and how the step ran; rank 0 writes summary.json,
@@ -350,7 +344,7 @@ class Loop:
         if diverged is not None:
             step, rank, _ = diverged
             raise Diverged(f"diverged: loss is not finite at step {step} on rank {rank} "
-                           f"(lr {self._start_lr()}); run directory {cfg.out}", step=step, rank=rank)
+                           f"(lr {start_lr(self.start_lrs, cfg)}); run directory {cfg.out}", step=step, rank=rank)
         return RunResult(status=status, run_dir=cfg.out, summary=summary, model=self.model, rank=self.env.rank)
 
 
