@@ -1024,6 +1024,14 @@ def part_commands(p: str, workers: str) -> dict:
             "resnet18/bf16/allreduce/W2/clip+accumulate=2+grad-buckets=on+compile",
             "resnet18/bf16/allreduce/W2/clip+accumulate=2+grad-buckets=on+no-graph",
             "resnet18/bf16/allreduce/W2/grad-buckets=on", "resnet18/fp32/allreduce/W2/grad-buckets=off")))], 300),
+        # Session 29, one GPU: the GPU tests of the capture cache and the evaluation graph (b10b1b7
+        # unchecked there), acceptance 4's throughput at 1 GPU, then the W=1 matrix in 4 shards.
+        "s29": (["bash", "-c", f"timeout 300 python3 -m pytest -q -p no:cacheprovider -rfEs tests/train/test_eval_graph.py "
+                 f"tests/step/test_capture_again.py tests/launch/test_lean_gpu.py > {p('s29')}/gpu-tests.log 2>&1; "
+                 f"echo tests rc=$?; tail -n 15 {p('s29')}/gpu-tests.log; "
+                 + _scale_bench(p("s29"), "1", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
+                                baselines="local")[2] + "; "
+                 + _matrix_all(p("s29"), "1", w1_per_gpu=4)], 900),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),
