@@ -16,11 +16,13 @@ them too; moving them into field metadata would let them be read without the sou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import os
 import re
+import signal
 import sys
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional
 
 # shmlearn.config.train_config, train and simulate import torch (~2-6 s), and advise numpy: this
 # module imports them in the functions that build the parser or run, after
@@ -96,7 +98,8 @@ def _train_options() -> List[Option]:
         table = read_table()
         if table is not None:
             return table
-    from shmlearn.config.train_config import options  # lazy: torch, after the CLI's cheap checks
+    with held_signals():  # the first run with no table imports torch here (import_torch_whole)
+        from shmlearn.config.train_config import options  # lazy: torch, after the CLI's cheap checks
     live = list(options().values())
     write_table(live)
     return live
@@ -318,11 +321,17 @@ def import_torch_whole(argv: List[str]) -> None:
     import ends, where it raises as anywhere else (exits.py)."""
     if not argv or argv[0] not in TORCH_COMMANDS or "-h" in argv or "--help" in argv or "torch" in sys.modules:
         return
-    import signal
+    with held_signals():
+        import torch  # noqa: F401
+
+
+@contextlib.contextmanager
+def held_signals() -> Iterator[None]:
+    """Ctrl-C and SIGHUP held (delivered when the block ends) around an import of torch."""
     held = {signal.SIGINT, signal.SIGHUP}
     before = signal.pthread_sigmask(signal.SIG_BLOCK, held)
     try:
-        import torch  # noqa: F401
+        yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, before)
 
@@ -384,8 +393,15 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
         return e.exit_code
     if early_workers:
         prestart(sys.argv[1:] if argv is None else argv)
+    # The flags are parsed from the flag table before torch is imported: a misspelled flag or a
+    # value of the wrong type is answered in ~0.1 s, not after torch's 1-5 s import.
+    try:
+        ns = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
+    except BadInput as e:  # a flag's own check (a sweep's list: sweeps/cli.py _checked)
+        print(f"shmlearn: error: {e}", file=sys.stderr)
+        return e.exit_code
+    if early_workers:
         import_torch_whole(sys.argv[1:] if argv is None else argv)
-    ns = build_parser(sys.argv[1:] if argv is None else argv).parse_args(argv)
     try:
         return ns.func(ns)
     except BadInput as e:

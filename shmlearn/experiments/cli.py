@@ -12,7 +12,7 @@ def register(sub) -> None:
     esub = p.add_subparsers(dest="experiment_command", required=True)
     esub.add_parser("list", help="list the experiments").set_defaults(func=_list)
     r = esub.add_parser("run", help="run one experiment")
-    r.add_argument("name", help="experiment name (see `shmlearn experiment list`)")
+    r.add_argument("name", type=_known, help="experiment name (see `shmlearn experiment list`)")
     r.add_argument("--quick", action="store_true", help="a few minutes on 2 CPU cores, same code path")
     r.add_argument("--device", default="auto", choices=("cpu", "cuda", "auto"))
     r.add_argument("--out", help="output folder [default: experiments/<date>-<name>]")
@@ -20,6 +20,14 @@ def register(sub) -> None:
                    help="sweeping experiments: replace one axis of the grid, e.g. --axis lr=0.1:0.9:0.2 "
                         "or --axis workers=4,2,1 (values as `shmlearn sweep` takes them; repeatable)")
     r.set_defaults(func=_run)
+
+
+def _known(name: str) -> str:
+    """An experiment's name, refused by the parser before torch's import if there is none of that
+    name (the line run_experiment gives; BadInput, which argparse lets through)."""
+    if name not in EXPERIMENTS:
+        raise BadInput(f"experiment {name}: unknown; choose one of {', '.join(EXPERIMENTS)}")
+    return name
 
 
 def _list(ns) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import time
 from typing import Callable, Iterable, Optional
@@ -17,6 +18,7 @@ from typing import Callable, Iterable, Optional
 from shmlearn.errors import BadInput
 from shmlearn.config.flags import Option, field_docs, help_group
 from shmlearn.record.readback import Word
+from shmlearn.sweeps.values import parse_values
 from shmlearn.sweeps.sweep_config import GOALS, NOT_SWEPT, PRUNERS, SEARCHES, SweepConfig
 
 
@@ -51,6 +53,14 @@ def _live_options() -> Iterable[Option]:
     return options().values()
 
 
+def _checked(name: str, kind: type, text: str) -> str:
+    """A train flag's text as given, once its list and ranges parse as values of its option's
+    kind (values.parse_values): a malformed one is refused by the parser, before torch's
+    import, with the line the grid would give (BadInput, which argparse lets through)."""
+    parse_values(name, text, kind)
+    return text
+
+
 def register(sub, train_options: Optional[Callable[[], Iterable[Option]]] = None) -> None:
     """The `sweep` parser. train_options: TrainConfig's options (config.options), as the CLI reads
     them from its flag table without torch; None reads them live."""
@@ -67,11 +77,12 @@ def register(sub, train_options: Optional[Callable[[], Iterable[Option]]] = None
         where = help_group(p, o, made)
         if o.kind is bool:
             where.add_argument(o.flag, dest=o.name, nargs="?", const="true", default=argparse.SUPPRESS,
-                               metavar="true,false", help=o.help)
+                               metavar="true,false", help=o.help, type=functools.partial(_checked, o.name, bool))
         else:
             # A list of values is not one choice: each trial's config is validated (sweep_grid).
             shown = "{" + ",".join(map(str, o.choices)) + "}[,...]" if o.choices else "V[,V...]|A:B:S"
-            where.add_argument(o.flag, dest=o.name, default=argparse.SUPPRESS, metavar=shown, help=o.help)
+            where.add_argument(o.flag, dest=o.name, default=argparse.SUPPRESS, metavar=shown, help=o.help,
+                               type=functools.partial(_checked, o.name, o.kind))
     g = p.add_argument_group("sweep")
     for name in ("threshold", "target_accuracy", "target_share", "time_axis", "repeats", "parallel", "slots", "out"):
         fd = next(f for f in dataclasses.fields(SweepConfig) if f.name == name)

@@ -264,3 +264,26 @@ def test_kept_strategy_names_that_cannot_be_read_are_read_live_again(tmp_path):
     assert set(json.loads(kept.read_text())) == set(strategies.KEYS)  # and kept whole
     again, _, second = probe(["simulate", "--help"], cache)
     assert second["code"] == 0 and not second["torch"] and again == out
+
+
+@pytest.mark.parametrize("argv, line", [
+    (["train", "--workers", "x"], "argument --workers: invalid int value: 'x'"),
+    (["train", "--workers", "2", "--batch-size", "y"], "argument --batch-size: invalid int value: 'y'"),
+    (["sweep", "--workers", "1,2", "--samples", "many"], "--samples many: expected a number"),
+    (["sweep", "--batch-size", "32:8:8"], "--batch-size 32:8:8: the step must be nonzero and go from 32 toward 8"),
+    (["sweep", "--lr", "0.1,,0.3"], "--lr 0.1,,0.3: empty value in the list"),
+    (["experiment", "run", "nosuch"], "experiment nosuch: unknown; choose one of single-neuron")])
+def test_the_program_refuses_a_malformed_value_before_it_imports_torch(tmp_path, argv, line):
+    """The program (entry: forkserver prestarted, torch imported whole) parses its flags first: a
+    value of the wrong type, a sweep's malformed list or an unknown experiment costs the parse,
+    not torch's 1-5 s import; one line (the one the full checks give), exit code 2."""
+    cache = tmp_path / "cache"
+    probe(["train", "--help"], cache)  # the flag table, as any run after the first has it
+    code = ("import atexit, runpy, sys; sys.argv = ['shmlearn'] + sys.argv[1:]; "
+            "atexit.register(lambda: sys.stderr.write('\\nTORCH %s' % ('torch' in sys.modules))); "
+            "runpy.run_module('shmlearn', run_name='__main__')")
+    r = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, SHMLEARN_CACHE_DIR=str(cache)), cwd=tmp_path)
+    err, _, torch_seen = r.stderr.rpartition("\nTORCH ")
+    assert r.returncode == 2 and torch_seen == "False", r.stderr
+    assert err.strip().count("\n") == 0 and err.startswith("shmlearn: error: ") and line in err, err
