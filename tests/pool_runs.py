@@ -1,13 +1,17 @@
 """A script that runs the `shmlearn` program's main as the program does (`program` True: its own
 process, whose pools may be lean) or as a user's script would, recording how each pool worker
 started and whether it had torch._dynamo when it was ready (tests/launch/test_lean*.py). Format
-it with program, argv (the command line, --out included) and out; it prints one JSON line."""
+it with program, full (True: no pool is lean, the reference a lean run trains as), argv (the
+command line, --out included) and out; it prints one JSON line."""
 
 POOL_RUN = """
 import json, sys
 from shmlearn.user import user_main
 if {program}:
     user_main.program_owns_main()
+if {full}:
+    from shmlearn.launch import lean
+    lean.compiles_nothing = lambda cfg: False
 from shmlearn.launch import pool as P
 seen = []
 close = P.Pool.close

@@ -116,9 +116,11 @@ def train(cfg: TrainConfig, model=None, data=None, loss=None, compute_loss=None,
             return replace(result, model=model)
         sent = parts.pickled() if parts.given() else None
         cfg_dict = cfg.to_dict()
-        # The program's run that compiles nothing: its workers never import torch._dynamo
-        # (launch/lean.py; cli.prestart started no forkserver, or one without it).
-        lean_pool = user_main.in_program() and not parts.given() and lean.compiles_nothing(cfg)
+        # A run that compiles nothing and runs none of the user's code: its workers never import
+        # torch._dynamo (launch/lean.py; cli.prestart started no forkserver, or one without it).
+        # From a script too: the pool's workers, forked from it or from the forkserver, are its
+        # own processes, and the optimizers' patch (lean.skip_dynamo_in_optimizers) stays in them.
+        lean_pool = not parts.given() and lean.compiles_nothing(cfg)
         summary, run_dir, blob = run_local(rank_main, (cfg_dict, None, True, sent, True), world,
                                            cuda=cuda, timeout_s=cfg.timeout, backend=backend,
                                            threads=cfg.threads, rank_threads=True,

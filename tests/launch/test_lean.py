@@ -77,22 +77,25 @@ def test_the_programs_one_worker_run_skips_dynamo_and_trains_the_same(tmp_path):
 
 
 
-def _run2(program: bool, out: str) -> str:
+def _run2(program: bool, out: str, full: bool = False) -> str:
     argv = ["train", "--workers", "2", "--threads", "1", "--samples", "4096", "--no-progress", "--out", out]
-    return POOL_RUN.format(program=program, argv=argv, out=out)
+    return POOL_RUN.format(program=program, full=full, argv=argv, out=out)
 
 
 def test_the_programs_cpu_pool_run_is_lean_forks_from_it_and_trains_the_same(tmp_path):
     """`shmlearn train --workers 2 --threads 1` on the CPU (the README's first command on 2 cores):
     no forkserver, the two workers fork from the program and neither it nor they import
-    torch._dynamo; a user's script's train() (not lean) gets the same losses to the bit."""
+    torch._dynamo; a user's script's train() of the same config is lean too, and forks from the
+    script; a pool that is not lean (its workers import Dynamo) gets the same losses to the bit."""
     lean = _py(_run2(True, str(tmp_path / "lean")))
-    full = _py(_run2(False, str(tmp_path / "full")))
-    assert lean["rc"] == full["rc"] == 0
-    assert lean["workers"] == [["fork", False], ["fork", False]], lean["workers"]
-    assert lean["dynamo"] is False
+    script = _py(_run2(False, str(tmp_path / "script")))
+    full = _py(_run2(False, str(tmp_path / "full"), full=True))
+    assert lean["rc"] == script["rc"] == full["rc"] == 0
+    assert lean["workers"] == script["workers"] == [["fork", False], ["fork", False]], (lean, script)
+    assert lean["dynamo"] is False and script["dynamo"] is False
     assert all(d for _, d in full["workers"]), full["workers"]
     assert (lean["final_loss"], lean["test_accuracy"]) == (full["final_loss"], full["test_accuracy"])
+    assert (script["final_loss"], script["test_accuracy"]) == (full["final_loss"], full["test_accuracy"])
 
 
 def test_which_cpu_train_runs_are_lean():

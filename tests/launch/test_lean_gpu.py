@@ -21,10 +21,10 @@ SHARED = [] if TWO else ["--backend", "gloo"]
 """On one GPU, both ranks on it: NCCL refuses that, Gloo shares it."""
 
 
-def _run(program: bool, out: str, extra: list) -> str:
+def _run(program: bool, out: str, extra: list, full: bool = False) -> str:
     argv = ["train", "--device", "cuda", "--workers", "2", "--dataset", "digits", "--model", "mlp", "--samples",
             "8192", "--eval-points", "1", "--no-progress", "--out", out, *extra, *SHARED]
-    return POOL_RUN.format(program=program, argv=argv, out=out)
+    return POOL_RUN.format(program=program, full=full, argv=argv, out=out)
 
 
 def _py(code: str) -> dict:
@@ -37,7 +37,7 @@ def _py(code: str) -> dict:
                                    ["--optimizer", "adam", "--lr", "0.003"]], ids=lambda e: "-".join(e) or "default")
 def test_the_programs_gpu_pool_run_is_lean_and_trains_as_a_scripts(tmp_path, extra):
     lean = _py(_run(True, str(tmp_path / "lean"), extra))
-    full = _py(_run(False, str(tmp_path / "full"), extra))
+    full = _py(_run(False, str(tmp_path / "full"), extra, full=True))
     assert lean["rc"] == full["rc"] == 0
     assert lean["workers"] == [["forkserver", False], ["forkserver", False]], lean["workers"]
     assert all(d for _, d in full["workers"]), full["workers"]

@@ -78,10 +78,15 @@ def test_a_pool_run_settles_once_and_tells_its_ranks(tmp_path, calls, monkeypatc
     cfg_dict, prune_key, want_model, parts, settled = sent["args"]
     assert sent["fn"] is entry.rank_main and sent["world"] == 2 and cfg_dict["workers"] == 2 and settled is True
     # the ranks set their threads as limits.rank_threads does: the pool may fork them from here
-    # and each rank starts its data read (and the compiler's imports) beside its group's join; not
-    # the program's run, so not a lean pool (its workers import torch._dynamo as the caller does)
+    # and each rank starts its data read (and the compiler's imports) beside its group's join; it
+    # compiles nothing and runs none of the user's code: a lean pool (its workers skip Dynamo)
     assert sent["kw"] == {"threads": TINY.get("threads"), "rank_threads": True,
-                          "early": (early.start, (cfg_dict,)), "lean": False}
+                          "early": (early.start, (cfg_dict,)), "lean": True}
+    # the user's own model (or any part, or compiling) makes a pool whose workers import Dynamo
+    entry.train(TrainConfig(**TINY, out=str(tmp_path / "own")), model=torch.nn.Linear(64, 10))
+    assert sent["kw"]["lean"] is False and sent["kw"]["early"] is None
+    entry.train(TrainConfig(**TINY, compile="default", out=str(tmp_path / "compiled")))
+    assert sent["kw"]["lean"] is False
 
 
 def test_under_a_launcher_train_checks_once_and_its_rank_not_again(tmp_path, calls, monkeypatch):
