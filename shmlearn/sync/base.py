@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.record.timing import PhaseTimer
+from shmlearn.sync import shm
 
 
 def flatten_parameters(model: torch.nn.Module, *, channels_last: bool = False, extra: int = 0):
@@ -119,6 +120,7 @@ class SyncStrategy(GradientRules, ABC):
         self.params_flat: Optional[torch.Tensor] = None
         self.grads_flat: Optional[torch.Tensor] = None
         self._one: Optional[torch.Tensor] = None
+        self._shm: Optional[shm.ShmSum] = None
 
     gated: bool = False
     """Whether `gated_step` is implemented (the fast step in fast.py needs it)."""
@@ -141,6 +143,13 @@ class SyncStrategy(GradientRules, ABC):
     and, for strategies that measure the noise scale, |g_local|^2 before it."""
     noise = None
     """The run's NoiseMeter (noise.py) when --noise-scale is on, set by train/rank.py after setup."""
+    averages: bool = False
+    """Whether the strategy's collective is `_average_` (a sum over the ranks): on the CPU it may
+    run through shared memory (sync/shm.py) where the run's --shm-allreduce allows."""
+    shm_allreduce: str = "off"
+    """The run's --shm-allreduce (set by train/rank.py before setup): auto, or off (Gloo)."""
+    comm_note: Optional[str] = None
+    """Why an average that could have run through shared memory runs on Gloo (auto), for the summary."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -171,6 +180,20 @@ class SyncStrategy(GradientRules, ABC):
             dist.broadcast(self.params_flat, src=0, group=self.group)
             for b in model.buffers():
                 dist.broadcast(b, src=0, group=self.group)
+        self._shm = None
+        if (self.averages and self.world_size > 1 and self.shm_allreduce == "auto"
+                and self.params_flat.device.type == "cpu" and dist.get_backend(self.group) == "gloo"):
+            ext = self.grads_ext
+            self._shm, why = shm.open_sum(ext.numel(), ext.dtype, self.rank, self.world_size, self.group,
+                                          self.timeout_s or 300.0)
+            self.comm_note = None if why is None else f"the average runs on Gloo, not shared memory: {why}"
+
+    @property
+    def average_path(self) -> Optional[str]:
+        """shared-memory, gloo or nccl: how `_average_` runs; None where the strategy has none."""
+        if not self.averages or self.world_size == 1:
+            return None
+        return "shared-memory" if self._shm is not None else dist.get_backend(self.group)
 
     @property
     def module(self) -> torch.nn.Module:
@@ -324,8 +347,13 @@ class SyncStrategy(GradientRules, ABC):
         """Host bookkeeping after a fast step (the device work may have been a graph replay)."""
 
     def _average_(self, buf: torch.Tensor) -> None:
-        """buf <- mean of buf over the ranks."""
-        if self._avg_op is not None:
+        """buf <- mean of buf over the ranks: through shared memory where setup made it (a CPU
+        run's ranks on one host: sync/shm.py), else one all-reduce."""
+        sums = self._shm
+        if sums is not None and buf.dtype == sums.slots.dtype and buf.numel() <= sums.capacity:
+            sums.sum_(buf)
+            buf.div_(self.world_size)
+        elif self._avg_op is not None:
             dist.all_reduce(buf, op=self._avg_op, group=self.group)
         else:
             dist.all_reduce(buf, group=self.group)
@@ -360,6 +388,12 @@ class SyncStrategy(GradientRules, ABC):
 
     def finish(self) -> None:
         """Called once after the last step; replicas must be identical afterwards."""
+
+    def close(self) -> None:
+        """The run has ended, as it may (train/rank.py): the shared-memory average's files are closed."""
+        if getattr(self, "_shm", None) is not None:
+            self._shm.close()
+            self._shm = None
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:

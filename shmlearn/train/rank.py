@@ -65,6 +65,7 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
+    strategy.shm_allreduce = cfg.shm_allreduce
     strategy.run_steps = steps
     strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.
@@ -102,6 +103,7 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
                     metric_names=metric_names, start_lrs=start_lrs)
         return loop.run()
     finally:
+        strategy.close()
         if isinstance(loader, StreamLoader):
             loader.close()
         if owns_group:  # NCCL never hangs it; Gloo closes promptly (in a thread its teardown upsets torchrun's restarts)

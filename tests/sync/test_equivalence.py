@@ -27,6 +27,8 @@ CASES = [  # (strategy, optimizer, extra config)
     ("allreduce", "momentum", {"check_every": 6}),
     ("ps", "momentum", {"check_every": 6}),
     ("weight-avg", "momentum", {"avg_period": 1, "check_every": 6}),
+    # the average through Gloo, not shared memory (the CPU's default: sync/shm.py)
+    ("allreduce", "momentum", {"shm_allreduce": "off"}),
 ]
 
 

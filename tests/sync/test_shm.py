@@ -1,0 +1,149 @@
+"""sync/shm.py: the CPU ranks' sum through shared memory, on real Gloo groups of forked processes.
+
+Against references: Gloo's all_reduce of the same tensors (bit for bit at two ranks, where a sum
+has one order; to float tolerance at three and four, whose order Gloo's ring sets), and the sum in
+rank order itself (bit for bit, every rank: the replicas must stay identical). Ranks that run
+ahead (a signal of the next step read early), a dead peer (named, within seconds, not a hang),
+ranks that cannot share (every rank falls back together, with the reason) and no file left behind.
+"""
+import glob
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shmlearn.launch.start import free_port
+from shmlearn.sync import shm
+from procs import processes
+
+STEPS = 12
+CAP = 50_827  # the digits MLP's gradient and its control slot
+
+
+def _join(rank, world, port):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+
+
+def _inputs(step, rank, n):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    return torch.randn(n, generator=g) * (rank + 1)
+
+
+def _sums(rank, world, port, out):
+    _join(rank, world, port)
+    sums, why = shm.open_sum(CAP, torch.float32, rank, world, None, timeout_s=60)
+    assert why is None and sums is not None, why
+    got, ref = [], []
+    for step in range(STEPS):
+        n = CAP if step % 3 else CAP - 7  # a shorter buffer in the same slots (the gradient without its slots)
+        if rank == step % world:
+            time.sleep(0.02)  # one rank late: the others wait; the next step's signals come early
+        buf = _inputs(step, rank, n)
+        sums.sum_(buf)
+        got.append(buf)
+        gloo = _inputs(step, rank, n)
+        dist.all_reduce(gloo)
+        ref.append(gloo)
+    sums.close()
+    torch.save({"got": got, "gloo": ref}, os.path.join(out, f"rank{rank}.pt"))
+    dist.destroy_process_group()
+    os._exit(0)
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+def test_the_sum_is_every_ranks_own_in_rank_order_and_glooss(tmp_path, world):
+    before = set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*")))
+    processes(_sums, (world, free_port(), str(tmp_path)), world)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    for step in range(STEPS):
+        n = ranks[0]["got"][step].numel()
+        exact = _inputs(step, 0, n)
+        for r in range(1, world):
+            exact = exact + _inputs(step, r, n)
+        for r in range(world):
+            assert torch.equal(ranks[r]["got"][step], exact), (step, r)  # every replica, bit for bit
+            if world == 2:
+                assert torch.equal(ranks[r]["got"][step], ranks[r]["gloo"][step]), (step, r)
+            else:
+                torch.testing.assert_close(ranks[r]["got"][step], ranks[r]["gloo"][step], rtol=1e-5, atol=1e-5)
+    assert set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*"))) == before  # nothing left
+
+
+def _dies(rank, world, port, out):
+    _join(rank, world, port)
+    sums, why = shm.open_sum(1000, torch.float32, rank, world, None, timeout_s=120)
+    assert why is None, why
+    sums.sum_(torch.ones(1000))
+    if rank == world - 1:
+        os._exit(0)  # gone without a word, as a killed rank
+    t0 = time.monotonic()
+    try:
+        sums.sum_(torch.ones(1000))
+        line = "no error"
+    except RuntimeError as e:
+        line = str(e)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{line}\n{time.monotonic() - t0:.2f}")
+    os._exit(0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_a_rank_that_dies_is_named_within_seconds_not_waited_for(tmp_path, world):
+    processes(_dies, (world, free_port(), str(tmp_path)), world)
+    for r in range(world - 1):
+        line, seconds = (tmp_path / f"rank{r}.txt").read_text().splitlines()
+        assert f"rank {world - 1} ended" in line, line
+        assert float(seconds) < 30, seconds  # its --timeout is 120 s
+
+
+def _refused(rank, world, port, out, how):
+    _join(rank, world, port)
+    if how == "another host" and rank == 1:
+        shm._host = lambda: "another-boot/another-host"
+    if how == "no room" and rank == 0:
+        def full(fd, offset, length):
+            raise OSError(28, "No space left on device")
+        os.posix_fallocate = full
+    sums, why = shm.open_sum(1000, torch.float32, rank, world, None, timeout_s=60)
+    dist.barrier()
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{sums is None}|{why}")
+    os._exit(0)
+
+
+@pytest.mark.parametrize("how, why", [("another host", "its ranks are not all on one host"),
+                                      ("no room", "No space left on device")])
+def test_ranks_that_cannot_share_all_fall_back_with_the_reason(tmp_path, how, why):
+    before = set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*")))
+    processes(_refused, (2, free_port(), str(tmp_path), how), 2)
+    for r in range(2):
+        none, line = (tmp_path / f"rank{r}.txt").read_text().split("|", 1)
+        assert none == "True" and why in line, line
+    assert set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*"))) == before
+
+
+def test_one_rank_and_too_big_a_buffer_are_gloos():
+    assert shm.open_sum(10, torch.float32, 0, 1, None, 60) == (None, "1 ranks (the shared-memory average takes 2-255)")
+    sums, why = shm.open_sum(shm.MAX_BYTES, torch.float32, 0, 2, None, 60)
+    assert sums is None and "above 4 GiB" in why
+
+
+@pytest.mark.parametrize("strategy", ["allreduce", "weight-avg"])
+def test_a_cpu_run_averages_through_shared_memory_and_trains_as_on_gloo(tmp_path, strategy):
+    """Two CPU workers: --shm-allreduce auto (the default) averages through shared memory, off
+    through Gloo, and both give the same losses and weights to the bit (a sum of two has one order)."""
+    from shmlearn import TrainConfig, train
+    runs = {m: train(TrainConfig(model="mlp", dataset="digits", strategy=strategy, workers=2, threads=1,
+                                 samples=4096, batch_size=32, eval_points=2, progress=False, shm_allreduce=m,
+                                 out=str(tmp_path / m)))
+            for m in ("auto", "off")}
+    auto, off = runs["auto"], runs["off"]
+    assert (auto.summary["average"], off.summary["average"]) == ("shared-memory", "gloo")
+    assert auto.summary["average_note"] is None and off.summary["average_note"] is None
+    assert auto.summary["final_loss"] == off.summary["final_loss"]
+    assert auto.summary["test_accuracy"] == off.summary["test_accuracy"]
+    for a, b in zip(auto.model.state_dict().values(), off.model.state_dict().values()):
+        assert torch.equal(a, b)
