@@ -1032,6 +1032,26 @@ def part_commands(p: str, workers: str) -> dict:
                  + _scale_bench(p("s29"), "1", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local")[2] + "; "
                  + _matrix_all(p("s29"), "1", w1_per_gpu=4)], 900),
+        # Session 29, one GPU, after the API's lean pools and the CPU's shared-memory average: the
+        # lean GPU tests, the CPU average's tests on this host's CPU, GPU runs that must not take it
+        # (one GPU; two ranks on it over Gloo), a short GPU sweep, and the one-GPU start, cold and warm.
+        "s29b": (["bash", "-c", f"timeout 420 python3 -m pytest -q -p no:cacheprovider -rfEs -n 4 "
+                  f"tests/launch/test_lean_gpu.py tests/sync/test_shm.py tests/sync/test_equivalence.py "
+                  f"> {p('s29b')}/tests.log 2>&1; echo tests rc=$?; tail -n 8 {p('s29b')}/tests.log; "
+                  + shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--workers", "2", "--backend", "gloo",
+                                   "--dataset", "digits", "--model", "mlp", "--no-progress",
+                                   "--out", os.path.join(p("s29b"), "gloo-gpu"))) + "; echo gloo-gpu rc=$?; "
+                  + "python3 -c \"import json,sys; s=json.load(open(sys.argv[1])); print('average', s['average'], "
+                  + "s['average_note'], s['step_mode'], s['final_loss'])\" " + os.path.join(p("s29b"), "gloo-gpu", "summary.json")
+                  + "; " + shlex.join(_py("-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small",
+                                          "--dataset", "fashion-mnist", "--data-dir",
+                                          os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1",
+                                          "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples", "60000",
+                                          "--out", os.path.join(p("s29b"), "sweep")))
+                  + f" > {p('s29b')}/sweep.log 2>&1; echo sweep rc=$?; tail -n 3 {p('s29b')}/sweep.log; "
+                  + shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
+                                   "--cases", "floor,train", "--out", os.path.join(p("s29b"), "start-gpu.json")))
+                  + f" > {p('s29b')}/start.log 2>&1; tail -n 8 {p('s29b')}/start.log"], 900),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),

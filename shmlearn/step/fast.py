@@ -44,7 +44,6 @@ import sys
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from shmlearn.step.compile import Compiler
 from shmlearn.step.device import DeviceStep
@@ -265,7 +264,7 @@ class Stepper:
         ctrl[w * n + 1] = float(want_ckpt)
         ctrl[w * n + 2] = float(want_stop)
         if w > 1:
-            dist.all_reduce(ctrl)
+            self.strategy.sum_(ctrl)  # through shared memory where the strategy's average runs there
         vals = ctrl.tolist()
         self._pending_from = None
         per_rank = [vals[r * n:(r + 1) * n] for r in range(w)]

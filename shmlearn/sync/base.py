@@ -106,6 +106,12 @@ class GradientRules:
             clip_norm_(self.grads_flat, self.clip_grad_norm)
 
 
+READ_BYTES = 64 << 10
+"""The shared-memory slots hold at least this much: the fast step's read of the losses (float64,
+a rank's losses since the last read and three requests) fits for reads up to ~8,000 steps apart
+at one rank, ~2,000 at four."""
+
+
 class SyncStrategy(GradientRules, ABC):
     """Base class: flat buffers, the initial broadcast, and what every strategy shares."""
 
@@ -184,8 +190,8 @@ class SyncStrategy(GradientRules, ABC):
         if (self.averages and self.world_size > 1 and self.shm_allreduce == "auto"
                 and self.params_flat.device.type == "cpu" and dist.get_backend(self.group) == "gloo"):
             ext = self.grads_ext
-            self._shm, why = shm.open_sum(ext.numel(), ext.dtype, self.rank, self.world_size, self.group,
-                                          self.timeout_s or 300.0)
+            self._shm, why = shm.open_sum(max(ext.numel() * ext.element_size(), READ_BYTES), self.rank,
+                                          self.world_size, self.group, self.timeout_s or 300.0)
             self.comm_note = None if why is None else f"the average runs on Gloo, not shared memory: {why}"
 
     @property
@@ -349,15 +355,23 @@ class SyncStrategy(GradientRules, ABC):
     def _average_(self, buf: torch.Tensor) -> None:
         """buf <- mean of buf over the ranks: through shared memory where setup made it (a CPU
         run's ranks on one host: sync/shm.py), else one all-reduce."""
-        sums = self._shm
-        if sums is not None and buf.dtype == sums.slots.dtype and buf.numel() <= sums.capacity:
-            sums.sum_(buf)
+        if self._shm is not None and self._shm.fits(buf):
+            self._shm.sum_(buf)
             buf.div_(self.world_size)
         elif self._avg_op is not None:
             dist.all_reduce(buf, op=self._avg_op, group=self.group)
         else:
             dist.all_reduce(buf, group=self.group)
             buf.div_(self.world_size)
+
+    def sum_(self, buf: torch.Tensor) -> None:
+        """buf <- its sum over every rank of the run (the fast step's read of the losses): through
+        shared memory where the average runs there (its group is the run's) and it fits, else one
+        all_reduce on the default group."""
+        if self._shm is not None and self._shm.fits(buf):
+            self._shm.sum_(buf)
+        else:
+            dist.all_reduce(buf)
 
     @property
     def grads_ext(self) -> torch.Tensor:

@@ -26,8 +26,9 @@ How:
   still exist; one gone is this rank's error naming it, and the --timeout bounds the wait, as
   Gloo's does.
 
-Where (`open_sum`, agreed by every rank in one all-reduce, else Gloo): the buffer on the CPU, a
-Gloo group of 2-255 ranks, every rank on this host (the same boot id and host name, and each sees
+Where (`open_sum`, agreed by every rank in one all-reduce, else Gloo): CPU float buffers (the
+gradient or the weights, and the fast step's read of the losses: any float dtype), a Gloo group
+of 2-255 ranks, every rank on this host (the same boot id and host name, and each sees
 the others' processes), the mapping fits (2 x world x the buffer, at most MAX_BYTES) and the file
 system has room.
 """
@@ -71,7 +72,7 @@ class ShmSum:
 
     def __init__(self, slots: torch.Tensor, rank: int, world: int, read_fd: int, write_fds: List[Optional[int]],
                  pids: List[int], timeout_s: float):
-        self.slots = slots  # [2, world, capacity]
+        self.slots = slots  # [2, world, capacity in bytes] (uint8; each row starts 8-byte aligned)
         self.rank, self.world = rank, world
         self.read_fd, self.write_fds = read_fd, write_fds
         self.pids = pids
@@ -80,14 +81,16 @@ class ShmSum:
         self._credit = [0] * world  # signals of a rank's next step, read early
         self._me = bytes([rank])
 
-    @property
-    def capacity(self) -> int:
-        return self.slots.shape[-1]
+    def fits(self, buf: torch.Tensor) -> bool:
+        """Whether sum_ takes this buffer: a contiguous CPU float tensor of at most the capacity."""
+        return (buf.device.type == "cpu" and buf.is_floating_point() and buf.is_contiguous()
+                and buf.numel() * buf.element_size() <= self.slots.shape[-1])
 
     def sum_(self, buf: torch.Tensor) -> None:
-        """buf <- the sum of buf over the ranks, in rank order; every rank calls it in step."""
-        n = buf.numel()
-        slots = self.slots[self.step & 1, :, :n]
+        """buf <- the sum of buf over the ranks, in rank order; every rank calls it in step, with
+        a buffer of the same size and dtype (`fits`)."""
+        n = buf.numel() * buf.element_size()
+        slots = self.slots[self.step & 1, :, :n].view(buf.dtype)
         self.step += 1
         slots[self.rank].copy_(buf.view(-1))
         for fd in self.write_fds:
@@ -148,14 +151,15 @@ def _agree(ok: bool, group) -> bool:
     return bool(flag.item())
 
 
-def open_sum(capacity: int, dtype: torch.dtype, rank: int, world: int, group,
+def open_sum(capacity: int, rank: int, world: int, group,
              timeout_s: float) -> Tuple[Optional[ShmSum], Optional[str]]:
-    """A ShmSum for buffers of up to `capacity` elements of `dtype`, made by every rank of `group`
-    together (collective), or (None, why not) where it cannot be used: every rank gets the same
-    answer. The caller has checked that the buffers are on the CPU and the group is Gloo's."""
+    """A ShmSum for buffers of up to `capacity` bytes (rounded up to 8), made by every rank of
+    `group` together (collective), or (None, why not) where it cannot be used: every rank gets the
+    same answer. The caller has checked that the group is Gloo's on the CPU."""
     if not 2 <= world <= MAX_WORLD:
         return None, f"{world} ranks (the shared-memory average takes 2-{MAX_WORLD})"
-    nbytes = 2 * world * capacity * torch.empty((), dtype=dtype).element_size()
+    capacity = -(-capacity // 8) * 8
+    nbytes = 2 * world * capacity
     if nbytes > MAX_BYTES:
         return None, f"its buffers ({nbytes / 2**30:.1f} GiB) are above {MAX_BYTES >> 30} GiB"
     made: list = [None]
@@ -173,8 +177,8 @@ def open_sum(capacity: int, dtype: torch.dtype, rank: int, world: int, group,
         if ok:
             try:
                 read_fd = os.open(os.path.join(folder, f"r{rank}"), os.O_RDONLY | os.O_NONBLOCK)
-                slots = torch.from_file(os.path.join(folder, "slots"), shared=True, size=2 * world * capacity,
-                                        dtype=dtype).view(2, world, capacity)
+                slots = torch.from_file(os.path.join(folder, "slots"), shared=True, size=nbytes,
+                                        dtype=torch.uint8).view(2, world, capacity)
             except (OSError, RuntimeError):
                 ok = False
         if not _agree(ok, group):  # also: every reader is open, so the writers' opens do not block

@@ -33,7 +33,7 @@ CASES = [  # (strategy, optimizer, extra config)
 
 
 def _cfg(out, workers, batch, strategy="allreduce", optimizer="sgd", **kw):
-    return TrainConfig(model="mlp", dataset="digits", strategy=strategy, optimizer=optimizer,
+    return TrainConfig(model="mlp", dataset="digits", device="cpu", strategy=strategy, optimizer=optimizer,
                        lr=0.1, batch_size=batch, samples=STEPS * workers * batch, workers=workers,
                        eval_points=1, progress=False, out=str(out), **kw)
 

@@ -28,17 +28,21 @@ def _join(rank, world, port):
 
 
 def _inputs(step, rank, n):
+    """A rank's buffer at a step: float32 gradients, and every fourth step the fast step's float64
+    read of the losses (another dtype in the same slots)."""
     g = torch.Generator().manual_seed(1000 * step + rank)
-    return torch.randn(n, generator=g) * (rank + 1)
+    dtype = torch.float64 if step % 4 == 3 else torch.float32
+    return torch.randn(n, generator=g, dtype=dtype) * (rank + 1)
 
 
 def _sums(rank, world, port, out):
     _join(rank, world, port)
-    sums, why = shm.open_sum(CAP, torch.float32, rank, world, None, timeout_s=60)
+    sums, why = shm.open_sum(CAP * 4, rank, world, None, timeout_s=60)
     assert why is None and sums is not None, why
     got, ref = [], []
     for step in range(STEPS):
         n = CAP if step % 3 else CAP - 7  # a shorter buffer in the same slots (the gradient without its slots)
+        n = n // 2 if step % 4 == 3 else n  # float64: the same bytes
         if rank == step % world:
             time.sleep(0.02)  # one rank late: the others wait; the next step's signals come early
         buf = _inputs(step, rank, n)
@@ -74,7 +78,7 @@ def test_the_sum_is_every_ranks_own_in_rank_order_and_glooss(tmp_path, world):
 
 def _dies(rank, world, port, out):
     _join(rank, world, port)
-    sums, why = shm.open_sum(1000, torch.float32, rank, world, None, timeout_s=120)
+    sums, why = shm.open_sum(4000, rank, world, None, timeout_s=120)
     assert why is None, why
     sums.sum_(torch.ones(1000))
     if rank == world - 1:
@@ -107,7 +111,7 @@ def _refused(rank, world, port, out, how):
         def full(fd, offset, length):
             raise OSError(28, "No space left on device")
         os.posix_fallocate = full
-    sums, why = shm.open_sum(1000, torch.float32, rank, world, None, timeout_s=60)
+    sums, why = shm.open_sum(4000, rank, world, None, timeout_s=60)
     dist.barrier()
     with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
         f.write(f"{sums is None}|{why}")
@@ -126,8 +130,8 @@ def test_ranks_that_cannot_share_all_fall_back_with_the_reason(tmp_path, how, wh
 
 
 def test_one_rank_and_too_big_a_buffer_are_gloos():
-    assert shm.open_sum(10, torch.float32, 0, 1, None, 60) == (None, "1 ranks (the shared-memory average takes 2-255)")
-    sums, why = shm.open_sum(shm.MAX_BYTES, torch.float32, 0, 2, None, 60)
+    assert shm.open_sum(40, 0, 1, None, 60) == (None, "1 ranks (the shared-memory average takes 2-255)")
+    sums, why = shm.open_sum(shm.MAX_BYTES, 0, 2, None, 60)
     assert sums is None and "above 4 GiB" in why
 
 
@@ -136,8 +140,8 @@ def test_a_cpu_run_averages_through_shared_memory_and_trains_as_on_gloo(tmp_path
     """Two CPU workers: --shm-allreduce auto (the default) averages through shared memory, off
     through Gloo, and both give the same losses and weights to the bit (a sum of two has one order)."""
     from shmlearn import TrainConfig, train
-    runs = {m: train(TrainConfig(model="mlp", dataset="digits", strategy=strategy, workers=2, threads=1,
-                                 samples=4096, batch_size=32, eval_points=2, progress=False, shm_allreduce=m,
+    runs = {m: train(TrainConfig(model="mlp", dataset="digits", device="cpu", strategy=strategy, workers=2,
+                                 threads=1, samples=4096, batch_size=32, eval_points=2, progress=False, shm_allreduce=m,
                                  out=str(tmp_path / m)))
             for m in ("auto", "off")}
     auto, off = runs["auto"], runs["off"]
