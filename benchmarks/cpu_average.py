@@ -1,6 +1,6 @@
-"""The CPU's gradient average: shmlearn's through shared memory (sync/shm.py, --shm-allreduce auto,
-the default) against the same step's Gloo all-reduce (--shm-allreduce off) and torch's DDP on Gloo
-(--strategy ddp: what a user would write instead), in the same run.
+"""The CPU's collectives: shmlearn's through shared memory (sync/shm.py, --shm-allreduce auto, the
+default) against the same step's on Gloo (--shm-allreduce off) and torch's DDP on Gloo (--strategy
+ddp: what a user would write instead), in the same run; allreduce, and the parameter server (ps).
 
     python benchmarks/cpu_average.py [--repeats 3] [--cases digits-mlp-w2,...] [--out FILE.json]
 
@@ -37,6 +37,12 @@ CASES = {
     # four ranks on the 2-core machine (oversubscribed: the waits are the average's)
     "digits-mlp-w4": ["--dataset", "digits", "--model", "mlp", "--workers", "4", "--batch-size", "32",
                       "--samples", "16384", "--oversubscribe", "--threads", "1"],
+    # the paper's parameter server (gather to rank 0, its update, broadcast), rank 0 also computing
+    # (the ddp variant's --strategy comes last and wins: the same DDP reference)
+    "digits-mlp-w2-ps": ["--dataset", "digits", "--model", "mlp", "--workers", "2", "--batch-size", "32",
+                         "--samples", "16384", "--strategy", "ps"],
+    "digits-mlp-w4-ps": ["--dataset", "digits", "--model", "mlp", "--workers", "4", "--batch-size", "32",
+                         "--samples", "16384", "--oversubscribe", "--threads", "1", "--strategy", "ps"],
     # convolutions on 28x28 images (61,706 parameters)
     "fashion-lenet-w2": ["--dataset", "fashion-mnist", "--data-dir", FASHION, "--model", "lenet", "--workers", "2",
                          "--batch-size", "64", "--samples", "16384"],

@@ -1052,6 +1052,16 @@ def part_commands(p: str, workers: str) -> dict:
                   + shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
                                    "--cases", "floor,train", "--out", os.path.join(p("s29b"), "start-gpu.json")))
                   + f" > {p('s29b')}/start.log 2>&1; tail -n 8 {p('s29b')}/start.log"], 900),
+        # Session 29, one GPU, the last checks: two ranks on the one GPU over Gloo with each strategy
+        # that may use shared memory on the CPU (they must not here: CUDA buffers), then the W=1 matrix.
+        "s29c": (["bash", "-c", f"CUDA_VISIBLE_DEVICES= timeout 300 python3 -m pytest -q -p no:cacheprovider -n 4 "
+                  f"tests/sync/test_shm.py > {p('s29c')}/shm-tests.log 2>&1; echo shm tests rc=$?; "
+                  f"tail -n 3 {p('s29c')}/shm-tests.log; " + "; ".join(
+            shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--workers", "2", "--backend", "gloo",
+                           "--dataset", "digits", "--model", "mlp", "--strategy", strat, "--samples", "16384",
+                           "--no-progress", "--out", os.path.join(p("s29c"), strat)))
+            + f" > {p('s29c')}/{strat}.log 2>&1; echo {strat} rc=$?; tail -n 1 {p('s29c')}/{strat}.log"
+            for strat in ("allreduce", "ps", "weight-avg")) + "; " + _matrix_all(p("s29c"), "1", w1_per_gpu=4)], 900),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),

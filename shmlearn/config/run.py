@@ -25,8 +25,8 @@ class RunOptions(Section):
     lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
     two workers on one GPU."""
     shm_allreduce: Literal["auto", "off"] = "auto"
-    """CPU runs: the ranks of one host average gradients (allreduce) and weights (weight-avg)
-    through shared memory (/dev/shm), 7-14x faster than Gloo's all-reduce for a small model's
+    """CPU runs: the ranks of one host exchange gradients and weights (allreduce, weight-avg, ps)
+    through shared memory (/dev/shm) instead of Gloo's TCP, ~10x faster for a small model's
     gradient; auto where they can (else Gloo, with a note in summary.json), off: Gloo always."""
     threads: Optional[int] = None
     """Intra-op CPU threads per worker. Default on the CPU: the cores divided among the processes,

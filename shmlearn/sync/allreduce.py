@@ -27,7 +27,7 @@ from shmlearn.record.timing import PhaseTimer
 class AllReduce(SyncStrategy):
     name = "allreduce"
     gated = True
-    averages = True
+    host_collectives = True
     measures_noise = True
     control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 

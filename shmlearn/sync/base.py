@@ -18,7 +18,7 @@ import torch
 import torch.distributed as dist
 
 from shmlearn.record.timing import PhaseTimer
-from shmlearn.sync import shm
+from shmlearn.sync.shm import HostCollectives
 
 
 def flatten_parameters(model: torch.nn.Module, *, channels_last: bool = False, extra: int = 0):
@@ -106,13 +106,7 @@ class GradientRules:
             clip_norm_(self.grads_flat, self.clip_grad_norm)
 
 
-READ_BYTES = 64 << 10
-"""The shared-memory slots hold at least this much: the fast step's read of the losses (float64,
-a rank's losses since the last read and three requests) fits for reads up to ~8,000 steps apart
-at one rank, ~2,000 at four."""
-
-
-class SyncStrategy(GradientRules, ABC):
+class SyncStrategy(GradientRules, HostCollectives, ABC):
     """Base class: flat buffers, the initial broadcast, and what every strategy shares."""
 
     name: str = "base"
@@ -126,7 +120,6 @@ class SyncStrategy(GradientRules, ABC):
         self.params_flat: Optional[torch.Tensor] = None
         self.grads_flat: Optional[torch.Tensor] = None
         self._one: Optional[torch.Tensor] = None
-        self._shm: Optional[shm.ShmSum] = None
 
     gated: bool = False
     """Whether `gated_step` is implemented (the fast step in fast.py needs it)."""
@@ -149,13 +142,6 @@ class SyncStrategy(GradientRules, ABC):
     and, for strategies that measure the noise scale, |g_local|^2 before it."""
     noise = None
     """The run's NoiseMeter (noise.py) when --noise-scale is on, set by train/rank.py after setup."""
-    averages: bool = False
-    """Whether the strategy's collective is `_average_` (a sum over the ranks): on the CPU it may
-    run through shared memory (sync/shm.py) where the run's --shm-allreduce allows."""
-    shm_allreduce: str = "off"
-    """The run's --shm-allreduce (set by train/rank.py before setup): auto, or off (Gloo)."""
-    comm_note: Optional[str] = None
-    """Why an average that could have run through shared memory runs on Gloo (auto), for the summary."""
 
     # -- lifecycle ---------------------------------------------------------------------------
     def setup(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -186,20 +172,7 @@ class SyncStrategy(GradientRules, ABC):
             dist.broadcast(self.params_flat, src=0, group=self.group)
             for b in model.buffers():
                 dist.broadcast(b, src=0, group=self.group)
-        self._shm = None
-        if (self.averages and self.world_size > 1 and self.shm_allreduce == "auto"
-                and self.params_flat.device.type == "cpu" and dist.get_backend(self.group) == "gloo"):
-            ext = self.grads_ext
-            self._shm, why = shm.open_sum(max(ext.numel() * ext.element_size(), READ_BYTES), self.rank,
-                                          self.world_size, self.group, self.timeout_s or 300.0)
-            self.comm_note = None if why is None else f"the average runs on Gloo, not shared memory: {why}"
-
-    @property
-    def average_path(self) -> Optional[str]:
-        """shared-memory, gloo or nccl: how `_average_` runs; None where the strategy has none."""
-        if not self.averages or self.world_size == 1:
-            return None
-        return "shared-memory" if self._shm is not None else dist.get_backend(self.group)
+        self.open_host_collectives()
 
     @property
     def module(self) -> torch.nn.Module:
@@ -364,15 +337,6 @@ class SyncStrategy(GradientRules, ABC):
             dist.all_reduce(buf, group=self.group)
             buf.div_(self.world_size)
 
-    def sum_(self, buf: torch.Tensor) -> None:
-        """buf <- its sum over every rank of the run (the fast step's read of the losses): through
-        shared memory where the average runs there (its group is the run's) and it fits, else one
-        all_reduce on the default group."""
-        if self._shm is not None and self._shm.fits(buf):
-            self._shm.sum_(buf)
-        else:
-            dist.all_reduce(buf)
-
     @property
     def grads_ext(self) -> torch.Tensor:
         """The flat gradient buffer plus its control slots (the loss is the last element)."""
@@ -402,12 +366,6 @@ class SyncStrategy(GradientRules, ABC):
 
     def finish(self) -> None:
         """Called once after the last step; replicas must be identical afterwards."""
-
-    def close(self) -> None:
-        """The run has ended, as it may (train/rank.py): the shared-memory average's files are closed."""
-        if getattr(self, "_shm", None) is not None:
-            self._shm.close()
-            self._shm = None
 
     # -- checkpoints -----------------------------------------------------------------------------
     def state_dict(self) -> dict:

@@ -19,6 +19,7 @@ Only on measured steps (`noise.on`, every --noise-every steps); the slot travels
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 import torch.distributed as dist
@@ -41,6 +42,7 @@ class Params:
 class ParameterServer(SyncStrategy):
     name = "ps"
     gated = True
+    host_collectives = True  # on the CPU, gather and broadcast through shared memory (sync/shm.py)
     measures_noise = True
     control_slots = 2  # [-2]: |g_local|^2 (noise scale), [-1]: the loss (fast step)
 
@@ -61,25 +63,39 @@ class ParameterServer(SyncStrategy):
 
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
         super().setup(model, optimizer, group, channels_last=channels_last)
-        if self.rank == 0 and self.world_size > 1:
+        if self.rank == 0 and self.world_size > 1 and self._shm is None:
             self._gathered = torch.empty((self.world_size, self.grads_ext.numel()),
                                          dtype=self.grads_flat.dtype, device=self.grads_flat.device)
 
-    def _gather_average(self, timer) -> None:
+    def _gather_average(self, timer) -> Optional[torch.Tensor]:
+        """The server: every rank's gradient with its control slots, as rows (the shared-memory
+        slots' view on the CPU, valid until the broadcast; else the receive buffer); None elsewhere."""
         server = self.rank == 0
         measuring = self.noise is not None and self.noise.on
         if measuring and self.computes:
             self.noise.put_local(self.grads_ext[-2], self.grads_flat)
         with timer.phase("gather"):
-            dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
-                        dst=0, group=self.group)
+            if self._shm is not None:
+                gathered = self._shm.gather(self.grads_ext)
+            else:
+                dist.gather(self.grads_ext, list(self._gathered.unbind(0)) if server else None,
+                            dst=0, group=self.group)
+                gathered = self._gathered
         if server:
             with timer.phase("average"):
                 # A dedicated server's own row holds no gradient: average the workers' rows only.
                 first = 1 if self.dedicated else 0
-                torch.mean(self._gathered[first:, :-self.control_slots], dim=0, out=self.grads_flat)
+                torch.mean(gathered[first:, :-self.control_slots], dim=0, out=self.grads_flat)
             if measuring:
-                self.noise.record_grad(self._gathered[first:, -2].mean(), self.grads_flat)
+                self.noise.record_grad(gathered[first:, -2].mean(), self.grads_flat)
+        return gathered if server else None
+
+    def _broadcast(self, timer) -> None:
+        with timer.phase("broadcast"):
+            if self._shm is not None:
+                self._shm.broadcast_(self.params_flat)
+            else:
+                dist.broadcast(self.params_flat, src=0, group=self.group)
 
     def step(self, timer: PhaseTimer) -> None:
         if self.world_size == 1:
@@ -90,8 +106,7 @@ class ParameterServer(SyncStrategy):
         if self.rank == 0:
             with timer.phase("update"):
                 self.update_params()  # the server clips the averaged gradient (--clip-grad-norm)
-        with timer.phase("broadcast"):
-            dist.broadcast(self.params_flat, src=0, group=self.group)
+        self._broadcast(timer)
 
     def gated_step(self, timer, loss, found_inf, round_) -> None:
         if self.world_size == 1:
@@ -100,13 +115,12 @@ class ParameterServer(SyncStrategy):
                 self.update_params()
             return
         self.grads_ext[-1].copy_(loss)
-        self._gather_average(timer)
+        gathered = self._gather_average(timer)
         if self.rank == 0:
-            check_non_finite(self._gathered[:, -1].sum().reshape(1), found_inf, self._one)
+            check_non_finite(gathered[:, -1].sum().reshape(1), found_inf, self._one)
             with timer.phase("update"):
                 self.update_params()
-        with timer.phase("broadcast"):
-            dist.broadcast(self.params_flat, src=0, group=self.group)
+        self._broadcast(timer)
         if self.rank != 0:  # rank 0's update wrote its own copy
             self.params_written()
 

@@ -1,5 +1,6 @@
-"""The gradient average of a CPU run's ranks on one host through shared memory (--shm-allreduce
-auto), in place of Gloo's all-reduce over loopback TCP.
+"""The collectives of a CPU run's ranks on one host through shared memory (--shm-allreduce auto):
+the gradient or weight average, the fast step's read of the losses, and the parameter server's
+gather and broadcast, in place of Gloo's over loopback TCP.
 
 Why: Gloo's all-reduce of a small buffer between local processes is a round of TCP messages
 through its own threads; on a 2-core machine the 203 KB gradient of the digits MLP took 0.9 ms
@@ -17,16 +18,18 @@ How:
   into that rank's FIFO), waits until every other rank has told it, then sums the slots in rank
   order into its buffer. Every rank sums the same slots in the same order with the same kernels,
   so the replicas stay bit-identical; between two ranks the sum is Gloo's to the bit (a + b = b + a).
-* One signal a step suffices: a rank cannot be two steps ahead of another (it waits for each
-  other rank's signal of every step), so the set it writes next (the other parity) is one no rank
-  still reads, and the one after is free once every rank has signalled the next step, which each
-  does after its sum. A signal that arrives early (a rank already in the next step) is kept for
-  that step (`_credit`). The pipe's write and read order the slot's writes before its reads.
+* One signal an op suffices: the op after next writes the same set of slots, and a rank's signal
+  of the next op says it has finished reading this one (`_owed`: whose word a rank needs before it
+  writes a set again; a caller's sequence that would write without it is refused, never raced). A
+  sum waits for every rank; a gather (the parameter server's) has the root wait for the others,
+  and the broadcast that follows has them wait for the root: alternated, each op hears from the
+  readers of the one before. A signal that arrives early (a rank already in a later op) is kept
+  for that op (`_credit`). The pipe's write and read order the slot's writes before its reads.
 * A rank that dies or hangs: the wait polls, and every second checks that the other ranks' processes
   still exist; one gone is this rank's error naming it, and the --timeout bounds the wait, as
   Gloo's does.
 
-Where (`open_sum`, agreed by every rank in one all-reduce, else Gloo): CPU float buffers (the
+Where (`open_collectives`, agreed by every rank in one all-reduce, else Gloo): CPU float buffers (the
 gradient or the weights, and the fast step's read of the losses: any float dtype), a Gloo group
 of 2-255 ranks, every rank on this host (the same boot id and host name, and each sees
 the others' processes), the mapping fits (2 x world x the buffer, at most MAX_BYTES) and the file
@@ -45,8 +48,14 @@ from typing import List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from shmlearn.errors import count
+
 MAX_BYTES = 4 << 30
 """The largest mapping (2 x world x buffer) this path takes; a bigger one uses Gloo."""
+READ_BYTES = 64 << 10
+"""The slots hold at least this much: the fast step's read of the losses (float64, a rank's losses
+since the last read and three requests) fits for reads up to ~8,000 steps apart at one rank,
+~2,000 at four."""
 MAX_WORLD = 255
 """A signal is one byte: the sender's rank."""
 CHECK_S = 1.0
@@ -67,8 +76,9 @@ def _folder() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-class ShmSum:
-    """In-place sum of a CPU float32 buffer over the ranks of one host (module docstring)."""
+class ShmCollectives:
+    """The collectives of one host's CPU ranks through shared memory (module docstring): a sum
+    in rank order (`sum_`), a gather to one rank (`gather`) and a broadcast from it (`broadcast_`)."""
 
     def __init__(self, slots: torch.Tensor, rank: int, world: int, read_fd: int, write_fds: List[Optional[int]],
                  pids: List[int], timeout_s: float):
@@ -79,35 +89,81 @@ class ShmSum:
         self.timeout_s = timeout_s
         self.step = 0
         self._credit = [0] * world  # signals of a rank's next step, read early
+        self._owed: List[set] = [set(), set()]  # by parity: ranks that may still read what we wrote there
         self._me = bytes([rank])
+        self._others = [r for r in range(world) if r != rank]
 
     def fits(self, buf: torch.Tensor) -> bool:
-        """Whether sum_ takes this buffer: a contiguous CPU float tensor of at most the capacity."""
+        """Whether the collectives take this buffer: a contiguous CPU float tensor of at most the capacity."""
         return (buf.device.type == "cpu" and buf.is_floating_point() and buf.is_contiguous()
                 and buf.numel() * buf.element_size() <= self.slots.shape[-1])
+
+    def _next(self, buf: torch.Tensor, writes: bool = True) -> tuple:
+        """This op's slots, [world, n] of buf's dtype, and their parity; refuses (a protocol error
+        of the caller's) to write where a rank may still read what this rank wrote two ops ago."""
+        parity = self.step & 1
+        self.step += 1
+        if writes and self._owed[parity]:
+            raise RuntimeError(f"shared-memory collectives: rank {self.rank} would overwrite what rank "
+                               f"{min(self._owed[parity])} may still read (two ops without word from it)")
+        n = buf.numel() * buf.element_size()
+        return self.slots[parity, :, :n].view(buf.dtype), parity
 
     def sum_(self, buf: torch.Tensor) -> None:
         """buf <- the sum of buf over the ranks, in rank order; every rank calls it in step, with
         a buffer of the same size and dtype (`fits`)."""
-        n = buf.numel() * buf.element_size()
-        slots = self.slots[self.step & 1, :, :n].view(buf.dtype)
-        self.step += 1
+        slots, parity = self._next(buf)
         slots[self.rank].copy_(buf.view(-1))
-        for fd in self.write_fds:
-            if fd is not None:
-                os.write(fd, self._me)
-        self._wait()
+        self._signal(self._others)
+        self._wait(self._others)
+        self._owed[parity] = set(self._others)  # they read our row after this op's signal
         out = buf.view(-1)
         out.copy_(slots[0])
         for r in range(1, self.world):
             out.add_(slots[r])
 
-    def _wait(self) -> None:
-        missing = {r for r in range(self.world) if r != self.rank}
+    def gather(self, buf: torch.Tensor, root: int = 0) -> Optional[torch.Tensor]:
+        """Every rank's buf, on `root` as the rows of a [world, n] view of the slots (valid until
+        its next op); None on the others, which do not wait."""
+        slots, parity = self._next(buf)
+        slots[self.rank].copy_(buf.view(-1))
+        if self.rank != root:
+            self._signal([root])
+            self._owed[parity] = {root}
+            return None
+        self._wait(self._others)
+        return slots
+
+    def broadcast_(self, buf: torch.Tensor, root: int = 0) -> None:
+        """buf <- root's buf on every rank; root does not wait."""
+        slots, parity = self._next(buf, writes=self.rank == root)
+        if self.rank == root:
+            slots[root].copy_(buf.view(-1))
+            self._signal(self._others)
+            self._owed[parity] = set(self._others)
+            return
+        self._wait([root])
+        buf.view(-1).copy_(slots[root])
+
+    def _signal(self, ranks) -> None:
+        for r in ranks:
+            try:
+                os.write(self.write_fds[r], self._me)
+            except BrokenPipeError:  # its reading end is gone with it
+                raise RuntimeError(f"shared-memory collectives: rank {r} ended") from None
+
+    def _heard(self, r: int) -> None:
+        """A signal from rank r: it has finished every op before the one it signals."""
+        for owed in self._owed:
+            owed.discard(r)
+
+    def _wait(self, ranks) -> None:
+        missing = set(ranks)
         for r in list(missing):
             if self._credit[r]:
                 self._credit[r] -= 1
                 missing.discard(r)
+                self._heard(r)
         deadline = time.monotonic() + self.timeout_s
         while missing:
             ready, _, _ = select.select([self.read_fd], [], [], CHECK_S)
@@ -116,8 +172,9 @@ class ShmSum:
                 continue
             data = os.read(self.read_fd, 4096)
             if not data:
-                raise RuntimeError(f"shared-memory all-reduce: rank {min(missing)} ended")
+                raise RuntimeError(f"shared-memory collectives: rank {min(missing)} ended")
             for r in data:
+                self._heard(r)
                 if r in missing:
                     missing.discard(r)
                 else:
@@ -128,11 +185,11 @@ class ShmSum:
             try:
                 os.kill(self.pids[r], 0)
             except ProcessLookupError:
-                raise RuntimeError(f"shared-memory all-reduce: rank {r} ended (process {self.pids[r]})") from None
+                raise RuntimeError(f"shared-memory collectives: rank {r} ended (process {self.pids[r]})") from None
             except PermissionError:
                 pass
         if time.monotonic() > deadline:
-            raise RuntimeError(f"shared-memory all-reduce: no word from rank {min(missing)} in "
+            raise RuntimeError(f"shared-memory collectives: no word from rank {min(missing)} in "
                                f"{self.timeout_s:g} s (--timeout)")
 
     def close(self) -> None:
@@ -145,19 +202,71 @@ class ShmSum:
         self.write_fds = []
 
 
+class HostCollectives:
+    """What a strategy (sync/base.py SyncStrategy) holds of the shared-memory collectives: whether
+    it takes them, the run's choice, the channel its setup opened (or why not), and the two uses
+    every strategy shares: the fast step's read of the losses (`sum_`) and the end (`close`)."""
+
+    host_collectives: bool = False
+    """Whether the strategy's collectives (`_average_`, the parameter server's gather and
+    broadcast) may run through shared memory between CPU ranks of one host, where the run's
+    --shm-allreduce allows; the fast step's read of the losses then goes there too."""
+    shm_allreduce: str = "off"
+    """The run's --shm-allreduce (set by train/rank.py before setup): auto, or off (Gloo)."""
+    comm_note: Optional[str] = None
+    """Why collectives that could have run through shared memory run on Gloo (auto), for the summary."""
+    _shm: Optional[ShmCollectives] = None
+
+    def open_host_collectives(self) -> None:
+        """At setup, every rank together (collective): shared memory where the strategy takes it,
+        the run allows it (--shm-allreduce auto), and its 2+ ranks are CPU processes of a Gloo
+        group; else none, and comm_note says why where it could have been."""
+        self.close()
+        if not (self.host_collectives and self.world_size > 1 and self.shm_allreduce == "auto"
+                and self.params_flat.device.type == "cpu" and dist.get_backend(self.group) == "gloo"):
+            return
+        ext = self.grads_ext
+        self._shm, why = open_collectives(max(ext.numel() * ext.element_size(), READ_BYTES), self.rank,
+                                          self.world_size, self.group, self.timeout_s or 300.0)
+        self.comm_note = None if why is None else f"collectives run on Gloo, not shared memory: {why}"
+
+    @property
+    def average_path(self) -> Optional[str]:
+        """shared-memory, gloo or nccl: how the strategy's collectives run (summary.json's
+        `average`); None at one worker, and for strategies that never use shared memory."""
+        if not self.host_collectives or self.world_size == 1:
+            return None
+        return "shared-memory" if self._shm is not None else dist.get_backend(self.group)
+
+    def sum_(self, buf: torch.Tensor) -> None:
+        """buf <- its sum over every rank of the run (the fast step's read of the losses): through
+        shared memory where the strategy's collectives run there (its group is the run's) and it
+        fits, else one all_reduce on the default group."""
+        if self._shm is not None and self._shm.fits(buf):
+            self._shm.sum_(buf)
+        else:
+            dist.all_reduce(buf)
+
+    def close(self) -> None:
+        """The run has ended, as it may (train/rank.py): the shared-memory collectives' files are closed."""
+        if self._shm is not None:
+            self._shm.close()
+            self._shm = None
+
+
 def _agree(ok: bool, group) -> bool:
     flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
     dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
     return bool(flag.item())
 
 
-def open_sum(capacity: int, rank: int, world: int, group,
-             timeout_s: float) -> Tuple[Optional[ShmSum], Optional[str]]:
-    """A ShmSum for buffers of up to `capacity` bytes (rounded up to 8), made by every rank of
+def open_collectives(capacity: int, rank: int, world: int, group,
+             timeout_s: float) -> Tuple[Optional[ShmCollectives], Optional[str]]:
+    """A ShmCollectives for buffers of up to `capacity` bytes (rounded up to 8), made by every rank of
     `group` together (collective), or (None, why not) where it cannot be used: every rank gets the
     same answer. The caller has checked that the group is Gloo's on the CPU."""
     if not 2 <= world <= MAX_WORLD:
-        return None, f"{world} ranks (the shared-memory average takes 2-{MAX_WORLD})"
+        return None, f"{count(world, 'rank')} (shared memory takes 2-{MAX_WORLD})"
     capacity = -(-capacity // 8) * 8
     nbytes = 2 * world * capacity
     if nbytes > MAX_BYTES:
@@ -191,10 +300,10 @@ def open_sum(capacity: int, rank: int, world: int, group,
         if not _agree(ok, group):
             return None, f"{folder}: a rank could not open the others' FIFOs"
         os.set_blocking(read_fd, True)
-        made_sum, read_fd, write_fds = ShmSum(slots, rank, world, read_fd, write_fds, pids, timeout_s), None, []
-        return made_sum, None
+        comm, read_fd, write_fds = ShmCollectives(slots, rank, world, read_fd, write_fds, pids, timeout_s), None, []
+        return comm, None
     finally:
-        for fd in [read_fd, *write_fds]:  # not handed to a ShmSum
+        for fd in [read_fd, *write_fds]:  # not handed to a ShmCollectives
             if fd is not None:
                 os.close(fd)
         if folder is not None:

@@ -50,7 +50,7 @@ class Params:
 class WeightAveraging(SyncStrategy):
     name = "weight-avg"
     gated = True
-    averages = True
+    host_collectives = True
     own_gradient = True  # each replica steps on its own gradient; the weights are averaged after
 
     def __init__(self, *, rank: int, world_size: int, group=None, period: int = 1):

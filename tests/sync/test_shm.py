@@ -37,7 +37,7 @@ def _inputs(step, rank, n):
 
 def _sums(rank, world, port, out):
     _join(rank, world, port)
-    sums, why = shm.open_sum(CAP * 4, rank, world, None, timeout_s=60)
+    sums, why = shm.open_collectives(CAP * 4, rank, world, None, timeout_s=60)
     assert why is None and sums is not None, why
     got, ref = [], []
     for step in range(STEPS):
@@ -76,9 +76,77 @@ def test_the_sum_is_every_ranks_own_in_rank_order_and_glooss(tmp_path, world):
     assert set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*"))) == before  # nothing left
 
 
+def _server(rank, world, port, out):
+    """The parameter server's sequence: gather to rank 0, broadcast from it, and every third step
+    a sum (the fast step's read), one rank late in turn."""
+    _join(rank, world, port)
+    sums, why = shm.open_collectives(4000, rank, world, None, timeout_s=60)
+    assert why is None, why
+    seen = []
+    for step in range(STEPS):
+        if rank == step % world:
+            time.sleep(0.02)
+        rows = sums.gather(_inputs(step, rank, 1000).float())
+        seen.append(None if rows is None else rows.clone())
+        if rank == 0:
+            weights = rows.mean(dim=0)
+        else:
+            assert rows is None
+            weights = torch.zeros(1000)
+        sums.broadcast_(weights)
+        seen.append(weights)
+        if step % 3 == 2:
+            total = torch.full((7,), float(rank), dtype=torch.float64)
+            sums.sum_(total)
+            seen.append(total)
+    torch.save(seen, os.path.join(out, f"rank{rank}.pt"))
+    os._exit(0)
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_gather_and_broadcast_in_the_parameter_servers_order(tmp_path, world):
+    processes(_server, (world, free_port(), str(tmp_path)), world)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
+    i = 0
+    for step in range(STEPS):
+        rows = torch.stack([_inputs(step, r, 1000).float() for r in range(world)])
+        assert torch.equal(ranks[0][i], rows), step  # the root sees every rank's buffer
+        i += 1
+        for r in range(world):  # and every rank gets the root's
+            assert torch.equal(ranks[r][i], rows.mean(dim=0)), (step, r)
+        i += 1
+        if step % 3 == 2:
+            for r in range(world):
+                assert torch.equal(ranks[r][i], torch.full((7,), float(sum(range(world))), dtype=torch.float64))
+            i += 1
+
+
+def _overwrites(rank, world, port, out):
+    _join(rank, world, port)
+    sums, why = shm.open_collectives(4000, rank, world, None, timeout_s=3)
+    assert why is None, why
+    try:
+        for _ in range(3):  # three broadcasts, no word from the others between: the third would race
+            sums.broadcast_(torch.ones(10))
+        line = "no error"
+    except RuntimeError as e:
+        line = str(e)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(line)
+    os._exit(0)
+
+
+def test_a_sequence_that_would_overwrite_unread_slots_is_refused_not_raced(tmp_path):
+    processes(_overwrites, (2, free_port(), str(tmp_path)), 2)
+    assert "rank 0 would overwrite what rank 1 may still read" in (tmp_path / "rank0.txt").read_text()
+    # rank 1 waits for the third: rank 0's leaving (its FIFO's end closed) or its 3 s --timeout ends it
+    line = (tmp_path / "rank1.txt").read_text()
+    assert "rank 0 ended" in line or "no word from rank 0 in 3 s" in line, line
+
+
 def _dies(rank, world, port, out):
     _join(rank, world, port)
-    sums, why = shm.open_sum(4000, rank, world, None, timeout_s=120)
+    sums, why = shm.open_collectives(4000, rank, world, None, timeout_s=120)
     assert why is None, why
     sums.sum_(torch.ones(1000))
     if rank == world - 1:
@@ -111,7 +179,7 @@ def _refused(rank, world, port, out, how):
         def full(fd, offset, length):
             raise OSError(28, "No space left on device")
         os.posix_fallocate = full
-    sums, why = shm.open_sum(4000, rank, world, None, timeout_s=60)
+    sums, why = shm.open_collectives(4000, rank, world, None, timeout_s=60)
     dist.barrier()
     with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
         f.write(f"{sums is None}|{why}")
@@ -130,19 +198,21 @@ def test_ranks_that_cannot_share_all_fall_back_with_the_reason(tmp_path, how, wh
 
 
 def test_one_rank_and_too_big_a_buffer_are_gloos():
-    assert shm.open_sum(40, 0, 1, None, 60) == (None, "1 ranks (the shared-memory average takes 2-255)")
-    sums, why = shm.open_sum(shm.MAX_BYTES, 0, 2, None, 60)
+    assert shm.open_collectives(40, 0, 1, None, 60) == (None, "1 rank (shared memory takes 2-255)")
+    sums, why = shm.open_collectives(shm.MAX_BYTES, 0, 2, None, 60)
     assert sums is None and "above 4 GiB" in why
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "weight-avg"])
-def test_a_cpu_run_averages_through_shared_memory_and_trains_as_on_gloo(tmp_path, strategy):
-    """Two CPU workers: --shm-allreduce auto (the default) averages through shared memory, off
-    through Gloo, and both give the same losses and weights to the bit (a sum of two has one order)."""
+@pytest.mark.parametrize("strategy, extra", [("allreduce", {}), ("weight-avg", {}), ("ps", {}),
+                                             ("ps", {"ps_dedicated": True})])
+def test_a_cpu_run_averages_through_shared_memory_and_trains_as_on_gloo(tmp_path, strategy, extra):
+    """Two CPU workers: --shm-allreduce auto (the default) runs the strategy's collectives through
+    shared memory, off through Gloo, and both give the same losses and weights to the bit (a sum
+    of two has one order; the server's mean reads the same rows)."""
     from shmlearn import TrainConfig, train
     runs = {m: train(TrainConfig(model="mlp", dataset="digits", device="cpu", strategy=strategy, workers=2,
                                  threads=1, samples=4096, batch_size=32, eval_points=2, progress=False, shm_allreduce=m,
-                                 out=str(tmp_path / m)))
+                                 out=str(tmp_path / m), **extra))
             for m in ("auto", "off")}
     auto, off = runs["auto"], runs["off"]
     assert (auto.summary["average"], off.summary["average"]) == ("shared-memory", "gloo")
