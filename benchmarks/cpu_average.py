@@ -1,5 +1,5 @@
-"""The CPU's collectives: shmlearn's through shared memory (sync/shm.py, --shm-allreduce auto, the
-default) against the same step's on Gloo (--shm-allreduce off) and torch's DDP on Gloo (--strategy
+"""The CPU's collectives: shmlearn's through shared memory (sync/shm.py, --shared-memory auto, the
+default) against the same step's on Gloo (--shared-memory off) and torch's DDP on Gloo (--strategy
 ddp: what a user would write instead), in the same run; allreduce, and the parameter server (ps).
 
     python benchmarks/cpu_average.py [--repeats 3] [--cases digits-mlp-w2,...] [--out FILE.json]
@@ -51,8 +51,8 @@ CASES = {
                              "--batch-size", "32", "--samples", "1024"],
 }
 VARIANTS = {
-    "shared-memory": ["--shm-allreduce", "auto"],
-    "gloo": ["--shm-allreduce", "off"],
+    "shared-memory": ["--shared-memory", "auto"],
+    "gloo": ["--shared-memory", "off"],
     "ddp": ["--strategy", "ddp"],
 }
 
@@ -70,7 +70,7 @@ def one(case: List[str], variant: List[str], out: str) -> Dict[str, Any]:
         s = json.load(f)
     return {"rc": 0, "wall_s": wall, "load": load, "samples_per_s": s["samples_per_s"],
             "train_s": s["wall_time_s"], "step_median_s": s["step_time_s"]["median"],
-            "phase_s": s.get("phase_s"), "average": s.get("average"), "final_loss": s["final_loss"],
+            "phase_s": s.get("phase_s"), "collectives": s.get("collectives"), "final_loss": s["final_loss"],
             "steps": s["steps"]}
 
 
@@ -97,7 +97,7 @@ def main() -> int:
                     row = one(CASES[c], flags, os.path.join(tmp, f"{c}-{v}-{rep}"))
                     rows[c][v].append(row)
                     print(f"{c} {v} #{rep}: " + (f"{row['samples_per_s']:.0f} samples/s, step "
-                          f"{row['step_median_s'] * 1e3:.2f} ms, {row['average']}, load {row['load']:.1f}"
+                          f"{row['step_median_s'] * 1e3:.2f} ms, {row['collectives']}, load {row['load']:.1f}"
                           if row["rc"] == 0 else f"failed {row['error']}"), flush=True)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1041,8 +1041,8 @@ def part_commands(p: str, workers: str) -> dict:
                   + shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--workers", "2", "--backend", "gloo",
                                    "--dataset", "digits", "--model", "mlp", "--no-progress",
                                    "--out", os.path.join(p("s29b"), "gloo-gpu"))) + "; echo gloo-gpu rc=$?; "
-                  + "python3 -c \"import json,sys; s=json.load(open(sys.argv[1])); print('average', s['average'], "
-                  + "s['average_note'], s['step_mode'], s['final_loss'])\" " + os.path.join(p("s29b"), "gloo-gpu", "summary.json")
+                  + "python3 -c \"import json,sys; s=json.load(open(sys.argv[1])); print('collectives', s['collectives'], "
+                  + "s['collectives_note'], s['step_mode'], s['final_loss'])\" " + os.path.join(p("s29b"), "gloo-gpu", "summary.json")
                   + "; " + shlex.join(_py("-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small",
                                           "--dataset", "fashion-mnist", "--data-dir",
                                           os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1",

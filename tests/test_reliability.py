@@ -411,7 +411,7 @@ def test_a_failure_at_one_worker_is_one_line(raised):
 def test_a_second_run_on_the_same_out_is_refused(tmp_path, monkeypatch, capfd):
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    first = subprocess.Popen([sys.executable, "-m", "shmlearn", *BASE[:1], "--workers", "2", "--epochs", "100",
+    first = subprocess.Popen([sys.executable, "-m", "shmlearn", *BASE[:1], "--workers", "2", "--epochs", "1000",
                               "--no-progress", "--out", str(out)], env=env,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

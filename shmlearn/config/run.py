@@ -24,7 +24,7 @@ class RunOptions(Section):
     """How the processes talk: auto (NCCL on GPUs, Gloo on the CPU), nccl, or gloo. gloo on GPUs
     lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
     two workers on one GPU."""
-    shm_allreduce: Literal["auto", "off"] = "auto"
+    shared_memory: Literal["auto", "off"] = "auto"
     """CPU runs: the ranks of one host exchange gradients and weights (allreduce, weight-avg, ps)
     through shared memory (/dev/shm) instead of Gloo's TCP, ~10x faster for a small model's
     gradient; auto where they can (else Gloo, with a note in summary.json), off: Gloo always."""

@@ -207,7 +207,7 @@ class Stepper:
             conv_overlap_deferred=self.deferred, combo_kernels=self.combo,
             update_kernel=self.update_kernel, update_in_backward=self.early_update,
             weight_copy=self.weight_copy, grad_buckets=self.grad_buckets,
-            average=self.strategy.average_path, average_note=self.strategy.comm_note,
+            collectives=self.strategy.collectives_path, collectives_note=self.strategy.comm_note,
             graph_memsets_replaced=self.memsets_replaced,
             phase_sample_every=self.sample_every if self.graphs else None)
 

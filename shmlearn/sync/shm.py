@@ -1,4 +1,4 @@
-"""The collectives of a CPU run's ranks on one host through shared memory (--shm-allreduce auto):
+"""The collectives of a CPU run's ranks on one host through shared memory (--shared-memory auto):
 the gradient or weight average, the fast step's read of the losses, and the parameter server's
 gather and broadcast, in place of Gloo's over loopback TCP.
 
@@ -210,19 +210,19 @@ class HostCollectives:
     host_collectives: bool = False
     """Whether the strategy's collectives (`_average_`, the parameter server's gather and
     broadcast) may run through shared memory between CPU ranks of one host, where the run's
-    --shm-allreduce allows; the fast step's read of the losses then goes there too."""
-    shm_allreduce: str = "off"
-    """The run's --shm-allreduce (set by train/rank.py before setup): auto, or off (Gloo)."""
+    --shared-memory allows; the fast step's read of the losses then goes there too."""
+    shared_memory: str = "off"
+    """The run's --shared-memory (set by train/rank.py before setup): auto, or off (Gloo)."""
     comm_note: Optional[str] = None
     """Why collectives that could have run through shared memory run on Gloo (auto), for the summary."""
     _shm: Optional[ShmCollectives] = None
 
     def open_host_collectives(self) -> None:
         """At setup, every rank together (collective): shared memory where the strategy takes it,
-        the run allows it (--shm-allreduce auto), and its 2+ ranks are CPU processes of a Gloo
+        the run allows it (--shared-memory auto), and its 2+ ranks are CPU processes of a Gloo
         group; else none, and comm_note says why where it could have been."""
         self.close()
-        if not (self.host_collectives and self.world_size > 1 and self.shm_allreduce == "auto"
+        if not (self.host_collectives and self.world_size > 1 and self.shared_memory == "auto"
                 and self.params_flat.device.type == "cpu" and dist.get_backend(self.group) == "gloo"):
             return
         ext = self.grads_ext
@@ -231,7 +231,7 @@ class HostCollectives:
         self.comm_note = None if why is None else f"collectives run on Gloo, not shared memory: {why}"
 
     @property
-    def average_path(self) -> Optional[str]:
+    def collectives_path(self) -> Optional[str]:
         """shared-memory, gloo or nccl: how the strategy's collectives run (summary.json's
         `average`); None at one worker, and for strategies that never use shared memory."""
         if not self.host_collectives or self.world_size == 1:

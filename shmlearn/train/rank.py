@@ -65,7 +65,7 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
     apply_init(model, cfg.init)
     strategy = spec.build(rank=env.rank, world_size=env.world_size)
     strategy.timeout_s = cfg.timeout
-    strategy.shm_allreduce = cfg.shm_allreduce
+    strategy.shared_memory = cfg.shared_memory
     strategy.run_steps = steps
     strategy.accumulate, strategy.clip_grad_norm = cfg.accumulate, cfg.clip_grad_norm
     # A server builds a loader too (shard 0), so a bad layout fails on every rank, not on workers only.

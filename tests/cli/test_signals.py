@@ -12,7 +12,7 @@ import pytest
 
 from procs import alive
 
-TRAIN = ["train", "--epochs", "30", "--eval-points", "1"]
+TRAIN = ["train", "--epochs", "1000", "--eval-points", "1"]  # ~15 s of training: it is still running when signalled
 
 
 def start(tmp_path, *args, env=None):

@@ -206,7 +206,8 @@ def test_a_killed_launcher_leaves_no_workers(tmp_path, delay):
     before any PR_SET_PDEATHSIG) and a second later: no worker trains on to the end."""
     out = tmp_path / "run"
     env = dict(os.environ, PYTHONUNBUFFERED="1", SHMLEARN_TEST_TAG=uuid.uuid4().hex)
-    proc = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--epochs", "40",
+    # 1000 epochs: ~15 s of training through shared memory (40 took 0.6 s, ending before the kill)
+    proc = subprocess.Popen([sys.executable, "-m", "shmlearn", "train", "--workers", "2", "--epochs", "1000",
                              "--no-progress", "--out", str(out)], env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     t_end = time.monotonic() + 120

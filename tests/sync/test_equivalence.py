@@ -28,7 +28,7 @@ CASES = [  # (strategy, optimizer, extra config)
     ("ps", "momentum", {"check_every": 6}),
     ("weight-avg", "momentum", {"avg_period": 1, "check_every": 6}),
     # the average through Gloo, not shared memory (the CPU's default: sync/shm.py)
-    ("allreduce", "momentum", {"shm_allreduce": "off"}),
+    ("allreduce", "momentum", {"shared_memory": "off"}),
 ]
 
 

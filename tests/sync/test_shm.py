@@ -206,17 +206,17 @@ def test_one_rank_and_too_big_a_buffer_are_gloos():
 @pytest.mark.parametrize("strategy, extra", [("allreduce", {}), ("weight-avg", {}), ("ps", {}),
                                              ("ps", {"ps_dedicated": True})])
 def test_a_cpu_run_averages_through_shared_memory_and_trains_as_on_gloo(tmp_path, strategy, extra):
-    """Two CPU workers: --shm-allreduce auto (the default) runs the strategy's collectives through
+    """Two CPU workers: --shared-memory auto (the default) runs the strategy's collectives through
     shared memory, off through Gloo, and both give the same losses and weights to the bit (a sum
     of two has one order; the server's mean reads the same rows)."""
     from shmlearn import TrainConfig, train
     runs = {m: train(TrainConfig(model="mlp", dataset="digits", device="cpu", strategy=strategy, workers=2,
-                                 threads=1, samples=4096, batch_size=32, eval_points=2, progress=False, shm_allreduce=m,
+                                 threads=1, samples=4096, batch_size=32, eval_points=2, progress=False, shared_memory=m,
                                  out=str(tmp_path / m), **extra))
             for m in ("auto", "off")}
     auto, off = runs["auto"], runs["off"]
-    assert (auto.summary["average"], off.summary["average"]) == ("shared-memory", "gloo")
-    assert auto.summary["average_note"] is None and off.summary["average_note"] is None
+    assert (auto.summary["collectives"], off.summary["collectives"]) == ("shared-memory", "gloo")
+    assert auto.summary["collectives_note"] is None and off.summary["collectives_note"] is None
     assert auto.summary["final_loss"] == off.summary["final_loss"]
     assert auto.summary["test_accuracy"] == off.summary["test_accuracy"]
     for a, b in zip(auto.model.state_dict().values(), off.model.state_dict().values()):
