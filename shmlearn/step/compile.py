@@ -13,6 +13,7 @@ import torch.distributed as dist
 from shmlearn.errors import one_line
 from shmlearn.nn import conv_overlap
 from shmlearn.step.options import combo_kernels
+from shmlearn.step.graphs import collectives_why_not
 
 
 def build_failure(e: BaseException) -> Optional[BaseException]:
@@ -145,7 +146,8 @@ class Compiler:
                     times[2] = 1
                 if unbuilt is None and self.opts.compile == "auto":
                     captured = (self.device.type == "cuda" and self.opts.cuda_graph == "auto" and self.fault is None
-                                and not self.strategy.free_running and self.check_every > 1)
+                                and not self.strategy.free_running and self.check_every > 1
+                                and collectives_why_not(self.strategy) is None)
                     if captured:
                         times[0], times[1] = replayed(dstep.eager_loss), replayed(compiled)
                     else:

@@ -47,7 +47,7 @@ import torch
 
 from shmlearn.step.compile import Compiler
 from shmlearn.step.device import DeviceStep
-from shmlearn.step.graphs import Graphs
+from shmlearn.step.graphs import Graphs, collectives_why_not
 from shmlearn.step.kernels import KernelChoice
 from shmlearn.step.modes import ClassicStep, FastStep, FreeRunningStep, arm_fast
 # The options and constants live with the step's parts; callers import them from here too.
@@ -124,7 +124,11 @@ class Stepper:
             self._setup_fast(fused=why_not is None)
             if (device.type == "cuda" and opts.cuda_graph == "auto" and fault is None and not strategy.free_running
                     and not self.own_step):
-                self._capture_all_ranks()
+                why = collectives_why_not(strategy)
+                if why is None:
+                    self._capture_all_ranks()
+                else:
+                    self._say(why, join=True)
             elif device.type == "cuda" and fault is not None:
                 self._say("fault injection runs eagerly (no CUDA graph)")
         if "torch._dynamo" not in sys.modules and (strategy.flat_update is None or strategy.free_running):

@@ -32,6 +32,16 @@ SEEN: Dict[tuple, float] = {}
 their first capture."""
 
 
+def collectives_why_not(strategy) -> Optional[str]:
+    """Why the step's collectives cannot run inside a CUDA graph, or None: Gloo's, between the
+    ranks of a run on GPUs (--backend gloo: ranks sharing a GPU), run on the host. Capturing them
+    failed and fell back to eager with a line that read like an error."""
+    if strategy.world_size > 1 and dist.get_backend(strategy.group) == "gloo":
+        return ("the ranks talk over Gloo, whose collectives run on the host, outside a CUDA graph: "
+                "the step runs eagerly")
+    return None
+
+
 def step_key(*, model, strategy, loader, device: torch.device, opts, tuning, world_size: int, kinds) -> Optional[tuple]:
     """What makes two captures of the step run the same kernels on the same shapes: the model's
     modules and tensors, the strategy, the optimizer and its settings but the learning rate, the
