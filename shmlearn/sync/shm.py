@@ -92,6 +92,8 @@ class ShmCollectives:
         self._owed: List[set] = [set(), set()]  # by parity: ranks that may still read what we wrote there
         self._me = bytes([rank])
         self._others = [r for r in range(world) if r != rank]
+        self._poll = select.poll()
+        self._poll.register(read_fd, select.POLLIN)
 
     def fits(self, buf: torch.Tensor) -> bool:
         """Whether the collectives take this buffer: a contiguous CPU float tensor of at most the capacity."""
@@ -166,8 +168,9 @@ class ShmCollectives:
                 self._heard(r)
         deadline = time.monotonic() + self.timeout_s
         while missing:
-            ready, _, _ = select.select([self.read_fd], [], [], CHECK_S)
-            if not ready:
+            # poll, not select: select refuses descriptors from 1024 up, and a worker forked from a
+            # long-lived caller (a notebook, a test session) inherits hundreds of them
+            if not self._poll.poll(CHECK_S * 1000):
                 self._check(missing, deadline)
                 continue
             data = os.read(self.read_fd, 4096)
