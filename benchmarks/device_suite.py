@@ -1062,6 +1062,8 @@ def part_commands(p: str, workers: str) -> dict:
                            "--no-progress", "--out", os.path.join(p("s29c"), strat)))
             + f" > {p('s29c')}/{strat}.log 2>&1; echo {strat} rc=$?; tail -n 1 {p('s29c')}/{strat}.log"
             for strat in ("allreduce", "ps", "weight-avg")) + "; " + _matrix_all(p("s29c"), "1", w1_per_gpu=4)], 900),
+        # Session 29: the W=1 matrix again after the Gloo-on-GPU capture change (step/graphs.py).
+        "s29d": (["bash", "-c", _matrix_all(p("s29d"), "1", w1_per_gpu=4)], 400),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),
