@@ -400,6 +400,8 @@ def main(argv: Optional[List[str]] = None, *, early_workers: bool = False) -> in
     except BadInput as e:  # a flag's own check (a sweep's list: sweeps/cli.py _checked)
         print(f"shmlearn: error: {e}", file=sys.stderr)
         return e.exit_code
+    if getattr(ns, "before_torch", None) is not None:
+        ns.before_torch(ns)  # a command's work beside torch's import (a sweep's report helper)
     if early_workers:
         import_torch_whole(sys.argv[1:] if argv is None else argv)
     try:

@@ -112,7 +112,7 @@ def register(sub, train_options: Optional[Callable[[], Iterable[Option]]] = None
     o.add_argument("--search-seed", dest="sweep_search_seed", type=int, metavar="N", help=sd.get("search_seed", ""))
     o.add_argument("--stale-after", dest="sweep_stale_after", type=float, default=60.0, metavar="S",
                    help=sd.get("stale_after", ""))
-    p.set_defaults(func=cmd_sweep)
+    p.set_defaults(func=cmd_sweep, before_torch=before_torch)
 
 
 def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
@@ -124,7 +124,7 @@ def sweep_config_from_args(ns: argparse.Namespace) -> SweepConfig:
         if k in values:
             raise BadInput(f"--config {ns.config}: '{k}' is set by the sweep (--out names the sweep directory)")
     values.update({k: v for k, v in vars(ns).items()
-                   if k not in ("command", "config", "func") and not k.startswith("sweep_")})
+                   if k not in ("command", "config", "func", "before_torch", "parsed_at", "report_helper") and not k.startswith("sweep_")})
     fixed, axes = split_axes(values)
     for flag, v in (("--parallel", ns.sweep_parallel), ("--slots", ns.sweep_slots)):
         if v is not None and v < 1:
@@ -162,15 +162,26 @@ def _typed(values: dict, source: str) -> dict:
     return out
 
 
+def before_torch(ns: argparse.Namespace) -> None:
+    """What a sweep starts before torch's import (cli.main calls it between the parse and the
+    import): the time its flags were read (the sweep's first mark) and, for a grid sweep that
+    draws a report, the report's helper, which loads matplotlib on the core that torch's import
+    leaves idle (report/helper.py). Started after the import, the helper's ~0.35 s of a core
+    fell in the first trials: on 2 cores the first 2-worker trial's steps took twice as long."""
+    if getattr(ns, "parsed_at", None) is None:
+        ns.parsed_at = time.time()
+    if not hasattr(ns, "report_helper"):  # once: None where it could not start
+        ns.report_helper = None
+        if ns.sweep_report and ns.sweep_storage is None:
+            from shmlearn.report.helper import start  # lazy: the program's grid sweeps only
+            ns.report_helper = start()
+
+
 def cmd_sweep(ns: argparse.Namespace) -> int:
-    parsed = time.time()
-    helper = None
-    if ns.sweep_report and ns.sweep_storage is None:
-        # Before torch's import (sweep_config_from_args): matplotlib loads beside it (report/helper.py)
-        from shmlearn.report.helper import start  # lazy: the program's grid sweeps only
-        helper = start()
+    before_torch(ns)  # a caller that did not (main(argv) in a process that has torch already)
+    helper, ns.report_helper = ns.report_helper, None
     try:
-        return run_sweep(sweep_config_from_args(ns), parsed, helper)
+        return run_sweep(sweep_config_from_args(ns), ns.parsed_at, helper)
     finally:
         if helper is not None:
             helper.close()

@@ -287,3 +287,44 @@ def test_the_program_refuses_a_malformed_value_before_it_imports_torch(tmp_path,
     err, _, torch_seen = r.stderr.rpartition("\nTORCH ")
     assert r.returncode == 2 and torch_seen == "False", r.stderr
     assert err.strip().count("\n") == 0 and err.startswith("shmlearn: error: ") and line in err, err
+
+
+# The program's sweep as main runs it, with the report's helper and the sweep itself replaced by
+# recorders: what was imported when the helper started, and that the sweep got its parse time.
+SWEEP_PROBE = r"""
+import json, sys
+import shmlearn.report.helper as helper
+import shmlearn.sweeps.cli as sweep_cli
+seen = {}
+class Helper:
+    def close(self):
+        seen["closed"] = True
+def start():
+    seen.setdefault("starts", []).append("torch" in sys.modules)
+    return Helper()
+def run_sweep(sc, parsed, report_helper):
+    seen.update(parsed=parsed, torch_at_run="torch" in sys.modules, helper=report_helper is not None)
+    return 0
+helper.start, sweep_cli.run_sweep = start, run_sweep
+from shmlearn.cli.main import main
+code = main(json.loads(sys.argv[1]), early_workers=True)
+sys.stderr.write("\nPROBE " + json.dumps(dict(seen, code=code)) + "\n")
+"""
+
+
+def test_a_sweep_starts_its_report_helper_before_torchs_import(tmp_path):
+    """The helper loads matplotlib on the core torch's import leaves idle (sweeps/cli.py
+    before_torch); started after it, its import fell in the first trials."""
+    argv = ["sweep", "--dataset", "digits", "--lr", "0.1,0.2", "--device", "cpu", "--out", str(tmp_path / "s")]
+    env = dict(os.environ, SHMLEARN_CACHE_DIR=str(tmp_path / "cache"))
+    probe(argv[:1] + ["--help"], tmp_path / "cache")  # the flag table, as a first --help leaves it
+    r = subprocess.run([sys.executable, "-c", SWEEP_PROBE, json.dumps(argv)], capture_output=True, text=True,
+                       env=env, timeout=300)
+    seen = json.loads(r.stderr.rpartition("\nPROBE ")[2] or "null")
+    assert seen and seen["code"] == 0, r.stderr
+    assert seen["starts"] == [False] and seen["torch_at_run"] is True, seen  # one helper, before torch
+    assert seen["helper"] and seen["closed"] and isinstance(seen["parsed"], float), seen
+    r = subprocess.run([sys.executable, "-c", SWEEP_PROBE, json.dumps(argv + ["--no-report"])], capture_output=True,
+                       text=True, env=env, timeout=300)
+    seen = json.loads(r.stderr.rpartition("\nPROBE ")[2] or "null")
+    assert seen and seen["code"] == 0 and "starts" not in seen and not seen["helper"], r.stderr
