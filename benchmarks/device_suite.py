@@ -1064,6 +1064,29 @@ def part_commands(p: str, workers: str) -> dict:
             for strat in ("allreduce", "ps", "weight-avg")) + "; " + _matrix_all(p("s29c"), "1", w1_per_gpu=4)], 900),
         # Session 29: the W=1 matrix again after the Gloo-on-GPU capture change (step/graphs.py).
         "s29d": (["bash", "-c", _matrix_all(p("s29d"), "1", w1_per_gpu=4)], 400),
+        # Session 30, one GPU: the shared-memory mailbox's and collectives' tests on this host's CPU
+        # (16 cores), async-ps with its ranks on the GPU (Gloo; they must not take shared memory),
+        # the default 4-trial GPU sweep twice, the one-GPU start, then the W=1 matrix.
+        "s30": (["bash", "-c", f"CUDA_VISIBLE_DEVICES= timeout 300 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 "
+                 f"tests/sync/test_shm.py tests/sync/test_shm_mailbox.py tests/sync/test_async_ps.py "
+                 f"> {p('s30')}/cpu-tests.log 2>&1; echo cpu tests rc=$?; tail -n 4 {p('s30')}/cpu-tests.log; "
+                 + shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--workers", "3", "--backend", "gloo",
+                                  "--strategy", "async-ps", "--dataset", "digits", "--model", "mlp", "--samples", "16384",
+                                  "--no-progress", "--out", os.path.join(p("s30"), "async-gpu")))
+                 + f" > {p('s30')}/async-gpu.log 2>&1; echo async-gpu rc=$?; tail -n 1 {p('s30')}/async-gpu.log; "
+                 + "python3 -c \"import json,sys; s=json.load(open(sys.argv[1])); print('collectives', s['collectives'], "
+                 + "s['collectives_note'], s['step_mode'], s['final_loss'])\" " + os.path.join(p("s30"), "async-gpu", "summary.json")
+                 + "; " + "; ".join(shlex.join(_py("-m", "shmlearn", "sweep", "--device", "cuda", "--model", "alexnet-small",
+                                                  "--dataset", "fashion-mnist", "--data-dir",
+                                                  os.path.join(ROOT_DIR, "data", "fashion-mnist"), "--workers", "1",
+                                                  "--batch-size", "64,256", "--lr", "0.05,0.1", "--samples", "60000",
+                                                  "--out", os.path.join(p("s30"), f"sweep-{i}")))
+                                    + f" > {p('s30')}/sweep-{i}.log 2>&1; echo sweep-{i} rc=$?; "
+                                    f"grep 'sweep: ran' {p('s30')}/sweep-{i}.log" for i in range(2)) + "; "
+                 + shlex.join(_py(os.path.join(HERE, "start.py"), "--device", "cuda", "--repeats", "2",
+                                  "--cases", "floor,train", "--out", os.path.join(p("s30"), "start-gpu.json")))
+                 + f" > {p('s30')}/start.log 2>&1; tail -n 8 {p('s30')}/start.log; "
+                 + _matrix_all(p("s30"), "1", w1_per_gpu=4)], 900),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),
