@@ -91,6 +91,8 @@ class AsyncPS(SyncStrategy):
     free_running = True
     _mail: Optional[ShmMailbox] = None
     """The messages' mailbox in shared memory (sync/shm_mailbox.py), or None: Gloo's."""
+    _p2p = None
+    """Else the messages' Gloo group."""
 
     def __init__(self, *, rank: int, world_size: int, group=None, staleness: int = 0, staleness_lr: float = 2.0):
         super().__init__(rank=rank, world_size=world_size, group=group)
