@@ -89,6 +89,7 @@ class AsyncPS(SyncStrategy):
     name = "async-ps"
     gated = True
     free_running = True
+    host_collectives = True  # on the CPU, the fast step's read of the losses through shared memory (sync/shm.py)
     _mail: Optional[ShmMailbox] = None
     """The messages' mailbox in shared memory (sync/shm_mailbox.py), or None: Gloo's."""
     _p2p = None
@@ -141,11 +142,12 @@ class AsyncPS(SyncStrategy):
         super().setup(model, optimizer, group, channels_last=channels_last)  # everyone at version 0
         n, m = self.grads_flat.numel(), self.grads_ext.numel()
         dtype = self.grads_flat.dtype
-        if (self.shared_memory == "auto" and self.params_flat.device.type == "cpu"
-                and dist.get_backend(self.group) == "gloo"):  # where the collectives would run there
+        if self._shm is not None:  # the collectives run through shared memory: the messages too, where they fit
             self._mail, why = open_mailbox(m + 1, n + 1, dtype, self.rank, self.world_size, self.group,
                                            self.timeout_s or 300.0)
             self.comm_note = None if why is None else f"messages run on Gloo, not shared memory: {why}"
+        elif self.comm_note:  # they could have, and why not holds for the messages too
+            self.comm_note = f"messages and {self.comm_note}"
         if self._mail is None:
             timeout = timedelta(seconds=self.timeout_s) if self.timeout_s else None
             self._p2p = dist.new_group(backend="gloo", timeout=timeout)

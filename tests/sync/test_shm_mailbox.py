@@ -184,14 +184,20 @@ def test_async_ps_with_staleness_runs_through_shared_memory_within_its_bound(tmp
 
 
 def _setup(rank, world, port, out, how):
-    """async-ps's setup where the mailbox cannot be made (another host, a full /dev/shm)."""
+    """async-ps's setup where shared memory cannot be used (another host, a full /dev/shm)."""
     from shmlearn.sync.async_ps import AsyncPS
     _join(rank, world, port)
     if how == "another host" and rank == 1:
         shm._host = lambda: "another-boot/another-host"
-    if how == "no room" and rank == 0:
-        def full(fd, offset, length):
-            raise OSError(28, "No space left on device")
+    if how.startswith("no room") and rank == 0:
+        room = os.posix_fallocate
+        calls = []
+
+        def full(fd, offset, length):  # "no room for the messages": the collectives' file fits, theirs not
+            calls.append(length)
+            if how == "no room" or len(calls) > 1:
+                raise OSError(28, "No space left on device")
+            room(fd, offset, length)
         os.posix_fallocate = full
     torch.manual_seed(0)
     model = torch.nn.Linear(8, 4)
@@ -206,12 +212,15 @@ def _setup(rank, world, port, out, how):
 
 
 @pytest.mark.parametrize("how, why", [("another host", "its ranks are not all on one host"),
-                                      ("no room", "No space left on device")])
+                                      ("no room", "No space left on device"),
+                                      ("no room for the messages", "No space left on device")])
 def test_where_the_mailbox_cannot_be_made_every_rank_talks_over_gloo_and_says_why(tmp_path, how, why):
     before = _left()
     processes(_setup, (3, free_port(), str(tmp_path), how), 3)
+    # where the fast step's read of the losses (sync/shm.py's collectives) could not run there either, it says so
+    start = "messages run on" if how == "no room for the messages" else "messages and collectives run on"
     for r in range(3):
         path, p2p, note = (tmp_path / f"rank{r}.txt").read_text().split("|", 2)
         assert (path, p2p) == ("gloo", "True"), (r, path, p2p)
-        assert note.startswith("messages run on Gloo, not shared memory: ") and why in note, note
+        assert note.startswith(f"{start} Gloo, not shared memory: ") and why in note, note
     assert _left() == before
