@@ -49,6 +49,9 @@ CASES = {
     **{f"digits-mlp-async-w{w}-s{st}": ["--dataset", "digits", "--model", "mlp", "--strategy", "async-ps",
                                         "--workers", str(w), "--staleness", str(st)]
        for w in (2, 3) for st in (0, 2)},
+    # what a user would run instead of async-ps: the synchronous dedicated server (S = 0's bits)
+    **{f"digits-mlp-psd-w{w}": ["--dataset", "digits", "--model", "mlp", "--strategy", "ps", "--ps-dedicated",
+                                "--workers", str(w)] for w in (2, 3)},
     # convolutions on 28x28 images (61,706 parameters)
     "fashion-lenet-w2": ["--dataset", "fashion-mnist", "--data-dir", FASHION, "--model", "lenet", "--workers", "2",
                          "--batch-size", "64", "--samples", "16384"],
