@@ -33,7 +33,8 @@ Where (`open_collectives`, agreed by every rank in one all-reduce, else Gloo): C
 gradient or the weights, and the fast step's read of the losses: any float dtype), a Gloo group
 of 2-255 ranks, every rank on this host (the same boot id and host name, and each sees
 the others' processes), the mapping fits (2 x world x the buffer, at most MAX_BYTES) and the file
-system has room.
+system has room. async-ps's messages take the same channel's pieces (`ShmChannel`, `open_collectives`
+with `make`: sync/shm_mailbox.py).
 """
 from __future__ import annotations
 
