@@ -136,10 +136,12 @@ def _dies(rank, world, port, out, who, how):
     os._exit(0)
 
 
-@pytest.mark.parametrize("who, how", [(2, "exits"), (0, "exits"), (1, "silent")])
+@pytest.mark.parametrize("who, how", [(2, "exits"), (0, "exits"), (1, "silent"), (0, "silent")])
 def test_a_dead_or_silent_peer_is_named_not_waited_for(tmp_path, who, how):
     """A worker gone: the server names it within seconds (its --timeout is 120 s); the server gone:
-    its workers name it; a worker alive but silent: named after the --timeout (3 s)."""
+    its workers name it; a worker or the server alive but silent (hung): named after the
+    --timeout (3 s). (SHMLEARN_FAULT cannot stop the server, which computes nothing: its faults
+    fire in a rank's compute; tests/sync/test_async_ps.py stops and kills workers.)"""
     before = _left()
     world = 3
     processes(_dies, (world, free_port(), str(tmp_path), who, how), world)
