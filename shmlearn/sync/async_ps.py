@@ -168,7 +168,7 @@ class AsyncPS(SyncStrategy):
             self._replies = {r: mail(REPLY, r, n + 1) for r in range(1, self.world_size)}
             self._pushes = {r: mail(PUSH, r, m + 1) for r in range(1, self.world_size)} if self._mail else None
             self._replying = {r: None for r in range(1, self.world_size)}
-            self._host_weights, self._host_version = host(n), -1
+            self._host_weights, self._host_version = None if self._mail else host(n), -1
         else:
             self._out, self._pushing = mail(PUSH, self.rank, m + 1), None
             self._in = mail(REPLY, self.rank, n + 1)
