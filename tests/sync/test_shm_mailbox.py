@@ -118,7 +118,11 @@ def _dies(rank, world, port, out, who, how):
     if rank == who:
         if how == "exits":
             os._exit(0)  # gone without a word, as a killed rank
-        time.sleep(6)  # alive, silent: a hung rank (the others wait 3 s)
+        waiting = [0] if who != 0 else list(range(1, world))
+        t0 = time.monotonic()  # alive, silent (a hung rank) until the others have given up (3 s)
+        done = [os.path.join(out, f"rank{r}.txt") for r in waiting]
+        while not all(map(os.path.exists, done)) and time.monotonic() - t0 < 90:
+            time.sleep(0.1)
         os._exit(0)
     if rank != 0 and who != 0:
         os._exit(0)  # a bystander: the server waits for `who` alone
