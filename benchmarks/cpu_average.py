@@ -1,8 +1,10 @@
 """The CPU's collectives: shmlearn's through shared memory (sync/shm.py, --shared-memory auto, the
 default) against the same step's on Gloo (--shared-memory off) and torch's DDP on Gloo (--strategy
 ddp: what a user would write instead), in the same run; allreduce, and the parameter server (ps).
+The async-ps cases time its messages (sync/shm_mailbox.py) against Gloo's, without DDP (it has no
+asynchronous counterpart): --variants shared-memory,gloo.
 
-    python benchmarks/cpu_average.py [--repeats 3] [--cases digits-mlp-w2,...] [--out FILE.json]
+    python benchmarks/cpu_average.py [--repeats 3] [--cases digits-mlp-w2,...] [--variants ...] [--out FILE.json]
 
 Each case trains one config with each variant (`shmlearn train`, a fresh process each, interleaved
 repeat by repeat so that a shared machine's drift hits all alike) and reads its summary.json:
@@ -43,6 +45,13 @@ CASES = {
                          "--samples", "16384", "--strategy", "ps"],
     "digits-mlp-w4-ps": ["--dataset", "digits", "--model", "mlp", "--workers", "4", "--batch-size", "32",
                          "--samples", "16384", "--oversubscribe", "--threads", "1", "--strategy", "ps"],
+    # async-ps: a server and 2 or 3 workers, the default budget (docs/strategies.md, "How the ranks talk")
+    **{f"digits-mlp-async-w{w}-s{st}": ["--dataset", "digits", "--model", "mlp", "--strategy", "async-ps",
+                                        "--workers", str(w), "--staleness", str(st)]
+       for w in (2, 3) for st in (0, 2)},
+    # what a user would run instead of async-ps: the synchronous dedicated server (S = 0's bits)
+    **{f"digits-mlp-psd-w{w}": ["--dataset", "digits", "--model", "mlp", "--strategy", "ps", "--ps-dedicated",
+                                "--workers", str(w)] for w in (2, 3)},
     # convolutions on 28x28 images (61,706 parameters)
     "fashion-lenet-w2": ["--dataset", "fashion-mnist", "--data-dir", FASHION, "--model", "lenet", "--workers", "2",
                          "--batch-size", "64", "--samples", "16384"],
@@ -82,18 +91,20 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--variants", default=",".join(VARIANTS))
     ap.add_argument("--out", default="cpu-average.json")
     a = ap.parse_args()
+    variants = {v: VARIANTS[v] for v in a.variants.split(",") if v}
     sys.path.insert(0, REPO)
     import torch
     from shmlearn.bench.common import environment
     cases = [c for c in a.cases.split(",") if c and (FASHION not in CASES[c] or os.path.isdir(FASHION))]
-    rows: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {v: [] for v in VARIANTS} for c in cases}
+    rows: Dict[str, Dict[str, List[Dict[str, Any]]]] = {c: {v: [] for v in variants} for c in cases}
     tmp = tempfile.mkdtemp(prefix="cpu-average-")
     try:
         for rep in range(a.repeats):
             for c in cases:
-                for v, flags in VARIANTS.items():
+                for v, flags in variants.items():
                     row = one(CASES[c], flags, os.path.join(tmp, f"{c}-{v}-{rep}"))
                     rows[c][v].append(row)
                     print(f"{c} {v} #{rep}: " + (f"{row['samples_per_s']:.0f} samples/s, step "
@@ -104,7 +115,7 @@ def main() -> int:
     summary = {}
     for c in cases:
         per = {}
-        for v in VARIANTS:
+        for v in variants:
             ok = [r for r in rows[c][v] if r["rc"] == 0]
             if not ok:
                 continue
@@ -118,11 +129,11 @@ def main() -> int:
             if base and other in per:
                 per[f"vs_{other}"] = base / per[other]["samples_per_s"]["median"]
         summary[c] = per
-        print(f"{c}: " + ", ".join(f"{v} {per[v]['samples_per_s']['median']:.0f}/s" for v in VARIANTS if v in per)
+        print(f"{c}: " + ", ".join(f"{v} {per[v]['samples_per_s']['median']:.0f}/s" for v in variants if v in per)
               + "".join(f", x{per[k]:.2f} vs {k[3:]}" for k in ("vs_gloo", "vs_ddp") if k in per), flush=True)
     result = {"benchmark": "cpu_average", "env": environment("gloo"), "python": platform.python_version(),
               "torch": torch.__version__, "repeats": a.repeats,
-              "cases": {c: CASES[c] for c in cases}, "variants": VARIANTS, "summary": summary, "runs": rows}
+              "cases": {c: CASES[c] for c in cases}, "variants": variants, "summary": summary, "runs": rows}
     with open(a.out, "w") as f:
         json.dump(result, f, indent=1)
     print(f"wrote {a.out}")

@@ -25,9 +25,10 @@ class RunOptions(Section):
     lets processes share a GPU (collectives through host memory): e.g. an async-ps server and
     two workers on one GPU."""
     shared_memory: Literal["auto", "off"] = "auto"
-    """CPU runs: the ranks of one host exchange gradients and weights (allreduce, weight-avg, ps)
-    through shared memory (/dev/shm) instead of Gloo's TCP, ~10x faster for a small model's
-    gradient; auto where they can (else Gloo, with a note in summary.json), off: Gloo always."""
+    """CPU runs: the ranks of one host exchange gradients and weights (allreduce, weight-avg, ps,
+    and async-ps's messages) through shared memory (/dev/shm) instead of Gloo's TCP, ~10x faster
+    for a small model's gradient; auto where they can (else Gloo, with a note in summary.json),
+    off: Gloo always."""
     threads: Optional[int] = None
     """Intra-op CPU threads per worker. Default on the CPU: the cores divided among the processes,
     at least 1; on GPUs at most 4 (limits.GPU_RANK_THREADS: a GPU's rank needs few, and more made

@@ -65,11 +65,13 @@ class StepSummary:
     """With CUDA graphs: one step in this many runs eagerly with its phases timed; else None."""
     collectives: Optional[str] = None
     """How the strategy's collectives run (allreduce's and weight-avg's average, ps's gather and
-    broadcast, and the fast step's read of the losses with them): shared-memory (a CPU run's
-    ranks on one host, sync/shm.py), or the process group's backend (gloo, nccl); None at one
-    worker and for async-ps and ddp (Gloo or NCCL, always)."""
+    broadcast, async-ps's messages, and the fast step's read of the losses with them):
+    shared-memory (a CPU run's ranks on one host, sync/shm.py, sync/shm_mailbox.py), or the
+    process group's backend (gloo, nccl; async-ps's messages: gloo); None at one worker and for
+    ddp (Gloo or NCCL, always)."""
     collectives_note: Optional[str] = None
-    """Why a CPU run's collectives run on Gloo, not shared memory, under --shared-memory auto."""
+    """Why a CPU run's collectives (or async-ps's messages) run on Gloo, not shared memory, under
+    --shared-memory auto."""
 
     def fields(self) -> Dict[str, Any]:
         """summary.json's entries, in this order."""

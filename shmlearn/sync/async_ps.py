@@ -29,11 +29,14 @@ weights of that step (`plan_step(meets=True)`), so no rank waits on a message th
 S = 0 what `ps --ps-dedicated` clips); --accumulate: each pushed gradient is a worker's mean over
 its N micro-batches (the step's FreeRunningStep reads them).
 
-Messages go point to point over a Gloo group of their own, from pinned host buffers: Gloo's
-receive from any source is what lets the server take gradients in arrival order (NCCL has no such
-receive), and the run's main group (NCCL on GPUs) keeps its collectives. Processes may share a
-GPU (`--backend gloo`). A worker that dies or hangs makes the server's receive time out after
---timeout; the loop then names the rank from its stale heartbeat. Each gradient's lag is
+Messages: between the CPU ranks of one host (--shared-memory auto, where sync/shm.py's collectives
+would run) through a mailbox per worker in shared memory (sync/shm_mailbox.py: the server takes
+pushes in arrival order from its FIFO of signals); else point to point over a Gloo group of their
+own, from pinned host buffers: Gloo's receive from any source is what lets the server take
+gradients in arrival order (NCCL has no such receive), and the run's main group (NCCL on GPUs)
+keeps its collectives. Processes may share a GPU (`--backend gloo`). A worker that dies or hangs
+makes the server's wait end after --timeout (a process gone: within a second on shared memory);
+the loop then names the rank from its stale heartbeat. Each gradient's lag is
 recorded per worker (summary.json `staleness_histogram`).
 """
 from __future__ import annotations
@@ -52,6 +55,7 @@ import torch.distributed as dist
 from shmlearn.errors import BadInput
 from shmlearn.config.limits import MAX_STEPS, mem_available, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
+from shmlearn.sync.shm_mailbox import PUSH, REPLY, ShmMailbox, open_mailbox
 from shmlearn.sync.registry import Costs, Entry, param, register
 from shmlearn.record.timing import PhaseTimer
 
@@ -85,6 +89,11 @@ class AsyncPS(SyncStrategy):
     name = "async-ps"
     gated = True
     free_running = True
+    host_collectives = True  # on the CPU, the fast step's read of the losses through shared memory (sync/shm.py)
+    _mail: Optional[ShmMailbox] = None
+    """The messages' mailbox in shared memory (sync/shm_mailbox.py), or None: Gloo's."""
+    _p2p = None
+    """Else the messages' Gloo group."""
 
     def __init__(self, *, rank: int, world_size: int, group=None, staleness: int = 0, staleness_lr: float = 2.0):
         super().__init__(rank=rank, world_size=world_size, group=group)
@@ -131,11 +140,20 @@ class AsyncPS(SyncStrategy):
     def setup(self, model, optimizer, group=None, *, channels_last: bool = False) -> None:
         cap = self._inbox_size(model)
         super().setup(model, optimizer, group, channels_last=channels_last)  # everyone at version 0
-        timeout = timedelta(seconds=self.timeout_s) if self.timeout_s else None
-        self._p2p = dist.new_group(backend="gloo", timeout=timeout)
         n, m = self.grads_flat.numel(), self.grads_ext.numel()
+        dtype = self.grads_flat.dtype
+        if self._shm is not None:  # the collectives run through shared memory: the messages too, where they fit
+            self._mail, why = open_mailbox(m + 1, n + 1, dtype, self.rank, self.world_size, self.group,
+                                           self.timeout_s or 300.0)
+            self.comm_note = None if why is None else f"messages run on Gloo, not shared memory: {why}"
+        elif self.comm_note:  # they could have, and why not holds for the messages too
+            self.comm_note = f"messages and {self.comm_note}"
+        if self._mail is None:
+            timeout = timedelta(seconds=self.timeout_s) if self.timeout_s else None
+            self._p2p = dist.new_group(backend="gloo", timeout=timeout)
         pin = self.params_flat.is_cuda
-        host = lambda k: torch.empty(k, dtype=self.grads_flat.dtype, pin_memory=pin)  # noqa: E731
+        host = lambda k: torch.empty(k, dtype=dtype, pin_memory=pin)  # noqa: E731
+        mail = lambda kind, r, k: self._mail.slot(kind, r, k, dtype) if self._mail else host(k)  # noqa: E731
         if self.rank == 0:
             # Rows 1..W: the gradients of one update, laid out as the synchronous server's gather.
             self._rows = torch.empty((self.world_size, m), dtype=self.grads_flat.dtype,
@@ -147,12 +165,24 @@ class AsyncPS(SyncStrategy):
             self._computing: Dict[int, Optional[int]] = {r: 0 for r in range(1, self.world_size)}
             """The version each worker computes on; None while it waits for an answer."""
             self._waiting: List[int] = []
-            self._replies = {r: host(n + 1) for r in range(1, self.world_size)}
+            self._replies = {r: mail(REPLY, r, n + 1) for r in range(1, self.world_size)}
+            self._pushes = {r: mail(PUSH, r, m + 1) for r in range(1, self.world_size)} if self._mail else None
             self._replying = {r: None for r in range(1, self.world_size)}
-            self._host_weights, self._host_version = host(n), -1
+            self._host_weights, self._host_version = None if self._mail else host(n), -1
         else:
-            self._out, self._pushing = host(m + 1), None
-            self._in = host(n + 1)
+            self._out, self._pushing = mail(PUSH, self.rank, m + 1), None
+            self._in = mail(REPLY, self.rank, n + 1)
+
+    @property
+    def collectives_path(self) -> Optional[str]:
+        """How the messages run: shared-memory, or gloo (its own group's, on GPUs too)."""
+        return "shared-memory" if self._mail is not None else "gloo"
+
+    def close(self) -> None:
+        super().close()
+        if self._mail is not None:
+            self._mail.close()
+            self._mail = None
 
     # -- the server ------------------------------------------------------------------------------
     def _committed(self) -> int:
@@ -165,7 +195,11 @@ class AsyncPS(SyncStrategy):
             self._free.append(len(self._inbox) - 1)
         slot = self._free.pop()
         buf = self._inbox[slot]
-        src = dist.recv(buf, group=self._p2p)
+        if self._mail is not None:  # copied out: r writes its next push there once answered
+            src = self._mail.take(r for r, v in self._computing.items() if v is not None)
+            buf.copy_(self._pushes[src])
+        else:
+            src = dist.recv(buf, group=self._p2p)
         self._pending.append((int(buf[-1].item()), src, self._arrivals, slot))
         self._arrivals += 1
         self._computing[src] = None
@@ -174,12 +208,18 @@ class AsyncPS(SyncStrategy):
     def _answer(self, r: int) -> None:
         """Send worker r the newest weights; from now on it computes on this version."""
         n = self.grads_flat.numel()
+        buf = self._replies[r]
+        if self._mail is not None:  # r's reply row: r has read the last reply (it pushed since)
+            buf[:n].copy_(self.params_flat)
+            buf[n] = self.version
+            self._mail.post(r)
+            self._computing[r] = self.version
+            return
         if self._host_version != self.version:
             self._host_weights.copy_(self.params_flat)
             self._host_version = self.version
         if self._replying[r] is not None:
             self._replying[r].wait()  # long done: r has pushed since it received it
-        buf = self._replies[r]
         buf[:n].copy_(self._host_weights)
         buf[n] = self.version
         self._replying[r] = dist.isend(buf, dst=r, group=self._p2p)
@@ -267,9 +307,15 @@ class AsyncPS(SyncStrategy):
             self._out[:-1].copy_(self.grads_ext)
             self._out[-2:-1].copy_(loss.reshape(1))
             self._out[-1] = self.version
-            self._pushing = dist.isend(self._out, dst=0, group=self._p2p)
+            if self._mail is not None:
+                self._mail.post(0)
+            else:
+                self._pushing = dist.isend(self._out, dst=0, group=self._p2p)
         with timer.phase("wait"):
-            dist.recv(self._in, src=0, group=self._p2p)
+            if self._mail is not None:
+                self._mail.wait_for(0)
+            else:
+                dist.recv(self._in, src=0, group=self._p2p)
         with timer.phase("pull"):
             self.params_flat.copy_(self._in[:n])
             self.version = int(self._in[n].item())

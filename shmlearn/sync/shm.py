@@ -33,7 +33,8 @@ Where (`open_collectives`, agreed by every rank in one all-reduce, else Gloo): C
 gradient or the weights, and the fast step's read of the losses: any float dtype), a Gloo group
 of 2-255 ranks, every rank on this host (the same boot id and host name, and each sees
 the others' processes), the mapping fits (2 x world x the buffer, at most MAX_BYTES) and the file
-system has room.
+system has room. async-ps's messages take the same channel's pieces (`ShmChannel`, `open_collectives`
+with `make`: sync/shm_mailbox.py).
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ import shutil
 import socket
 import tempfile
 import time
-from typing import List, Optional, Tuple
+from typing import List, Optional, Tuple, Type
 
 import torch
 import torch.distributed as dist
@@ -76,9 +77,14 @@ def _folder() -> str:
     return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
 
 
-class ShmCollectives:
-    """The collectives of one host's CPU ranks through shared memory (module docstring): a sum
-    in rank order (`sum_`), a gather to one rank (`gather`) and a broadcast from it (`broadcast_`)."""
+class ShmChannel:
+    """What every shared-memory channel between one host's ranks holds (sync/shm.py's collectives,
+    sync/shm_mailbox.py's messages): the mapped slots, a FIFO to read this rank's one-byte signals
+    from (each byte a sender's rank, in the order sent) and one to each other rank's, and the wait
+    that names a rank gone or silent past the --timeout."""
+
+    what = "shared-memory collectives"
+    """How errors name the channel."""
 
     def __init__(self, slots: torch.Tensor, rank: int, world: int, read_fd: int, write_fds: List[Optional[int]],
                  pids: List[int], timeout_s: float):
@@ -87,13 +93,67 @@ class ShmCollectives:
         self.read_fd, self.write_fds = read_fd, write_fds
         self.pids = pids
         self.timeout_s = timeout_s
-        self.step = 0
-        self._credit = [0] * world  # signals of a rank's next step, read early
-        self._owed: List[set] = [set(), set()]  # by parity: ranks that may still read what we wrote there
         self._me = bytes([rank])
-        self._others = [r for r in range(world) if r != rank]
         self._poll = select.poll()
         self._poll.register(read_fd, select.POLLIN)
+        self._next_check = time.monotonic() + CHECK_S
+
+    def _signal(self, ranks) -> None:
+        for r in ranks:
+            try:
+                os.write(self.write_fds[r], self._me)
+            except BrokenPipeError:  # its reading end is gone with it
+                raise RuntimeError(f"{self.what}: rank {r} ended") from None
+
+    def _signals(self, missing: set, deadline: float) -> bytes:
+        """The signals that have come (their senders' ranks, in order), waiting at most until the
+        next check: b'' if none. At least once a second, however many signals come, a rank of
+        `missing` whose process is gone, or the deadline passed, is this rank's error naming it."""
+        now = time.monotonic()
+        if now >= self._next_check:
+            self._next_check = now + CHECK_S
+            self._check(missing, deadline)
+        # poll, not select: select refuses descriptors from 1024 up, and a worker forked from a
+        # long-lived caller (a notebook, a test session) inherits hundreds of them
+        if not self._poll.poll(max(1, int((self._next_check - now) * 1000))):
+            return b""
+        data = os.read(self.read_fd, 4096)
+        if not data:  # every writer's end closed: the other ranks are gone
+            raise RuntimeError(f"{self.what}: rank {min(missing)} ended")
+        return data
+
+    def _check(self, missing: set, deadline: float) -> None:
+        for r in sorted(missing):
+            try:
+                os.kill(self.pids[r], 0)
+            except ProcessLookupError:
+                raise RuntimeError(f"{self.what}: rank {r} ended (process {self.pids[r]})") from None
+            except PermissionError:
+                pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{self.what}: no word from rank {min(missing)} in "
+                               f"{self.timeout_s:g} s (--timeout)")
+
+    def close(self) -> None:
+        for fd in [self.read_fd, *self.write_fds]:
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self.write_fds = []
+
+
+class ShmCollectives(ShmChannel):
+    """The collectives of one host's CPU ranks through shared memory (module docstring): a sum
+    in rank order (`sum_`), a gather to one rank (`gather`) and a broadcast from it (`broadcast_`)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.step = 0
+        self._credit = [0] * self.world  # signals of a rank's next step, read early
+        self._owed: List[set] = [set(), set()]  # by parity: ranks that may still read what we wrote there
+        self._others = [r for r in range(self.world) if r != self.rank]
 
     def fits(self, buf: torch.Tensor) -> bool:
         """Whether the collectives take this buffer: a contiguous CPU float tensor of at most the capacity."""
@@ -147,13 +207,6 @@ class ShmCollectives:
         self._wait([root])
         buf.view(-1).copy_(slots[root])
 
-    def _signal(self, ranks) -> None:
-        for r in ranks:
-            try:
-                os.write(self.write_fds[r], self._me)
-            except BrokenPipeError:  # its reading end is gone with it
-                raise RuntimeError(f"shared-memory collectives: rank {r} ended") from None
-
     def _heard(self, r: int) -> None:
         """A signal from rank r: it has finished every op before the one it signals."""
         for owed in self._owed:
@@ -168,41 +221,12 @@ class ShmCollectives:
                 self._heard(r)
         deadline = time.monotonic() + self.timeout_s
         while missing:
-            # poll, not select: select refuses descriptors from 1024 up, and a worker forked from a
-            # long-lived caller (a notebook, a test session) inherits hundreds of them
-            if not self._poll.poll(CHECK_S * 1000):
-                self._check(missing, deadline)
-                continue
-            data = os.read(self.read_fd, 4096)
-            if not data:
-                raise RuntimeError(f"shared-memory collectives: rank {min(missing)} ended")
-            for r in data:
+            for r in self._signals(missing, deadline):
                 self._heard(r)
                 if r in missing:
                     missing.discard(r)
                 else:
                     self._credit[r] += 1
-
-    def _check(self, missing: set, deadline: float) -> None:
-        for r in sorted(missing):
-            try:
-                os.kill(self.pids[r], 0)
-            except ProcessLookupError:
-                raise RuntimeError(f"shared-memory collectives: rank {r} ended (process {self.pids[r]})") from None
-            except PermissionError:
-                pass
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"shared-memory collectives: no word from rank {min(missing)} in "
-                               f"{self.timeout_s:g} s (--timeout)")
-
-    def close(self) -> None:
-        for fd in [self.read_fd, *self.write_fds]:
-            if fd is not None:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-        self.write_fds = []
 
 
 class HostCollectives:
@@ -263,11 +287,12 @@ def _agree(ok: bool, group) -> bool:
     return bool(flag.item())
 
 
-def open_collectives(capacity: int, rank: int, world: int, group,
-             timeout_s: float) -> Tuple[Optional[ShmCollectives], Optional[str]]:
-    """A ShmCollectives for buffers of up to `capacity` bytes (rounded up to 8), made by every rank of
-    `group` together (collective), or (None, why not) where it cannot be used: every rank gets the
-    same answer. The caller has checked that the group is Gloo's on the CPU."""
+def open_collectives(capacity: int, rank: int, world: int, group, timeout_s: float,
+                     make: Type[ShmChannel] = ShmCollectives) -> Tuple[Optional[ShmChannel], Optional[str]]:
+    """A ShmCollectives (or another `make` of ShmChannel: sync/shm_mailbox.py's) for buffers of up
+    to `capacity` bytes (rounded up to 8), made by every rank of `group` together (collective), or
+    (None, why not) where it cannot be used: every rank gets the same answer. The caller has
+    checked that the group is Gloo's on the CPU."""
     if not 2 <= world <= MAX_WORLD:
         return None, f"{count(world, 'rank')} (shared memory takes 2-{MAX_WORLD})"
     capacity = -(-capacity // 8) * 8
@@ -303,7 +328,7 @@ def open_collectives(capacity: int, rank: int, world: int, group,
         if not _agree(ok, group):
             return None, f"{folder}: a rank could not open the others' FIFOs"
         os.set_blocking(read_fd, True)
-        comm, read_fd, write_fds = ShmCollectives(slots, rank, world, read_fd, write_fds, pids, timeout_s), None, []
+        comm, read_fd, write_fds = make(slots, rank, world, read_fd, write_fds, pids, timeout_s), None, []
         return comm, None
     finally:
         for fd in [read_fd, *write_fds]:  # not handed to a ShmCollectives
