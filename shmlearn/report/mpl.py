@@ -108,6 +108,18 @@ def _size(texts: Iterable, renderer) -> Tuple[float, float]:
     return w / DPI, h / DPI
 
 
+def _tick_labels(axis) -> list:
+    """The major tick labels the axis will draw: those of its ticks in view (a locator gives a
+    tick past each end as well, whose label is made but not drawn)."""
+    axis.get_majorticklabels()  # makes the tick objects the draw uses anyway, and sets their labels
+    locs = axis.get_majorticklocs()
+    scale = axis.get_transform()
+    lo, hi = sorted(scale.transform(axis.get_view_interval()))
+    tol = 1e-10 * (hi - lo)  # matplotlib's own tolerance for a tick on the view's edge
+    return [label for tick, x in zip(axis.get_major_ticks(len(locs)), scale.transform(locs))
+            if lo - tol <= x <= hi + tol for label in (tick.label1, tick.label2)]
+
+
 def _sides(ax, renderer) -> Tuple[dict, list]:
     """Inches of text each side of `ax` (left, right, bottom, top) outside its frame, and where
     each axis label goes: (axis, side, inches from the frame)."""
@@ -119,8 +131,7 @@ def _sides(ax, renderer) -> Tuple[dict, list]:
     for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y")):
         if not axis.get_visible():
             continue
-        ticklabels = axis.get_majorticklabels()  # makes the tick objects the draw uses anyway
-        w, h = _size(ticklabels, renderer)
+        w, h = _size(_tick_labels(axis), renderer)
         where = axis.get_ticks_position()
         out = rc[f"{name}tick.major.size"] * pt if rc[f"{name}tick.direction"] == "out" else 0.0
         if w or h:
@@ -200,16 +211,18 @@ def layout(fig, above: Sequence = ()) -> None:
     axis labels drawn where they were measured.
 
     An auto locator picks its ticks by the axis' length (`Axis.get_tick_space`): measured at
-    the default margins, an axes that `_adjust` then widens may draw more ticks, and other labels
-    than those measured. Where a length's tick space changed, the figure is measured once more at
-    the new lengths, and each axis keeps the tick space it was measured with as it draws."""
+    the default margins, an axes that `_adjust` then resized may draw other ticks, and other labels
+    than those measured. Where an axis' ticks moved, the figure is measured once more at the new
+    lengths (1 of the 8-trial sweep's 10 figures), and each axis keeps the tick space it was
+    measured with as it draws."""
     r = fig.canvas.get_renderer()
     axes = [a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)]
     for _ in range(2):
         spaces = [a.get_tick_space() for a in axes]
+        ticks = [a.get_majorticklocs() for a in axes]  # the ticks whose labels _adjust measures
         labels = _adjust(fig, above, r)
-        if spaces == [a.get_tick_space() for a in axes]:
+        if all(np.array_equal(a.get_majorticklocs(), t) for a, t in zip(axes, ticks)):
             break
     for a, space in zip(axes, spaces):
-        a.get_tick_space = lambda space=space: space  # an instance's: this figure's axis only
+        a.get_tick_space = lambda space=space: space  # this figure's axis only (an instance's)
     _place_labels(fig, labels)
