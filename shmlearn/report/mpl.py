@@ -19,6 +19,7 @@ import matplotlib
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullLocator
 from matplotlib.transforms import ScaledTranslation
 
 DPI = 100
@@ -108,16 +109,20 @@ def _size(texts: Iterable, renderer) -> Tuple[float, float]:
     return w / DPI, h / DPI
 
 
-def _tick_labels(axis) -> list:
-    """The major tick labels the axis will draw: those of its ticks in view (a locator gives a
-    tick past each end as well, whose label is made but not drawn)."""
+def _tick_labels(axis) -> dict:
+    """The tick labels the axis will draw, major and minor (a log axis labels some minor ticks):
+    those of its ticks in view (a locator gives a tick past each end as well, whose label is made
+    but not drawn)."""
     axis.get_majorticklabels()  # makes the tick objects the draw uses anyway, and sets their labels
-    locs = axis.get_majorticklocs()
+    kinds = {"major": (axis.get_majorticklocs(), axis.get_major_ticks)}
+    if not isinstance(axis.get_minor_locator(), NullLocator):
+        kinds["minor"] = (axis.get_minorticklocs(), axis.get_minor_ticks)
     scale = axis.get_transform()
     lo, hi = sorted(scale.transform(axis.get_view_interval()))
     tol = 1e-10 * (hi - lo)  # matplotlib's own tolerance for a tick on the view's edge
-    return [label for tick, x in zip(axis.get_major_ticks(len(locs)), scale.transform(locs))
-            if lo - tol <= x <= hi + tol for label in (tick.label1, tick.label2)]
+    return {kind: [label for tick, x in zip(ticks(len(locs)), scale.transform(locs) if len(locs) else [])
+                   if lo - tol <= x <= hi + tol for label in (tick.label1, tick.label2)]
+            for kind, (locs, ticks) in kinds.items()}
 
 
 def _sides(ax, renderer) -> Tuple[dict, list]:
@@ -131,21 +136,25 @@ def _sides(ax, renderer) -> Tuple[dict, list]:
     for axis, name in ((ax.xaxis, "x"), (ax.yaxis, "y")):
         if not axis.get_visible():
             continue
-        w, h = _size(_tick_labels(axis), renderer)
         where = axis.get_ticks_position()
         out = rc[f"{name}tick.major.size"] * pt if rc[f"{name}tick.direction"] == "out" else 0.0
-        if w or h:
-            tick = (rc[f"{name}tick.major.size"] + rc[f"{name}tick.major.pad"]) * pt
+        depth = w = h = 0.0  # inches from the frame to the tick labels' far side; the largest label
+        for kind, texts in _tick_labels(axis).items():
+            kw, kh = _size(texts, renderer)
+            if kw or kh:  # a minor tick is shorter, so its label nearer
+                tick = (rc[f"{name}tick.{kind}.size"] + rc[f"{name}tick.{kind}.pad"]) * pt
+                depth, w, h = max(depth, (kh if name == "x" else kw) + tick), max(w, kw), max(h, kh)
+        if depth:
             if name == "x":
-                side["top" if where == "top" else "bottom"] += h + tick
+                side["top" if where == "top" else "bottom"] += depth
                 overhang["left"] = overhang["right"] = w / 2
             else:
-                side["right" if where == "right" else "left"] += w + tick
+                side["right" if where == "right" else "left"] += depth
                 overhang["bottom"] = overhang["top"] = h / 2
         pos = axis.get_label_position()
         # the label clears the tick labels on its side (or the ticks), as matplotlib places it
         ticks_here = where != {"bottom": "top", "top": "bottom", "left": "right", "right": "left"}[pos]
-        beside = ((h if name == "x" else w) + tick if (w or h) else out) if ticks_here else 0.0
+        beside = (depth or out) if ticks_here else 0.0
         labels.append((axis, pos, beside + rc["axes.labelpad"] * pt))
         lw, lh = _size([axis.label], renderer)
         if lw or lh:
@@ -206,6 +215,10 @@ def _adjust(fig, above: Sequence, r) -> list:
     return labels
 
 
+def _locs(axis) -> np.ndarray:
+    return np.concatenate([axis.get_majorticklocs(), axis.get_minorticklocs()])
+
+
 def layout(fig, above: Sequence = ()) -> None:
     """Fixed margins and spacing that fit the axes' outside texts (`_adjust`), with the ticks and
     axis labels drawn where they were measured.
@@ -219,9 +232,9 @@ def layout(fig, above: Sequence = ()) -> None:
     axes = [a for ax in fig.axes for a in (ax.xaxis, ax.yaxis)]
     for _ in range(2):
         spaces = [a.get_tick_space() for a in axes]
-        ticks = [a.get_majorticklocs() for a in axes]  # the ticks whose labels _adjust measures
+        ticks = [_locs(a) for a in axes]  # the ticks whose labels _adjust measures
         labels = _adjust(fig, above, r)
-        if all(np.array_equal(a.get_majorticklocs(), t) for a, t in zip(axes, ticks)):
+        if all(np.array_equal(_locs(a), t) for a, t in zip(axes, ticks)):
             break
     for a, space in zip(axes, spaces):
         a.get_tick_space = lambda space=space: space  # this figure's axis only (an instance's)

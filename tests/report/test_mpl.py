@@ -191,3 +191,21 @@ def test_the_ticks_drawn_are_the_ticks_measured(drawn):
     assert drawn_labels == [t.get_text() for t in ax.yaxis.get_majorticklabels()]
     for t in ax.yaxis.get_majorticklabels():
         assert t.get_window_extent(r).x0 >= 0, t.get_text()
+
+
+def test_a_log_axis_label_clears_its_minor_tick_labels(drawn):
+    """A log axis over less than a decade or two labels minor ticks ('3x10^1'), wider than its
+    major ones: the axis label clears them too, as matplotlib places it (analysis/advise.py's plot)."""
+    fig, ax = mpl.figure(5.0, 3.0)
+    ax.loglog([20, 300], [20, 300])
+    ax.set(title="log", xlabel="global batch", ylabel="steps")
+    mpl.png(fig)
+    assert [t for t in ax.yaxis.get_minorticklabels() if t.get_text()], "no minor labels: the test tests nothing"
+    r = fig.canvas.get_renderer()
+    ylab = ax.yaxis.label.get_window_extent(r)
+    lo, hi = ax.get_ylim()
+    labels = [t.get_window_extent(r) for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+              if t.get_text() and lo <= t.get_position()[1] <= hi]
+    pad = matplotlib.rcParams["axes.labelpad"] * mpl.DPI / 72
+    assert abs(min(b.x0 for b in labels) - ylab.x1 - pad) <= 1.5
+    assert ylab.x0 >= 0
