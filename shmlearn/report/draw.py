@@ -18,6 +18,7 @@ import gc
 import multiprocessing as mp
 import os
 import signal
+import struct
 import threading
 import warnings
 from typing import Any, Callable, List, Optional
@@ -69,48 +70,70 @@ def _can_fork() -> bool:
 
 def draw_all(items: List[Later], procs: Optional[int] = None) -> None:
     """Draw every item not drawn yet: in `procs` processes (default: the usable cores), this one
-    and forked copies, each a share in page order, where _can_fork (the module docstring)."""
+    and forked copies, where _can_fork (the module docstring). Each process takes the next figure
+    not taken (`_taken`) until none is left: a process that draws slower, on a core that others'
+    work shares, or figures that cost more, leave it fewer."""
     todo = [x for x in items if not x.done]
     n = min(len(todo), procs or _cores())
-    if n < 2 or not _can_fork():
+    if n < 2 or len(todo) > MAX_SHARED or not _can_fork():
         for x in todo:
             x.draw()
         return
-    shares = [todo[i::n] for i in range(n)]  # round robin: each copy a mix of the pages' kinds
+    taken, put = os.pipe()  # the figures' numbers, each taken once by whichever process reads it
+    os.write(put, b"".join(struct.pack("I", i) for i in range(len(todo))))
+    os.close(put)  # at the end of the numbers a read returns nothing: no figure is left
     ctx = mp.get_context("fork")
     copies = []
-    for share in shares[1:]:
-        recv, send = ctx.Pipe(duplex=False)
-        p = ctx.Process(target=_draw_share, args=(share, send), name="shmlearn-report", daemon=True)
-        with warnings.catch_warnings():  # Python 3.12+: a fork of a process with native threads (torch's)
-            warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
-            p.start()
-        send.close()
-        copies.append((p, recv, share))
-    for x in shares[0]:
-        x.draw()
-    for p, recv, share in copies:
+    try:
+        for _ in range(n - 1):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_draw_taken, args=(todo, taken, send), name="shmlearn-report", daemon=True)
+            with warnings.catch_warnings():  # Python 3.12+: a fork of a process with native threads (torch's)
+                warnings.filterwarnings("ignore", r"This process .* is multi-threaded", DeprecationWarning)
+                p.start()
+            send.close()
+            copies.append((p, recv))
+        for i in _taken(taken):
+            todo[i].draw()
+    finally:
+        os.close(taken)
+    for p, recv in copies:
         try:
             got = recv.recv()
-        except (EOFError, OSError):  # the copy died: its share is drawn here
-            got = None
+        except (EOFError, OSError):  # the copy died: what it took is drawn below
+            got = []
         recv.close()
         p.join()
-        if got is None:
-            for x in share:
-                x.draw()  # a figure's own error is raised here, as one by one
-            continue
-        for x, d in zip(share, got):
-            x.data, x.done = d, True
+        for i, d in got:
+            todo[i].data, todo[i].done = d, True
+    for x in todo:  # taken by a copy that died or failed: drawn here, a figure's own error raised here
+        x.draw()
 
 
-def _draw_share(share: List[Later], send) -> None:
-    """In a forked copy: the share's bytes, in order, or None where a figure failed (the owner
-    draws the share again and meets the error itself)."""
+MAX_SHARED = 16384
+"""The most figures drawn side by side: their numbers (4 bytes each) fill a pipe's 64 KiB at most,
+written before the copies start."""
+
+
+def _taken(fd: int):
+    """The numbers of the figures this process takes, one at a time, until none is left (a read
+    of 4 bytes from a pipe is whole: the pipe's lock serializes the processes' reads)."""
+    while True:
+        b = os.read(fd, 4)
+        if len(b) < 4:
+            return
+        yield struct.unpack("I", b)[0]
+
+
+def _draw_taken(todo: List[Later], taken: int, send) -> None:
+    """In a forked copy: (number, bytes) of each figure it took and drew; it stops at a figure
+    that fails, which the owner draws again and so meets the error itself."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    out = []
     try:
-        out: Optional[list] = [_drawn(x) for x in share]
+        for i in _taken(taken):
+            out.append((i, _drawn(todo[i])))
     except Exception:  # noqa: BLE001 - raised again by the owner, where it is reported
-        out = None
+        pass
     send.send(out)
     send.close()
