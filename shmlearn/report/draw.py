@@ -1,17 +1,21 @@
 """A report's figures drawn side by side: each is its data in and PNG bytes out, independent of
 the others, so the pages (pages.py) name them as `Later`s and `draw_all` draws them before the page
-is rendered, in forked copies of this process, one per core.
+is rendered, in forked copies of this process, one per core, each taking the next figure left.
 
 Why: a sweep draws its report after its last trial, in its wall time, where nothing else runs;
 matplotlib draws on one core. The 8-trial digits sweep's ten figures took 0.77 s in one process
 on the 2-core CPU and 0.48 s in two (medians of 5, alternating, load average 1.8 from other
 sessions: results/start-cpu-2026-11-28-a4/report-draw.json); a busy second core takes the gain.
+Since (session 30, docs/performance.md): 0.60 -> 0.54 s of CPU in one process (load 4-5), the
+figures the same pixels, and each process takes figures until none is left rather than a fixed
+half, so that one slowed by other work on its core leaves the rest to the other.
 
 Only where it is safe and pays: a fork (POSIX), no other Python thread in this process (a fork
 copies the locks they hold, not them), two or more usable cores and two or more figures. Else,
-and for the share of a copy that died or failed, the figures are drawn here, one by one: a
-figure's error is raised here as it would be without copies. A copy ignores Ctrl-C (its owner's
-interrupt ends the report) and writes nothing but its figures' bytes to its pipe."""
+and for what a copy took and did not deliver (it died, or a figure failed), the figures are
+drawn here, one by one: a figure's error is raised here as it would be without copies. A copy
+ignores Ctrl-C (its owner's interrupt ends the report) and writes nothing but its figures' bytes
+to its pipe."""
 from __future__ import annotations
 
 import gc

@@ -4,10 +4,11 @@ Figures are plain `matplotlib.figure.Figure`s on their own Agg canvas, never pyp
 is registered globally (nothing to close), and a user's pyplot backend and style are left alone.
 
 What a figure costs (docs/performance.md, "Behind the code") goes mostly to making tick objects
-and drawing text; a sweep draws its report's figures after its last trial, in its wall time, so
-what follows is chosen for speed where it changes nothing visible: one draw per figure, a layout
-measured from the few texts outside the axes instead of `tight_layout`, unhinted text, a faster
-zlib level."""
+(~0.4 ms each, ~250 a sweep's report) and laying out and drawing text; a sweep draws its report's
+figures after its last trial, in its wall time, so what follows is chosen for speed where it
+changes nothing visible: one draw per figure, a layout measured from the few texts outside the
+axes instead of `tight_layout`, axis labels placed where that layout measured (matplotlib would
+measure every tick label and the spines again as it draws), unhinted text, unfiltered PNG rows."""
 from __future__ import annotations
 
 import math
