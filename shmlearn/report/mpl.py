@@ -70,7 +70,7 @@ def png(fig, above: Sequence = ()) -> bytes:
         # placeholder layout engine: any engine costs savefig a dry-run draw)
         fig.canvas.draw()
     w, h = fig.canvas.get_width_height(physical=True)
-    return encode(fig.canvas.buffer_rgba(), w, h)
+    return encode(fig.canvas.buffer_rgba(), w, h, fig.dpi)
 
 
 def _chunk(kind: bytes, data: bytes) -> bytes:

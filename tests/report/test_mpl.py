@@ -1,4 +1,5 @@
 """mpl.layout: the fixed layout that replaced tight_layout must still fit every figure's texts."""
+import io
 import json
 
 import matplotlib
@@ -7,6 +8,7 @@ import numpy as np
 
 import pytest
 from matplotlib.backends.backend_agg import RendererAgg
+from PIL import Image
 
 from shmlearn.report import draw, mpl, run_figures, sweep_figures, write_report
 
@@ -209,3 +211,16 @@ def test_a_log_axis_label_clears_its_minor_tick_labels(drawn):
     pad = matplotlib.rcParams["axes.labelpad"] * mpl.DPI / 72
     assert abs(min(b.x0 for b in labels) - ylab.x1 - pad) <= 1.5
     assert ylab.x0 >= 0
+
+
+def test_the_png_is_the_figure_as_drawn():
+    """mpl.encode writes the canvas' own pixels (unfiltered rows): Pillow reads back every pixel,
+    and the dpi."""
+    fig, ax = mpl.figure(3.0, 2.0)
+    ax.imshow(np.arange(12).reshape(3, 4))
+    ax.set(title="pixels", xlabel="x", ylabel="y")
+    data = mpl.png(fig)
+    im = Image.open(io.BytesIO(data))
+    assert im.mode == "RGBA" and im.size == (300, 200)
+    assert np.array_equal(np.asarray(im), np.asarray(fig.canvas.buffer_rgba()))
+    assert round(im.info["dpi"][0]) == mpl.DPI
