@@ -6,8 +6,9 @@ Why: a sweep draws its report after its last trial, in its wall time, where noth
 matplotlib draws on one core. The 8-trial digits sweep's ten figures took 0.77 s in one process
 on the 2-core CPU and 0.48 s in two (medians of 5, alternating, load average 1.8 from other
 sessions: results/start-cpu-2026-11-28-a4/report-draw.json); a busy second core takes the gain.
-Since (session 30, docs/performance.md): 0.60 -> 0.54 s of CPU in one process (load 4-5), the
-figures the same pixels, and each process takes figures until none is left rather than a fixed
+Since (session 30, docs/performance.md; results/report-cost-cpu-2026-11-29.json, load 3-9): a
+fresh helper's first report 0.69 -> 0.57 s of CPU in one process, 1.04 -> 0.91 s of wall in two,
+the figures the same; and each process takes figures until none is left rather than a fixed
 half, so that one slowed by other work on its core leaves the rest to the other.
 
 Only where it is safe and pays: a fork (POSIX), no other Python thread in this process (a fork
