@@ -1,10 +1,14 @@
 """mpl.layout: the fixed layout that replaced tight_layout must still fit every figure's texts."""
+import io
 import json
+
+import matplotlib
 
 import numpy as np
 
 import pytest
 from matplotlib.backends.backend_agg import RendererAgg
+from PIL import Image
 
 from shmlearn.report import draw, mpl, run_figures, sweep_figures, write_report
 
@@ -142,3 +146,81 @@ def test_a_run_that_blew_up_does_not_set_the_heat_maps_colour_scale(drawn):
     assert "2e+15\noff scale" in cells and "3" in cells, cells
     assert texts_outside(fig, texts) == []
     assert sweep_figures.color_top(np.array([1.0, 2.0, 3.0])) is None
+
+
+def label_gaps(fig):
+    """Each drawn axis label's distance (pixels) from its axis' outermost tick label, which
+    matplotlib makes the label pad (4 points at 100 dpi: 5.6 px) where it places labels itself."""
+    r = fig.canvas.get_renderer()
+    gaps = []
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            ticks = [t.get_window_extent(r) for t in axis.get_majorticklabels()
+                     if t.get_visible() and t.get_text() and axis.get_view_interval()[0] - 1e-9 <=
+                     t.get_position()[axis.axis_name == "y"] <= axis.get_view_interval()[1] + 1e-9]
+            if not axis.label.get_text() or not ticks:
+                continue
+            lab = axis.label.get_window_extent(r)
+            pos = axis.get_label_position()
+            gap = {"bottom": min(b.y0 for b in ticks) - lab.y1, "top": lab.y0 - max(b.y1 for b in ticks),
+                   "left": min(b.x0 for b in ticks) - lab.x1, "right": lab.x0 - max(b.x1 for b in ticks)}[pos]
+            gaps.append((axis.label.get_text(), gap))
+    return gaps
+
+
+def test_axis_labels_sit_one_label_pad_off_their_tick_labels(fake_sweep, fake_runs, tmp_path, drawn):
+    """mpl.layout places each axis label itself, where it measured the tick labels (matplotlib
+    would measure them again as it draws): off them by the label pad, neither over them nor
+    adrift, also where the figure was measured twice (its ticks moved as the layout resized it)."""
+    write_report([str(fake_sweep)])
+    write_report([str(p) for p in fake_runs], out=str(tmp_path / "both.html"))
+    pad = matplotlib.rcParams["axes.labelpad"] * mpl.DPI / 72
+    gaps = [g for fig, _ in drawn for g in label_gaps(fig)]
+    assert len(gaps) > 20
+    assert [(t, g) for t, g in gaps if abs(g - pad) > 1.5] == []
+
+
+def test_the_ticks_drawn_are_the_ticks_measured(drawn):
+    """The layout measures tick labels at the default margins; an axes it then resizes would let
+    an auto locator pick other ticks as it draws (a y axis from 0 to 0.0123 in a short panel:
+    more ticks, longer labels). The drawn ticks are those laid out: every label fits."""
+    fig, ax = mpl.figure(3.0, 1.6)
+    ax.plot([0, 1], [0, 0.0123])
+    ax.set(title="t", xlabel="x", ylabel="y")
+    mpl.png(fig)
+    r = fig.canvas.get_renderer()
+    drawn_labels = [t.get_text() for t in ax.yaxis.get_majorticklabels()]
+    assert drawn_labels == [t.get_text() for t in ax.yaxis.get_majorticklabels()]
+    for t in ax.yaxis.get_majorticklabels():
+        assert t.get_window_extent(r).x0 >= 0, t.get_text()
+
+
+def test_a_log_axis_label_clears_its_minor_tick_labels(drawn):
+    """A log axis over less than a decade or two labels minor ticks ('3x10^1'), wider than its
+    major ones: the axis label clears them too, as matplotlib places it (analysis/advise.py's plot)."""
+    fig, ax = mpl.figure(5.0, 3.0)
+    ax.loglog([20, 300], [20, 300])
+    ax.set(title="log", xlabel="global batch", ylabel="steps")
+    mpl.png(fig)
+    assert [t for t in ax.yaxis.get_minorticklabels() if t.get_text()], "no minor labels: the test tests nothing"
+    r = fig.canvas.get_renderer()
+    ylab = ax.yaxis.label.get_window_extent(r)
+    lo, hi = ax.get_ylim()
+    labels = [t.get_window_extent(r) for t in ax.yaxis.get_majorticklabels() + ax.yaxis.get_minorticklabels()
+              if t.get_text() and lo <= t.get_position()[1] <= hi]
+    pad = matplotlib.rcParams["axes.labelpad"] * mpl.DPI / 72
+    assert abs(min(b.x0 for b in labels) - ylab.x1 - pad) <= 1.5
+    assert ylab.x0 >= 0
+
+
+def test_the_png_is_the_figure_as_drawn():
+    """mpl.encode writes the canvas' own pixels (unfiltered rows): Pillow reads back every pixel,
+    and the dpi."""
+    fig, ax = mpl.figure(3.0, 2.0)
+    ax.imshow(np.arange(12).reshape(3, 4))
+    ax.set(title="pixels", xlabel="x", ylabel="y")
+    data = mpl.png(fig)
+    im = Image.open(io.BytesIO(data))
+    assert im.mode == "RGBA" and im.size == (300, 200)
+    assert np.array_equal(np.asarray(im), np.asarray(fig.canvas.buffer_rgba()))
+    assert round(im.info["dpi"][0]) == mpl.DPI
