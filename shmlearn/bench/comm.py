@@ -166,20 +166,24 @@ def _shm_call(op: str, b: Dict[str, Any], comm, world: int) -> None:
         comm.broadcast_(b["buf"])
 
 
+def shm_capacity(ops, sizes, world: int, elem: int) -> int:
+    """The largest per-rank buffer (bytes) among the shared-memory points whose mapping (2 x W x
+    buffer, sync/shm.py) fits in shm.MAX_BYTES: bigger ones are Gloo's, as in a run; 0 if none."""
+    fit = [n for n in (rank_bytes(op, s, world, elem) for op in ops if op in SHM_OPS for s in sizes)
+           if 2 * world * (-(-n // 8) * 8) <= shm_mod.MAX_BYTES]
+    return max(fit, default=0)
+
+
 def _open_shm(c: CommConfig, world: int, rank: int, elem: int) -> tuple:
     """(ShmCollectives or None, the largest per-rank bytes it takes, why not or None), every rank
     together: open where a run would (train --shared-memory auto on CPU ranks of one host)."""
-    if c.backend != "gloo" or c.shared_memory != "auto":
+    if c.backend != "gloo" or c.shared_memory != "auto" or not any(op in SHM_OPS for op in c.ops):
         return None, 0, None
-    # The largest buffer of the points whose mapping (2 x W x buffer) fits: bigger ones are Gloo's.
-    fit = [n for n in (rank_bytes(op, s, world, elem) for op in c.ops if op in SHM_OPS for s in c.sizes)
-           if 2 * world * (-(-n // 8) * 8) <= shm_mod.MAX_BYTES]
-    if not any(op in SHM_OPS for op in c.ops):
-        return None, 0, None
-    if not fit and world >= 2:
+    capacity = shm_capacity(c.ops, c.sizes, world, elem)
+    if capacity == 0 and world >= 2:
         return None, 0, f"every size is above shared memory's {shm_mod.MAX_BYTES >> 30} GiB mapping at W={world}"
-    comm, why = shm_mod.open_collectives(max(fit or [8]), rank, world, None, RANK_TIMEOUT_S)
-    return comm, (max(fit) if comm is not None else 0), why
+    comm, why = shm_mod.open_collectives(max(capacity, 8), rank, world, None, RANK_TIMEOUT_S)
+    return comm, (capacity if comm is not None else 0), why
 
 
 def _refill(op: str, b: Dict[str, Any]) -> None:
