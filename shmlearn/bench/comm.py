@@ -99,6 +99,9 @@ class CommConfig:
     """Timed calls at least, even when one call takes longer than budget_s allows."""
     budget_s: float = 2.0
     """Seconds of timed calls per (W, op, size): large messages on slow links get fewer calls."""
+    repeats: int = 1
+    """Sweeps of every W (each a fresh process group, the sweeps in turn): a point keeps the row of
+    the sweep with its median median, so a burst of load elsewhere during one sweep does not move it."""
     threads: Optional[int] = None
     """CPU: intra-op threads per process (default: cores / W, at least 1)."""
     compute_ms: float = 0.0
@@ -295,16 +298,27 @@ def run(cfg: CommConfig, *, log=print) -> Dict[str, Any]:
                            "size_convention": "nccl-tests: buffer of all_reduce/reduce/broadcast, "
                                               "total output of all_gather/gather, total input of reduce_scatter",
                            "results": []}
+    if cfg.repeats < 1:
+        raise BadInput(f"--repeats {cfg.repeats}: must be >= 1")
     notes: List[str] = []
-    for w in cfg.workers:
-        t0 = time.perf_counter()
-        rows, why = run_local(_worker, (asdict(cfg),), w, cuda=cfg.backend == "nccl", timeout_s=RANK_TIMEOUT_S)[0]
-        doc["results"].extend(rows)
-        notes.extend(why)
-        paths = sorted({r["collectives"] for r in rows})
-        log(f"bench comm: {cfg.backend} W={w}: {len(rows)} points ({', '.join(paths)}) in {time.perf_counter() - t0:.1f} s")
-        for n in why:
-            log(f"bench comm: {n}")
+    sweeps: Dict[tuple, List[dict]] = {}  # (op, W, bytes) -> its row of each sweep, in order
+    for rep in range(cfg.repeats):
+        for w in cfg.workers:
+            t0 = time.perf_counter()
+            rows, why = run_local(_worker, (asdict(cfg),), w, cuda=cfg.backend == "nccl", timeout_s=RANK_TIMEOUT_S)[0]
+            for r in rows:
+                sweeps.setdefault((r["op"], r["world_size"], r["bytes"]), []).append(r)
+            notes.extend(n for n in why if n not in notes)
+            paths = sorted({r["collectives"] for r in rows})
+            log(f"bench comm: {cfg.backend} W={w}" + (f" (sweep {rep + 1}/{cfg.repeats})" if cfg.repeats > 1 else "")
+                + f": {len(rows)} points ({', '.join(paths)}) in {time.perf_counter() - t0:.1f} s")
+            for n in why:
+                log(f"bench comm: {n}")
+    for rs in sweeps.values():
+        mid = sorted(rs, key=lambda r: r["time_s"]["median"])[(len(rs) - 1) // 2]
+        if cfg.repeats > 1:
+            mid = {**mid, "sweep_medians_s": [r["time_s"]["median"] for r in rs]}
+        doc["results"].append(mid)
     doc["env"]["collectives"] = collectives(doc)
     doc["notes"] = notes
     doc["env"]["loadavg_end"] = list(os.getloadavg()) if hasattr(os, "getloadavg") else None
@@ -392,7 +406,7 @@ def config_from_args(ns) -> CommConfig:
     return CommConfig(backend=ns.backend, workers=workers, ops=[o for o in ns.ops.split(",") if o],
                       sizes=sizes, dtype=ns.dtype, warmup=ns.warmup, iters=ns.iters,
                       min_iters=min(ns.min_iters, ns.iters), budget_s=ns.budget_s, compute_ms=ns.compute_ms,
-                      shared_memory=ns.shared_memory)
+                      shared_memory=ns.shared_memory, repeats=ns.repeats)
 
 
 def cmd_comm(ns) -> int:

@@ -43,6 +43,8 @@ def comm(bench_sub) -> None:
     p.add_argument("--iters", type=int, default=20, help="timed calls per point, at most [20]")
     p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, at least [5]")
     p.add_argument("--budget-s", type=float, default=2.0, help="seconds of timed calls per point [2]")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="sweeps of every W; a point keeps the sweep with its median median (loaded machines) [1]")
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="ms of computation on every rank before each call, as in a training step "
                         "(0: calls back to back) [0]")

@@ -98,10 +98,13 @@ def test_bench_comm_times_the_shared_memory_collectives_a_cpu_run_uses(tmp_path,
     assert "shared-memory" in capsys.readouterr().out
 
 
-def test_bench_comm_shared_memory_off_is_gloo(tmp_path):
-    doc = _bench(tmp_path, "--workers", "2", "--ops", "all_reduce,gather", "--sizes", "4K", "--shared-memory", "off")
+def test_bench_comm_shared_memory_off_is_gloo_and_repeats_keep_the_median_sweep(tmp_path):
+    doc = _bench(tmp_path, "--workers", "2", "--ops", "all_reduce,gather", "--sizes", "4K", "--shared-memory", "off",
+                 "--repeats", "3")
     assert doc["env"]["collectives"] == "gloo" and doc["config"]["shared_memory"] == "off"
-    assert {r["collectives"] for r in doc["results"]} == {"gloo"}
+    assert {r["collectives"] for r in doc["results"]} == {"gloo"} and len(doc["results"]) == 2
+    for r in doc["results"]:
+        assert len(r["sweep_medians_s"]) == 3 and r["time_s"]["median"] == sorted(r["sweep_medians_s"])[1]
 
 
 def test_bench_comm_one_rank_falls_back_to_gloo_with_a_note(tmp_path):
@@ -118,33 +121,36 @@ def test_sizes_above_the_mapping_are_gloo_as_in_a_run():
     assert rank_bytes("gather", big, 4, 4) == big // 4 and rank_bytes("all_reduce", big, 4, 4) == big
     assert shm_capacity(["all_reduce"], [4096, big], 4, 4) == big  # 2 x 4 x 256 MB = 2 GiB fits
     assert 2 * 9 * big > MAX_BYTES
-    assert shm_capacity(["all_reduce"], [4096, big], 9, 4) == 4096  # 4.5 GiB does not: Gloo's
-    assert shm_capacity(["gather", "all_reduce"], [big], 9, 4) == big // 9 // 4 * 4  # gather's chunk fits
+    assert shm_capacity(["all_reduce"], [4096, big], 9, 4) == 1017 * 4  # 4.5 GiB does not: Gloo's
+    assert shm_capacity(["gather", "all_reduce"], [big], 9, 4) == rank_bytes("gather", big, 9, 4) == big // 4 // 9 * 4
     assert shm_capacity(["reduce", "all_gather"], [4096], 2, 4) == 0  # no run takes these through it
 
 
 def _averages(env, sizes):
-    """Each rank: the bench's shared-memory calls, checked against the reference they stand for."""
+    """Each rank: the bench's shared-memory calls, in the order it makes them (a sum, then ps's
+    gather and broadcast), checked against Gloo's collectives they stand for."""
     import torch
     import torch.distributed as dist
-    from shmlearn.bench.comm import CommConfig, _open_shm, _shm_call
+    from shmlearn.bench.comm import CommConfig, _open_shm, _shm_call, rank_bytes
     rank, world = env.rank, env.world_size
     c = CommConfig(ops=["all_reduce", "gather", "broadcast"], sizes=sizes)
     comm, capacity, why = _open_shm(c, world, rank, 4)
-    assert comm is not None and why is None and capacity == max(sizes)
+    assert comm is not None and why is None and capacity == rank_bytes("all_reduce", max(sizes), world, 4)
     out = []
-    for n in (s // 4 for s in sizes):
+    for n in (rank_bytes("all_reduce", s, world, 4) // 4 for s in sizes):
         x = torch.randn(n, generator=torch.Generator().manual_seed(rank + 10 * n))
         ref = x.clone()
         dist.all_reduce(ref)
         b = {"buf": x.clone()}
         _shm_call("all_reduce", b, comm, world)
         out.append(torch.equal(b["buf"], ref / world) if world == 2 else torch.allclose(b["buf"], ref / world))
+        rows = comm.gather(x)
+        every = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(every, x)
+        out.append(rows is None if rank else torch.equal(rows, torch.stack(every)))
         b = {"buf": x.clone()}
         _shm_call("broadcast", b, comm, world)
-        src = x.clone()
-        dist.broadcast(src, 0)
-        out.append(torch.equal(b["buf"], src))
+        out.append(torch.equal(b["buf"], every[0]))
     comm.close()
     return out
 
@@ -154,11 +160,11 @@ def test_the_shared_memory_calls_average_and_broadcast_as_gloo_does(world):
     from shmlearn.bench.common import RANK_TIMEOUT_S
     from shmlearn.launch.pool import run_local
     res = run_local(_averages, ([4096, 65536],), world, cuda=False, timeout_s=RANK_TIMEOUT_S)
-    assert all(all(r) for r in res) and len(res[0]) == 4
+    assert all(all(r) for r in res) and len(res[0]) == 6
 
 
 def test_bench_comm_shared_memory_at_three_ranks_moves_from_op_to_op(tmp_path):
     # The protocol refuses (never races) a sequence that would overwrite unread slots: every op
     # after every other, at W=3, must be one it allows (the module docstring's order).
-    doc = _bench(tmp_path, "--workers", "3", "--ops", "gather,broadcast,all_reduce,gather", "--sizes", "4K,16K")
-    assert len(doc["results"]) == 8 and {r["collectives"] for r in doc["results"]} == {"shared-memory"}
+    doc = _bench(tmp_path, "--workers", "3", "--ops", "broadcast,all_reduce,gather", "--sizes", "4K,16K")
+    assert len(doc["results"]) == 6 and {r["collectives"] for r in doc["results"]} == {"shared-memory"}
