@@ -199,7 +199,7 @@ def run_path(run: Dict[str, Any], shared_memory: Optional[str] = None) -> tuple:
         return took, f"{_short(os.path.join(run['dir'], 'summary.json'))}: collectives {took}"
     cfg = readback.run_config(run["dir"], missing_ok=True) or {}
     flag = cfg.get("shared_memory") if isinstance(cfg, dict) else None
-    flag = flag if flag in ("auto", "off") else None
+    flag = "off" if flag is False else flag if flag in ("auto", "off") else None  # YAML reads a bare off as false
     return cpu_path(flag), f"the run's --shared-memory {flag or 'auto'}" + ("" if flag else " (train's default)")
 
 

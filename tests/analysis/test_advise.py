@@ -175,7 +175,8 @@ def test_a_run_advise_cannot_read_or_a_count_past_any_machine_is_one_line(run, t
 @pytest.mark.parametrize("took, config, flag, want", [
     ("shared-memory", None, None, "comm-shm-cpu.json"),     # what the run's summary says it took
     ("gloo", None, None, "comm-gloo-cpu.json"),             # auto that fell back, or --shared-memory off
-    (None, "off", None, "comm-gloo-cpu.json"),              # one worker (no collectives) run with off
+    (None, "'off'", None, "comm-gloo-cpu.json"),            # one worker (no collectives) run with off
+    (None, "off", None, "comm-gloo-cpu.json"),              # a hand-written config: YAML's false
     (None, None, None, "comm-shm-cpu.json"),                # an older run: train's default now
     ("shared-memory", None, "off", "comm-gloo-cpu.json"),   # advise --shared-memory picks instead
 ])

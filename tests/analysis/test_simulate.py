@@ -340,9 +340,9 @@ def test_an_out_that_cannot_be_made_names_the_out_given(tmp_path, capsys):
 # --- which measurement: the path a CPU run's collectives take (simulate/comm.py) -----------------
 
 def test_a_cpu_run_is_predicted_with_the_shared_memory_measurement_unless_shared_memory_is_off(tmp_path, capsys):
-    shm, shm_after, gloo, gloo_after, compute = _committed(
+    shm, shm_after, gloo, gloo_after, compute = map(os.path.abspath, _committed(
         "comm-shm-cpu.json", "comm-shm-cpu-after-compute.json", "comm-gloo-cpu.json",
-        "comm-gloo-cpu-after-compute.json", "simulate-compute-cpu-alexnet-small.json")
+        "comm-gloo-cpu-after-compute.json", "simulate-compute-cpu-alexnet-small.json"))
     kw = dict(compute=compute, slots=2, workers=[2, 4], strategies=["allreduce", "ps"])
     auto = simulate(**kw)
     n = auto["network"]
@@ -352,7 +352,9 @@ def test_a_cpu_run_is_predicted_with_the_shared_memory_measurement_unless_shared
     assert off["collectives"] == "gloo" and off["source"] == gloo and off["after_compute"]["source"] == gloo_after
     by = lambda d: {(r["strategy"], r["workers"]): r["step_s"] for r in d["predictions"]}  # noqa: E731
     on, offp = by(auto), by(simulate(shared_memory="off", **kw))
-    assert all(on[k] < offp[k] for k in on)  # the shared-memory collectives are the faster ones on this CPU
+    # at 2 ranks, shared memory's average is the faster (its after-compute excess at 4 ranks is not:
+    # docs/scaling.md, "Shared memory on the CPU")
+    assert on[("allreduce", 2)] < offp[("allreduce", 2)] and on[("ps", 2)] < offp[("ps", 2)]
     assert main(["simulate", "--compute", compute, "--workers", "2", "--out", str(tmp_path / "sim")]) == 0
     assert "network: shared-memory on" in capsys.readouterr().out
     # a file of the other path, or an after-compute file of another path, is one line

@@ -151,7 +151,7 @@ def _fit_dict(f: Fit) -> Dict[str, Any]:
     return d
 
 
-def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None, net_bw: Optional[float] = None,
+def simulate(*, comm: Optional[str] = None, compute: str, ps_sim: Optional[str] = None, net_bw: Optional[float] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
              strategies: Optional[Sequence[str]] = None, workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
