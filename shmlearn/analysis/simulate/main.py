@@ -2,7 +2,10 @@
 from measured compute and communication costs, and check the prediction against measured runs.
 
 Communication: alpha-beta (Hockney) model per collective and backend, fitted to `bench comm`
-JSON. A collective of S bytes (nccl-tests size convention) on W ranks takes
+JSON (--comm; without it or --net-bw, a CPU compute source takes the repository's measurement of
+the path a CPU run of one host takes: results/comm-shm-cpu.json, shared memory, with its
+after-compute file; --shared-memory off: comm-gloo-cpu.json; a file's path is its env.collectives,
+its backend's in files from before the field: analysis/simulate/comm.py). A collective of S bytes (nccl-tests size convention) on W ranks takes
 
     t = alpha * L(W) + B(W, S) / bw
 
