@@ -29,13 +29,15 @@ RES = os.path.join(ROOT, "results")
 DIR = "shm-cpu-2026-11-29"
 NETWORKS = {  # name: (comm, after-compute or None), under results/
     "gloo, after 17.9 ms": ("comm-gloo-cpu.json", "comm-gloo-cpu-after-compute.json"),  # simulate/advise before
-    "gloo, back to back": ("comm-gloo-cpu.json", None),
-    "gloo, after 0.35 ms": ("comm-gloo-cpu.json", f"{DIR}/comm-gloo-cpu-after-0.35ms.json"),
+    "gloo here, back to back": (f"{DIR}/comm-gloo-cpu-here.json", None),
+    "gloo here, after 0.35 ms": (f"{DIR}/comm-gloo-cpu-here.json", f"{DIR}/comm-gloo-cpu-after-0.35ms.json"),
     "shm, after 17.9 ms": ("comm-shm-cpu.json", "comm-shm-cpu-after-compute.json"),  # their default now
     "shm, back to back": ("comm-shm-cpu.json", None),
     "shm, after 0.35 ms": ("comm-shm-cpu.json", f"{DIR}/comm-shm-cpu-after-0.35ms.json"),
 }
 """17.9 ms: alexnet-small's compute phase, the committed after-compute files' (docs/scaling.md);
+"here": Gloo measured on the machine and day of the runs (the committed comm-gloo-cpu*.json are
+of another VM, an AMD EPYC, 2026-11-23);
 0.35 ms: the digits MLP's one-worker compute phase (bench comm --compute-ms 0.35, sizes 64K-1M
 around its 203 KB gradient)."""
 
