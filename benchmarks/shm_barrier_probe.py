@@ -3,10 +3,12 @@ a rank (the last 350 timed), through shared memory and Gloo, with and without a 
 before each, as bench comm puts one: does the barrier explain why bench comm sees no 2-rank gap?
 Output: results/shm-cpu-2026-11-29/barrier-probe.txt.  python benchmarks/shm_barrier_probe.py
 """
-import statistics, sys, time, json
-import torch, torch.distributed as dist
+import statistics
+import time
+
+import torch
+import torch.distributed as dist
 from shmlearn.launch.pool import run_local
-from shmlearn.bench.common import RANK_TIMEOUT_S
 from shmlearn.sync import shm as shm_mod
 
 def work(env, path, barrier):
@@ -36,7 +38,7 @@ def work(env, path, barrier):
     return statistics.median(ts[50:])
 
 if __name__ == "__main__":
-  out = {}
+
   for w in (2, 4):
     for path in ("shm", "gloo"):
         for barrier in (True, False):
