@@ -7,7 +7,10 @@ into one bundle JSON (`simulate --measured` reads it). On CPU it also runs `benc
 with `--compute-ms` (the one-worker compute phase before each call), which `simulate
 --comm-after-compute` compares with the back-to-back run. Example, the committed CPU results:
 
-    python benchmarks/comm_validation.py --device cpu --tag cpu --workers 2,3,4
+    python benchmarks/comm_validation.py --device cpu --tag cpu --workers 2,3,4 --shared-memory off
+
+(the committed Gloo files, from before shared memory; without --shared-memory off the CPU's train
+runs and bench comm take the shared-memory path and the files are named comm-shm-*),
 
 and on the 2-GPU device machine (NCCL; comm sizes to 256 MB; alexnet-small and resnet34):
 
@@ -179,6 +182,9 @@ def main() -> int:
     ap.add_argument("--comm-compute-ms", default="auto",
                     help="bench comm --compute-ms of the second, after-compute comm run (CPU): the one-worker "
                          "compute phase of the first model [auto]; 0 skips it")
+    ap.add_argument("--shared-memory", default="auto", choices=("auto", "off"),
+                    help="CPU: the train runs' and bench comm's path (auto: shared memory, the files named comm-shm-*; "
+                         "off: Gloo, comm-gloo-*) [auto]")
     ap.add_argument("--ps-sim-workers", default="1-4")
     ap.add_argument("--skip", default="", help="comma list of parts to skip: train,comm,ps-sim")
     ap.add_argument("--results", default=os.path.join(os.path.dirname(HERE), "results"))
@@ -190,6 +196,7 @@ def main() -> int:
     os.makedirs(runs_root, exist_ok=True)
     py = [sys.executable, "-m", "shmlearn"]
     backend = "nccl" if a.device == "cuda" else "gloo"
+    path = "shm" if backend == "gloo" and a.shared_memory == "auto" else backend  # the comm files' name
     log = open(os.path.join(a.results, f"simulate-measured-{a.tag}.log"), "a")
     workers = [int(w) for w in a.workers.split(",")]
 
@@ -238,6 +245,8 @@ def main() -> int:
                                 "--samples", str(a.steps * w * a.batch), "--lr-schedule", "constant", "--lr", "0.01",
                                 "--log-every", str(a.log_every), "--eval-points", "1", "--no-progress",
                                 "--out", out] + threads + extra
+                    if a.device == "cpu":  # the path the comm files measure
+                        cmd += ["--shared-memory", a.shared_memory]
                     if a.device == "cpu":
                         wait_quiet(a.max_interference)
                     if strat == "concurrent":
@@ -292,7 +301,8 @@ def main() -> int:
     if "comm" not in skip:
         cw = a.comm_workers or (a.workers if backend == "gloo" else "1-2")
         sh(py + ["bench", "comm", "--backend", backend, "--workers", cw, "--max-size", a.comm_max_size,
-                 "--size-factor", a.comm_factor, "--out", os.path.join(a.results, f"comm-{backend}-{a.tag}.json")], log)
+                 "--size-factor", a.comm_factor, "--shared-memory", a.shared_memory,
+                 "--out", os.path.join(a.results, f"comm-{path}-{a.tag}.json")], log)
         # The collectives as a training step meets them, after its compute: on a CPU whose cores
         # the ranks share this is what simulate must be fitted to (bench/comm.py, docs/scaling.md).
         ms = a.comm_compute_ms
@@ -306,7 +316,8 @@ def main() -> int:
                 wait_quiet(a.max_interference)
             sh(py + ["bench", "comm", "--backend", backend, "--workers", cw, "--max-size", a.comm_max_size,
                      "--size-factor", a.comm_factor, "--compute-ms", ms,
-                     "--out", os.path.join(a.results, f"comm-{backend}-{a.tag}-after-compute.json")], log)
+                     "--shared-memory", a.shared_memory,
+                     "--out", os.path.join(a.results, f"comm-{path}-{a.tag}-after-compute.json")], log)
 
     if "ps-sim" not in skip:
         sh(py + ["bench", "ps-sim", "--backend", backend, "--workers", a.ps_sim_workers, "--steps", "20",

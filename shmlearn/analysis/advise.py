@@ -10,8 +10,10 @@ free scale: a run's, or the least-squares one over a sweep's batch sizes in log 
 Time to the target at W workers and global batch B = S(B) x step_s(W, B/W). step_s: measured where
 runs measured it (the step time of the run, or of a sweep's trials at that W, linear in the
 per-worker batch); elsewhere simulate's model (shmlearn/analysis/simulate/main.py: the one-worker compute,
-linear in batch, and the communication fitted to a `bench comm` JSON, --comm; on a CPU run the
-repository's Gloo fit by default). The recommendation is the (W, B) of least predicted time.
+linear in batch, and the communication fitted to a `bench comm` JSON, --comm; on a CPU run by
+default the repository's measurement of the path the run's collectives took: shared memory, or
+Gloo where summary.json's `collectives` says gloo or it ran with --shared-memory off; advise's
+--shared-memory picks instead). The recommendation is the (W, B) of least predicted time.
 
 Given a sweep, every (W, B) it trained is set beside the prediction: the measured steps and time
 to the target (the best learning rate of each), the measured winner per W against the predicted
@@ -25,6 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from shmlearn.analysis.simulate.comm import CPU_COMM, RESULTS, collectives_of, cpu_path, default_comm
 from shmlearn.record import readback
 
 from shmlearn.record import safe_write
@@ -35,7 +38,6 @@ from shmlearn.sweeps.results import ResultStore
 SMOOTH = 5
 """metrics.jsonl rows (one step's loss each) averaged, trailing, before the target is sought."""
 COMM_PHASES = ("allreduce", "gather", "average", "broadcast", "push", "pull", "wait")
-REPO_COMM = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "results")
 
 
 # --- reading runs --------------------------------------------------------------------------------
@@ -141,6 +143,7 @@ class StepTime:
                 grow = r["phase_s"].get("data", 0.0) + r["phase_s"].get("compute", 0.0)
                 self.lines[w] = (t[0] - grow, grow / bs[0])
         self.machine, self.strategy, self.source = None, runs[0]["strategy"], "measured"
+        self.collectives: Optional[str] = None
         one = self.lines.get(1)
         if one is None:  # one worker's step from a run of several: its step without communication
             r = min(runs, key=lambda r: r["workers"])
@@ -151,6 +154,7 @@ class StepTime:
         if comm and one:
             from shmlearn.analysis.simulate import main as simulate  # lazy: torch (simulate reads bench.common), for the cost model only
             doc = simulate._read_json("--comm", comm)
+            self.collectives = collectives_of(doc)
             net = simulate.Network.from_comm(doc, comm)
             wake = simulate.Wake.from_comm(doc, simulate._read_json("--comm-after-compute", after), after) if after else None
             r = min(runs, key=lambda r: r["workers"])
@@ -159,7 +163,8 @@ class StepTime:
             self.machine = simulate.Machine(compute=simulate.Compute(
                 data_s=0.0, compute_s=0.0, update_s=r["phase_s"].get("update", 0.0), other_s=0.0, batch_size=1,
                 parameters=params, model=s["model"], device=r["device"], source=r["dir"]), net=net, slots=slots, wake=wake)
-            self.source = f"measured at W in {sorted(self.lines)}; elsewhere simulate with {_short(comm)}"
+            self.source = (f"measured at W in {sorted(self.lines)}; elsewhere simulate with {_short(comm)} "
+                           f"({self.collectives} collectives" + (f", after compute: {_short(after)})" if after else ")"))
 
     def __call__(self, w: int, b: float) -> Optional[float]:
         if w in self.lines:
@@ -178,24 +183,31 @@ class StepTime:
 
 def _short(path: str) -> str:
     """A path inside this repository relative to its root (advise.json is committed), else as given."""
-    root = os.path.dirname(REPO_COMM)
+    root = os.path.dirname(RESULTS)
     full = os.path.abspath(path)
     return os.path.relpath(full, root) if full.startswith(root + os.sep) else path
 
 
-def default_comm(device: str) -> tuple:
-    """The repository's Gloo fit (and its after-compute file) for CPU runs; (None, None) else."""
-    if str(device).startswith("cpu"):
-        c, a = (os.path.join(REPO_COMM, f) for f in ("comm-gloo-cpu.json", "comm-gloo-cpu-after-compute.json"))
-        if os.path.exists(c):
-            return c, a if os.path.exists(a) else None
-    return None, None
+def run_path(run: Dict[str, Any], shared_memory: Optional[str] = None) -> tuple:
+    """(the path a CPU run's collectives take, why): advise's --shared-memory where given; else what
+    the run's summary.json says they took (`collectives`, since shared memory exists); else its
+    config's --shared-memory (one worker, or an older run), auto when it has none."""
+    if shared_memory is not None:
+        return cpu_path(shared_memory), f"advise --shared-memory {shared_memory}"
+    took = run["summary"].get("collectives")
+    if took in CPU_COMM:
+        return took, f"{_short(os.path.join(run['dir'], 'summary.json'))}: collectives {took}"
+    cfg = readback.run_config(run["dir"], missing_ok=True) or {}
+    flag = cfg.get("shared_memory") if isinstance(cfg, dict) else None
+    flag = "off" if flag is False else flag if flag in ("auto", "off") else None  # YAML reads a bare off as false
+    return cpu_path(flag), f"the run's --shared-memory {flag or 'auto'}" + ("" if flag else " (train's default)")
 
 
 # --- advise --------------------------------------------------------------------------------------
 
 def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[int] = (1, 2, 4, 8, 16),
-           comm: Optional[str] = None, comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
+           comm: Optional[str] = None, comm_after_compute: Optional[str] = None,
+           shared_memory: Optional[str] = None) -> Dict[str, Any]:
     sweep = os.path.exists(os.path.join(path, "sweep.json"))
     if sweep:
         spec = readback.sweep_spec(path, missing_ok=False)
@@ -238,8 +250,11 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
     pts = [(m["global"], m["steps"]) for m in best_rows]
     s_min = fit_s_min(pts, b_simple)
     b_fit = fit_b_crit(pts)
-    if comm is None and comm_after_compute is None:
-        comm, comm_after_compute = default_comm(runs[0]["device"])
+    chosen = "--comm" if comm is not None or comm_after_compute is not None else None
+    if chosen is None and str(runs[0]["device"]).startswith("cpu"):
+        took, why = run_path(runs[0], shared_memory)
+        comm, comm_after_compute = default_comm(runs[0]["device"], "off" if took == "gloo" else "auto")
+        chosen = f"the repository's {took} measurement ({why})" if comm else None
     step_time = StepTime(runs, comm, comm_after_compute, slots)
     grid = sorted({2 ** k for k in range(2, 15)} | {m["global"] for m in best_rows})
     preds = []
@@ -271,7 +286,10 @@ def advise(path: str, *, target_loss: Optional[float] = None, workers: Sequence[
     return {"schema": 1, "source": path, "kind": "sweep" if sweep else "run", "target_loss": target_loss,
             "target_from": target_from,
             "b_simple": b_simple, "b_crit_fit": b_fit, "s_min": s_min, "runs_used": len(runs),
-            "step_time": step_time.source, "comm": _short(comm) if comm else None, "measured": best_rows, "winners": winners,
+            "step_time": step_time.source, "comm": _short(comm) if comm else None,
+            "comm_after_compute": _short(comm_after_compute) if comm and comm_after_compute else None,
+            "collectives": step_time.collectives, "comm_chosen": chosen if comm else None,
+            "measured": best_rows, "winners": winners,
             "steps_error": {"median": float(np.median(err)), "max": float(np.max(err))},
             "predictions": preds, "recommendation": rec}
 
@@ -323,7 +341,10 @@ def register(sub) -> None:
                    help="training loss to reach [a run: its final loss; a sweep: the lowest loss every batch size reaches]")
     p.add_argument("--workers", default="1,2,4,8,16", help="worker counts to predict [1,2,4,8,16]")
     p.add_argument("--comm", default=None, help="bench comm JSON for the communication at unmeasured worker counts "
-                                                "[CPU runs: the repository's Gloo fit]")
+                                                "[CPU runs: the repository's measurement of the path the run took]")
+    p.add_argument("--shared-memory", choices=("auto", "off"), default=None,
+                   help="CPU runs without --comm: the path to predict, as train's flag (auto: shared memory, off: "
+                        "Gloo) [the run's: summary.json collectives, else its --shared-memory]")
     p.add_argument("--comm-after-compute", default=None, help="its after-compute JSON (simulate --comm-after-compute)")
     p.add_argument("--out", default=None, help="directory for advise.json and advise.png [RUN_OR_SWEEP/advise]")
     p.set_defaults(func=cmd_advise)
@@ -337,7 +358,8 @@ def cmd_advise(ns) -> int:
         if f is not None and not os.path.isfile(f):
             raise BadInput(f"{flag} {f}: no such file")
     doc = advise(ns.path, target_loss=ns.target_loss, comm=ns.comm, comm_after_compute=ns.comm_after_compute,
-                 workers=parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS))
+                 workers=parse_int_list(ns.workers, flag="--workers", most=MAX_WORKERS),
+                 shared_memory=ns.shared_memory)
     out = ns.out or os.path.join(ns.path, "advise")
     # The default folder is the run's (or sweep's): a RUN/advise link that leads out of it is
     # refused. An --out given is where the user asked the files to go, a link or not.
@@ -349,6 +371,8 @@ def cmd_advise(ns) -> int:
     print(f"target loss {doc['target_loss']:.4g} ({doc['target_from']}); B_simple at the target {doc['b_simple']:.1f} "
           f"(= predicted critical batch){fit}; S_min {doc['s_min']:.0f} steps")
     print(f"step time: {doc['step_time']}")
+    if doc["comm_chosen"]:
+        print(f"communication: {doc['comm_chosen']}")
     print(f"{'W':>3} {'B':>5} {'W*B':>6} {'steps':>7} {'pred':>7} {'time s':>8} {'pred s':>8}")
     for m in doc["measured"]:
         pt = f"{m['predicted_time_s']:8.3f}" if m["predicted_time_s"] is not None else f"{'-':>8}"

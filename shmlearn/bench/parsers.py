@@ -43,9 +43,14 @@ def comm(bench_sub) -> None:
     p.add_argument("--iters", type=int, default=20, help="timed calls per point, at most [20]")
     p.add_argument("--min-iters", type=int, default=5, help="timed calls per point, at least [5]")
     p.add_argument("--budget-s", type=float, default=2.0, help="seconds of timed calls per point [2]")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="sweeps of every W; a point keeps the sweep with its median median (loaded machines) [1]")
     p.add_argument("--compute-ms", type=float, default=0.0,
                    help="ms of computation on every rank before each call, as in a training step "
                         "(0: calls back to back) [0]")
+    p.add_argument("--shared-memory", choices=("auto", "off"), default="auto",
+                   help="gloo: auto times the shared-memory collectives a CPU run of one host uses (train's "
+                        "--shared-memory: all_reduce, gather, broadcast) where they can run, else Gloo; off: Gloo [auto]")
     p.add_argument("--out", default="comm.json", help="JSON file to write [comm.json]")
     p.add_argument("--plot", default=None, help="PNG to write [the --out path with .png]")
     p.add_argument("--no-plot", action="store_true", help="write no plot")

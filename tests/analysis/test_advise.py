@@ -170,3 +170,32 @@ def test_a_run_advise_cannot_read_or_a_count_past_any_machine_is_one_line(run, t
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0], err
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("took, config, flag, want", [
+    ("shared-memory", None, None, "comm-shm-cpu.json"),     # what the run's summary says it took
+    ("gloo", None, None, "comm-gloo-cpu.json"),             # auto that fell back, or --shared-memory off
+    (None, "'off'", None, "comm-gloo-cpu.json"),            # one worker (no collectives) run with off
+    (None, "off", None, "comm-gloo-cpu.json"),              # a hand-written config: YAML's false
+    (None, None, None, "comm-shm-cpu.json"),                # an older run: train's default now
+    ("shared-memory", None, "off", "comm-gloo-cpu.json"),   # advise --shared-memory picks instead
+])
+def test_a_cpu_run_is_advised_with_the_measurement_of_its_collectives_path(tmp_path, capsys, took, config, flag, want):
+    from shmlearn.analysis.simulate.comm import RESULTS
+    if not all(os.path.exists(os.path.join(RESULTS, f)) for f in ("comm-shm-cpu.json", "comm-gloo-cpu.json")):
+        pytest.skip("committed comm measurements missing")
+    run = tmp_path / "run"
+    _write_run(run, 2, 32, 0.1, 300, 400, 0.004, b_simple=50.0)
+    s = json.loads((run / "summary.json").read_text())
+    if took:
+        s["collectives"] = took
+        (run / "summary.json").write_text(json.dumps(s))
+    if config:
+        (run / "config.yaml").write_text(f"shared_memory: {config}\n")
+    argv = ["advise", str(run), "--workers", "1,2,4"] + (["--shared-memory", flag] if flag else [])
+    assert main(argv) == 0
+    doc = json.loads((run / "advise" / "advise.json").read_text())
+    assert doc["comm"] == f"results/{want}"
+    assert doc["comm_after_compute"] == f"results/{want.replace('.json', '-after-compute.json')}"
+    assert doc["collectives"] == ("gloo" if "gloo" in want else "shared-memory")
+    assert f"communication: the repository's {doc['collectives']} measurement" in capsys.readouterr().out

@@ -174,7 +174,8 @@ def test_cli_writes_table_json_and_plot(tmp_path, capsys):
     assert by[("allreduce", 1)]["efficiency"] == pytest.approx(1.0)
     assert by[("ps", 1024)]["step_s"] > by[("allreduce", 1024)]["step_s"]  # the server's link saturates
     assert "samples/s" in capsys.readouterr().out
-    assert main(["simulate", "--compute", compute, "--out", str(out)]) == 2  # no network given
+    (gpu,) = _committed("simulate-compute-h200-resnet34.json")
+    assert main(["simulate", "--compute", gpu, "--out", str(out)]) == 2  # no network given, none by default on a GPU
     # the after-compute excess is measured against a back-to-back bench comm, which --net-bw is not
     assert main(["simulate", "--net-bw", "10", "--comm-after-compute", compute, "--compute", compute,
                  "--out", str(out)]) == 2
@@ -334,3 +335,42 @@ def test_an_out_that_cannot_be_made_names_the_out_given(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("shmlearn: error: simulate --out /proc/shmlearn-nowhere/sim: cannot "
                                                "write /proc/shmlearn-nowhere"), err
+
+
+# --- which measurement: the path a CPU run's collectives take (simulate/comm.py) -----------------
+
+def test_a_cpu_run_is_predicted_with_the_shared_memory_measurement_unless_shared_memory_is_off(tmp_path, capsys):
+    shm, shm_after, gloo, gloo_after, compute = map(os.path.abspath, _committed(
+        "comm-shm-cpu.json", "comm-shm-cpu-after-compute.json", "comm-gloo-cpu.json",
+        "comm-gloo-cpu-after-compute.json", "simulate-compute-cpu-alexnet-small.json"))
+    kw = dict(compute=compute, slots=2, workers=[2, 4], strategies=["allreduce", "ps"])
+    auto = simulate(**kw)
+    n = auto["network"]
+    assert n["collectives"] == "shared-memory" and n["source"] == shm and "shared-memory" in n["name"]
+    assert n["after_compute"]["source"] == shm_after and "--shared-memory auto" in n["chosen"]
+    off = simulate(shared_memory="off", **kw)["network"]
+    assert off["collectives"] == "gloo" and off["source"] == gloo and off["after_compute"]["source"] == gloo_after
+    by = lambda d: {(r["strategy"], r["workers"]): r["step_s"] for r in d["predictions"]}  # noqa: E731
+    on, offp = by(auto), by(simulate(shared_memory="off", **kw))
+    # at 2 ranks, shared memory's average is the faster (its after-compute excess at 4 ranks is not:
+    # docs/scaling.md, "Shared memory on the CPU")
+    assert on[("allreduce", 2)] < offp[("allreduce", 2)] and on[("ps", 2)] < offp[("ps", 2)]
+    assert main(["simulate", "--compute", compute, "--workers", "2", "--out", str(tmp_path / "sim")]) == 0
+    assert "network: shared-memory on" in capsys.readouterr().out
+    # a file of the other path, or an after-compute file of another path, is one line
+    with pytest.raises(BadInput, match="measured shared-memory collectives, not the gloo ones"):
+        simulate(comm=shm, shared_memory="off", **kw)
+    with pytest.raises(BadInput, match="--comm-after-compute .*measured gloo collectives, not the shared-memory"):
+        simulate(comm=shm, comm_after_compute=gloo_after, **kw)
+
+
+def test_a_comm_json_from_before_the_field_is_gloo_and_fits_as_before():
+    from shmlearn.analysis.simulate.comm import collectives_of
+    (gloo,) = _committed("comm-gloo-cpu.json")
+    doc = json.loads(open(gloo).read())
+    assert "collectives" not in doc["env"] and all("collectives" not in r for r in doc["results"])
+    assert collectives_of(doc) == "gloo"
+    net = Network.from_comm(doc, gloo)
+    assert net.name.startswith("gloo on ") and net.all_reduce.points == 27
+    assert collectives_of({"env": {"backend": "nccl"}}) == "nccl"
+    assert collectives_of({"env": {"backend": "gloo", "collectives": "shared-memory"}}) == "shared-memory"

@@ -73,3 +73,98 @@ def test_bench_comm_compute_ms_out_of_range_exits_2(tmp_path, capsys):
     assert main(["bench", "comm", "--compute-ms", "-1", "--out", str(tmp_path / "x.json")]) == 2
     assert "--compute-ms -1" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+# --- the shared-memory path (bench/comm.py's module docstring; sync/shm.py) --------------------
+
+def _bench(tmp_path, *args, name="comm.json"):
+    out = tmp_path / name
+    rc = main(["bench", "comm", "--warmup", "1", "--iters", "3", "--min-iters", "3", "--budget-s", "0.1",
+               "--out", str(out), "--no-plot", *args])
+    assert rc == 0
+    return json.loads(out.read_text())
+
+
+def test_bench_comm_times_the_shared_memory_collectives_a_cpu_run_uses(tmp_path, capsys):
+    doc = _bench(tmp_path, "--workers", "2", "--ops", "all_reduce,gather,broadcast,reduce", "--sizes", "4K,64K")
+    assert doc["env"]["collectives"] == "shared-memory" and doc["config"]["shared_memory"] == "auto"
+    assert doc["notes"] == []
+    paths = {(r["op"], r["bytes"]): r["collectives"] for r in doc["results"]}
+    assert paths == {(op, parse_size(s)): "shared-memory" if op != "reduce" else "gloo"  # no run reduces
+                     for op in ("all_reduce", "gather", "broadcast", "reduce") for s in ("4K", "64K")}
+    for r in doc["results"]:
+        t = r["time_s"]
+        assert r["world_size"] == 2 and t["n"] == 3 and 0 < t["min"] <= t["median"] <= t["max"] < 10
+    assert "shared-memory" in capsys.readouterr().out
+
+
+def test_bench_comm_shared_memory_off_is_gloo_and_repeats_keep_the_median_sweep(tmp_path):
+    doc = _bench(tmp_path, "--workers", "2", "--ops", "all_reduce,gather", "--sizes", "4K", "--shared-memory", "off",
+                 "--repeats", "3")
+    assert doc["env"]["collectives"] == "gloo" and doc["config"]["shared_memory"] == "off"
+    assert {r["collectives"] for r in doc["results"]} == {"gloo"} and len(doc["results"]) == 2
+    for r in doc["results"]:
+        assert len(r["sweep_medians_s"]) == 3 and r["time_s"]["median"] == sorted(r["sweep_medians_s"])[1]
+
+
+def test_bench_comm_one_rank_falls_back_to_gloo_with_a_note(tmp_path):
+    doc = _bench(tmp_path, "--workers", "1", "--ops", "all_reduce", "--sizes", "4K")
+    assert doc["env"]["collectives"] == "gloo"
+    assert [r["collectives"] for r in doc["results"]] == ["gloo"]
+    assert len(doc["notes"]) == 1 and "W=1: Gloo, not shared memory: 1 rank" in doc["notes"][0]
+
+
+def test_sizes_above_the_mapping_are_gloo_as_in_a_run():
+    from shmlearn.bench.comm import rank_bytes, shm_capacity
+    from shmlearn.sync.shm import MAX_BYTES
+    big = 256 << 20
+    assert rank_bytes("gather", big, 4, 4) == big // 4 and rank_bytes("all_reduce", big, 4, 4) == big
+    assert shm_capacity(["all_reduce"], [4096, big], 4, 4) == big  # 2 x 4 x 256 MB = 2 GiB fits
+    assert 2 * 9 * big > MAX_BYTES
+    assert shm_capacity(["all_reduce"], [4096, big], 9, 4) == 1017 * 4  # 4.5 GiB does not: Gloo's
+    assert shm_capacity(["gather", "all_reduce"], [big], 9, 4) == rank_bytes("gather", big, 9, 4) == big // 4 // 9 * 4
+    assert shm_capacity(["reduce", "all_gather"], [4096], 2, 4) == 0  # no run takes these through it
+
+
+def _averages(env, sizes):
+    """Each rank: the bench's shared-memory calls, in the order it makes them (a sum, then ps's
+    gather and broadcast), checked against Gloo's collectives they stand for."""
+    import torch
+    import torch.distributed as dist
+    from shmlearn.bench.comm import CommConfig, _open_shm, _shm_call, rank_bytes
+    rank, world = env.rank, env.world_size
+    c = CommConfig(ops=["all_reduce", "gather", "broadcast"], sizes=sizes)
+    comm, capacity, why = _open_shm(c, world, rank, 4)
+    assert comm is not None and why is None and capacity == rank_bytes("all_reduce", max(sizes), world, 4)
+    out = []
+    for n in (rank_bytes("all_reduce", s, world, 4) // 4 for s in sizes):
+        x = torch.randn(n, generator=torch.Generator().manual_seed(rank + 10 * n))
+        ref = x.clone()
+        dist.all_reduce(ref)
+        b = {"buf": x.clone()}
+        _shm_call("all_reduce", b, comm, world)
+        out.append(torch.equal(b["buf"], ref / world) if world == 2 else torch.allclose(b["buf"], ref / world))
+        rows = comm.gather(x)
+        every = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(every, x)
+        out.append(rows is None if rank else torch.equal(rows, torch.stack(every)))
+        b = {"buf": x.clone()}
+        _shm_call("broadcast", b, comm, world)
+        out.append(torch.equal(b["buf"], every[0]))
+    comm.close()
+    return out
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_the_shared_memory_calls_average_and_broadcast_as_gloo_does(world):
+    from shmlearn.bench.common import RANK_TIMEOUT_S
+    from shmlearn.launch.pool import run_local
+    res = run_local(_averages, ([4096, 65536],), world, cuda=False, timeout_s=RANK_TIMEOUT_S)
+    assert all(all(r) for r in res) and len(res[0]) == 6
+
+
+def test_bench_comm_shared_memory_at_three_ranks_moves_from_op_to_op(tmp_path):
+    # The protocol refuses (never races) a sequence that would overwrite unread slots: every op
+    # after every other, at W=3, must be one it allows (the module docstring's order).
+    doc = _bench(tmp_path, "--workers", "3", "--ops", "broadcast,all_reduce,gather", "--sizes", "4K,16K")
+    assert len(doc["results"]) == 6 and {r["collectives"] for r in doc["results"]} == {"shared-memory"}

@@ -7,8 +7,9 @@ is in shmlearn/analysis/simulate/main.py's docstring.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,6 +47,47 @@ def steps_and_bytes(op: str, form: str, w: float, size: float) -> Tuple[float, f
     if form == "pipelined":
         return w - 1, size
     raise ValueError(f"unknown form {form}")
+
+
+# --- which measurement: the path a run's collectives take -------------------------------------
+
+RESULTS = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))),
+                       "results")
+"""The repository's results/: the committed `bench comm` files of the CPU."""
+CPU_COMM = {"shared-memory": ("comm-shm-cpu.json", "comm-shm-cpu-after-compute.json"),
+            "gloo": ("comm-gloo-cpu.json", "comm-gloo-cpu-after-compute.json")}
+"""The committed CPU measurements by path (back to back, after compute): `bench comm` on the
+2-core machine with --shared-memory auto and off (docs/scaling.md)."""
+
+
+def collectives_of(doc: Dict[str, Any]) -> str:
+    """The path a `bench comm` JSON measured: shared-memory, gloo or nccl (env.collectives; a
+    file from before the field is its backend's)."""
+    env = doc.get("env") or {}
+    return env.get("collectives") or env.get("backend") or "gloo"
+
+
+def cpu_path(shared_memory: Optional[str]) -> str:
+    """The path a CPU run of one host takes under train's --shared-memory (None: its default, auto)."""
+    return "gloo" if shared_memory == "off" else "shared-memory"
+
+
+def default_comm(device: str, shared_memory: Optional[str] = None) -> Tuple[Optional[str], Optional[str]]:
+    """(the committed comm JSON, its after-compute JSON or None) of the path a CPU run of one host
+    takes (`cpu_path`); (None, None) on other devices or when the file is not there."""
+    if not str(device).startswith("cpu"):
+        return None, None
+    c, a = (os.path.join(RESULTS, f) for f in CPU_COMM[cpu_path(shared_memory)])
+    if not os.path.exists(c):
+        return None, None
+    return c, a if os.path.exists(a) else None
+
+
+def check_path(doc: Dict[str, Any], source: str, flag: str, want: Optional[str]) -> None:
+    """BadInput unless the JSON measured the path `want` (None: any)."""
+    got = collectives_of(doc)
+    if want is not None and got != want:
+        raise BadInput(f"{flag} {source}: measured {got} collectives, not the {want} ones asked for")
 
 
 # --- the alpha-beta fit ----------------------------------------------------------------------
@@ -174,7 +216,7 @@ class Network:
         if missing:
             raise BadInput(f"--comm {source}: no {', '.join(missing)} points with W >= 2 to fit")
         e = doc["env"]
-        return cls(name=f"{e['backend']} on {e['device']}", all_reduce=fits["all_reduce"]["ring"],
+        return cls(name=f"{collectives_of(doc)} on {e['device']}", all_reduce=fits["all_reduce"]["ring"],
                    gather=fits["gather"]["flat"], broadcast=fits["broadcast"]["flat"], source=source)
 
     @classmethod

@@ -2,7 +2,10 @@
 from measured compute and communication costs, and check the prediction against measured runs.
 
 Communication: alpha-beta (Hockney) model per collective and backend, fitted to `bench comm`
-JSON. A collective of S bytes (nccl-tests size convention) on W ranks takes
+JSON (--comm; without it or --net-bw, a CPU compute source takes the repository's measurement of
+the path a CPU run of one host takes: results/comm-shm-cpu.json, shared memory, with its
+after-compute file; --shared-memory off: comm-gloo-cpu.json; a file's path is its env.collectives,
+its backend's in files from before the field: analysis/simulate/comm.py). A collective of S bytes (nccl-tests size convention) on W ranks takes
 
     t = alpha * L(W) + B(W, S) / bw
 
@@ -80,7 +83,7 @@ from shmlearn.record import safe_write
 from shmlearn.errors import BadInput
 from shmlearn.config.limits import number, whole
 from shmlearn.analysis.simulate.comm import (FORMS, Fit, Network, Wake, best_form, fit_alpha_beta,  # noqa: F401
-                                    fit_comm, steps_and_bytes)
+                                    fit_comm, steps_and_bytes, check_path, collectives_of, cpu_path, default_comm)
 from shmlearn.analysis.simulate.compute import (DATASET_SHAPES, Compute, _read_json, load_compute,  # noqa: F401
                                        parameter_count, throughput_compute)
 from shmlearn.analysis.simulate.predict import (Machine, _entry, _variant, control_period, default_strategies,  # noqa: F401
@@ -151,27 +154,40 @@ def _fit_dict(f: Fit) -> Dict[str, Any]:
     return d
 
 
-def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None, net_bw: Optional[float] = None,
+def simulate(*, comm: Optional[str] = None, compute: str, ps_sim: Optional[str] = None, net_bw: Optional[float] = None,
              net_latency_us: Optional[float] = None, net_name: Optional[str] = None,
              strategies: Optional[Sequence[str]] = None, workers: Sequence[int] = (),
              avg_period: int = 4, slots: Optional[float] = None, measured: Sequence[str] = (),
              allreduce_algo: str = "ring", check_every: Optional[int] = None, batch: Optional[int] = None,
-             comm_after_compute: Optional[str] = None) -> Dict[str, Any]:
-    """Fit, predict, validate: the JSON document the CLI writes."""
+             comm_after_compute: Optional[str] = None, shared_memory: Optional[str] = None) -> Dict[str, Any]:
+    """Fit, predict, validate: the JSON document the CLI writes. Without --comm or --net-bw, a CPU
+    compute source takes the repository's measurement of the path its run would use (train's
+    --shared-memory, `shared_memory`: auto, the default, is shared memory; off is Gloo)."""
     number("net-bw", net_bw, 0, lo_open=True, unit=" GB/s")  # 0 would divide by zero, nan predicts nan
     number("net-latency-us", net_latency_us, 0, unit=" us")
     number("slots", slots, 0, lo_open=True, unit=" (compute units the workers share)")
     whole("batch", batch, 1)
     whole("avg-period", avg_period, 1)
     comp = load_compute(compute, batch)
-    all_fits, wake = {}, None
+    if shared_memory not in (None, "auto", "off"):
+        raise BadInput(f"--shared-memory {shared_memory}: choose auto or off")
+    all_fits, wake, path, chosen = {}, None, None, "--net-bw" if net_bw is not None else "--comm"
+    if net_bw is None and not comm and not comm_after_compute:
+        comm, comm_after_compute = default_comm(comp.device, shared_memory)
+        chosen = (f"the repository's measurement for a CPU run of one host, --shared-memory "
+                  f"{shared_memory or 'auto'}: {cpu_path(shared_memory)}")
     if net_bw is not None:
         net = Network.assumed(net_bw, net_latency_us or 0.0, net_name or f"{net_bw} GB/s network")
     elif comm:
         doc = _read_json("--comm", comm)
+        path = collectives_of(doc)
+        if shared_memory is not None and path != "nccl":  # a CPU file: the path the flag says a run takes
+            check_path(doc, comm, "--comm", cpu_path(shared_memory))
         net = Network.from_comm(doc, comm)
         if comm_after_compute:
-            wake = Wake.from_comm(doc, _read_json("--comm-after-compute", comm_after_compute), comm_after_compute)
+            after = _read_json("--comm-after-compute", comm_after_compute)
+            check_path(after, comm_after_compute, "--comm-after-compute", path)  # one path, two conditions
+            wake = Wake.from_comm(doc, after, comm_after_compute)
         all_fits = {op: {form: _fit_dict(f) for form, f in fs.items()} for op, fs in fit_comm(doc).items()}
     else:
         raise BadInput("give --comm FILE.json (a bench comm result) or --net-bw GBPS [--net-latency-us US]")
@@ -203,7 +219,7 @@ def simulate(*, comm: Optional[str], compute: str, ps_sim: Optional[str] = None,
     preds = scaling_table(m, strategies, workers)
     val = validate(m, meas)
     return {"schema": 1, "compute": asdict(comp), "network": {
-                "name": net.name, "source": net.source,
+                "name": net.name, "source": net.source, "collectives": path, "chosen": chosen,
                 "used": {op: _fit_dict(getattr(net, op)) for op in ("all_reduce", "gather", "broadcast")},
                 "all_fits": all_fits,
                 "best_forms": {op: min(fs, key=lambda k: fs[k]["rms_rel_err"]) for op, fs in all_fits.items()},
@@ -228,12 +244,13 @@ def cmd_simulate(ns) -> int:
                    strategies=[s for s in ns.strategies.split(",") if s], workers=workers,
                    avg_period=ns.avg_period, slots=ns.slots, measured=ns.measured,
                    allreduce_algo=ns.allreduce_algo, check_every=ns.check_every, batch=ns.batch,
-                   comm_after_compute=ns.comm_after_compute)
+                   comm_after_compute=ns.comm_after_compute, shared_memory=ns.shared_memory)
     with safe_write.cli_output(f"simulate --out {ns.out}"):  # a full disk, a read-only folder: one line
         os.makedirs(ns.out, exist_ok=True)
         safe_write.write_json(os.path.join(ns.out, "simulate.json"), doc, indent=1)
     n = doc["network"]
-    print(f"network: {n['name']} ({n['source']})")
+    print(f"network: {n['name']} ({n['source']}" + (f"; {n['chosen']}" if n["chosen"] not in ("--comm", "--net-bw")
+                                                  else "") + ")")
     for op, f in n["used"].items():
         bw = f"{f['bw_GBps']:.3f} GB/s" if f["bw_GBps"] else "inf"
         fit = f", fit RMS rel. error {f['rms_rel_err'] * 100:.1f}% over {f['points']} points" if f["points"] else ""

@@ -25,6 +25,10 @@ def register(sub) -> None:
     p.add_argument("--comm-after-compute", default=None,
                    help="bench comm JSON of the same machine measured with --compute-ms T: the extra cost of a "
                         "step's first collective after its compute (needed on CPUs whose cores the ranks share)")
+    p.add_argument("--shared-memory", choices=("auto", "off"), default=None,
+                   help="the path CPU runs' collectives take, as train's flag: without --comm or --net-bw, a CPU "
+                        "compute source is predicted with the repository's measurement of it (auto: shared "
+                        "memory, off: Gloo); with --comm, the file must have measured it [auto]")
     p.add_argument("--compute", required=True,
                    help="one-worker shmlearn run directory (or its summary.json), or a throughput JSON")
     p.add_argument("--batch", type=int, default=None,
