@@ -18,6 +18,8 @@ How:
   into that rank's FIFO), waits until every other rank has told it, then sums the slots in rank
   order into its buffer. Every rank sums the same slots in the same order with the same kernels,
   so the replicas stay bit-identical; between two ranks the sum is Gloo's to the bit (a + b = b + a).
+  A large sum among 3+ ranks is split (`_sum_split`): each rank sums one W-th of every slot, in
+  rank order, and the others copy it after a second signal: the same bits, W times less reading.
 * One signal an op suffices: the op after next writes the same set of slots, and a rank's signal
   of the next op says it has finished reading this one (`_owed`: whose word a rank needs before it
   writes a set again; a caller's sequence that would write without it is refused, never raced). A
@@ -61,6 +63,15 @@ MAX_WORLD = 255
 """A signal is one byte: the sender's rank."""
 CHECK_S = 1.0
 """How often a waiting rank checks that the others' processes are still there."""
+CHUNK_BYTES = 4 << 20
+"""A sum of at least this many bytes among at least SPLIT_WORLD ranks is split
+(`ShmCollectives._sum_split`): each rank sums one W-th of the slots and the others copy it,
+instead of every rank summing all of them. Below either, the second round's signals cost more
+than the reads they save (bench comm on 2 cores: at 2 ranks no gain at any size; at 3-4 ranks
+1.2-1.3x from 4 MB, none at 1 MB; docs/scaling.md, "Shared memory on the CPU")."""
+SPLIT_WORLD = 3
+ALIGN = 64
+"""Chunk boundaries of a split sum fall on multiples of this many bytes (a cache line)."""
 
 
 def _host() -> str:
@@ -174,6 +185,8 @@ class ShmCollectives(ShmChannel):
     def sum_(self, buf: torch.Tensor) -> None:
         """buf <- the sum of buf over the ranks, in rank order; every rank calls it in step, with
         a buffer of the same size and dtype (`fits`)."""
+        if self.world >= SPLIT_WORLD and buf.numel() * buf.element_size() >= CHUNK_BYTES:
+            return self._sum_split(buf)
         slots, parity = self._next(buf)
         slots[self.rank].copy_(buf.view(-1))
         self._signal(self._others)
@@ -183,6 +196,42 @@ class ShmCollectives(ShmChannel):
         out.copy_(slots[0])
         for r in range(1, self.world):
             out.add_(slots[r])
+
+    def _sum_split(self, buf: torch.Tensor) -> None:
+        """sum_ of a large buffer in two rounds, as a reduce-scatter and an all-gather: every rank
+        copies its buffer into its slot and signals; each then sums its own W-th (`_chunks`) of
+        every slot in rank order, writes it over the same W-th of its own slot (no other rank
+        reads that part of it in the first round) and signals again; each copies the others'
+        W-ths. The same adds of the same values as sum_'s one round, so the same bits; each rank
+        reads every slot's W-th rather than every slot: where W ranks each summed all W slots,
+        the reads grew as W^2 (4 ranks on 2 cores, 16-64 MB: 1.1x Gloo's ring in one round,
+        1.5-1.7x split; docs/scaling.md, "Shared memory on the CPU")."""
+        slots, parity = self._next(buf)
+        flat = buf.view(-1)
+        slots[self.rank].copy_(flat)
+        self._signal(self._others)
+        self._wait(self._others)
+        chunks = self._chunks(flat.numel(), flat.element_size())
+        a, b = chunks[self.rank]
+        mine = flat[a:b]
+        mine.copy_(slots[0, a:b])
+        for r in range(1, self.world):
+            mine.add_(slots[r, a:b])
+        slots[self.rank, a:b].copy_(mine)
+        self._signal(self._others)
+        self._wait(self._others)
+        self._owed[parity] = set(self._others)  # they read our W-th after this op's second signal
+        for r in self._others:
+            a, b = chunks[r]
+            flat[a:b].copy_(slots[r, a:b])
+
+    def _chunks(self, n: int, itemsize: int) -> List[Tuple[int, int]]:
+        """Rank r's part [a, b) of n elements: consecutive W-ths, bounds on ALIGN bytes, the last
+        to the end (a part may be empty where n is small)."""
+        step = -(-n // self.world)
+        unit = max(1, ALIGN // itemsize)
+        step = -(-step // unit) * unit
+        return [(min(n, r * step), min(n, (r + 1) * step)) for r in range(self.world)]
 
     def gather(self, buf: torch.Tensor, root: int = 0) -> Optional[torch.Tensor]:
         """Every rank's buf, on `root` as the rows of a [world, n] view of the slots (valid until

@@ -35,8 +35,10 @@ def _inputs(step, rank, n):
     return torch.randn(n, generator=g, dtype=dtype) * (rank + 1)
 
 
-def _sums(rank, world, port, out):
+def _sums(rank, world, port, out, chunk_bytes=None):
     _join(rank, world, port)
+    if chunk_bytes is not None:  # set in this rank: the ranks start from the forkserver
+        shm.CHUNK_BYTES, shm.SPLIT_WORLD = chunk_bytes, 2
     sums, why = shm.open_collectives(CAP * 4, rank, world, None, timeout_s=60)
     assert why is None and sums is not None, why
     got, ref = [], []
@@ -57,10 +59,14 @@ def _sums(rank, world, port, out):
     os._exit(0)
 
 
+@pytest.mark.parametrize("split", [False, True])
 @pytest.mark.parametrize("world", [2, 3, 4])
-def test_the_sum_is_every_ranks_own_in_rank_order_and_glooss(tmp_path, world):
+def test_the_sum_is_every_ranks_own_in_rank_order_and_glooss(tmp_path, world, split):
+    """split: the full-length buffers (float32 and float64) are summed in two rounds, a W-th by
+    each rank (shm.CHUNK_BYTES lowered), the shorter ones in one: both kinds in one sequence, with
+    early signals from a rank ahead."""
     before = set(glob.glob(os.path.join(shm._folder(), "shmlearn-allreduce-*")))
-    processes(_sums, (world, free_port(), str(tmp_path)), world)
+    processes(_sums, (world, free_port(), str(tmp_path), (CAP - 7) * 4 + 1 if split else None), world)
     ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(world)]
     for step in range(STEPS):
         n = ranks[0]["got"][step].numel()
