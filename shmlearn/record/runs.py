@@ -221,7 +221,8 @@ class RunDir:
     def write_trace(self, trace: dict) -> None:
         # whole or absent, never torn; not fsynced: a view of the timings, rewritten by a rerun.
         # json.dumps, not json.dump: the same text, by the C encoder (json.dump's goes through the
-        # pure-Python one): 3.5 -> 0.6 ms for a 256-step trial's trace on a 2-core CPU.
+        # pure-Python one) in about a third of the time (1,100 events, a 256-step trial's trace:
+        # 7.2 -> 2.7 ms on a loaded 2-core CPU).
         with safe_write.atomic_file(os.path.join(self.path, "trace.json"), "w", root=self.path, fsync=False) as f:
             f.write(json.dumps(trace))
 
