@@ -106,30 +106,23 @@ class Sweep(TrialRunner):
                 r = self.start(cfg, slots, attempt)
                 running[r.job.id] = r
 
-        def collect(timeout: float) -> None:
-            nonlocal free
-            for job in self.pool.poll(timeout) if running else []:
-                r = running.pop(job.id)
-                free = sorted(free + r.slots)
-                ended.append((r, job, time.monotonic()))
-
         try:
             self.post_bounds()
             while queue or running or ended:
                 start_queued()
                 # The trials that ended are published and recorded after the next ones started:
-                # their slots do not wait for the bookkeeping (5-15 ms a trial on 2 loaded cores,
-                # most of it fsync). Nor do the slots of a trial that ends during it (two 1-worker
-                # trials of one length end together): a look at the pool after each record
-                # starts their successors first. A failed one is retried next.
-                while ended:
-                    r, job, t_end = ended[0]
+                # their slots do not wait for the bookkeeping (~10-30 ms a trial). A failed one
+                # is retried next.
+                for r, job, t_end in ended:
                     if self.done(r, job, ended=t_end):
                         queue.insert(0, (r.cfg, r.attempt + 1))
-                    ended.pop(0)
-                    collect(0)
+                ended = []
+                if queue and len(running) < self.parallel:
                     start_queued()
-                collect(0.5)
+                for job in self.pool.poll(0.5) if running else []:
+                    r = running.pop(job.id)
+                    free = sorted(free + r.slots)
+                    ended.append((r, job, time.monotonic()))
         except KeyboardInterrupt:
             n = len(running) + len(ended)  # those that ended are not recorded yet
             self.pool.close()
