@@ -249,10 +249,7 @@ class TrialRunner(abc.ABC):
             # What only this process measured goes with the run directory: a sweep that dies
             # between publishing and recording it is adopted by the next with its times.
             elapsed, group_s = (ended or time.monotonic()) - r.t0, job.group_s()
-            # The trial wrote its whole files unsynced (record/runs.py published): they are made
-            # durable here, before the rename publishes them, config.yaml naming where it goes.
-            safe_write.sync(os.path.join(r.tmp, "summary.json"))
-            _fix_out(r.tmp, final)
+            _seal(r.tmp, final)
             write_json_atomic(os.path.join(r.tmp, TRIAL_TIMES), {"elapsed_s": elapsed, "group_s": group_s})
             try:
                 os.rename(r.tmp, final)  # the run directory appears whole, or not at all
@@ -512,6 +509,13 @@ def _warm_report() -> None:
 def raise_interrupt(signum, frame):
     """SIGTERM (scancel, a preemption) as Ctrl-C: the driver gives back or drops its trials."""
     raise KeyboardInterrupt
+
+
+def _seal(tmp: str, final: str) -> None:
+    """A trial's folder, before the rename that publishes it as `final`: the trial wrote its whole
+    files unsynced (record/runs.py published); they are fsynced here, config.yaml naming `final`."""
+    safe_write.sync(os.path.join(tmp, "summary.json"))
+    _fix_out(tmp, final)
 
 
 def _fix_out(run_dir: str, out: Optional[str] = None) -> None:
