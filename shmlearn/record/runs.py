@@ -172,7 +172,7 @@ def published() -> Iterator[None]:
     when the run ends (a sweep's trial: .tmp/ID-ATTEMPT -> trials/ID, sweeps/trials.py `done`), so
     its whole files (config.yaml, summary.json) are not fsynced here: the publisher fsyncs them
     before its rename (a folder that never got there is discarded, fsynced or not). Each fsync cost
-    the trial 1-4 ms on the 2-core CPU's disk, three a trial (config.yaml, summary.json twice)."""
+    the trial 1-8 ms on the 2-core CPU's disk, three a trial (config.yaml, summary.json twice)."""
     global _published
     before, _published = _published, True
     try:

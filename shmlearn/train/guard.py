@@ -87,10 +87,15 @@ def check_replicas(params_flat: torch.Tensor, world_size: int) -> None:
 
 def _same_everywhere(values) -> bool:
     """Whether every rank holds the same `values` (float64 or int64 below 2**63 in magnitude, a
-    tensor or a list of ints): one all-reduce of (v, -v) with MIN, whose halves are the least and,
-    negated, the greatest value of each (a NaN is never the same). One collective, not two: each
-    was 0.3-1 ms of a trial's setup between two ranks on 2 loaded cores."""
+    tensor or a list of ints): on Gloo one all-reduce of (v, -v) with MIN, whose halves are the
+    least and, negated, the greatest value of each (a NaN is never the same). One collective, not
+    two: each was 0.3-1 ms of a CPU trial's setup between two ranks on 2 loaded cores."""
     v = values if isinstance(values, torch.Tensor) else torch.tensor(values, dtype=torch.int64)
+    if dist.get_backend() != "gloo":  # NCCL (the replicas' check on GPUs): its two all-reduces, as before
+        lo, hi = v.clone(), v.clone()
+        dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+        dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+        return torch.equal(lo, hi)
     both = torch.cat([v, -v])
     dist.all_reduce(both, op=dist.ReduceOp.MIN)
     return torch.equal(both[:len(v)], -both[len(v):])
