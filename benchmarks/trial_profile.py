@@ -9,10 +9,18 @@ runs' overhead (the call's wall time - training - evaluation) and the profile's 
 writes both as JSON.
 
     python benchmarks/trial_profile.py --device cuda --data-dir data/fashion-mnist --out trial-profile.json
+    python benchmarks/trial_profile.py --device cpu --dataset digits --model mlp --data-dir "" \
+        --batch-size 32 --samples 8192 --eval-points 3 --published --out trial-profile-cpu.json
+
+--published writes each run's files as a sweep's trial does (record/runs.py `published`: no fsync,
+which the sweep does before it publishes the folder). Not a sweep trial's whole path: train() here
+also takes the folder's lock and builds and leaves a one-rank group, which a pool's trial does not
+(results/trial-overhead-cpu-2026-11-29/phased.py times a real sweep's workers).
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -87,6 +95,7 @@ def main() -> int:
     ap.add_argument("--warm", type=int, default=3, help="untimed runs first")
     ap.add_argument("--plain", type=int, default=8, help="then timed runs without the profiler")
     ap.add_argument("--profiled", type=int, default=8, help="then runs under cProfile")
+    ap.add_argument("--published", action="store_true", help="write the files as a sweep trial does (no fsync)")
     ap.add_argument("--out", required=True)
     a = ap.parse_args()
     import torch
@@ -95,6 +104,7 @@ def main() -> int:
     import shmlearn.train.rank  # noqa: F401
     import shmlearn.step.fast  # noqa: F401
     import shmlearn.step.graph_memsets  # noqa: F401
+    from shmlearn.record.runs import published
     totals = defaultdict(float)
     time_phases(PHASES, totals)
     phases = []
@@ -110,7 +120,8 @@ def main() -> int:
                 prof.enable()
             totals.clear()
             t0 = time.perf_counter()
-            res = shmlearn.train(cfg)
+            with published() if a.published else contextlib.nullcontext():
+                res = shmlearn.train(cfg)
             elapsed = time.perf_counter() - t0
             if profiled:
                 prof.disable()

@@ -173,9 +173,23 @@ def write(path: str, data: Union[bytes, str], *, root: Optional[str] = None, fsy
         f.write(data.encode() if isinstance(data, str) else data)
 
 
-def write_json(path: str, obj: Any, *, root: Optional[str] = None, indent: Optional[int] = 2, **kw) -> None:
+def write_json(path: str, obj: Any, *, root: Optional[str] = None, indent: Optional[int] = 2, fsync: bool = True,
+               **kw) -> None:
     """`path` holds `obj` as JSON, atomically (kw: json.dumps's, e.g. allow_nan=False)."""
-    write(path, json.dumps(obj, indent=indent, **kw), root=root)
+    write(path, json.dumps(obj, indent=indent, **kw), root=root, fsync=fsync)
+
+
+def sync(path: str) -> None:
+    """fsync a file written without (`write(..., fsync=False)`), before it is published (a sweep's
+    trial directory: record/runs.py `published`); a file that is not there is skipped."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def save_figure(fig, path: str, *, root: Optional[str] = None, **kw) -> None:

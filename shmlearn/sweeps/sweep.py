@@ -78,9 +78,11 @@ class Sweep(TrialRunner):
         if pending:
             t0 = time.monotonic()
             self._schedule(pending)
-            self.mark("trials_done")  # the pool closed
+            self.mark("trials_done")  # the pool stopped: its workers leave while the winners are made
             self.write_timing(time.monotonic() - t0)
         self.finish(trials)
+        if self.pool is not None:
+            self.pool.close()  # reaps the workers, gone by now
         return self.exit_code("failed (not recorded; the same command retries them)")
 
     def _schedule(self, pending: List[TrainConfig]) -> None:
@@ -93,6 +95,7 @@ class Sweep(TrialRunner):
         self.open_pool(pending, max(self.procs(c) for c in pending),
                        warm_report=self.sc.report and self.report_helper is None)
         ended: List[Tuple[Running, object, float]] = []
+        clean = False
 
         def start_queued() -> None:
             nonlocal free
@@ -123,6 +126,7 @@ class Sweep(TrialRunner):
                     r = running.pop(job.id)
                     free = sorted(free + r.slots)
                     ended.append((r, job, time.monotonic()))
+            clean = True
         except KeyboardInterrupt:
             n = len(running) + len(ended)  # those that ended are not recorded yet
             self.pool.close()
@@ -131,7 +135,9 @@ class Sweep(TrialRunner):
             raise
         finally:
             signal.signal(signal.SIGTERM, prev)
-            self.pool.close()
+            # Every trial recorded: the idle workers are told to leave and reaped after the winners
+            # and the report (run_trials), their teardown overlapping them; else closed now.
+            self.pool.stop() if clean else self.pool.close()
 
     # -- hooks (trials.py) -----------------------------------------------------------------------
     def prune_key(self, cfg: TrainConfig, tid: str) -> Optional[str]:

@@ -249,6 +249,7 @@ class TrialRunner(abc.ABC):
             # What only this process measured goes with the run directory: a sweep that dies
             # between publishing and recording it is adopted by the next with its times.
             elapsed, group_s = (ended or time.monotonic()) - r.t0, job.group_s()
+            _seal(r.tmp, final)
             write_json_atomic(os.path.join(r.tmp, TRIAL_TIMES), {"elapsed_s": elapsed, "group_s": group_s})
             try:
                 os.rename(r.tmp, final)  # the run directory appears whole, or not at all
@@ -279,7 +280,8 @@ class TrialRunner(abc.ABC):
             return False
         if summary.get("status") not in ("completed", "diverged", "pruned"):
             return False
-        _fix_out(run_dir)
+        if adopted:  # a trial this sweep ran had its config.yaml fixed before it was published (done)
+            _fix_out(run_dir)
         try:
             evals = read_jsonl(os.path.join(run_dir, "eval.jsonl"))
         except (OSError, json.JSONDecodeError, BadInput):
@@ -509,16 +511,27 @@ def raise_interrupt(signum, frame):
     raise KeyboardInterrupt
 
 
-def _fix_out(run_dir: str) -> None:
-    """config.yaml names the attempt's temporary folder; point it at the published one."""
+def _seal(tmp: str, final: str) -> None:
+    """A trial's folder, before the rename that publishes it as `final`: the trial wrote its whole
+    files unsynced (record/runs.py published); they are fsynced here, config.yaml naming `final`."""
+    safe_write.sync(os.path.join(tmp, "summary.json"))
+    _fix_out(tmp, final)
+
+
+def _fix_out(run_dir: str, out: Optional[str] = None) -> None:
+    """config.yaml names the attempt's temporary folder; point it at the published one, `out`
+    (default run_dir itself), and fsync it (a trial's own write was not: record/runs.py published)."""
     import yaml
     from shmlearn.record import yaml_io  # lazy: PyYAML, as the `import yaml` above
+    out = out or run_dir
     path = os.path.join(run_dir, "config.yaml")
     try:
         with open(path) as f:
             d = yaml_io.load(f)
     except (OSError, yaml.YAMLError):
         return
-    if isinstance(d, dict) and d.get("out") != run_dir:
-        d["out"] = run_dir
+    if isinstance(d, dict) and d.get("out") != out:
+        d["out"] = out
         safe_write.write(path, yaml_io.dump(d), root=run_dir)
+    else:
+        safe_write.sync(path)

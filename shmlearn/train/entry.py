@@ -30,7 +30,7 @@ from shmlearn.launch.start import DistEnv, check_capacity, detect_env, free_port
 from shmlearn.launch import lean
 from shmlearn.train import early
 from shmlearn.step import built
-from shmlearn.record.runs import check_out_dir, default_run_dir, lock_out_dir
+from shmlearn.record.runs import check_out_dir, default_run_dir, lock_out_dir, published
 from shmlearn.sync import registry
 from shmlearn.train import checkpoint as ckpt
 from shmlearn.train import noise
@@ -152,8 +152,9 @@ def rank_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None, wan
 
 def trial_main(env: DistEnv, cfg_dict: dict, prune_key: Optional[str] = None):
     """One rank of a sweep's trial, in a pool worker: rank_main, building no kernel under auto
-    (step/built.py sweep_trial: a sweep's trials run the same ops)."""
-    with built.sweep_trial():
+    (step/built.py sweep_trial: a sweep's trials run the same ops), into a run directory that the
+    sweep publishes and fsyncs (record/runs.py published; sweeps/trials.py done)."""
+    with built.sweep_trial(), published():
         return rank_main(env, cfg_dict, prune_key)
 
 

@@ -310,3 +310,24 @@ def test_a_worker_leaving_by_os_exit_releases_its_semaphores():
     assert all(r.returncode == 0 for r in runs.values()), {k: r.stderr for k, r in runs.items()}
     assert "leaked semaphore" not in runs["release"].stderr, runs["release"].stderr
     assert "leaked semaphore" in runs["leave"].stderr  # what the test guards against does happen
+
+
+def test_stop_lets_idle_workers_leave_without_waiting_and_close_reaps_them():
+    """Pool.stop (a sweep's, once its trials are recorded): each idle worker is told to leave and
+    does, after leaving its group, while the owner goes on; no job starts after it; close() then
+    reaps the processes (and is the only wait)."""
+    p = Pool(2)
+    try:
+        assert p.run(_world, slots=range(2)) == [(2, 0), (2, 1)]  # both hold a 2-rank Gloo group
+        procs = [w.proc for w in p.workers.values()]
+        t0 = time.monotonic()
+        p.stop()
+        assert time.monotonic() - t0 < 1.0  # no join here
+        with pytest.raises(ValueError, match="stopped"):
+            p.start(_world, slots=range(2))
+        for proc in procs:  # they leave on their own (a loaded 2-core machine: allow time)
+            proc.join(60)
+            assert proc.exitcode == 0
+    finally:
+        p.close()
+    assert not p.workers

@@ -1,5 +1,6 @@
 """shmlearn/record/runs.py: the run directory's JSON files are JSON for every reader; no write follows a
 symlink out of --out; a run and a sweep do not share a folder."""
+import contextlib
 import json
 import math
 import os
@@ -8,7 +9,7 @@ import pytest
 
 from shmlearn.config.train_config import TrainConfig
 from shmlearn.errors import BadInput
-from shmlearn.record.runs import RunDir, check_out_dir, check_sweep_out, finished, lock_out_dir
+from shmlearn.record.runs import RunDir, check_out_dir, check_sweep_out, finished, lock_out_dir, published
 
 
 def _strict(text):
@@ -175,3 +176,35 @@ def test_a_fork_of_a_run_does_not_keep_its_out_locked(tmp_path):
     finally:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
+
+
+def _synced(monkeypatch):
+    """The files os.fsync is called on from now (their names, from /proc/self/fd)."""
+    names = []
+    real = os.fsync
+
+    def fsync(fd):
+        names.append(os.path.basename(os.readlink(f"/proc/self/fd/{fd}")))
+        return real(fd)
+    monkeypatch.setattr(os, "fsync", fsync)
+    return names
+
+
+@pytest.mark.parametrize("in_sweep", [False, True])
+def test_a_published_run_directory_leaves_its_fsyncs_to_the_publisher(tmp_path, monkeypatch, in_sweep):
+    """A run fsyncs config.yaml and summary.json (each to a temporary name, then renamed); a sweep's
+    trial (runs.published) writes the same bytes without, and the sweep fsyncs them before it
+    publishes the folder (sweeps/trials.py done; tests/sweeps/test_sweep.py checks that side)."""
+    synced = _synced(monkeypatch)
+    out = tmp_path / "run"
+    cfg = TrainConfig(out=str(out))
+    with published() if in_sweep else contextlib.nullcontext():
+        rd = RunDir(str(out), cfg)
+        rd.write_summary({"status": "completed", "final_loss": 0.25})
+        rd.write_summary({"status": "completed", "final_loss": 0.25, "weights": "model.pt"})
+        rd.close()
+    assert [n.split(".tmp.")[0] for n in synced] == ([] if in_sweep else ["config.yaml", "summary.json",
+                                                                          "summary.json"])
+    assert RunDir(str(tmp_path / "after"), cfg).fsync  # the flag does not outlive the block
+    assert json.loads((out / "summary.json").read_text())["weights"] == "model.pt"
+    assert "out: " + str(out) in (out / "config.yaml").read_text()

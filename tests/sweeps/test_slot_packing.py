@@ -88,3 +88,40 @@ def test_the_next_trial_starts_before_the_last_one_is_recorded(tmp_path, monkeyp
                      ("record", starts[1]), ("record", starts[2])], order
     rows = json.load(open(tmp_path / "sweep" / "timing.json"))["overhead_s"]
     assert all(0 < r["s"] < 5 for r in rows)  # each trial's overhead ends when it ended, not when recorded
+
+
+def test_a_trial_folder_is_fsynced_by_the_sweep_before_it_is_published(tmp_path, monkeypatch):
+    """A trial writes its whole files unsynced (record/runs.py published): the sweep fsyncs its
+    summary.json and config.yaml (rewritten to name the published folder) in the attempt's folder,
+    before the one rename that publishes it."""
+    import os
+    import yaml
+    import shmlearn.sweeps.trials as trials
+
+    events = []
+    fsync, rename = os.fsync, os.rename
+
+    def recording_fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
+        return fsync(fd)
+
+    def recording_rename(a, b):
+        events.append(("rename", str(a)))
+        return rename(a, b)
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(trials.os, "rename", recording_rename)
+    fixed = dict(model="mlp", dataset="digits", samples=640, batch_size=32, eval_points=1, threads=1, workers=1,
+                 device="cpu", progress=False)
+    out = tmp_path / "sweep"
+    sc = SweepConfig(fixed=fixed, axes={"lr": [0.05, 0.1]}, parallel=1, slots=1, out=str(out), report=False)
+    assert run_sweep(sc) == 0
+    published = [i for i, (what, _) in enumerate(events) if what == "rename"]
+    assert len(published) == 2
+    for i in published:
+        tmp = events[i][1]
+        synced = {os.path.basename(p).split(".tmp.")[0] for what, p in events[:i]
+                  if what == "fsync" and os.path.dirname(p) == tmp}
+        assert {"summary.json", "config.yaml"} <= synced, (tmp, events[:i])
+    for row in map(json.loads, open(out / "results.jsonl")):
+        run = out / row["run_dir"]
+        assert yaml.safe_load(open(run / "config.yaml"))["out"] == str(run)
