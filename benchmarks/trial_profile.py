@@ -15,7 +15,7 @@ writes both as JSON.
 --published writes each run's files as a sweep's trial does (record/runs.py `published`: no fsync,
 which the sweep does before it publishes the folder). Not a sweep trial's whole path: train() here
 also takes the folder's lock and builds and leaves a one-rank group, which a pool's trial does not
-(results/trial-overhead-cpu-2026-11-29/phased.py times a real sweep's workers).
+(phased.py in results/trial-overhead-cpu-2026-11-29/runs.tar.gz times a real sweep's workers).
 """
 from __future__ import annotations
 
