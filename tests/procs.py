@@ -65,3 +65,18 @@ def processes_with_tag(tag: str) -> list:
         except OSError:  # gone meanwhile, or another user's
             pass
     return found
+
+
+def left_since(before: set, pattern: str, timeout_s: float = 30.0) -> set:
+    """The paths matching `pattern` that are not in `before` and are still there after up to
+    timeout_s: a test's ranks must leave none (shared-memory folders), while those of tests
+    running beside it under pytest-xdist come and go within their setup, so a new one is waited
+    out rather than counted at once."""
+    import glob
+    import time
+    deadline = time.monotonic() + timeout_s
+    while True:
+        new = set(glob.glob(pattern)) - before
+        if not new or time.monotonic() > deadline:
+            return new
+        time.sleep(0.2)
