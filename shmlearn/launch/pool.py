@@ -153,6 +153,16 @@ class Pool:
         busy = {w.slot for w in self.workers.values() if w.job is not None}
         return [s for s in self.slots if s not in busy]
 
+    def _kill_now(self, slots: Sequence[int]) -> None:
+        """SIGKILL the workers of these slots all at once (reaped by _replace or close): killed one
+        by one, a rank whose peer was already gone had the moment to print Gloo's C++ error line for
+        the lost connection (seen in CI: Ctrl-C during the ranks' rendezvous, a second line besides
+        the program's one)."""
+        for s in slots:
+            w = self.workers.get(s)
+            if w is not None and w.proc.is_alive():
+                w.proc.kill()
+
     def _replace(self, slot: int) -> None:
         w = self.workers.pop(slot, None)
         if w is not None:
@@ -267,14 +277,12 @@ class Pool:
             del self.jobs[job.id]
             healthy = job.ok() or all(o[0] in ("ok", "bad_input", "diverged") for o in job.outcomes.values()) \
                 and len(job.outcomes) == job.world
-            for s in job.slots:
-                w = self.workers.get(s)
-                if w is None:
-                    continue
-                if w.job == job.id or not healthy:
-                    # Still running after the deadline, or a peer of a failed rank: its group may
-                    # be broken and the process may be stuck in a collective. A fresh one.
-                    self._replace(s)
+            # Still running after the deadline, or a peer of a failed rank: its group may be
+            # broken and the process may be stuck in a collective. A fresh one.
+            stale = [s for s in job.slots if s in self.workers and (self.workers[s].job == job.id or not healthy)]
+            self._kill_now(stale)
+            for s in stale:
+                self._replace(s)
             ended.append(job)
         return ended
 
@@ -287,6 +295,7 @@ class Pool:
                     if j is job:
                         return job.results()
         except KeyboardInterrupt:
+            self._kill_now(job.slots)
             for s in job.slots:
                 self._replace(s)
             raise
@@ -315,6 +324,8 @@ class Pool:
         for w in self.workers.values():
             if w.job is None and w.ready:
                 w.proc.join(max(0.0, deadline - time.monotonic()))
+        self._kill_now(list(self.workers))  # the rest, a job's ranks among them, at once
+        for w in self.workers.values():
             _kill(w.proc)
             w.conn.close()
         self.workers.clear()
