@@ -13,7 +13,8 @@ How:
   `world` slots of the buffer's size: step k uses set k % 2. Rank 0 makes it and reserves its
   pages up front (posix_fallocate: a full /dev/shm is a note and Gloo, never a SIGBUS later),
   every rank maps it (torch.from_file, shared), and rank 0 unlinks it once all have: nothing is
-  left behind, however the run ends.
+  left behind, however the run ends (a rank 0 killed in the moments before is swept up by
+  the next run's: `_sweep_stale`).
 * A step: each rank copies its buffer into its slot, tells every other rank (one byte, its rank,
   into that rank's FIFO), waits until every other rank has told it, then sums the slots in rank
   order into its buffer. Every rank sums the same slots in the same order with the same kernels,
@@ -384,17 +385,20 @@ def open_collectives(capacity: int, rank: int, world: int, group, timeout_s: flo
             if fd is not None:
                 os.close(fd)
         if folder is not None:
-            dist.barrier(group=group)  # every rank has mapped and opened what it needs, or given up
-            if rank == 0:
-                shutil.rmtree(folder, ignore_errors=True)
+            try:
+                dist.barrier(group=group)  # every rank has mapped and opened what it needs, or given up
+            finally:  # also where a rank is gone and the barrier fails: the pages go with the folder
+                if rank == 0:
+                    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _make(world: int, nbytes: int) -> tuple:
     """Rank 0: the folder with the slots' file (its pages reserved) and a FIFO a rank, this host,
     and why not (None: made)."""
     folder = None
+    _sweep_stale(_folder())
     try:
-        folder = tempfile.mkdtemp(prefix="shmlearn-allreduce-", dir=_folder())
+        folder = tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-", dir=_folder())
         fd = os.open(os.path.join(folder, "slots"), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.posix_fallocate(fd, 0, nbytes)
@@ -407,6 +411,35 @@ def _make(world: int, nbytes: int) -> tuple:
         if folder is not None:
             shutil.rmtree(folder, ignore_errors=True)
         return None, _host(), f"{_folder()}: {e.strerror or e} ({nbytes / 2**20:.0f} MiB)"
+
+
+PREFIX = "shmlearn-allreduce-"
+"""A folder of slots is named PREFIX + its maker's pid + "-" + a random part: it lives only while
+the ranks set up (removed once all have mapped it), and one whose maker is gone (a rank 0 killed in
+that window, its reserved pages still held by the file system) is removed by the next maker on the
+host (`_sweep_stale`)."""
+
+
+STALE_S = 60.0
+"""A folder of slots is only removed as stale this long after it was made (its maker's pid may be
+another PID namespace's, where /dev/shm is shared between containers)."""
+
+
+def _sweep_stale(where: str) -> None:
+    """Remove the folders of slots in `where` whose maker's process is gone, made STALE_S ago or more."""
+    try:
+        names = os.listdir(where)
+    except OSError:
+        return
+    for name in names:
+        pid = name[len(PREFIX):].split("-", 1)[0] if name.startswith(PREFIX) else ""
+        path = os.path.join(where, name)
+        try:
+            old = time.time() - os.stat(path).st_mtime >= STALE_S
+        except OSError:
+            continue
+        if pid.isdigit() and old and not _alive(int(pid)):
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

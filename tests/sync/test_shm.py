@@ -7,6 +7,7 @@ ahead (a signal of the next step read early), a dead peer (named, within seconds
 ranks that cannot share (every rank falls back together, with the reason) and no file left behind.
 """
 import glob
+import subprocess
 import os
 import time
 
@@ -252,3 +253,23 @@ def test_a_rank_with_descriptors_above_1024_still_waits(tmp_path):
     kept), whose workers forked from a pytest process 13 minutes old."""
     processes(_many_descriptors, (2, free_port(), str(tmp_path)), 2)
     assert [(tmp_path / f"rank{r}.txt").read_text() for r in range(2)] == ["3.0", "3.0"]
+
+
+def test_a_folder_left_by_a_killed_maker_is_removed_by_the_next(tmp_path, monkeypatch):
+    """A rank 0 killed while the ranks set up leaves its folder of slots (and their reserved pages);
+    the next maker on the host removes it once its process is gone and it is STALE_S old, and
+    leaves a live maker's, a recent one's and anything not of its naming."""
+    monkeypatch.setattr(shm, "_folder", lambda: str(tmp_path))
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - shm.STALE_S - 5
+    stale, live, recent, other = (tmp_path / f"{shm.PREFIX}{dead.pid}-abc", tmp_path / f"{shm.PREFIX}{os.getpid()}-abc",
+                                  tmp_path / f"{shm.PREFIX}{dead.pid}-new", tmp_path / "someone-else")
+    for d in (stale, live, recent, other):
+        d.mkdir()
+        (d / "slots").write_bytes(b"x" * 64)
+    for d in (stale, live, other):
+        os.utime(d, (old, old))
+    folder, _, why = shm._make(2, 4096)
+    assert why is None and os.path.basename(folder).startswith(f"{shm.PREFIX}{os.getpid()}-")
+    assert not stale.exists() and live.exists() and recent.exists() and other.exists()
