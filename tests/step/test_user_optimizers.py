@@ -82,13 +82,21 @@ def one_cycle(optimizer):
 
 
 def _cfg(out, workers, **kw):
+    # One thread a rank, as plain_loop runs: on a loaded machine the run's own choice (the cores
+    # left free, config/limits.py) could differ from the loop's, and with it the matmuls' sums;
+    # Adam's normalized update then moved one weight of 50,826 by 1.4e-5 (seen in CI).
     return TrainConfig(model="mlp", dataset="digits", batch_size=B, samples=STEPS * workers * B, workers=workers,
-                       eval_points=1, progress=False, out=str(out), device="cpu", **kw)
+                       eval_points=1, progress=False, out=str(out), device="cpu", threads=1, **kw)
 
 
 def plain_loop(make, steps=STEPS, batch=B, hook=None, scheduler=None):
-    """One process, torch only (stepping.plain_loop)."""
-    return stepping.plain_loop(make, steps, batch, hook=hook, scheduler=scheduler)
+    """One process, torch only (stepping.plain_loop), on one thread as the runs (_cfg)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return stepping.plain_loop(make, steps, batch, hook=hook, scheduler=scheduler)
+    finally:
+        torch.set_num_threads(before)
 
 
 def test_a_step_pre_hook_runs_once_a_step_in_the_fast_step(tmp_path):
