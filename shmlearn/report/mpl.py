@@ -66,8 +66,8 @@ def png(fig, above: Sequence = ()) -> bytes:
     """Lay out (`layout`), draw once, encode. `above`: texts over all the axes (a suptitle)."""
     with matplotlib.rc_context(DRAW_RC):
         layout(fig, above)
-        # one draw; savefig would draw a second time after tight_layout (which leaves a
-        # placeholder layout engine: any engine costs savefig a dry-run draw)
+        # one draw; savefig would draw a second time after tight_layout (which leaves
+        # matplotlib's PlaceholderLayoutEngine set: any engine costs savefig a dry-run draw)
         fig.canvas.draw()
     w, h = fig.canvas.get_width_height(physical=True)
     return encode(fig.canvas.buffer_rgba(), w, h, fig.dpi)
