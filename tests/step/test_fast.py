@@ -178,18 +178,26 @@ NAN_CASES = [("allreduce", []), ("ps", []), ("weight-avg", ["--avg-period", "3"]
 def nan_runs(tmp_path_factory):
     """The test below's three runs, one after the other in this process (each the CLI's main(),
     its 3 workers forked from the forkserver; as three programs at once they were three
-    interpreters and forkservers importing torch on two cores): {strategy: (exit code, --out)}."""
+    interpreters and forkservers importing torch on two cores): {strategy: (exit code, --out,
+    what the CLI printed to stderr)}."""
+    import contextlib
+    import io
     d = tmp_path_factory.mktemp("nan")
-    return {strategy: (_in_process(["--dataset", "digits", "--samples", "12768", "--batch-size", "32", "--no-progress",
-                                    "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
-                                    "--out", str(d / strategy)], "nan:2:17"), d / strategy)
-            for strategy, extra in NAN_CASES}
+    runs = {}
+    for strategy, extra in NAN_CASES:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            code = _in_process(["--dataset", "digits", "--samples", "12768", "--batch-size", "32", "--no-progress",
+                                "--workers", "3", "--check-every", "7", "--strategy", strategy, *extra,
+                                "--out", str(d / strategy)], "nan:2:17")
+        runs[strategy] = (code, d / strategy, err.getvalue())
+    return runs
 
 
 @pytest.mark.parametrize("strategy,extra", NAN_CASES)
 def test_nan_on_one_rank_stops_every_rank_at_that_step(nan_runs, strategy, extra):
-    code, out = nan_runs[strategy]
-    assert code == 3
+    code, out, err = nan_runs[strategy]
+    assert code == 3, err
     s = json.load(open(out / "summary.json"))
     assert (s["status"], s["diverged_step"], s["diverged_rank"], s["steps"]) == ("diverged", 17, 2, 17)
 

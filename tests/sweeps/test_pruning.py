@@ -35,7 +35,7 @@ def test_the_watch_reads_the_bound_the_sweep_posts():
 def _sweep(out, monkeypatch, capfd, *extra):
     """A sweep's results and stdout: main() in this process (its trials in the pool's workers)."""
     args = ["sweep", "--dataset", "digits", "--model", "mlp", "--samples", "8192", "--workers", "1,2",
-            "--batch-size", "64", "--lr", "0.3,0.003,0.002,0.001", "--lr-schedule", "constant",
+            "--batch-size", "64", "--lr", "0.1,0.003,0.002,0.001", "--lr-schedule", "constant",
             "--no-report", "--out", str(out), *extra]
     r = run_main(args, monkeypatch, capfd)
     assert r.returncode == 0, r.stdout + r.stderr
