@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from contextlib import contextmanager, nullcontext
-from typing import Dict, Optional
+from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -58,6 +58,24 @@ def _view(flat: torch.Tensor, offset: int, p: torch.Tensor, channels_last: bool)
         o, i, h, w = p.shape  # stored (O, H, W, I), seen as (O, I, H, W) with channels_last strides
         return chunk.view(o, h, w, i).permute(0, 3, 1, 2)
     return chunk.view_as(p)
+
+
+def by_kind(tensors: Iterable[torch.Tensor]) -> List[List[torch.Tensor]]:
+    """The tensors grouped by dtype and device, each group in the order given (the model's, the
+    same on every rank): what one flat collective each can carry."""
+    kinds: Dict[tuple, List[torch.Tensor]] = {}
+    for t in tensors:
+        kinds.setdefault((t.dtype, t.device), []).append(t)
+    return list(kinds.values())
+
+
+def through_flat(tensors: List[torch.Tensor], op: Callable[[torch.Tensor], None]) -> None:
+    """op on one flat copy of the tensors (of one dtype and device), then each takes its part
+    back: one collective for a model's BatchNorm buffers, not three a layer."""
+    flat = torch.cat([t.reshape(-1) for t in tensors])
+    op(flat)
+    for t, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+        t.copy_(part.view_as(t))
 
 
 def check_non_finite(values: torch.Tensor, found_inf: torch.Tensor, one: torch.Tensor) -> None:
@@ -170,8 +188,8 @@ class SyncStrategy(GradientRules, HostCollectives, ABC):
                         and dist.get_backend(self.group) == "nccl" else None)
         if self.world_size > 1:
             dist.broadcast(self.params_flat, src=0, group=self.group)
-            for b in model.buffers():
-                dist.broadcast(b, src=0, group=self.group)
+            for bufs in by_kind(model.buffers()):  # one broadcast per dtype, not one per buffer
+                through_flat(bufs, lambda flat: dist.broadcast(flat, src=0, group=self.group))
         self.open_host_collectives()
 
     @property
@@ -349,13 +367,12 @@ class SyncStrategy(GradientRules, HostCollectives, ABC):
     # -- evaluation and the end of training ----------------------------------------------------
     def sync_buffers(self) -> None:
         """Average floating-point buffers (BatchNorm running stats) so every rank evaluates the
-        same model. Costs one small collective per buffer; only called before evaluation."""
+        same model: one average (`_average_`) of them all, flattened, per dtype and device; only
+        called before evaluation. A ResNet-18's 60 BatchNorm buffers were 60 collectives."""
         if self.world_size == 1:
             return
-        for b in self.model.buffers():
-            if b.is_floating_point():
-                dist.all_reduce(b, group=self.group)
-                b.div_(self.world_size)
+        for bufs in by_kind(b for b in self.model.buffers() if b.is_floating_point()):
+            through_flat(bufs, self._average_)
 
     @contextmanager
     def eval_weights(self):

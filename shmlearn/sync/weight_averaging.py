@@ -28,7 +28,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
-import torch.distributed as dist
 
 from shmlearn.config.limits import MAX_STEPS, whole
 from shmlearn.sync.base import SyncStrategy, check_non_finite
@@ -110,8 +109,7 @@ class WeightAveraging(SyncStrategy):
             yield
             return
         local = self.params_flat.clone()
-        dist.all_reduce(self.params_flat, group=self.group)
-        self.params_flat.div_(self.world_size)
+        self._average_(self.params_flat)
         try:
             yield
         finally:
