@@ -80,3 +80,19 @@ def left_since(before: set, pattern: str, timeout_s: float = 30.0) -> set:
         if not new or time.monotonic() > deadline:
             return new
         time.sleep(0.2)
+
+
+def note_error_and_leave(out: str, rank: int, fn) -> None:
+    """In a test's rank: fn(), then what it raised (its RuntimeError's line, or "no error") and the
+    seconds it took in OUT/rankR.txt, then leave at once (os._exit: no interpreter teardown)."""
+    import os
+    import time
+    t0 = time.monotonic()
+    try:
+        fn()
+        line = "no error"
+    except RuntimeError as e:
+        line = str(e)
+    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
+        f.write(f"{line}\n{time.monotonic() - t0:.2f}")
+    os._exit(0)

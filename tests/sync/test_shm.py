@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from shmlearn.launch.start import free_port
 from shmlearn.sync import shm
-from procs import left_since, processes
+from procs import left_since, note_error_and_leave, processes
 
 STEPS = 12
 CAP = 50_827  # the digits MLP's gradient and its control slot
@@ -158,15 +158,7 @@ def _dies(rank, world, port, out):
     sums.sum_(torch.ones(1000))
     if rank == world - 1:
         os._exit(0)  # gone without a word, as a killed rank
-    t0 = time.monotonic()
-    try:
-        sums.sum_(torch.ones(1000))
-        line = "no error"
-    except RuntimeError as e:
-        line = str(e)
-    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
-        f.write(f"{line}\n{time.monotonic() - t0:.2f}")
-    os._exit(0)
+    note_error_and_leave(out, rank, lambda: sums.sum_(torch.ones(1000)))
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from shmlearn.launch.start import free_port
 from shmlearn.sync import shm
 from shmlearn.sync.shm_mailbox import PUSH, REPLY, open_mailbox
-from procs import left_since, processes
+from procs import left_since, note_error_and_leave, processes
 
 N = 1000  # values in a push (a reply has N - 1: the gradient's control slot)
 ROUNDS = 8
@@ -126,18 +126,7 @@ def _dies(rank, world, port, out, who, how):
         os._exit(0)
     if rank != 0 and who != 0:
         os._exit(0)  # a bystander: the server waits for `who` alone
-    t0 = time.monotonic()
-    try:
-        if rank == 0:
-            box.take([who])
-        else:
-            box.wait_for(0)
-        line = "no error"
-    except RuntimeError as e:
-        line = str(e)
-    with open(os.path.join(out, f"rank{rank}.txt"), "w") as f:
-        f.write(f"{line}\n{time.monotonic() - t0:.2f}")
-    os._exit(0)
+    note_error_and_leave(out, rank, lambda: box.take([who]) if rank == 0 else box.wait_for(0))
 
 
 @pytest.mark.parametrize("who, how", [(2, "exits"), (0, "exits"), (1, "silent"), (0, "silent")])
