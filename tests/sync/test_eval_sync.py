@@ -42,21 +42,24 @@ def _state(model, s):
     return {"params": s.params_flat.clone(), **{k: b.clone() for k, b in model.named_buffers()}}
 
 
-def _rank(rank, world, port, out, strategy, shared_memory, extra):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+CASES = [(strategy, extra, shared_memory) for strategy, extra in
+         (("allreduce", {}), ("weight-avg", {"avg_period": 3}), ("async-ps", {}))
+         for shared_memory in ("auto", "off")]
+
+
+def _case(rank, world, out, strategy, shared_memory, extra, i):
     torch.manual_seed(rank)  # every rank its own initial model: setup must make them rank 0's
     model = _Net()
     with torch.no_grad():
-        for i, b in enumerate(model.buffers()):
-            b.copy_(_value(b, rank, i))
+        for j, b in enumerate(model.buffers()):
+            b.copy_(_value(b, rank, j))
     s = build_strategy(strategy, rank=rank, world_size=world, **extra)
     s.timeout_s, s.shared_memory, s.run_steps = 60.0, shared_memory, 10
     s.setup(model, torch.optim.SGD(model.parameters(), lr=0.1))
     got = {"setup": _state(model, s), "path": s.collectives_path}
     with torch.no_grad():
-        for i, b in enumerate(model.buffers()):
-            b.copy_(_value(b, rank, 10 + i))
+        for j, b in enumerate(model.buffers()):
+            b.copy_(_value(b, rank, 10 + j))
         s.params_flat.copy_(_value(s.params_flat, rank, 99))
     if strategy == "weight-avg":
         s.local_steps = 1  # between rounds: the replicas differ
@@ -69,18 +72,31 @@ def _rank(rank, world, port, out, strategy, shared_memory, extra):
         s.sum_(t)
         got["sums"].append(t)
     s.close()
-    torch.save(got, os.path.join(out, f"rank{rank}.pt"))
+    torch.save(got, os.path.join(out, f"case{i}-rank{rank}.pt"))
+
+
+def _rank(rank, world, port, out):
+    """Every case, one after the other, in one group of ranks (a group and its ranks' start are
+    most of a case's time)."""
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    for i, (strategy, extra, shared_memory) in enumerate(CASES):
+        _case(rank, world, out, strategy, shared_memory, extra, i)
     dist.destroy_process_group()
     os._exit(0)
 
 
-@pytest.mark.parametrize("shared_memory", ["auto", "off"])
-@pytest.mark.parametrize("strategy,extra", [("allreduce", {}), ("weight-avg", {"avg_period": 3}),
-                                            ("async-ps", {})])
-def test_every_rank_evaluates_the_same_model_and_gets_its_own_weights_back(tmp_path, strategy, extra,
-                                                                           shared_memory):
-    processes(_rank, (WORLD, free_port(), str(tmp_path), strategy, shared_memory, extra), WORLD)
-    got = [torch.load(tmp_path / f"rank{r}.pt") for r in range(WORLD)]
+@pytest.fixture(scope="module")
+def cases(tmp_path_factory):
+    out = tmp_path_factory.mktemp("eval-sync")
+    processes(_rank, (WORLD, free_port(), str(out)), WORLD)
+    return out
+
+
+@pytest.mark.parametrize("i", range(len(CASES)), ids=[f"{c[0]}-{c[2]}" for c in CASES])
+def test_every_rank_evaluates_the_same_model_and_gets_its_own_weights_back(cases, i):
+    strategy, _, shared_memory = CASES[i]
+    got = [torch.load(cases / f"case{i}-rank{r}.pt") for r in range(WORLD)]
     names = [k for k in got[0]["setup"] if k != "params"]
     assert len(names) == 4 and "bn.num_batches_tracked" in names
     for r in range(WORLD):
