@@ -1087,6 +1087,17 @@ def part_commands(p: str, workers: str) -> dict:
                                   "--cases", "floor,train", "--out", os.path.join(p("s30"), "start-gpu.json")))
                  + f" > {p('s30')}/start.log 2>&1; tail -n 8 {p('s30')}/start.log; "
                  + _matrix_all(p("s30"), "1", w1_per_gpu=4)], 900),
+        # Session 31, one GPU: a model's buffers in one collective per dtype (sync/base.py through_flat)
+        # on CUDA tensors: two ranks on the one GPU over Gloo, fashion-net (BatchNorm) with evaluations
+        # between weight-avg's rounds; then the W=1 matrix.
+        "s31": (["bash", "-c", "; ".join(
+            shlex.join(_py("-m", "shmlearn", "train", "--device", "cuda", "--workers", "2", "--backend", "gloo",
+                           "--dataset", "fashion-mnist", "--data-dir", os.path.join(ROOT_DIR, "data", "fashion-mnist"),
+                           "--model", "fashion-net", "--strategy", strat, *extra, "--samples", "16384",
+                           "--eval-points", "4", "--no-progress", "--out", os.path.join(p("s31"), strat)))
+            + f" > {p('s31')}/{strat}.log 2>&1; echo {strat} rc=$?; tail -n 2 {p('s31')}/{strat}.log"
+            for strat, extra in (("allreduce", []), ("weight-avg", ["--avg-period", "3"]), ("ps", [])))
+            + "; " + _matrix_all(p("s31"), "1", w1_per_gpu=4)], 900),
         # Issue 52 acceptance 4: bench throughput alexnet-small b1024 compiled and resnet18 b512 at 1 and 4 GPUs.
         "tput56": (_scale_bench(p("tput56"), "1,4", [("alexnet-small", 1024, True), ("resnet18", 512, "allreduce")],
                                 baselines="local"), 560),
