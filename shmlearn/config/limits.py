@@ -85,10 +85,15 @@ def _procs_running() -> Optional[int]:
         return None
 
 
-def rank_threads(device_type: str, local_world_size: int, threads: Optional[int] = None) -> int:
+def rank_threads(device_type: str, local_world_size: int, threads: Optional[int] = None, *,
+                 fixed: bool = False) -> int:
     """Intra-op threads for one rank: `threads` if given; on the CPU the cores divided among the
-    host's ranks, less the cores other processes keep busy (busy_cores); on a GPU at most
-    GPU_RANK_THREADS of that share. At least 1.
+    host's ranks, less the cores other processes keep busy (busy_cores) unless `fixed`; on a GPU at
+    most GPU_RANK_THREADS of that share. At least 1.
+
+    fixed (--deterministic): the share whatever the load. Another thread count splits a CPU
+    kernel's sums differently, so the bits of a run would follow the machine's load (two resnet18
+    runs of one config, one of them started while the machine was busy, differed in their weights).
 
     Why the load: torch's intra-op threads meet at a barrier after each parallel op, and one thread
     the kernel has preempted for a busy process holds all of them. A 1-worker digits MLP run on 2
@@ -101,5 +106,7 @@ def rank_threads(device_type: str, local_world_size: int, threads: Optional[int]
     share = max(1, cores // max(1, local_world_size))
     if device_type != "cpu":
         return min(GPU_RANK_THREADS, share)
+    if fixed:
+        return share
     free = cores - round(busy_cores())
     return max(1, min(share, free))

@@ -38,10 +38,12 @@ class RunOptions(Section):
     more than its available memory at ~150 MB each), or more than 4 threads per core; refused
     otherwise, before any process starts."""
     deterministic: bool = False
-    """Bitwise-reproducible numerics on CUDA: deterministic cuDNN convolutions (no autotuning) and
-    torch's deterministic algorithms (a warning for an op that has none); usually slower. Two runs
-    of a config then give the same losses, so runs compare by their settings, not by chance (CPU
-    runs are reproducible already)."""
+    """Bitwise-reproducible numerics: on CUDA deterministic cuDNN convolutions (no autotuning) and
+    torch's deterministic algorithms (a warning for an op that has none), usually slower; on the
+    CPU a rank's threads are its share of the cores whatever the load (limits.rank_threads: by
+    default a busy machine takes threads away, and another thread count changes the bits). Two
+    runs of a config on one machine then give the same losses, so runs compare by their settings,
+    not by chance."""
     samples: Optional[int] = None
     """Sample budget: training samples seen by all workers together; steps = samples // (workers *
     batch * accumulate)."""

@@ -39,7 +39,7 @@ def run_rank(cfg: TrainConfig, env: DistEnv, spec: registry.Spec, prune_key, t_e
     if device.type == "cuda":
         device = torch.device("cuda", env.local_rank % torch.cuda.device_count())
         torch.cuda.set_device(device)
-    torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads))
+    torch.set_num_threads(rank_threads(device.type, env.local_world_size, cfg.threads, fixed=cfg.deterministic))
 
     # Everything that can fail on bad input happens here, before any collective, on every rank.
     compute_loss = recipe.resolve_compute_loss(cfg, parts.compute_loss)

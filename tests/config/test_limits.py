@@ -15,6 +15,18 @@ def test_a_cpu_rank_gets_its_share_of_the_cores(monkeypatch):
     assert limits.rank_threads("cpu", 100) == 1  # at least one
 
 
+def test_a_busy_host_takes_threads_away_unless_the_run_is_deterministic(monkeypatch):
+    monkeypatch.setattr(limits, "usable_cores", lambda: 8)
+    monkeypatch.setattr(limits, "busy_cores", lambda: 5.4)
+    assert limits.rank_threads("cpu", 1) == 3
+    assert limits.rank_threads("cpu", 2) == 3  # the share (4) less what is busy: 8 - 5
+    assert limits.rank_threads("cpu", 1, fixed=True) == 8  # --deterministic: the bits must not follow the load
+    assert limits.rank_threads("cpu", 2, fixed=True) == 4
+    assert limits.rank_threads("cpu", 1, 2, fixed=True) == 2  # --threads still wins
+    monkeypatch.setattr(limits, "busy_cores", lambda: 9.0)
+    assert limits.rank_threads("cpu", 1) == 1  # at least one
+
+
 def test_a_gpu_rank_gets_few_threads_however_many_cores(monkeypatch):
     # 4 ranks x 64 threads on a 64-core host slowed each GPU's step 2-7x (issue 42, H200 x4).
     monkeypatch.setattr(limits, "usable_cores", lambda: 64)
